@@ -1,0 +1,34 @@
+# Quick start: `make demo` builds the demo corpus (and trains a tiny model once the
+# trainer lands); `make test` runs the test suite. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEMO_OUT ?= out/demo
+
+.PHONY: demo test lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(BIN)/lemur-data build --set output=$(DEMO_OUT)
+	$(BIN)/lemur-data stats $(DEMO_OUT)
+	$(BIN)/lemur-data verify $(DEMO_OUT)
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check lemur tests tools
+
+clean:
+	rm -rf $(VENV) out

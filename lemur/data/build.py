@@ -1,0 +1,251 @@
+"""`lemur-data build`: sources -> documents -> tokens -> mixed, shuffled, packed shards.
+
+Stages:
+1. tokenizer: copy the given model, or train one on a sample of the sources;
+2. read + filter + tokenize: a datatrove pipeline over all input files, one run of tokens
+   per task under `<output>/.work/<key>/` (datatrove's completion markers make reruns skip
+   finished tasks);
+3. pack: per-domain val split, mix to the ratio, shuffle, write shards, then the manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from lemur.data import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
+from lemur.data.filters import EmptyDocumentFilter
+from lemur.data.pack import Packer
+from lemur.data.readers import InputFile, SourcesReader, list_inputs
+from lemur.data.recipe import Recipe, RecipeError
+from lemur.data.shards import FORMAT, MANIFEST, atomic_write_json, dtype_name, token_dtype
+from lemur.data.tokenizer import TokenizeWriter, tokenizer_info, train_tokenizer
+
+WORK_VERSION = 1
+MAX_MANIFEST_ERRORS = 1000
+Reporter = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+class BuildError(RuntimeError):
+    """A build that cannot complete for a reason the user can fix (message says which)."""
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _stat(path: str) -> tuple[int, int]:
+    try:
+        st = Path(path).stat()
+        return st.st_size, st.st_mtime_ns
+    except OSError:
+        return -1, -1
+
+
+def _ordered(files: list[InputFile]) -> list[InputFile]:
+    """Files in a seed-free pseudo-random order, so a sample spans the whole source."""
+    return sorted(files, key=lambda f: hashlib.blake2b(f.path.encode(), digest_size=8).digest())
+
+
+def sample_texts(recipe: Recipe, inputs: list[InputFile], budget: int) -> Iterator[str]:
+    """A deterministic sample of about `budget` bytes of text, split evenly over sources."""
+    reader = SourcesReader(inputs, recipe.sources, errors_dir="")
+    per_source = max(1, budget // len(recipe.sources))
+    for i in range(len(recipe.sources)):
+        taken = 0
+        for f in _ordered([f for f in inputs if f.source == i]):
+            for doc in reader.read(f):
+                if doc.text.strip():
+                    taken += len(doc.text.encode("utf-8", "surrogatepass"))
+                    yield doc.text
+                if taken >= per_source:
+                    break
+            if taken >= per_source:
+                break
+
+
+def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], out: Path, work: Path) -> Path:
+    """Put the recipe's tokenizer at `<output>/tokenizer.model` (copied or trained)."""
+    target = out / "tokenizer.model"
+    if recipe.tokenizer.model is not None:
+        src = Path(recipe.tokenizer.model).expanduser()
+        tmp = target.with_name(".tokenizer.model.tmp")
+        shutil.copyfile(src, tmp)
+        tmp.replace(target)
+        return target
+    train = recipe.tokenizer.train
+    key = _sha({"train": train, "sources": [s for s in recipe.sources], "v": WORK_VERSION})[:16]
+    cached = work / f"tokenizer-{key}.model"
+    if not cached.is_file():
+        train_tokenizer(sample_texts(recipe, inputs, train.sample_bytes), train, cached)
+    shutil.copyfile(cached, target.with_name(".tokenizer.model.tmp"))
+    target.with_name(".tokenizer.model.tmp").replace(target)
+    return target
+
+
+def _stat_total(value: Any) -> int:
+    return int(value["total"]) if isinstance(value, dict) else int(value)
+
+
+def collect_counts(work: Path, recipe: Recipe, n_tasks: int) -> dict[str, Any]:
+    """Merge per-task datatrove stats and error logs into the manifest's `counts`."""
+    labels: Counter[str] = Counter()
+    for rank in range(n_tasks):
+        for step in json.loads((work / "logs" / "stats" / f"{rank:05d}.json").read_text()):
+            for label, value in step["stats"].items():
+                labels[label] += _stat_total(value)
+    sources: dict[str, dict[str, Any]] = {
+        s.name: {"read": 0, "dropped": {}, "errors": 0, "kept": 0} for s in recipe.sources
+    }
+    dropped: Counter[str] = Counter()
+    error_kinds: Counter[str] = Counter()
+    for label, n in sorted(labels.items()):
+        if label.startswith("read:"):
+            sources[label[5:]]["read"] += n
+        elif label.startswith("dropped:"):
+            _, src, reason = label.split(":", 2)
+            sources[src]["dropped"][reason] = sources[src]["dropped"].get(reason, 0) + n
+            dropped[reason] += n
+        elif label.startswith("error_") and ":" in label:
+            kind, src = label[6:].split(":", 1)
+            sources[src]["errors"] += n
+            error_kinds[kind] += n
+    errors: list[dict[str, Any]] = []
+    for rank in range(n_tasks):
+        path = work / "errors" / f"{rank:05d}.jsonl"
+        for line in path.read_text().splitlines():
+            if len(errors) < MAX_MANIFEST_ERRORS:
+                errors.append(json.loads(line))
+    for s in sources.values():
+        s["kept"] = s["read"] - sum(s["dropped"].values())
+    read = sum(s["read"] for s in sources.values())
+    return {
+        "read": read,
+        "dropped": dict(sorted(dropped.items())),
+        "duplicates": 0,
+        "kept": read - sum(dropped.values()),
+        "tokenized": labels["documents"],
+        "errors": errors,
+        "errors_total": sum(error_kinds.values()),
+        "error_kinds": dict(sorted(error_kinds.items())),
+        "sources": sources,
+    }
+
+
+def _run_executor(executor: Any, work: Path, n_tasks: int, report: Reporter) -> None:
+    """Run a datatrove executor in a thread while reporting finished tasks."""
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            executor.run()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            failure.append(e)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    done_dir = work / "logs" / "completions"
+    while thread.is_alive():
+        report("tokenize", len(list(done_dir.glob("*"))) if done_dir.is_dir() else 0, n_tasks)
+        thread.join(0.5)
+    report("tokenize", len(list(done_dir.glob("*"))) if done_dir.is_dir() else 0, n_tasks)
+    if failure:
+        raise BuildError(f"tokenize stage failed: {failure[0]} (task logs: {work / 'logs'})")
+
+
+def tokenize_stage(recipe: Recipe, inputs: list[InputFile], tok_path: Path, work: Path, report: Reporter) -> int:
+    """Read, filter and tokenize every input file; return the number of tasks."""
+    from datatrove.executor import LocalPipelineExecutor
+
+    if recipe.executor.kind != "local":
+        raise RecipeError(
+            f"recipe: executor.kind '{recipe.executor.kind}' is not supported yet; use 'local'"
+        )
+    n_tasks = max(1, min(recipe.executor.tasks, len(inputs)))
+    pipeline = [
+        SourcesReader(inputs, recipe.sources, errors_dir=str(work / "errors")),
+        EmptyDocumentFilter(),
+        TokenizeWriter(str(tok_path), str(work / "tokens"), recipe.tokenize_batch_docs),
+    ]
+    executor = LocalPipelineExecutor(
+        pipeline=pipeline,
+        tasks=n_tasks,
+        workers=min(recipe.executor.workers, n_tasks),
+        logging_dir=str(work / "logs"),
+    )
+    _run_executor(executor, work, n_tasks, report)
+    missing = [r for r in range(n_tasks) if not (work / "tokens" / f"{r:05d}.bin").is_file()]
+    if missing:
+        raise BuildError(f"tokenize stage: task {missing[0]} produced no output (see {work / 'logs'})")
+    return n_tasks
+
+
+def is_up_to_date(out: Path, recipe: Recipe) -> bool:
+    """True when the output already holds a complete build of exactly this recipe."""
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    if manifest.get("recipe_sha256") != recipe.sha256():
+        return False
+    itemsize = 2 if manifest.get("dtype") == "uint16" else 4
+    for s in manifest.get("shards", []):
+        f = out / s["file"]
+        if not f.is_file() or f.stat().st_size != s["tokens"] * itemsize:
+            return False
+    return True
+
+
+def build(recipe: Recipe, report: Reporter | None = None, force: bool = False) -> dict[str, Any]:
+    """Run every stage of a build and return the manifest written to `<output>/manifest.json`."""
+    report = report or (lambda stage, done, total: None)
+    out = Path(recipe.output).expanduser()
+    if not force and is_up_to_date(out, recipe):
+        report("up to date", 1, 1)
+        return json.loads((out / MANIFEST).read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    report("list inputs", 0, 1)
+    inputs = list_inputs(recipe)
+    report("list inputs", 1, 1)
+    work_root = out / ".work"
+    report("tokenizer", 0, 1)
+    tok_path = prepare_tokenizer(recipe, inputs, out, work_root)
+    tok = tokenizer_info(tok_path)
+    report("tokenizer", 1, 1)
+    key = _sha({
+        "v": WORK_VERSION,
+        "sources": recipe.sources,
+        "inputs": _sha([(f.path, *_stat(f.path)) for f in inputs]),
+        "tokenizer": tok["sha256"],
+        "tasks": recipe.executor.tasks,
+        "batch": recipe.tokenize_batch_docs,
+    })[:16]
+    work = work_root / f"tokens-{key}"
+    n_tasks = tokenize_stage(recipe, inputs, tok_path, work, report)
+    counts = collect_counts(work, recipe, n_tasks)
+    report("pack", 0, 1)
+    packed = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"]).pack()
+    report("pack", 1, 1)
+    manifest = {
+        "format": FORMAT,
+        "dtype": dtype_name(token_dtype(tok["vocab_size"])),
+        "seq_len": recipe.seq_len,
+        "tokenizer": {"file": "tokenizer.model", **tok},
+        "shards": packed["shards"],
+        "mix": packed["mix"],
+        "counts": counts,
+        "recipe": recipe.to_dict(),
+        "recipe_sha256": recipe.sha256(),
+    }
+    atomic_write_json(out / "stats.json", packed["stats"])
+    atomic_write_json(out / MANIFEST, manifest)
+    report(f"done in {time.time() - started:.0f}s", 1, 1)
+    return manifest

@@ -1,0 +1,194 @@
+"""`lemur-data`: build, inspect and verify code-centric token corpora."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXIT_USAGE = 2
+
+
+def _die(message: str, code: int = EXIT_USAGE) -> None:
+    print(f"lemur-data: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def _load(args: argparse.Namespace, check_paths: bool = True):
+    from lemur.data import demo
+    from lemur.data.recipe import apply_overrides, load_recipe, recipe_from_dict
+
+    if args.recipe:
+        return load_recipe(args.recipe, args.set, check_paths=check_paths)
+    raw = apply_overrides(demo.demo_recipe(), list(args.set))
+    output = raw.get("output", "out/demo")
+    raw = apply_overrides(demo.demo_recipe(str(output)), list(args.set))
+    if check_paths:
+        print("demo: gathering text from man pages, /usr/share/doc and pydoc topics ...",
+              file=sys.stderr)
+        demo.materialize_text(Path(str(output)).expanduser() / ".work" / "demo-sources")
+    return recipe_from_dict(raw, check_paths=check_paths)
+
+
+class _Progress:
+    """A rich progress display with one bar per build stage."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), transient=False,
+        )
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> _Progress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage not in self.tasks:
+            self.tasks[stage] = self.progress.add_task(stage, total=total)
+        self.progress.update(self.tasks[stage], completed=done, total=total)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Build a corpus from a recipe (or the demo)."""
+    from lemur.data.build import BuildError, build
+    from lemur.data.pack import PackError
+    from lemur.data.tokenizer import TokenizerError
+
+    recipe = _load(args, check_paths=True)
+    if args.dry_run:
+        print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
+        return 0
+    try:
+        with _Progress() as progress:
+            manifest = build(recipe, report=progress, force=args.force)
+    except (BuildError, PackError, TokenizerError) as e:
+        _die(str(e), 1)
+    counts = manifest["counts"]
+    tokens = manifest["mix"]["tokens"]
+    print(
+        f"wrote {len(manifest['shards'])} shards to {recipe.output}: "
+        + ", ".join(f"{d} {t:,} tokens" for d, t in tokens.items())
+        + f"; read {counts['read']:,} documents, dropped {sum(counts['dropped'].values()):,}, "
+        f"skipped {counts['errors_total']:,} bad inputs"
+    )
+    return 0
+
+
+def cmd_tokenizer_train(args: argparse.Namespace) -> int:
+    """Train only the tokenizer of a recipe and write it to --out."""
+    from lemur.data.build import sample_texts
+    from lemur.data.readers import list_inputs
+    from lemur.data.recipe import RecipeError, TokenizerTrainConfig
+    from lemur.data.tokenizer import tokenizer_info, train_tokenizer
+
+    recipe = _load(args)
+    config = recipe.tokenizer.train or TokenizerTrainConfig()
+    if args.vocab_size:
+        config = TokenizerTrainConfig(**{**config.__dict__, "vocab_size": args.vocab_size})
+    inputs = list_inputs(recipe)
+    if not inputs:
+        raise RecipeError("recipe: no input files")
+    out = train_tokenizer(sample_texts(recipe, inputs, config.sample_bytes), config, args.out)
+    info = tokenizer_info(out)
+    print(f"wrote {out}: vocab {info['vocab_size']}, sha256 {info['sha256'][:16]}...")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Print what a shard directory holds."""
+    from lemur.data.shards import ShardFormatError
+    from lemur.data.stats import compute_stats, print_stats, write_plots
+
+    try:
+        stats = compute_stats(args.directory)
+    except (ShardFormatError, FileNotFoundError) as e:
+        _die(str(e))
+    if args.json:
+        print(json.dumps(stats, indent=2, sort_keys=True))
+    else:
+        print_stats(stats)
+    if args.plots:
+        for p in write_plots(stats, args.plots, args.directory):
+            print(f"wrote {p}", file=sys.stderr)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Recompute checksums and check invariants; exit 1 naming each bad file."""
+    from lemur.data.verify import verify
+
+    problems = verify(args.directory)
+    for p in problems:
+        print(f"lemur-data verify: {p}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"{args.directory}: OK")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of `lemur-data`."""
+    p = argparse.ArgumentParser(prog="lemur-data", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def recipe_args(q: argparse.ArgumentParser) -> None:
+        q.add_argument("recipe", nargs="?", help="recipe YAML (default: the built-in demo)")
+        q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a recipe key (dotted path, e.g. mix.ratio.code=8)")
+
+    b = sub.add_parser("build", help="build a corpus from a recipe")
+    recipe_args(b)
+    b.add_argument("--dry-run", action="store_true", help="print the resolved recipe and exit")
+    b.add_argument("--force", action="store_true", help="rebuild even if the output is up to date")
+    b.set_defaults(func=cmd_build)
+
+    t = sub.add_parser("tokenizer", help="tokenizer tools")
+    tsub = t.add_subparsers(dest="tokenizer_command", required=True)
+    tt = tsub.add_parser("train", help="train a SentencePiece model on a recipe's sources")
+    recipe_args(tt)
+    tt.add_argument("--out", required=True, help="where to write tokenizer.model")
+    tt.add_argument("--vocab-size", type=int, default=None)
+    tt.set_defaults(func=cmd_tokenizer_train)
+
+    s = sub.add_parser("stats", help="show what a shard directory holds")
+    s.add_argument("directory")
+    s.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    s.add_argument("--plots", metavar="DIR", help="also write PNG histograms to DIR")
+    s.set_defaults(func=cmd_stats)
+
+    v = sub.add_parser("verify", help="check checksums and invariants of a shard directory")
+    v.add_argument("directory")
+    v.set_defaults(func=cmd_verify)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `lemur-data`."""
+    from lemur.data.recipe import RecipeError
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except RecipeError as e:
+        _die(str(e))
+    except KeyboardInterrupt:
+        print("lemur-data: interrupted; rerun to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Pack tokenized documents into shards: val split per domain, mix to the ratio, shuffle, write.
+
+Reads the tokenize stage's per-task runs (`{rank}.bin` + `{rank}.docs.npy`); only the small
+per-document records are held in memory, token runs are memory-mapped and copied into
+shards document by document.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lemur.data.mix import domain_budgets, seeded_hash, take_prefix
+from lemur.data.recipe import Recipe
+from lemur.data.shards import ShardInfo, ShardWriter, token_dtype
+from lemur.data.tokenizer import DOC_RECORD
+
+
+@dataclass
+class Records:
+    """Every tokenized document as columns (one row per document)."""
+
+    task: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    source: np.ndarray
+    language: np.ndarray
+    tokens: np.ndarray
+    id_hash: np.ndarray
+    languages: list[str]
+
+
+def load_records(tok_dir: Path, n_tasks: int) -> Records:
+    """Concatenate the per-task document records, mapping languages to one global table."""
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("task", "start", "end", "source", "language", "tokens", "id_hash")}
+    languages: dict[str, int] = {}
+    for rank in range(n_tasks):
+        rec = np.load(tok_dir / f"{rank:05d}.docs.npy")
+        assert rec.dtype == DOC_RECORD
+        table = json.loads((tok_dir / f"{rank:05d}.json").read_text())["languages"]
+        remap = np.array([languages.setdefault(x, len(languages)) for x in table] or [0], np.uint16)
+        end = rec["end"].astype(np.int64)
+        cols["task"].append(np.full(len(rec), rank, np.int32))
+        cols["start"].append(end - rec["tokens"].astype(np.int64))
+        cols["end"].append(end)
+        cols["source"].append(rec["source"].astype(np.int32))
+        cols["language"].append(remap[rec["language"]] if len(rec) else np.zeros(0, np.uint16))
+        cols["tokens"].append(rec["tokens"].astype(np.int64))
+        cols["id_hash"].append(rec["id_hash"])
+    arrays = {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.items()}
+    return Records(**arrays, languages=list(languages))
+
+
+def _percentiles(lengths: np.ndarray) -> dict[str, float]:
+    if len(lengths) == 0:
+        return {}
+    qs = [0, 10, 50, 90, 99, 100]
+    vals = np.percentile(lengths, qs)
+    return {f"p{q}": float(v) for q, v in zip(qs, vals, strict=True)} | {
+        "mean": float(lengths.mean())
+    }
+
+
+class Packer:
+    """Selects, orders and writes documents into the shard directory."""
+
+    def __init__(self, recipe: Recipe, tok_dir: Path, out_dir: Path, n_tasks: int, vocab_size: int):
+        self.recipe = recipe
+        self.tok_dir = tok_dir
+        self.out_dir = out_dir
+        self.dtype = token_dtype(vocab_size)
+        self.rec = load_records(tok_dir, n_tasks)
+        self.domain_of_source = np.array([s.domain for s in recipe.sources], dtype=object)
+        self._runs: dict[int, np.ndarray] = {}
+
+    def _run(self, task: int) -> np.ndarray:
+        if task not in self._runs:
+            path = self.tok_dir / f"{task:05d}.bin"
+            self._runs[task] = (
+                np.memmap(path, dtype=self.dtype, mode="r") if path.stat().st_size else np.zeros(0, self.dtype)
+            )
+        return self._runs[task]
+
+    def _write(self, rows: np.ndarray, prefix: str, split: str, domain: str) -> list[ShardInfo]:
+        writer = ShardWriter(self.out_dir, prefix, split, domain, self.dtype, self.recipe.shard_tokens)
+        r = self.rec
+        for i in rows.tolist():
+            writer.add(self._run(int(r.task[i]))[r.start[i] : r.end[i]])
+        return writer.close()
+
+    def split_val(self, domains: np.ndarray) -> np.ndarray:
+        """Boolean mask of validation documents: a seeded-hash sample of each domain."""
+        val = np.zeros(len(domains), bool)
+        if self.recipe.val_fraction <= 0:
+            return val
+        h = seeded_hash(self.rec.id_hash, self.recipe.seed, "val")
+        for d in self.recipe.domains():
+            idx = np.flatnonzero(domains == d)
+            if len(idx) < 2:
+                continue
+            k = min(len(idx) - 1, max(1, int(np.ceil(self.recipe.val_fraction * len(idx)))))
+            val[idx[np.argsort(h[idx], kind="stable")[:k]]] = True
+        return val
+
+    def pack(self) -> dict[str, Any]:
+        """Write train and val shards; return manifest parts (`shards`, `mix`) and stats."""
+        r, recipe = self.rec, self.recipe
+        domains = self.domain_of_source[r.source] if len(r.source) else np.zeros(0, object)
+        val = self.split_val(domains)
+        available = {d: int(r.tokens[(domains == d) & ~val].sum()) for d in recipe.domains()}
+        empty = [d for d, t in available.items() if t == 0]
+        if empty:
+            raise PackError(f"domain '{empty[0]}' has no tokens left after filtering")
+        budgets = domain_budgets(available, recipe.mix.ratio, recipe.mix.total_tokens)
+        mix_hash = seeded_hash(r.id_hash, recipe.seed, "mix")
+        selected = np.zeros(len(domains), bool)
+        for d in recipe.domains():
+            idx = np.flatnonzero((domains == d) & ~val)
+            idx = idx[np.argsort(mix_hash[idx], kind="stable")]
+            selected[idx[: take_prefix(r.tokens[idx], budgets[d])]] = True
+        train_rows = np.flatnonzero(selected)
+        order = np.argsort(seeded_hash(r.id_hash[train_rows], recipe.seed, "shuffle"), kind="stable")
+        train_rows = train_rows[order]
+        shards = self._write(train_rows, "train", "train", "mixed")
+        val_hash = seeded_hash(r.id_hash, recipe.seed, "val-order")
+        for d in recipe.domains():
+            rows = np.flatnonzero(val & (domains == d))
+            rows = rows[np.argsort(val_hash[rows], kind="stable")]
+            shards += self._write(rows, f"val/{d}", "val", d)
+        mix = self._mix_section(domains, val, selected, available, budgets)
+        return {"shards": [s.to_json() for s in shards], "mix": mix, "stats": self._stats(domains, val, selected)}
+
+    def _mix_section(self, domains, val, selected, available, budgets) -> dict[str, Any]:
+        r, recipe = self.rec, self.recipe
+        tokens = {d: int(r.tokens[selected & (domains == d)].sum()) for d in recipe.domains()}
+        sources = {}
+        for i, s in enumerate(recipe.sources):
+            m = (r.source == i) & ~val
+            avail = int(r.tokens[m].sum())
+            sel = int(r.tokens[m & selected].sum())
+            sources[s.name] = {
+                "domain": s.domain,
+                "available_tokens": avail,
+                "tokens": sel,
+                "documents": int((m & selected).sum()),
+                "rate": round(sel / avail, 6) if avail else 0.0,
+            }
+        total = sum(tokens.values()) or 1
+        return {
+            "target": dict(recipe.mix.ratio),
+            "tokens": tokens,
+            "available": available,
+            "budgets": budgets,
+            "achieved": {d: round(t / total, 6) for d, t in tokens.items()},
+            "sources": sources,
+            "unselected_documents": int((~selected & ~val).sum()),
+        }
+
+    def _stats(self, domains, val, selected) -> dict[str, Any]:
+        r = self.rec
+        out: dict[str, Any] = {"groups": [], "lengths": {}}
+        for split, mask in (("train", selected), ("val", val)):
+            for i, s in enumerate(self.recipe.sources):
+                m = mask & (r.source == i)
+                for lang_id in np.unique(r.language[m]).tolist():
+                    mm = m & (r.language == lang_id)
+                    out["groups"].append({
+                        "split": split, "domain": s.domain, "source": s.name,
+                        "language": r.languages[lang_id],
+                        "documents": int(mm.sum()), "tokens": int(r.tokens[mm].sum()),
+                    })
+            for d in self.recipe.domains():
+                out["lengths"][f"{split}/{d}"] = _percentiles(r.tokens[mask & (domains == d)])
+        return out
+
+
+class PackError(ValueError):
+    """The tokenized corpus cannot be packed as the recipe asks (e.g. an empty domain)."""

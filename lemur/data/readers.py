@@ -1,0 +1,245 @@
+"""Source readers: jsonl (plain/.gz/.zst), parquet and file trees, as one datatrove step.
+
+One `SourcesReader` step reads every source of a recipe so that a datatrove executor can
+spread all input files over its tasks (`files[rank::world_size]`). We read the files
+ourselves rather than through datatrove's `JsonlReader`: that reader only logs a warning on
+a bad line or a truncated stream, and we must count every skipped document and name the
+file (and line) in the manifest.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import zstandard
+from datatrove.data import Document, DocumentsPipeline
+from datatrove.pipeline.base import PipelineStep
+
+from lemur.data import logs as _logs  # noqa: F401  (quiets datatrove in worker processes)
+from lemur.data.recipe import Recipe, RecipeError, SourceConfig, expand_paths
+from lemur.data.shards import atomic_write_bytes
+from lemur.data.tagging import code_language
+
+# Directories that hold vendored, generated or tool data rather than authored source.
+SKIP_DIRS = frozenset(
+    {".git", ".hg", ".svn", "__pycache__", "node_modules", ".tox", ".venv", "venv",
+     ".mypy_cache", ".pytest_cache", "site-packages", "dist-packages", ".idea", ".vscode"}
+)
+MAX_ERRORS_PER_TASK = 1000
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file of one source; `rel` is its path relative to the source root."""
+
+    source: int
+    path: str
+    rel: str
+
+
+def _walk(root: Path, source: SourceConfig) -> Iterator[tuple[str, str]]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root)
+            if source.include and not any(fnmatch.fnmatch(rel, g) for g in source.include):
+                continue
+            if source.exclude and any(fnmatch.fnmatch(rel, g) for g in source.exclude):
+                continue
+            if os.path.islink(full) or not os.path.isfile(full):
+                continue
+            yield full, rel
+
+
+def list_inputs(recipe: Recipe) -> list[InputFile]:
+    """Every input file of every source, in a deterministic order."""
+    inputs: list[InputFile] = []
+    for i, source in enumerate(recipe.sources):
+        found = 0
+        for match in expand_paths(source):
+            p = Path(match)
+            if p.is_dir():
+                if source.format != "files":
+                    candidates = sorted(
+                        x for x in p.rglob("*") if x.is_file() and not x.name.startswith(".")
+                    )
+                    for x in candidates:
+                        inputs.append(InputFile(i, str(x), str(x.relative_to(p))))
+                        found += 1
+                    continue
+                for full, rel in _walk(p, source):
+                    inputs.append(InputFile(i, full, rel))
+                    found += 1
+            else:
+                inputs.append(InputFile(i, str(p), p.name))
+                found += 1
+        if found == 0:
+            raise RecipeError(f"recipe: source '{source.name}': no input files under its paths")
+    return inputs
+
+
+def open_maybe_compressed(path: str) -> io.BufferedIOBase:
+    """Open a file for binary streaming, decompressing .gz and .zst on the fly."""
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if path.endswith(".zst") or path.endswith(".zstd"):
+        fh = open(path, "rb")
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(fh, closefd=True))
+    return open(path, "rb")
+
+
+class SourcesReader(PipelineStep):
+    """Reads the recipe's input files assigned to this task and yields Documents.
+
+    Bad input never stops the task: a bad line or file is skipped, counted as a stat
+    (`error_<kind>`) and written to `errors_dir/{rank:05d}.jsonl` with file and line.
+    """
+
+    name = "📖 lemur sources"
+    type = "📖 - READER"
+
+    def __init__(self, inputs: list[InputFile], sources: list[SourceConfig], errors_dir: str):
+        super().__init__()
+        self.inputs = inputs
+        self.sources = sources
+        self.errors_dir = errors_dir
+        self._errors: list[dict[str, Any]] = []
+
+    def _error(self, kind: str, f: InputFile, message: str, line: int | None = None) -> None:
+        self.stat_update(f"error_{kind}")
+        self.stat_update(f"error_{kind}:{self.sources[f.source].name}")
+        if len(self._errors) < MAX_ERRORS_PER_TASK:
+            entry: dict[str, Any] = {"file": f.path, "kind": kind, "error": message}
+            if line is not None:
+                entry["line"] = line
+            self._errors.append(entry)
+
+    def _doc(self, f: InputFile, text: str, doc_id: str, extra: dict[str, Any]) -> Document:
+        source = self.sources[f.source]
+        meta: dict[str, Any] = {
+            "source": source.name,
+            "source_index": f.source,
+            "domain": source.domain,
+            "path": f.rel,
+        }
+        meta.update(extra)
+        if "language" not in meta:
+            if source.language:
+                meta["language"] = source.language
+            elif source.domain == "code":
+                meta["language"] = code_language(f.rel, text)
+            else:
+                meta["language"] = "unknown"
+        self.stat_update(f"read:{source.name}")
+        return Document(text=text, id=f"{source.name}/{doc_id}", metadata=meta)
+
+    def _read_jsonl(self, f: InputFile) -> Iterator[Document]:
+        source = self.sources[f.source]
+        line_no = 0
+        try:
+            with open_maybe_compressed(f.path) as fh:
+                for line_no, raw in enumerate(fh, start=1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        row = orjson.loads(raw)
+                    except orjson.JSONDecodeError as e:
+                        self._error("invalid_json", f, str(e).split(":")[0], line_no)
+                        continue
+                    if not isinstance(row, dict):
+                        self._error("invalid_json", f, "line is not a JSON object", line_no)
+                        continue
+                    text = row.get(source.text_key)
+                    if not isinstance(text, str):
+                        self._error(
+                            "missing_text", f, f"no string field '{source.text_key}'", line_no
+                        )
+                        continue
+                    doc_id = row.get(source.id_key)
+                    doc_id = str(doc_id) if doc_id is not None else f"{f.rel}:{line_no}"
+                    extra = {}
+                    lang = row.get("language", row.get("lang"))
+                    if isinstance(lang, str):
+                        extra["language"] = lang
+                    yield self._doc(f, text, doc_id, extra)
+        except (EOFError, OSError, zstandard.ZstdError) as e:
+            what = "truncated or corrupt stream" if not isinstance(e, PermissionError) else "unreadable"
+            self._error("corrupt_file", f, f"{what} after line {line_no}: {e}")
+
+    def _read_parquet(self, f: InputFile) -> Iterator[Document]:
+        import pyarrow.parquet as pq
+
+        source = self.sources[f.source]
+        try:
+            pf = pq.ParquetFile(f.path)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises many types for bad files
+            self._error("corrupt_file", f, f"not a readable parquet file: {e}")
+            return
+        names = set(pf.schema_arrow.names)
+        if source.text_key not in names:
+            self._error("missing_text", f, f"no column '{source.text_key}'")
+            return
+        columns = [source.text_key] + ([source.id_key] if source.id_key in names else [])
+        row = 0
+        try:
+            for batch in pf.iter_batches(columns=columns, batch_size=1024):
+                data = batch.to_pydict()
+                ids = data.get(source.id_key)
+                for j, text in enumerate(data[source.text_key]):
+                    row += 1
+                    if not isinstance(text, str):
+                        self._error("missing_text", f, "text is null", row)
+                        continue
+                    doc_id = str(ids[j]) if ids is not None else f"{f.rel}:{row}"
+                    yield self._doc(f, text, doc_id, {})
+        except Exception as e:  # noqa: BLE001
+            self._error("corrupt_file", f, f"corrupt after row {row}: {e}")
+
+    def _read_file(self, f: InputFile) -> Iterator[Document]:
+        source = self.sources[f.source]
+        try:
+            size = os.path.getsize(f.path)
+            if size > source.max_file_bytes:
+                self._error("too_large", f, f"{size} bytes > max_file_bytes")
+                return
+            with open(f.path, "rb") as fh:
+                data = fh.read()
+        except OSError as e:
+            self._error("unreadable", f, e.strerror or str(e))
+            return
+        if b"\0" in data[:8192]:
+            self._error("binary", f, "binary file (NUL byte)")
+            return
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self._error("invalid_utf8", f, f"invalid UTF-8 at byte {e.start}")
+            return
+        yield self._doc(f, text, f.rel, {})
+
+    def read(self, f: InputFile) -> Iterator[Document]:
+        """Documents of one input file."""
+        fmt = self.sources[f.source].format
+        if fmt == "jsonl":
+            return self._read_jsonl(f)
+        if fmt == "parquet":
+            return self._read_parquet(f)
+        return self._read_file(f)
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1):
+        """Yield this task's documents, then write its error log."""
+        self._errors = []
+        for f in self.inputs[rank::world_size]:
+            yield from self.read(f)
+        payload = "".join(json.dumps(e, sort_keys=True) + "\n" for e in self._errors)
+        atomic_write_bytes(Path(self.errors_dir) / f"{rank:05d}.jsonl", payload.encode())

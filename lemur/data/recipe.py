@@ -1,0 +1,339 @@
+"""The build recipe: typed dataclasses mapped from YAML, validated on load.
+
+Every user mistake (unknown key, wrong type, missing path, bad ratio) raises `RecipeError`
+with a one-line message naming the key; the CLI prints it and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FORMATS = ("jsonl", "parquet", "files")
+EXECUTORS = ("local", "ray", "slurm")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be built; the message names the offending key."""
+
+
+@dataclass(frozen=True)
+class TokenizerTrainConfig:
+    """Train a SentencePiece BPE model on a sample of the corpus (Llama-2 conventions)."""
+
+    vocab_size: int = 32000
+    sample_bytes: int = 200_000_000
+    character_coverage: float = 0.9999
+    max_sentence_length: int = 16384
+    input_sentence_size: int = 2_000_000
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """Either an existing SentencePiece model (`model`) or training settings (`train`)."""
+
+    model: str | None = None
+    train: TokenizerTrainConfig | None = None
+
+    def __post_init__(self) -> None:
+        if (self.model is None) == (self.train is None):
+            raise RecipeError("recipe: tokenizer: give exactly one of 'model' or 'train'")
+
+
+@dataclass(frozen=True)
+class MixConfig:
+    """Token budgets: the code:text ratio after filtering, an optional total and shares."""
+
+    ratio: dict[str, float] = field(default_factory=lambda: {"code": 10.0, "text": 1.0})
+    total_tokens: float | None = None
+    shares: dict[str, dict[str, float]] | None = None
+    max_repeats: float = 1.0
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """Where the per-file stages run: `local` (tasks x workers), `ray` or `slurm`."""
+
+    kind: str = "local"
+    tasks: int = 4
+    workers: int = 2
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """One input source: files of one format and one domain."""
+
+    name: str
+    domain: str
+    paths: list[str]
+    format: str
+    text_key: str = "text"
+    id_key: str = "id"
+    include: list[str] | None = None
+    exclude: list[str] | None = None
+    languages: list[str] | None = None
+    language: str | None = None
+    max_file_bytes: int = 10_000_000
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A whole `lemur-data build` recipe."""
+
+    output: str
+    sources: list[SourceConfig]
+    tokenizer: TokenizerConfig
+    seed: int = 1234
+    seq_len: int = 4096
+    mix: MixConfig = field(default_factory=MixConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    val_fraction: float = 0.005
+    shard_tokens: int = 1 << 27
+    tokenize_batch_docs: int = 256
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved recipe as plain data (what `--dry-run` prints and the manifest stores)."""
+        return _strip_none(dataclasses.asdict(self))
+
+    def sha256(self) -> str:
+        """Hash of the resolved recipe, stored in the manifest."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def domains(self) -> list[str]:
+        """Domains in the order their first source appears."""
+        return list(dict.fromkeys(s.domain for s in self.sources))
+
+
+def _strip_none(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _strip_none(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [_strip_none(v) for v in obj]
+    return obj
+
+
+# ---------------------------------------------------------------------------- parsing
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is str:
+        return "a string"
+    if tp is bool:
+        return "true or false"
+    if origin is list:
+        return "a list"
+    if origin is dict or (dataclasses.is_dataclass(tp)):
+        return "a mapping"
+    return str(tp)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert a YAML value to the annotated type, or raise RecipeError naming `key`."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], key)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise RecipeError(f"recipe: {key} must be {_type_name(tp)}, got {value!r}")
+        return _build(tp, value, key)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str | int | float) and item_tp is str:
+            value = [value]
+        if not isinstance(value, list):
+            raise RecipeError(f"recipe: {key} must be a list, got {value!r}")
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, val_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise RecipeError(f"recipe: {key} must be a mapping, got {value!r}")
+        return {str(k): _coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise RecipeError(f"recipe: {key} must be true or false, got {value!r}")
+        return value
+    if tp is int or tp is float:
+        # YAML 1.1 reads `90e9` as a string; accept any spelling Python reads as a number.
+        num = value
+        if isinstance(value, str):
+            try:
+                num = float(value.replace("_", ""))
+            except ValueError:
+                num = None
+        if isinstance(num, bool) or not isinstance(num, int | float):
+            raise RecipeError(f"recipe: {key} must be {_type_name(tp)}, got {value!r}")
+        if tp is int:
+            if float(num) != int(num):
+                raise RecipeError(f"recipe: {key} must be an integer, got {value!r}")
+            return int(num)
+        return float(num)
+    if tp is str:
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise RecipeError(f"recipe: {key} must be a string, got {value!r}")
+        return str(value)
+    raise TypeError(f"unsupported recipe type {tp} at {key}")
+
+
+def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(map(str, raw)) - set(fields))
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise RecipeError(
+            f"recipe: unknown key '{where}{unknown[0]}' (known: {', '.join(sorted(fields))})"
+        )
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        if name in raw:
+            kwargs[name] = _coerce(raw[name], hints[name], key)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise RecipeError(f"recipe: missing key '{key}'")
+    return cls(**kwargs)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b=value` overrides (value parsed as YAML; list items by index, `sources.0.name`)."""
+    for item in overrides:
+        if "=" not in item:
+            raise RecipeError(f"--set {item!r}: expected KEY=VALUE")
+        dotted, text = item.split("=", 1)
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            value = text
+        parts = dotted.strip().split(".")
+        node: Any = raw
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise RecipeError(f"--set {dotted}: no list item {part!r}")
+                if last:
+                    node[int(part)] = value
+                else:
+                    node = node[int(part)]
+            elif isinstance(node, dict):
+                if last:
+                    node[part] = value
+                else:
+                    node = node.setdefault(part, {})
+            else:
+                raise RecipeError(f"--set {dotted}: '{'.'.join(parts[:i])}' is not a mapping")
+    return raw
+
+
+def expand_paths(source: SourceConfig) -> list[str]:
+    """Expand `~` and globs of a source's paths; each entry must match something."""
+    out: list[str] = []
+    for p in source.paths:
+        pattern = os.path.expanduser(p)
+        matches = sorted(glob.glob(pattern, recursive=True))
+        if not matches:
+            raise RecipeError(f"recipe: source '{source.name}': path '{p}' matches nothing")
+        out.extend(matches)
+    return out
+
+
+def _validate(recipe: Recipe, check_paths: bool) -> None:
+    if not recipe.sources:
+        raise RecipeError("recipe: 'sources' is empty")
+    names = set()
+    for i, s in enumerate(recipe.sources):
+        key = f"sources[{i}]"
+        if not _NAME_RE.match(s.name):
+            raise RecipeError(f"recipe: {key}.name {s.name!r} must be letters, digits, _ . -")
+        if s.name in names:
+            raise RecipeError(f"recipe: {key}.name {s.name!r} is used twice")
+        names.add(s.name)
+        if not _NAME_RE.match(s.domain):
+            raise RecipeError(f"recipe: {key}.domain {s.domain!r} must be letters, digits, _ . -")
+        if s.format not in FORMATS:
+            raise RecipeError(
+                f"recipe: {key}.format {s.format!r} is not one of {', '.join(FORMATS)}"
+            )
+        if not s.paths:
+            raise RecipeError(f"recipe: {key}.paths is empty")
+        if s.max_file_bytes <= 0:
+            raise RecipeError(f"recipe: {key}.max_file_bytes must be > 0")
+        if check_paths:
+            expand_paths(s)
+    domains = recipe.domains()
+    ratio = recipe.mix.ratio
+    for d, r in ratio.items():
+        if r <= 0:
+            raise RecipeError(f"recipe: mix.ratio.{d} must be > 0, got {r}")
+        if d not in domains:
+            raise RecipeError(f"recipe: mix.ratio.{d}: no source has domain '{d}'")
+    for d in domains:
+        if d not in ratio:
+            raise RecipeError(f"recipe: mix.ratio has no entry for domain '{d}'")
+    if recipe.mix.total_tokens is not None and recipe.mix.total_tokens <= 0:
+        raise RecipeError("recipe: mix.total_tokens must be > 0")
+    if recipe.mix.max_repeats < 1:
+        raise RecipeError("recipe: mix.max_repeats must be >= 1")
+    if recipe.seq_len < 1:
+        raise RecipeError(f"recipe: seq_len must be >= 1, got {recipe.seq_len}")
+    if not 0 <= recipe.val_fraction < 0.5:
+        raise RecipeError(f"recipe: val_fraction must be in [0, 0.5), got {recipe.val_fraction}")
+    if recipe.shard_tokens < 1024:
+        raise RecipeError("recipe: shard_tokens must be >= 1024")
+    if recipe.tokenize_batch_docs < 1:
+        raise RecipeError("recipe: tokenize_batch_docs must be >= 1")
+    ex = recipe.executor
+    if ex.kind not in EXECUTORS:
+        raise RecipeError(f"recipe: executor.kind {ex.kind!r} is not one of {', '.join(EXECUTORS)}")
+    if ex.tasks < 1 or ex.workers < 1:
+        raise RecipeError("recipe: executor.tasks and executor.workers must be >= 1")
+    tok = recipe.tokenizer
+    if tok.model is not None and check_paths and not Path(tok.model).expanduser().is_file():
+        raise RecipeError(f"recipe: tokenizer.model '{tok.model}' is not a file")
+    if tok.train is not None and not 256 < tok.train.vocab_size <= 2**32:
+        raise RecipeError("recipe: tokenizer.train.vocab_size must be > 256")
+
+
+def recipe_from_dict(raw: dict[str, Any], check_paths: bool = True) -> Recipe:
+    """Build and validate a Recipe from plain data."""
+    if not isinstance(raw, dict):
+        raise RecipeError("recipe: top level must be a mapping")
+    recipe = _build(Recipe, raw, "")
+    _validate(recipe, check_paths)
+    return recipe
+
+
+def load_recipe(
+    path: str | os.PathLike, overrides: list[str] | None = None, check_paths: bool = True
+) -> Recipe:
+    """Read a YAML recipe file, apply `--set` overrides and validate it."""
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError(f"{p}: recipe file not found")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        where = f" (line {line + 1})" if line is not None else ""
+        raise RecipeError(f"{p}: not valid YAML{where}") from None
+    raw = apply_overrides(raw or {}, overrides or [])
+    return recipe_from_dict(raw, check_paths)

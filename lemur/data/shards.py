@@ -1,0 +1,198 @@
+"""The shard directory format (`lemur-shards/1`): writing, reading and checksumming shards.
+
+See docs/format.md for the contract. A shard is a flat little-endian token array (`.bin`)
+plus a flat uint64 array of exclusive document end offsets (`.idx`); `manifest.json`
+lists every shard with its token/document counts and sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "lemur-shards/1"
+MANIFEST = "manifest.json"
+INDEX_DTYPE = np.dtype("<u8")
+
+
+class ShardFormatError(ValueError):
+    """A shard directory that is missing, malformed or inconsistent."""
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest little-endian unsigned dtype that holds every id of a vocabulary."""
+    return np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """The manifest spelling of a token dtype ("uint16" or "uint32")."""
+    return np.dtype(dtype).newbyteorder("=").name
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in chunks so large shards never sit in memory."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write a file under a temporary name and rename it, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write JSON atomically with sorted keys, so equal content gives equal bytes."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One entry of `manifest.json` `shards`."""
+
+    file: str
+    index: str
+    split: str
+    domain: str
+    tokens: int
+    documents: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest dict of this shard."""
+        return {
+            "file": self.file,
+            "index": self.index,
+            "split": self.split,
+            "domain": self.domain,
+            "tokens": self.tokens,
+            "documents": self.documents,
+            "sha256": self.sha256,
+        }
+
+
+class ShardWriter:
+    """Appends documents to numbered shards of about `shard_tokens` tokens under one prefix.
+
+    Documents are never split across shards. Each shard is written under a temporary
+    name and renamed when complete, so a killed build never leaves a shard that looks
+    finished. Files are named `{prefix}/{n:05d}.bin|.idx` relative to `root`.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        prefix: str,
+        split: str,
+        domain: str,
+        dtype: np.dtype,
+        shard_tokens: int,
+    ) -> None:
+        self.root = Path(root)
+        self.prefix = prefix
+        self.split = split
+        self.domain = domain
+        self.dtype = np.dtype(dtype)
+        self.shard_tokens = int(shard_tokens)
+        self.shards: list[ShardInfo] = []
+        self._parts: list[np.ndarray] = []
+        self._ends: list[int] = []
+        self._size = 0
+
+    def add(self, tokens: np.ndarray) -> None:
+        """Append one document (already framed as `<s> ... </s>`)."""
+        if self._size and self._size + len(tokens) > self.shard_tokens:
+            self._flush()
+        self._parts.append(np.asarray(tokens, dtype=self.dtype))
+        self._size += len(tokens)
+        self._ends.append(self._size)
+
+    def _flush(self) -> None:
+        if not self._ends:
+            return
+        n = len(self.shards)
+        rel_bin = f"{self.prefix}/{n:05d}.bin"
+        rel_idx = f"{self.prefix}/{n:05d}.idx"
+        data = np.concatenate(self._parts).astype(self.dtype.newbyteorder("<"), copy=False)
+        payload = data.tobytes()
+        atomic_write_bytes(self.root / rel_idx, np.asarray(self._ends, INDEX_DTYPE).tobytes())
+        atomic_write_bytes(self.root / rel_bin, payload)
+        self.shards.append(
+            ShardInfo(
+                file=rel_bin,
+                index=rel_idx,
+                split=self.split,
+                domain=self.domain,
+                tokens=int(data.size),
+                documents=len(self._ends),
+                sha256=hashlib.sha256(payload).hexdigest(),
+            )
+        )
+        self._parts, self._ends, self._size = [], [], 0
+
+    def close(self) -> list[ShardInfo]:
+        """Write the last partial shard and return every shard written."""
+        self._flush()
+        return self.shards
+
+
+def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
+    """Load and structurally check `manifest.json` of a shard directory."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise ShardFormatError(f"{path}: no manifest (is this a lemur shard directory?)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ShardFormatError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ShardFormatError(f"{path}: format is not {FORMAT!r}")
+    for key in ("dtype", "seq_len", "tokenizer", "shards"):
+        if key not in manifest:
+            raise ShardFormatError(f"{path}: missing key {key!r}")
+    if manifest["dtype"] not in ("uint16", "uint32"):
+        raise ShardFormatError(f"{path}: dtype {manifest['dtype']!r} is not uint16 or uint32")
+    return manifest
+
+
+def open_tokens(directory: str | os.PathLike, shard: dict[str, Any], dtype: str) -> np.ndarray:
+    """Memory-map a shard's token array (no copy)."""
+    path = Path(directory) / shard["file"]
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=np.dtype(dtype).newbyteorder("<"))
+    return np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
+
+
+def open_index(directory: str | os.PathLike, shard: dict[str, Any]) -> np.ndarray:
+    """Memory-map a shard's document end offsets (uint64, exclusive)."""
+    path = Path(directory) / shard["index"]
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype=INDEX_DTYPE)
+    return np.memmap(path, dtype=INDEX_DTYPE, mode="r")
+
+
+def iter_documents(directory: str | os.PathLike, shard: dict[str, Any], dtype: str) -> Iterable[
+    np.ndarray
+]:
+    """Yield each document of a shard as a token array (`<s> ... </s>`)."""
+    tokens = open_tokens(directory, shard, dtype)
+    start = 0
+    for end in open_index(directory, shard):
+        yield tokens[start:int(end)]
+        start = int(end)

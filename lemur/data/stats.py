@@ -1,0 +1,165 @@
+"""`lemur-data stats`: what a shard directory holds, by split, domain, source and language."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lemur.data.shards import open_index, read_manifest
+
+PERCENTILES = (0, 10, 50, 90, 99, 100)
+
+
+def document_lengths(directory: Path, manifest: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Document lengths in tokens per `split/domain`, read from the shard indexes."""
+    out: dict[str, list[np.ndarray]] = defaultdict(list)
+    for s in manifest["shards"]:
+        ends = np.asarray(open_index(directory, s), dtype=np.int64)
+        out[f"{s['split']}/{s['domain']}"].append(np.diff(ends, prepend=0))
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def compute_stats(directory: str | Path) -> dict[str, Any]:
+    """All figures `stats` shows, as plain data (the `--json` output)."""
+    root = Path(directory)
+    manifest = read_manifest(root)
+    extra_path = root / "stats.json"
+    extra = json.loads(extra_path.read_text()) if extra_path.is_file() else {"groups": []}
+    splits: dict[str, dict[str, int]] = defaultdict(lambda: {"documents": 0, "tokens": 0, "shards": 0})
+    for s in manifest["shards"]:
+        key = f"{s['split']}/{s['domain']}"
+        splits[key]["documents"] += s["documents"]
+        splits[key]["tokens"] += s["tokens"]
+        splits[key]["shards"] += 1
+    lengths = {
+        k: {f"p{q}": float(v) for q, v in zip(PERCENTILES, np.percentile(a, PERCENTILES), strict=True)}
+        | {"mean": float(a.mean())}
+        for k, a in document_lengths(root, manifest).items()
+        if len(a)
+    }
+    mix = manifest.get("mix", {})
+    tokens = mix.get("tokens", {})
+    total = sum(tokens.values()) or 1
+    target = mix.get("target", {})
+    tsum = sum(target.values()) or 1
+    ratio = {
+        d: {"target": target.get(d, 0) / tsum, "achieved": tokens.get(d, 0) / total, "tokens": tokens.get(d, 0)}
+        for d in target
+    }
+    return {
+        "directory": str(root),
+        "dtype": manifest["dtype"],
+        "seq_len": manifest["seq_len"],
+        "vocab_size": manifest["tokenizer"]["vocab_size"],
+        "splits": dict(splits),
+        "groups": extra.get("groups", []),
+        "lengths": lengths,
+        "ratio": ratio,
+        "sources": mix.get("sources", {}),
+        "counts": manifest.get("counts", {}),
+    }
+
+
+def print_stats(stats: dict[str, Any]) -> None:
+    """Render the stats as rich tables on the terminal."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+
+    def table(title: str, columns: list[str]) -> Table:
+        t = Table(title=title, title_justify="left")
+        for i, c in enumerate(columns):
+            t.add_column(c, justify="left" if i == 0 else "right")
+        return t
+
+    t = table(f"{stats['directory']}  ({stats['dtype']}, vocab {stats['vocab_size']})",
+              ["split/domain", "shards", "documents", "tokens"])
+    for k, v in sorted(stats["splits"].items()):
+        t.add_row(k, f"{v['shards']:,}", f"{v['documents']:,}", f"{v['tokens']:,}")
+    console.print(t)
+    t = table("mix (train tokens)", ["domain", "target", "achieved", "tokens"])
+    for d, v in stats["ratio"].items():
+        t.add_row(d, f"{v['target']:.4f}", f"{v['achieved']:.4f}", f"{v['tokens']:,}")
+    console.print(t)
+    t = table("by source and language", ["split / domain / source / language", "documents", "tokens"])
+    for g in sorted(stats["groups"], key=lambda g: (g["split"], g["domain"], g["source"], g["language"])):
+        t.add_row(f"{g['split']} / {g['domain']} / {g['source']} / {g['language']}",
+                  f"{g['documents']:,}", f"{g['tokens']:,}")
+    console.print(t)
+    t = table("sources (train)", ["source", "domain", "available", "selected", "rate", "documents"])
+    for name, s in stats["sources"].items():
+        t.add_row(name, s["domain"], f"{s['available_tokens']:,}", f"{s['tokens']:,}",
+                  f"{s['rate']:.4f}", f"{s['documents']:,}")
+    console.print(t)
+    t = table("document length (tokens)", ["split/domain", *[f"p{q}" for q in PERCENTILES], "mean"])
+    for k, v in sorted(stats["lengths"].items()):
+        t.add_row(k, *[f"{v[f'p{q}']:,.0f}" for q in PERCENTILES], f"{v['mean']:,.0f}")
+    console.print(t)
+    counts = stats["counts"]
+    if counts:
+        t = table("documents in -> out", ["stage", "documents"])
+        t.add_row("read", f"{counts.get('read', 0):,}")
+        for reason, n in counts.get("dropped", {}).items():
+            t.add_row(f"dropped: {reason}", f"{n:,}")
+        t.add_row("duplicates", f"{counts.get('duplicates', 0):,}")
+        t.add_row("tokenized", f"{counts.get('tokenized', 0):,}")
+        for kind, n in counts.get("error_kinds", {}).items():
+            t.add_row(f"skipped input ({kind})", f"{n:,}")
+        console.print(t)
+        errors = counts.get("errors", [])
+        if errors:
+            t = table(f"input errors (first {min(len(errors), 20)} of {counts.get('errors_total', len(errors))})",
+                      ["file", "line", "error"])
+            for e in errors[:20]:
+                t.add_row(e["file"], str(e.get("line", "")), f"{e['kind']}: {e['error']}")
+            console.print(t)
+
+
+def write_plots(stats: dict[str, Any], directory: str | Path, shard_dir: str | Path) -> list[Path]:
+    """PNG histograms of document lengths per split/domain and tokens per source."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    manifest = read_manifest(shard_dir)
+    lengths = document_lengths(Path(shard_dir), manifest)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for k, a in sorted(lengths.items()):
+        if len(a):
+            bins = np.logspace(np.log10(max(a.min(), 1)), np.log10(a.max() + 1), 50)
+            ax.hist(a, bins=bins, histtype="step", label=f"{k} ({len(a):,} docs)")
+    ax.set_xscale("log")
+    ax.set_xlabel("document length (tokens, incl. <s> </s>)")
+    ax.set_ylabel("documents")
+    ax.legend()
+    ax.set_title("Document length distribution")
+    fig.tight_layout()
+    written.append(out / "document_lengths.png")
+    fig.savefig(written[-1], dpi=100)
+    plt.close(fig)
+    if stats["sources"]:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        names = list(stats["sources"])
+        avail = [stats["sources"][n]["available_tokens"] for n in names]
+        sel = [stats["sources"][n]["tokens"] for n in names]
+        x = np.arange(len(names))
+        ax.bar(x - 0.2, avail, 0.4, label="available")
+        ax.bar(x + 0.2, sel, 0.4, label="selected")
+        ax.set_xticks(x, names, rotation=30, ha="right")
+        ax.set_ylabel("train tokens")
+        ax.set_title("Tokens per source: available vs selected by the mix")
+        ax.legend()
+        fig.tight_layout()
+        written.append(out / "tokens_per_source.png")
+        fig.savefig(written[-1], dpi=100)
+        plt.close(fig)
+    return written

@@ -1,0 +1,168 @@
+"""SentencePiece tokenizer: training with code-preserving Llama-2 conventions, and the
+tokenize stage that turns documents into `<s> tokens </s>` runs on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+from datatrove.data import DocumentsPipeline
+from datatrove.pipeline.base import PipelineStep
+from datatrove.utils.batching import batched
+
+from lemur.data.recipe import TokenizerTrainConfig
+from lemur.data.shards import atomic_write_bytes, token_dtype
+
+UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
+# The task-local record of every tokenized document; the pack stage reads these.
+DOC_RECORD = np.dtype(
+    [("source", "<u2"), ("language", "<u2"), ("tokens", "<u4"), ("id_hash", "<u8"), ("end", "<u8")]
+)
+
+
+class TokenizerError(ValueError):
+    """A tokenizer model that cannot be used (missing, corrupt, wrong special ids)."""
+
+
+def load_tokenizer(path: str | os.PathLike) -> spm.SentencePieceProcessor:
+    """Load a SentencePiece model and check it follows the Llama-2 special-id layout."""
+    p = Path(path).expanduser()
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.Load(str(p))
+    except (OSError, RuntimeError) as e:
+        raise TokenizerError(f"{p}: not a SentencePiece model ({e})") from None
+    if sp.bos_id() != BOS_ID or sp.eos_id() != EOS_ID:
+        raise TokenizerError(
+            f"{p}: expected <s>={BOS_ID} and </s>={EOS_ID}, got {sp.bos_id()} and {sp.eos_id()}"
+        )
+    return sp
+
+
+def tokenizer_info(path: str | os.PathLike) -> dict[str, Any]:
+    """The manifest's `tokenizer` entry (without the file name) for a model file."""
+    sp = load_tokenizer(path)
+    return {
+        "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
+        "vocab_size": sp.vocab_size(),
+        "bos_id": sp.bos_id(),
+        "eos_id": sp.eos_id(),
+    }
+
+
+def _lines(texts: Iterable[str]) -> Iterator[str]:
+    # SentencePiece trains on "sentences"; we feed lines and make "\n" a user-defined
+    # symbol so newlines get their own piece instead of a byte-fallback token.
+    for text in texts:
+        for line in text.split("\n"):
+            if line.strip():
+                yield line
+
+
+def train_tokenizer(
+    texts: Iterable[str], config: TokenizerTrainConfig, out_path: str | os.PathLike
+) -> Path:
+    """Train a BPE model with Llama-2 ids and code-preserving settings; write it atomically.
+
+    Identity normalization, no dummy prefix, no whitespace collapsing, whitespace-only
+    pieces, byte fallback and split digits make decode(encode(x)) == x byte for byte
+    (except for the literal character U+2581, SentencePiece's own space marker).
+    """
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=_lines(texts),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=config.vocab_size,
+        character_coverage=config.character_coverage,
+        input_sentence_size=config.input_sentence_size,
+        shuffle_input_sentence=True,
+        max_sentence_length=config.max_sentence_length,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=False,
+        allow_whitespace_only_pieces=True,
+        split_digits=True,
+        byte_fallback=True,
+        split_by_whitespace=True,
+        user_defined_symbols=["\n", "\t"],
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        pad_id=-1,
+        hard_vocab_limit=False,
+        num_threads=1,  # single-threaded BPE training is deterministic run to run
+        minloglevel=2,
+    )
+    out = Path(out_path)
+    atomic_write_bytes(out, model.getvalue())
+    return out
+
+
+class TokenizeWriter(PipelineStep):
+    """Tokenizes documents in batches and writes this task's token run to `out_dir`.
+
+    Output per task: `{rank}.bin` (flat tokens, `<s> doc </s>` per document),
+    `{rank}.docs.npy` (one DOC_RECORD per document) and `{rank}.json` (language table).
+    Files appear atomically when the task finishes; a killed task leaves nothing behind
+    that the pack stage could mistake for output.
+    """
+
+    name = "🔢 lemur tokenize"
+    type = "🔢 - TOKENIZER"
+
+    def __init__(self, tokenizer_path: str, out_dir: str, batch_docs: int = 256) -> None:
+        super().__init__()
+        self.tokenizer_path = tokenizer_path
+        self.out_dir = out_dir
+        self.batch_docs = batch_docs
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
+        """Consume documents; write the task's tokens, records and language table."""
+        sp = load_tokenizer(self.tokenizer_path)
+        dtype = token_dtype(sp.vocab_size())
+        out = Path(self.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        tmp_bin = out / f".{rank:05d}.bin.tmp-{os.getpid()}"
+        languages: dict[str, int] = {}
+        records: list[tuple[int, int, int, int, int]] = []
+        end = 0
+        with open(tmp_bin, "wb") as fh:
+            for batch in batched(data or [], self.batch_docs):
+                with self.track_time("batch"):
+                    encoded = sp.encode([d.text for d in batch])
+                    lengths = np.fromiter((len(t) + 2 for t in encoded), np.int64, len(encoded))
+                    flat = np.empty(int(lengths.sum()), dtype=dtype)
+                    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+                    for s, ids in zip(starts.tolist(), encoded, strict=True):
+                        flat[s] = BOS_ID
+                        flat[s + 1 : s + 1 + len(ids)] = ids
+                        flat[s + 1 + len(ids)] = EOS_ID
+                    fh.write(flat.tobytes())
+                for doc, n in zip(batch, lengths.tolist(), strict=True):
+                    end += n
+                    lang = languages.setdefault(str(doc.metadata.get("language")), len(languages))
+                    id_hash = int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little")
+                    records.append((doc.metadata["source_index"], lang, n, id_hash, end))
+                    self.stat_update("documents")
+                    self.stat_update("tokens", value=n)
+        rec = np.array(records, dtype=DOC_RECORD)
+        buf = io.BytesIO()
+        np.save(buf, rec)
+        atomic_write_bytes(out / f"{rank:05d}.docs.npy", buf.getvalue())
+        atomic_write_bytes(
+            out / f"{rank:05d}.json",
+            json.dumps({"languages": list(languages), "dtype": dtype.name}).encode(),
+        )
+        # The token file is renamed last: its presence marks the task's output complete.
+        os.replace(tmp_bin, out / f"{rank:05d}.bin")
+        return
+        yield  # a generator step that forwards nothing

@@ -1,0 +1,93 @@
+"""`lemur-data verify`: recompute checksums and check every shard invariant."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lemur.data.shards import INDEX_DTYPE, ShardFormatError, read_manifest, sha256_file
+
+CHUNK_TOKENS = 1 << 24
+
+
+def _check_tokens(path: Path, dtype: np.dtype, vocab: int, expected_sha: str) -> str | None:
+    """Stream a shard once: sha256 and the largest token id; return a problem or None."""
+    h = hashlib.sha256()
+    itemsize = dtype.itemsize
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK_TOKENS * itemsize):
+            h.update(block)
+            if len(block) % itemsize:
+                return f"{path}: size is not a multiple of {itemsize} bytes"
+            arr = np.frombuffer(block, dtype=dtype)
+            if arr.size and int(arr.max()) >= vocab:
+                return f"{path}: token id {int(arr.max())} >= vocab size {vocab}"
+    if h.hexdigest() != expected_sha:
+        return f"{path}: sha256 mismatch (corrupted or modified)"
+    return None
+
+
+def verify_shard(root: Path, shard: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
+    """Every problem of one shard, each a one-line message naming the file."""
+    dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
+    tok = manifest["tokenizer"]
+    bin_path, idx_path = root / shard["file"], root / shard["index"]
+    for p in (bin_path, idx_path):
+        if not p.is_file():
+            return [f"{p}: missing"]
+    problems = []
+    size = bin_path.stat().st_size
+    if size != shard["tokens"] * dtype.itemsize:
+        problems.append(
+            f"{bin_path}: {size} bytes, manifest says {shard['tokens']} tokens "
+            f"({shard['tokens'] * dtype.itemsize} bytes); truncated or extended"
+        )
+    else:
+        bad = _check_tokens(bin_path, dtype, tok["vocab_size"], shard["sha256"])
+        if bad:
+            problems.append(bad)
+    if idx_path.stat().st_size % INDEX_DTYPE.itemsize:
+        return problems + [f"{idx_path}: size is not a multiple of 8 bytes"]
+    ends = np.fromfile(idx_path, dtype=INDEX_DTYPE).astype(np.int64)
+    if len(ends) != shard["documents"]:
+        problems.append(f"{idx_path}: {len(ends)} documents, manifest says {shard['documents']}")
+    if len(ends) and (np.any(np.diff(ends) <= 0) or ends[0] <= 0):
+        problems.append(f"{idx_path}: document ends are not strictly increasing")
+    elif len(ends) and ends[-1] != shard["tokens"]:
+        problems.append(f"{idx_path}: last document ends at {ends[-1]}, shard has {shard['tokens']} tokens")
+    elif not problems and len(ends):
+        tokens = np.memmap(bin_path, dtype=dtype, mode="r")
+        starts = np.concatenate(([0], ends[:-1]))
+        if np.any(tokens[starts] != tok["bos_id"]) or np.any(tokens[ends - 1] != tok["eos_id"]):
+            problems.append(f"{idx_path}: a document does not start with <s> and end with </s>")
+        del tokens
+    return problems
+
+
+def verify(directory: str | Path, progress: Callable[[int, int], None] | None = None) -> list[str]:
+    """All problems of a shard directory (empty when it is sound)."""
+    root = Path(directory)
+    try:
+        manifest = read_manifest(root)
+    except ShardFormatError as e:
+        return [str(e)]
+    problems: list[str] = []
+    tok_file = root / manifest["tokenizer"]["file"]
+    if not tok_file.is_file():
+        problems.append(f"{tok_file}: missing")
+    elif sha256_file(tok_file) != manifest["tokenizer"]["sha256"]:
+        problems.append(f"{tok_file}: sha256 does not match the manifest")
+    shards = manifest["shards"]
+    for i, shard in enumerate(shards):
+        problems += verify_shard(root, shard, manifest)
+        if progress:
+            progress(i + 1, len(shards))
+    train = sum(s["tokens"] for s in shards if s["split"] == "train")
+    mixed = sum(manifest.get("mix", {}).get("tokens", {}).values())
+    if "mix" in manifest and mixed != train:
+        problems.append(f"{root / 'manifest.json'}: mix.tokens sum to {mixed}, train shards hold {train}")
+    return problems

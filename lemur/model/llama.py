@@ -1,0 +1,306 @@
+"""Llama-2 as pure functions over a params pytree (no flax): config, init, forward, FLOPs.
+
+Exactly the Llama-2 architecture (pre-norm RMSNorm, rotary embeddings, grouped-query
+attention, SwiGLU MLP, untied input/output embeddings, no biases), so real weights load
+and give the same logits as Hugging Face `LlamaForCausalLM` (see lemur.model.hf).
+
+Layout choices:
+- Per-layer parameters are stacked on a leading n_layers axis, whatever `scan_layers`
+  says, so a checkpoint does not depend on how it will be run.
+- q/k use Meta's original *interleaved* rotary layout (pairs (2i, 2i+1) rotate
+  together); HF checkpoints permute q/k rows into a rotate-half layout, which
+  lemur.model.hf undoes on import and redoes on export.
+- Parameters are stored in `param_dtype` (fp32) and cast to the compute `dtype` (bf16)
+  where used; norms, softmax, rotary angles and the logits are computed in fp32.
+
+Shape letters: B batch, L sequence, D d_model, H query heads, G kv heads, K head_dim,
+F d_ff, V vocab, N layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from lemur.model.sharding import constrain
+
+Params = dict[str, Any]
+
+DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
+                          "float16": jnp.float16}
+# remat policies for one transformer block: "none" keeps every activation; "full" keeps
+# only the block input; "dots" keeps matmul outputs and recomputes the cheap elementwise
+# ops and the attention core (the usual memory/compute sweet spot).
+REMAT_POLICIES: dict[str, Any] = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+ATTENTION_IMPLS = (None, "xla", "cudnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+    """Shapes and numerics of a Llama-2 model; hashable, so it can be a jit static arg."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    max_seq_len: int = 4096
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    dtype: str = "bfloat16"  # compute
+    param_dtype: str = "float32"  # storage (and optimizer master copy)
+    remat: str = "none"  # "none" | "full" | "dots"
+    scan_layers: bool = False  # lax.scan over layers: compile time flat in depth
+    attention_impl: str | None = None  # "xla" | "cudnn" | None: cuDNN on GPU when it fits
+    init_std: float = 0.02  # HF's initializer_range; norms start at 1
+
+    def __post_init__(self) -> None:
+        """Reject configs that cannot describe a Llama model, naming the bad field."""
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
+                     "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"LlamaConfig.{name} must be a positive int, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not a multiple of n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not a multiple of "
+                             f"n_kv_heads {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
+        if not self.rope_theta > 0 or not self.norm_eps > 0 or not self.init_std > 0:
+            raise ValueError("rope_theta, norm_eps and init_std must be > 0")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"LlamaConfig.{name} must be one of {sorted(DTYPES)}, "
+                                 f"got {getattr(self, name)!r}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"LlamaConfig.remat must be one of {sorted(REMAT_POLICIES)}, "
+                             f"got {self.remat!r}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"LlamaConfig.attention_impl must be one of {ATTENTION_IMPLS}, "
+                             f"got {self.attention_impl!r}")
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"LlamaConfig.scan_layers must be a bool, got {self.scan_layers!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """Size of one attention head."""
+        return self.d_model // self.n_heads
+
+    @property
+    def compute_dtype(self) -> Any:
+        """The jnp dtype of activations and matmul inputs."""
+        return DTYPES[self.dtype]
+
+
+_LLAMA2 = dict(vocab_size=32000, max_seq_len=4096, rope_theta=10000.0, norm_eps=1e-5)
+PRESETS: dict[str, LlamaConfig] = {
+    # Published Llama-2 shapes (Touvron et al. 2023; HF config.json of meta-llama/Llama-2-*).
+    "llama2-7b": LlamaConfig(**_LLAMA2, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32,
+                             d_ff=11008),
+    "llama2-13b": LlamaConfig(**_LLAMA2, d_model=5120, n_layers=40, n_heads=40, n_kv_heads=40,
+                              d_ff=13824),
+    "llama2-70b": LlamaConfig(**_LLAMA2, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
+                              d_ff=28672),
+    # ~1.1B parameters, head_dim 128 (what cuDNN flash attention is fastest at): GPU MFU runs.
+    "llama-1b": LlamaConfig(**_LLAMA2, d_model=2048, n_layers=16, n_heads=16, n_kv_heads=4,
+                            d_ff=8192),
+    # Tests and CPU smoke runs: GQA included, fp32 because bf16 matmuls are slow on CPU.
+    "tiny": LlamaConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                        d_ff=192, max_seq_len=256, dtype="float32"),
+}
+
+
+def config_from_preset(name: str, **overrides: Any) -> LlamaConfig:
+    """A preset with some fields replaced (validated again)."""
+    if name not in PRESETS:
+        raise KeyError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}")
+    return dataclasses.replace(PRESETS[name], **overrides)
+
+
+def param_shapes(config: LlamaConfig) -> Params:
+    """The params pytree's shapes, without allocating anything."""
+    D, N, H, G, K, F, V = (config.d_model, config.n_layers, config.n_heads, config.n_kv_heads,
+                           config.head_dim, config.d_ff, config.vocab_size)
+    return {
+        "embed": (V, D),
+        "layers": {
+            "attn_norm": (N, D), "wq": (N, D, H, K), "wk": (N, D, G, K), "wv": (N, D, G, K),
+            "wo": (N, H, K, D), "mlp_norm": (N, D), "w_gate": (N, D, F), "w_up": (N, D, F),
+            "w_down": (N, F, D),
+        },
+        "final_norm": (D,),
+        "lm_head": (D, V),
+    }
+
+
+def _is_shape(x: Any) -> bool:
+    """Leaves of the param_shapes tree are tuples."""
+    return isinstance(x, tuple)
+
+
+def init_params(config: LlamaConfig, key: jax.Array) -> Params:
+    """Random params: N(0, init_std) matrices, unit norms (HF's Llama init)."""
+    dtype = DTYPES[config.param_dtype]
+    flat, treedef = jax.tree_util.tree_flatten_with_path(param_shapes(config), is_leaf=_is_shape)
+    keys = jax.random.split(key, len(flat))
+    leaves = [
+        jnp.ones(shape, dtype) if "norm" in jax.tree_util.keystr(path)
+        else (config.init_std * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
+        for (path, shape), k in zip(flat, keys, strict=True)
+    ]
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def param_count(config: LlamaConfig) -> int:
+    """Number of parameters (embeddings and norms included), as an exact Python int."""
+    shapes = jax.tree.leaves(param_shapes(config), is_leaf=_is_shape)
+    return sum(functools.reduce(lambda a, b: a * b, shape, 1) for shape in shapes)
+
+
+def flops_per_token(config: LlamaConfig, seq_len: int) -> float:
+    """Training (fwd+bwd) FLOPs per token, MaxText's convention, for MFU.
+
+    6 x matmul params (all but the input embedding and norms; lm_head included) plus
+    attention scores and values: 2 matmuls x 2 FLOPs x L x H x K per layer per token
+    forward, halved for the causal mask, x3 for forward + backward.
+    """
+    D, H, G, K, F = (config.d_model, config.n_heads, config.n_kv_heads, config.head_dim,
+                     config.d_ff)
+    per_layer = D * H * K + 2 * D * G * K + H * K * D + 3 * D * F
+    matmul_params = config.n_layers * per_layer + D * config.vocab_size
+    attention = config.n_layers * 2 * seq_len * H * K
+    return float(6 * matmul_params + 3 * attention)
+
+
+def rms_norm(x_BxLxD: jax.Array, w_D: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm computed in fp32, cast back, then scaled (Meta's and HF's order of casts)."""
+    x32 = x_BxLxD.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return y.astype(x_BxLxD.dtype) * w_D.astype(x_BxLxD.dtype)
+
+
+def rope_angles(positions_BxL: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, ...]:
+    """cos and sin (BxLxK/2, fp32) of the rotary angles position * theta^(-2i/K)."""
+    # The same fp32 arithmetic as HF and Meta, so angles agree bit for bit at any position.
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles_BxLxK2 = positions_BxL.astype(jnp.float32)[..., None] * inv_freq
+    return jnp.cos(angles_BxLxK2), jnp.sin(angles_BxLxK2)
+
+
+def apply_rope(x_BxLxHxK: jax.Array, cos_BxLxK2: jax.Array, sin_BxLxK2: jax.Array) -> jax.Array:
+    """Rotate interleaved pairs (x[2i], x[2i+1]) by the angles (Meta's layout), in fp32."""
+    B, L, H, K = x_BxLxHxK.shape
+    x_BxLxHxK2x2 = x_BxLxHxK.astype(jnp.float32).reshape(B, L, H, K // 2, 2)
+    x0, x1 = x_BxLxHxK2x2[..., 0], x_BxLxHxK2x2[..., 1]
+    cos, sin = cos_BxLxK2[:, :, None, :], sin_BxLxK2[:, :, None, :]
+    out = jnp.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
+    return out.reshape(B, L, H, K).astype(x_BxLxHxK.dtype)
+
+
+def _attention_impl(config: LlamaConfig, head_dim: int) -> str:
+    """The attention backend: the configured one, else cuDNN on GPU for shapes it supports."""
+    if config.attention_impl is not None:
+        return config.attention_impl
+    fits = config.dtype in ("bfloat16", "float16") and head_dim % 8 == 0 and head_dim <= 128
+    return "cudnn" if jax.default_backend() == "gpu" and fits else "xla"
+
+
+def attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array,
+              mask_Bx1xLxL: jax.Array | None, config: LlamaConfig) -> jax.Array:
+    """Causal grouped-query attention through jax.nn.dot_product_attention (fp32 softmax)."""
+    impl = _attention_impl(config, q_BxLxHxK.shape[-1])
+    call = functools.partial(jax.nn.dot_product_attention, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK,
+                             mask=mask_Bx1xLxL, is_causal=True)
+    if impl == "cudnn" and config.attention_impl is None:
+        try:  # auto: an old cuDNN or an unsupported shape raises at trace time; use XLA then
+            return call(implementation="cudnn")
+        except (ValueError, RuntimeError, NotImplementedError, TypeError):
+            return call(implementation="xla")
+    return call(implementation=impl)
+
+
+def block(x_BxLxD: jax.Array, layer: Params, config: LlamaConfig, cos_BxLxK2: jax.Array,
+          sin_BxLxK2: jax.Array, mask_Bx1xLxL: jax.Array | None) -> jax.Array:
+    """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    dt = config.compute_dtype
+    h_BxLxD = rms_norm(x_BxLxD, layer["attn_norm"], config.norm_eps)
+    q_BxLxHxK = constrain(jnp.einsum("bld,dhk->blhk", h_BxLxD, layer["wq"].astype(dt)), "BLHK")
+    k_BxLxGxK = constrain(jnp.einsum("bld,dgk->blgk", h_BxLxD, layer["wk"].astype(dt)), "BLHK")
+    v_BxLxGxK = constrain(jnp.einsum("bld,dgk->blgk", h_BxLxD, layer["wv"].astype(dt)), "BLHK")
+    q_BxLxHxK = apply_rope(q_BxLxHxK, cos_BxLxK2, sin_BxLxK2)
+    k_BxLxGxK = apply_rope(k_BxLxGxK, cos_BxLxK2, sin_BxLxK2)
+    o_BxLxHxK = attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask_Bx1xLxL, config)
+    x_BxLxD = x_BxLxD + jnp.einsum("blhk,hkd->bld", o_BxLxHxK, layer["wo"].astype(dt))
+    x_BxLxD = constrain(x_BxLxD, "BLD")
+
+    h_BxLxD = rms_norm(x_BxLxD, layer["mlp_norm"], config.norm_eps)
+    gate_BxLxF = jnp.einsum("bld,df->blf", h_BxLxD, layer["w_gate"].astype(dt))
+    up_BxLxF = jnp.einsum("bld,df->blf", h_BxLxD, layer["w_up"].astype(dt))
+    hidden_BxLxF = constrain(jax.nn.silu(gate_BxLxF) * up_BxLxF, "BLF")
+    x_BxLxD = x_BxLxD + jnp.einsum("blf,fd->bld", hidden_BxLxF, layer["w_down"].astype(dt))
+    return constrain(x_BxLxD, "BLD")
+
+
+def embed_tokens(params: Params, tokens_BxL: jax.Array, config: LlamaConfig) -> jax.Array:
+    """Look up token embeddings (gather in param dtype, then cast only the rows used)."""
+    x_BxLxD = jnp.take(params["embed"], tokens_BxL, axis=0).astype(config.compute_dtype)
+    return constrain(x_BxLxD, "BLD")
+
+
+def forward_embeddings(params: Params, x_BxLxD: jax.Array, config: LlamaConfig, *,
+                       segment_ids: jax.Array | None = None,
+                       positions: jax.Array | None = None) -> jax.Array:
+    """Transformer blocks, final norm and lm_head over input embeddings -> fp32 logits."""
+    B, L, _ = x_BxLxD.shape
+    x_BxLxD = x_BxLxD.astype(config.compute_dtype)
+    positions_BxL = (jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+                     if positions is None else positions)
+    cos_BxLxK2, sin_BxLxK2 = rope_angles(positions_BxL, config.head_dim, config.rope_theta)
+    mask_Bx1xLxL = None
+    if segment_ids is not None:  # document masking: attend only within one's own document
+        mask_Bx1xLxL = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+
+    block_fn = functools.partial(block, config=config, cos_BxLxK2=cos_BxLxK2,
+                                 sin_BxLxK2=sin_BxLxK2, mask_Bx1xLxL=mask_Bx1xLxL)
+    if config.remat != "none":
+        # prevent_cse only matters outside scan (scan already stops CSE across iterations).
+        block_fn = jax.checkpoint(block_fn, policy=REMAT_POLICIES[config.remat],
+                                  prevent_cse=not config.scan_layers)
+    if config.scan_layers:
+        x_BxLxD, _ = jax.lax.scan(lambda x, layer: (block_fn(x, layer), None), x_BxLxD,
+                                  params["layers"])
+    else:
+        # unstack's transpose is a stack, so the layer gradients land in one buffer.
+        unstacked = {name: jnp.unstack(w) for name, w in params["layers"].items()}
+        for i in range(config.n_layers):
+            x_BxLxD = block_fn(x_BxLxD, {name: ws[i] for name, ws in unstacked.items()})
+    x_BxLxD = rms_norm(x_BxLxD, params["final_norm"], config.norm_eps)
+    logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD,
+                              params["lm_head"].astype(config.compute_dtype),
+                              preferred_element_type=jnp.float32)
+    return constrain(logits_BxLxV, "BLV")
+
+
+def forward(params: Params, tokens_BxL: jax.Array, config: LlamaConfig, *,
+            segment_ids: jax.Array | None = None,
+            positions: jax.Array | None = None) -> jax.Array:
+    """Logits (BxLxV, fp32) for int tokens; causal, optionally masked to documents.
+
+    segment_ids (BxL int): tokens attend only to earlier tokens with the same id.
+    positions (BxL int): rotary positions, e.g. restarting at 0 in each packed document;
+    default 0..L-1.
+    """
+    x_BxLxD = embed_tokens(params, tokens_BxL, config)
+    return forward_embeddings(params, x_BxLxD, config, segment_ids=segment_ids,
+                              positions=positions)
