@@ -1,0 +1,97 @@
+"""Shared fixtures: small real corpora built at test time from files on this machine."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+def real_python_files(n: int) -> list[Path]:
+    """The first `n` UTF-8 stdlib modules (sorted by name), as real code."""
+    out = []
+    for p in sorted(STDLIB.glob("*.py")):
+        try:
+            p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        out.append(p)
+        if len(out) == n:
+            break
+    return out
+
+
+def real_text_docs(n: int) -> list[dict[str, str]]:
+    """`n` real English documents: Python's pydoc help topics."""
+    from pydoc_data.topics import topics
+
+    return [{"id": name, "text": topics[name]} for name in sorted(topics)[:n]]
+
+
+def write_jsonl(path: Path, rows: list[dict], compress: str | None = None) -> Path:
+    """Write rows as JSON lines, optionally gzip- or zstd-compressed."""
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    if compress == "gz":
+        data = gzip.compress(data)
+    elif compress == "zst":
+        import zstandard
+
+        data = zstandard.ZstdCompressor().compress(data)
+    path.write_bytes(data)
+    return path
+
+
+def base_recipe(tmp: Path, code_dir: Path, text_files: list[Path], **overrides) -> dict:
+    """A small two-domain recipe over the given real code directory and text files."""
+    recipe = {
+        "output": str(tmp / "out"),
+        "seed": 7,
+        "seq_len": 128,
+        "tokenizer": {"train": {"vocab_size": 600, "sample_bytes": 400_000}},
+        "mix": {"ratio": {"code": 10, "text": 1}},
+        "executor": {"kind": "local", "tasks": 2, "workers": 1},
+        "val_fraction": 0.05,
+        "shard_tokens": 50_000,
+        "sources": [
+            {"name": "py", "domain": "code", "format": "files", "paths": [str(code_dir)],
+             "include": ["*.py"], "language": "Python"},
+            {"name": "docs", "domain": "text", "format": "jsonl",
+             "paths": [str(p) for p in text_files], "language": "en"},
+        ],
+    }
+    recipe.update(overrides)
+    return recipe
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory) -> Path:
+    """A directory with 40 real stdlib modules and real text in plain, gz and zst JSONL."""
+    root = tmp_path_factory.mktemp("corpus")
+    code = root / "code"
+    code.mkdir()
+    for p in real_python_files(40):
+        (code / p.name).write_bytes(p.read_bytes())
+    docs = real_text_docs(60)
+    write_jsonl(root / "a.jsonl", docs[:20])
+    write_jsonl(root / "b.jsonl.gz", docs[20:40], "gz")
+    write_jsonl(root / "c.jsonl.zst", docs[40:], "zst")
+    return root
+
+
+@pytest.fixture(scope="session")
+def tokenizer_model(tmp_path_factory) -> Path:
+    """A small SentencePiece model trained with lemur's settings on real code and text."""
+    from lemur.data.recipe import TokenizerTrainConfig
+    from lemur.data.tokenizer import train_tokenizer
+
+    texts = [p.read_text() for p in real_python_files(30)] + [d["text"] for d in real_text_docs(40)]
+    out = tmp_path_factory.mktemp("tok") / "tokenizer.model"
+    return train_tokenizer(texts, TokenizerTrainConfig(vocab_size=800), out)

@@ -1,0 +1,137 @@
+"""Recipe loading: typed config, validation errors case by case, overrides, CLI exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lemur.data.recipe import RecipeError, apply_overrides, load_recipe, recipe_from_dict
+
+
+def _recipe(tmp_path: Path, **changes) -> dict:
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "hello"}\n')
+    raw = {
+        "output": str(tmp_path / "out"),
+        "tokenizer": {"train": {"vocab_size": 1000}},
+        "mix": {"ratio": {"code": 10, "text": 1}},
+        "sources": [
+            {"name": "c", "domain": "code", "format": "files", "paths": [str(tmp_path)]},
+            {"name": "t", "domain": "text", "format": "jsonl", "paths": [str(data)]},
+        ],
+    }
+    raw.update(changes)
+    return raw
+
+
+def test_valid_recipe_types_and_defaults(tmp_path):
+    r = recipe_from_dict(_recipe(tmp_path, mix={"ratio": {"code": 10, "text": 1}, "total_tokens": "90e9"}))
+    assert r.mix.total_tokens == 90e9  # YAML 1.1 reads 90e9 as a string; we accept it
+    assert r.mix.ratio == {"code": 10.0, "text": 1.0}
+    assert r.seq_len == 4096 and r.seed == 1234
+    assert r.sources[1].text_key == "text"
+    assert r.tokenizer.train.vocab_size == 1000
+    assert len(r.sha256()) == 64
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"sedd": 1}, "unknown key 'sedd'"),
+        ({"mix": {"ratoi": {"code": 1}}}, "unknown key 'mix.ratoi'"),
+        ({"seq_len": "long"}, "seq_len must be an integer, got 'long'"),
+        ({"seq_len": 4.5}, "seq_len must be an integer"),
+        ({"seed": True}, "seed must be an integer"),
+        ({"mix": {"ratio": {"code": -1, "text": 1}}}, "mix.ratio.code must be > 0"),
+        ({"mix": {"ratio": {"code": 10}}}, "mix.ratio has no entry for domain 'text'"),
+        ({"mix": {"ratio": {"code": 1, "text": 1, "math": 1}}}, "mix.ratio.math: no source has domain 'math'"),
+        ({"mix": {"ratio": "10:1"}}, "mix.ratio must be a mapping"),
+        ({"tokenizer": {}}, "give exactly one of 'model' or 'train'"),
+        ({"tokenizer": {"model": "/nonexistent/tok.model"}}, "tokenizer.model '/nonexistent/tok.model' is not a file"),
+        ({"executor": {"kind": "spark"}}, "executor.kind 'spark' is not one of"),
+        ({"val_fraction": 0.9}, "val_fraction must be in [0, 0.5)"),
+        ({"sources": []}, "'sources' is empty"),
+    ],
+)
+def test_bad_recipes_name_the_key(tmp_path, change, message):
+    with pytest.raises(RecipeError) as e:
+        recipe_from_dict(_recipe(tmp_path, **change))
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_sources(tmp_path):
+    raw = _recipe(tmp_path)
+    raw["sources"][1]["paths"] = [str(tmp_path / "missing/*.jsonl")]
+    with pytest.raises(RecipeError, match=r"source 't': path '.*missing/\*.jsonl' matches nothing"):
+        recipe_from_dict(raw)
+    raw = _recipe(tmp_path)
+    raw["sources"][1]["format"] = "csv"
+    with pytest.raises(RecipeError, match=r"sources\[1\].format 'csv' is not one of jsonl, parquet, files"):
+        recipe_from_dict(raw)
+    raw = _recipe(tmp_path)
+    del raw["sources"][0]["domain"]
+    with pytest.raises(RecipeError, match=r"missing key 'sources\[0\].domain'"):
+        recipe_from_dict(raw)
+    raw = _recipe(tmp_path)
+    raw["sources"][1]["name"] = "c"
+    with pytest.raises(RecipeError, match="used twice"):
+        recipe_from_dict(raw)
+
+
+def test_overrides(tmp_path):
+    raw = apply_overrides(_recipe(tmp_path), ["mix.ratio.code=8", "sources.1.text_key=content", "seq_len=2048"])
+    r = recipe_from_dict(raw)
+    assert r.mix.ratio["code"] == 8.0 and r.sources[1].text_key == "content" and r.seq_len == 2048
+    with pytest.raises(RecipeError, match="no list item '5'"):
+        apply_overrides(_recipe(tmp_path), ["sources.5.name=x"])
+    with pytest.raises(RecipeError, match="expected KEY=VALUE"):
+        apply_overrides(_recipe(tmp_path), ["seq_len"])
+
+
+def test_load_recipe_file_errors(tmp_path):
+    with pytest.raises(RecipeError, match="recipe file not found"):
+        load_recipe(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sources: [\n  - {name: a\n")
+    with pytest.raises(RecipeError, match=r"not valid YAML \(line"):
+        load_recipe(bad)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lemur.data.cli", *args], capture_output=True, text=True)
+
+
+def test_cli_bad_recipe_exit_2_one_line(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(_recipe(tmp_path, sedd=1)))
+    res = _cli("build", str(path))
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "lemur-data: error: recipe: unknown key 'sedd' (known: executor, mix, output, seed, seq_len, "
+        "shard_tokens, sources, tokenize_batch_docs, tokenizer, val_fraction)"
+    ]
+    assert "Traceback" not in res.stderr
+
+
+def test_cli_dry_run_prints_resolved_recipe(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(_recipe(tmp_path)))
+    res = _cli("build", str(path), "--dry-run", "--set", "mix.ratio.code=4")
+    assert res.returncode == 0, res.stderr
+    resolved = yaml.safe_load(res.stdout)
+    assert resolved["mix"]["ratio"] == {"code": 4.0, "text": 1.0}
+    assert resolved["seq_len"] == 4096
+    assert not (tmp_path / "out").exists()
+
+
+def test_shipped_recipes_parse():
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "recipes").glob("*.yaml"))
+    assert files, "no example recipes shipped"
+    for f in files:
+        load_recipe(f, check_paths=False)
