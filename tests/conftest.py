@@ -61,10 +61,21 @@ def base_recipe(tmp: Path, code_dir: Path, text_files: list[Path], **overrides) 
         "val_fraction": 0.05,
         "shard_tokens": 50_000,
         "sources": [
-            {"name": "py", "domain": "code", "format": "files", "paths": [str(code_dir)],
-             "include": ["*.py"], "language": "Python"},
-            {"name": "docs", "domain": "text", "format": "jsonl",
-             "paths": [str(p) for p in text_files], "language": "en"},
+            {
+                "name": "py",
+                "domain": "code",
+                "format": "files",
+                "paths": [str(code_dir)],
+                "include": ["*.py"],
+                "language": "Python",
+            },
+            {
+                "name": "docs",
+                "domain": "text",
+                "format": "jsonl",
+                "paths": [str(p) for p in text_files],
+                "language": "en",
+            },
         ],
     }
     recipe.update(overrides)

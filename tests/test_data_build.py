@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sentencepiece as spm
-
 from conftest import base_recipe, real_text_docs, write_jsonl
+
 from lemur.data.build import build
 from lemur.data.recipe import recipe_from_dict
 from lemur.data.stats import compute_stats
@@ -27,12 +27,17 @@ def decode_directory(directory: Path) -> dict[str, list[str]]:
     sp = spm.SentencePieceProcessor(model_file=str(directory / manifest["tokenizer"]["file"]))
     out: dict[str, list[str]] = {}
     for shard in manifest["shards"]:
-        tokens = np.memmap(directory / shard["file"], dtype=np.dtype(manifest["dtype"]).newbyteorder("<"), mode="r")
+        tokens = np.memmap(
+            directory / shard["file"], dtype=np.dtype(manifest["dtype"]).newbyteorder("<"), mode="r"
+        )
         ends = np.fromfile(directory / shard["index"], dtype="<u8")
         start = 0
         for end in ends.tolist():
             doc = tokens[start:end]
-            assert doc[0] == manifest["tokenizer"]["bos_id"] and doc[-1] == manifest["tokenizer"]["eos_id"]
+            assert (
+                doc[0] == manifest["tokenizer"]["bos_id"]
+                and doc[-1] == manifest["tokenizer"]["eos_id"]
+            )
             key = f"{shard['split']}/{shard['domain']}"
             out.setdefault(key, []).append(sp.decode(doc[1:-1].tolist()))
             start = end
@@ -55,8 +60,12 @@ def test_round_trip_text_to_shards_to_text(tmp_path, corpus_dir, tokenizer_model
     for i, t in enumerate(texts):
         (code / f"f{i:02d}.py").write_bytes(t.encode())
     raw = {
-        "output": str(tmp_path / "out"), "seq_len": 64, "val_fraction": 0.0, "shard_tokens": 4096,
-        "tokenizer": {"model": str(tokenizer_model)}, "mix": {"ratio": {"code": 1}},
+        "output": str(tmp_path / "out"),
+        "seq_len": 64,
+        "val_fraction": 0.0,
+        "shard_tokens": 4096,
+        "tokenizer": {"model": str(tokenizer_model)},
+        "mix": {"ratio": {"code": 1}},
         "executor": {"tasks": 3, "workers": 1},
         "sources": [{"name": "c", "domain": "code", "format": "files", "paths": [str(code)]}],
     }
@@ -130,28 +139,49 @@ def test_build_stats_determinism_and_rerun(tmp_path, corpus_dir):
 def test_parallel_workers_give_identical_shards(tmp_path, corpus_dir):
     texts = [corpus_dir / "a.jsonl"]
     one = build(recipe_from_dict(base_recipe(tmp_path, corpus_dir / "code", texts)))
-    two = build(recipe_from_dict(base_recipe(
-        tmp_path, corpus_dir / "code", texts, output=str(tmp_path / "par"),
-        executor={"kind": "local", "tasks": 2, "workers": 2})))
+    two = build(
+        recipe_from_dict(
+            base_recipe(
+                tmp_path,
+                corpus_dir / "code",
+                texts,
+                output=str(tmp_path / "par"),
+                executor={"kind": "local", "tasks": 2, "workers": 2},
+            )
+        )
+    )
     assert [s["sha256"] for s in one["shards"]] == [s["sha256"] for s in two["shards"]]
 
 
 def test_bad_inputs_are_skipped_counted_and_named(tmp_path, corpus_dir):
     code = tmp_path / "code"
     code.mkdir()
-    shutil.copy(corpus_dir / "code" / sorted(p.name for p in (corpus_dir / "code").glob("*.py"))[0], code / "good.py")
+    shutil.copy(
+        corpus_dir / "code" / sorted(p.name for p in (corpus_dir / "code").glob("*.py"))[0],
+        code / "good.py",
+    )
     (code / "latin1.py").write_bytes("x = 'caf\xe9'\n".encode("latin-1"))
     (code / "blob.py").write_bytes(b"\x00\x01\x02binary")
     (code / "empty.py").write_bytes(b"")
     (code / "huge.py").write_bytes(b"x = 1\n" * 2000)
     docs = real_text_docs(3)
-    lines = [json.dumps(docs[0]), "{not json", json.dumps({"id": "x", "body": "no text key"}), json.dumps(docs[1])]
+    lines = [
+        json.dumps(docs[0]),
+        "{not json",
+        json.dumps({"id": "x", "body": "no text key"}),
+        json.dumps(docs[1]),
+    ]
     (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
     full = gzip.compress(("".join(json.dumps(d) + "\n" for d in docs * 50)).encode())
     (tmp_path / "trunc.jsonl.gz").write_bytes(full[: len(full) // 2])
     write_jsonl(tmp_path / "ok.jsonl.zst", [docs[2]], "zst")
-    raw = base_recipe(tmp_path, code, [tmp_path / "t.jsonl", tmp_path / "trunc.jsonl.gz", tmp_path / "ok.jsonl.zst"],
-                      val_fraction=0.0, mix={"ratio": {"code": 1, "text": 1}})
+    raw = base_recipe(
+        tmp_path,
+        code,
+        [tmp_path / "t.jsonl", tmp_path / "trunc.jsonl.gz", tmp_path / "ok.jsonl.zst"],
+        val_fraction=0.0,
+        mix={"ratio": {"code": 1, "text": 1}},
+    )
     raw["sources"][0]["max_file_bytes"] = 10_000
     m = build(recipe_from_dict(raw))
     c = m["counts"]
@@ -172,7 +202,9 @@ def test_bad_inputs_are_skipped_counted_and_named(tmp_path, corpus_dir):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lemur.data.cli", *args], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "lemur.data.cli", *args], capture_output=True, text=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -232,9 +264,45 @@ def test_stats_cli_json_and_plots(built, tmp_path):
     stats = json.loads(res.stdout)
     manifest = json.loads((built / "manifest.json").read_text())
     assert stats["splits"]["train/mixed"]["documents"] == sum(
-        s["documents"] for s in manifest["shards"] if s["split"] == "train")
+        s["documents"] for s in manifest["shards"] if s["split"] == "train"
+    )
     assert (tmp_path / "plots" / "document_lengths.png").stat().st_size > 1000
     res = _cli("stats", str(built))
     assert res.returncode == 0 and "mix (train tokens)" in res.stdout
     res = _cli("stats", str(tmp_path / "nope"))
     assert res.returncode == 2 and "no manifest" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_languages_keeps_only_listed_languages(tmp_path, corpus_dir, tokenizer_model):
+    rows = [
+        {"id": f"d{i}", "text": f"document number {i} " * 20, "lang": lang}
+        for i, lang in enumerate(["en", "fr", "en", "de", "en"])
+    ]
+    write_jsonl(tmp_path / "t.jsonl", rows)
+    raw = {
+        "output": str(tmp_path / "out"),
+        "val_fraction": 0.0,
+        "tokenizer": {"model": str(tokenizer_model)},
+        "mix": {"ratio": {"text": 1}},
+        "executor": {"tasks": 1, "workers": 1},
+        "sources": [
+            {
+                "name": "t",
+                "domain": "text",
+                "format": "jsonl",
+                "paths": [str(tmp_path / "t.jsonl")],
+                "languages": ["en"],
+            }
+        ],
+    }
+    m = build(recipe_from_dict(raw))
+    assert m["counts"]["dropped"] == {"language": 2}
+    assert m["counts"]["sources"]["t"] == {
+        "read": 5,
+        "kept": 3,
+        "errors": 0,
+        "dropped": {"language": 2},
+    }
+    assert sorted(decode_directory(tmp_path / "out")["train/mixed"]) == sorted(
+        r["text"] for r in rows if r["lang"] == "en"
+    )

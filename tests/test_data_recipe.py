@@ -29,7 +29,9 @@ def _recipe(tmp_path: Path, **changes) -> dict:
 
 
 def test_valid_recipe_types_and_defaults(tmp_path):
-    r = recipe_from_dict(_recipe(tmp_path, mix={"ratio": {"code": 10, "text": 1}, "total_tokens": "90e9"}))
+    r = recipe_from_dict(
+        _recipe(tmp_path, mix={"ratio": {"code": 10, "text": 1}, "total_tokens": "90e9"})
+    )
     assert r.mix.total_tokens == 90e9  # YAML 1.1 reads 90e9 as a string; we accept it
     assert r.mix.ratio == {"code": 10.0, "text": 1.0}
     assert r.seq_len == 4096 and r.seed == 1234
@@ -48,13 +50,23 @@ def test_valid_recipe_types_and_defaults(tmp_path):
         ({"seed": True}, "seed must be an integer"),
         ({"mix": {"ratio": {"code": -1, "text": 1}}}, "mix.ratio.code must be > 0"),
         ({"mix": {"ratio": {"code": 10}}}, "mix.ratio has no entry for domain 'text'"),
-        ({"mix": {"ratio": {"code": 1, "text": 1, "math": 1}}}, "mix.ratio.math: no source has domain 'math'"),
+        (
+            {"mix": {"ratio": {"code": 1, "text": 1, "math": 1}}},
+            "mix.ratio.math: no source has domain 'math'",
+        ),
         ({"mix": {"ratio": "10:1"}}, "mix.ratio must be a mapping"),
         ({"tokenizer": {}}, "give exactly one of 'model' or 'train'"),
-        ({"tokenizer": {"model": "/nonexistent/tok.model"}}, "tokenizer.model '/nonexistent/tok.model' is not a file"),
+        (
+            {"tokenizer": {"model": "/nonexistent/tok.model"}},
+            "tokenizer.model '/nonexistent/tok.model' is not a file",
+        ),
         ({"executor": {"kind": "spark"}}, "executor.kind 'spark' is not one of"),
         ({"val_fraction": 0.9}, "val_fraction must be in [0, 0.5)"),
         ({"sources": []}, "'sources' is empty"),
+        (
+            {"mix": {"ratio": {"code": 1, "text": 1}, "shares": {"code": {"Python": 1}}}},
+            "mix.shares is not supported yet",
+        ),
     ],
 )
 def test_bad_recipes_name_the_key(tmp_path, change, message):
@@ -71,7 +83,9 @@ def test_bad_sources(tmp_path):
         recipe_from_dict(raw)
     raw = _recipe(tmp_path)
     raw["sources"][1]["format"] = "csv"
-    with pytest.raises(RecipeError, match=r"sources\[1\].format 'csv' is not one of jsonl, parquet, files"):
+    with pytest.raises(
+        RecipeError, match=r"sources\[1\].format 'csv' is not one of jsonl, parquet, files"
+    ):
         recipe_from_dict(raw)
     raw = _recipe(tmp_path)
     del raw["sources"][0]["domain"]
@@ -84,7 +98,9 @@ def test_bad_sources(tmp_path):
 
 
 def test_overrides(tmp_path):
-    raw = apply_overrides(_recipe(tmp_path), ["mix.ratio.code=8", "sources.1.text_key=content", "seq_len=2048"])
+    raw = apply_overrides(
+        _recipe(tmp_path), ["mix.ratio.code=8", "sources.1.text_key=content", "seq_len=2048"]
+    )
     r = recipe_from_dict(raw)
     assert r.mix.ratio["code"] == 8.0 and r.sources[1].text_key == "content" and r.seq_len == 2048
     with pytest.raises(RecipeError, match="no list item '5'"):
@@ -103,7 +119,9 @@ def test_load_recipe_file_errors(tmp_path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lemur.data.cli", *args], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "lemur.data.cli", *args], capture_output=True, text=True
+    )
 
 
 def test_cli_bad_recipe_exit_2_one_line(tmp_path):
@@ -112,8 +130,8 @@ def test_cli_bad_recipe_exit_2_one_line(tmp_path):
     res = _cli("build", str(path))
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        "lemur-data: error: recipe: unknown key 'sedd' (known: executor, mix, output, seed, seq_len, "
-        "shard_tokens, sources, tokenize_batch_docs, tokenizer, val_fraction)"
+        "lemur-data: error: recipe: unknown key 'sedd' (known: executor, mix, output, seed, "
+        "seq_len, shard_tokens, sources, tokenize_batch_docs, tokenizer, val_fraction)"
     ]
     assert "Traceback" not in res.stderr
 

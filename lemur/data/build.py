@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lemur.data import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
-from lemur.data.filters import EmptyDocumentFilter
+from lemur.data.filters import EmptyDocumentFilter, LanguageFilter
 from lemur.data.pack import Packer
 from lemur.data.readers import InputFile, SourcesReader, list_inputs
 from lemur.data.recipe import Recipe, RecipeError
@@ -160,7 +160,9 @@ def _run_executor(executor: Any, work: Path, n_tasks: int, report: Reporter) -> 
         raise BuildError(f"tokenize stage failed: {failure[0]} (task logs: {work / 'logs'})")
 
 
-def tokenize_stage(recipe: Recipe, inputs: list[InputFile], tok_path: Path, work: Path, report: Reporter) -> int:
+def tokenize_stage(
+    recipe: Recipe, inputs: list[InputFile], tok_path: Path, work: Path, report: Reporter
+) -> int:
     """Read, filter and tokenize every input file; return the number of tasks."""
     from datatrove.executor import LocalPipelineExecutor
 
@@ -172,6 +174,7 @@ def tokenize_stage(recipe: Recipe, inputs: list[InputFile], tok_path: Path, work
     pipeline = [
         SourcesReader(inputs, recipe.sources, errors_dir=str(work / "errors")),
         EmptyDocumentFilter(),
+        LanguageFilter({s.name: s.languages for s in recipe.sources if s.languages}),
         TokenizeWriter(str(tok_path), str(work / "tokens"), recipe.tokenize_batch_docs),
     ]
     executor = LocalPipelineExecutor(
@@ -183,7 +186,9 @@ def tokenize_stage(recipe: Recipe, inputs: list[InputFile], tok_path: Path, work
     _run_executor(executor, work, n_tasks, report)
     missing = [r for r in range(n_tasks) if not (work / "tokens" / f"{r:05d}.bin").is_file()]
     if missing:
-        raise BuildError(f"tokenize stage: task {missing[0]} produced no output (see {work / 'logs'})")
+        raise BuildError(
+            f"tokenize stage: task {missing[0]} produced no output (see {work / 'logs'})"
+        )
     return n_tasks
 
 
@@ -220,14 +225,16 @@ def build(recipe: Recipe, report: Reporter | None = None, force: bool = False) -
     tok_path = prepare_tokenizer(recipe, inputs, out, work_root)
     tok = tokenizer_info(tok_path)
     report("tokenizer", 1, 1)
-    key = _sha({
-        "v": WORK_VERSION,
-        "sources": recipe.sources,
-        "inputs": _sha([(f.path, *_stat(f.path)) for f in inputs]),
-        "tokenizer": tok["sha256"],
-        "tasks": recipe.executor.tasks,
-        "batch": recipe.tokenize_batch_docs,
-    })[:16]
+    key = _sha(
+        {
+            "v": WORK_VERSION,
+            "sources": recipe.sources,
+            "inputs": _sha([(f.path, *_stat(f.path)) for f in inputs]),
+            "tokenizer": tok["sha256"],
+            "tasks": recipe.executor.tasks,
+            "batch": recipe.tokenize_batch_docs,
+        }
+    )[:16]
     work = work_root / f"tokens-{key}"
     n_tasks = tokenize_stage(recipe, inputs, tok_path, work, report)
     counts = collect_counts(work, recipe, n_tasks)

@@ -29,8 +29,10 @@ def _load(args: argparse.Namespace, check_paths: bool = True):
     output = raw.get("output", "out/demo")
     raw = apply_overrides(demo.demo_recipe(str(output)), list(args.set))
     if check_paths:
-        print("demo: gathering text from man pages, /usr/share/doc and pydoc topics ...",
-              file=sys.stderr)
+        print(
+            "demo: gathering text from man pages, /usr/share/doc and pydoc topics ...",
+            file=sys.stderr,
+        )
         demo.materialize_text(Path(str(output)).expanduser() / ".work" / "demo-sources")
     return recipe_from_dict(raw, check_paths=check_paths)
 
@@ -39,11 +41,20 @@ class _Progress:
     """A rich progress display with one bar per build stage."""
 
     def __init__(self) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.progress = Progress(
-            TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), transient=False,
+            TextColumn("{task.description:<14}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=False,
         )
         self.tasks: dict[str, Any] = {}
 
@@ -145,8 +156,13 @@ def parser() -> argparse.ArgumentParser:
 
     def recipe_args(q: argparse.ArgumentParser) -> None:
         q.add_argument("recipe", nargs="?", help="recipe YAML (default: the built-in demo)")
-        q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a recipe key (dotted path, e.g. mix.ratio.code=8)")
+        q.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a recipe key (dotted path, e.g. mix.ratio.code=8)",
+        )
 
     b = sub.add_parser("build", help="build a corpus from a recipe")
     recipe_args(b)

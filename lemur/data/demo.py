@@ -112,17 +112,44 @@ def demo_recipe(output: str = "out/demo") -> dict[str, Any]:
     stdlib = sysconfig.get_paths()["stdlib"]
     text = str(Path(output) / ".work" / "demo-sources" / "text.jsonl.zst")
     sources: list[dict[str, Any]] = [
-        {"name": "python-stdlib", "domain": "code", "format": "files", "paths": [stdlib],
-         "include": ["*.py"], "language": "Python"},
+        {
+            "name": "python-stdlib",
+            "domain": "code",
+            "format": "files",
+            "paths": [stdlib],
+            "include": ["*.py"],
+            "language": "Python",
+        },
     ]
     if any(Path("/usr/include").glob("*.h")):
-        sources.append({"name": "c-headers", "domain": "code", "format": "files",
-                        "paths": ["/usr/include/*.h"], "language": "C"})
+        sources.append(
+            {
+                "name": "c-headers",
+                "domain": "code",
+                "format": "files",
+                "paths": ["/usr/include/*.h"],
+                "language": "C",
+            }
+        )
     if Path("/usr/include/c++").is_dir():
-        sources.append({"name": "cpp-headers", "domain": "code", "format": "files",
-                        "paths": ["/usr/include/c++"], "language": "C++"})
-    sources.append({"name": "system-docs", "domain": "text", "format": "jsonl",
-                    "paths": [text], "language": "en"})
+        sources.append(
+            {
+                "name": "cpp-headers",
+                "domain": "code",
+                "format": "files",
+                "paths": ["/usr/include/c++"],
+                "language": "C++",
+            }
+        )
+    sources.append(
+        {
+            "name": "system-docs",
+            "domain": "text",
+            "format": "jsonl",
+            "paths": [text],
+            "language": "en",
+        }
+    )
     return {
         "output": output,
         "seed": 1234,

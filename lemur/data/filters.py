@@ -34,3 +34,20 @@ class EmptyDocumentFilter(LemurFilter):
         if not doc.text.strip():
             return False, "empty"
         return True
+
+
+class LanguageFilter(LemurFilter):
+    """Keeps only documents whose source lists their language (reason `language`)."""
+
+    name = "🌐 language"
+
+    def __init__(self, languages_by_source: dict[str, list[str]]) -> None:
+        super().__init__()
+        self.languages_by_source = {k: set(v) for k, v in languages_by_source.items()}
+
+    def filter(self, doc: Document) -> bool | tuple[bool, str]:
+        """Keep a document if its source has no `languages` list or its tag is in it."""
+        allowed = self.languages_by_source.get(doc.metadata.get("source", ""))
+        if allowed is not None and doc.metadata.get("language") not in allowed:
+            return False, "language"
+        return True

@@ -17,7 +17,9 @@ _M2 = np.uint64(0x94D049BB133111EB)
 
 def seeded_hash(id_hash: np.ndarray, seed: int, salt: str) -> np.ndarray:
     """A uint64 hash of each document id hash, keyed by seed and purpose (splitmix64 finalizer)."""
-    key = int.from_bytes(hashlib.blake2b(f"{seed}/{salt}".encode(), digest_size=8).digest(), "little")
+    key = int.from_bytes(
+        hashlib.blake2b(f"{seed}/{salt}".encode(), digest_size=8).digest(), "little"
+    )
     with np.errstate(over="ignore"):
         x = id_hash.astype(np.uint64) ^ np.uint64(key)
         x = (x ^ (x >> np.uint64(30))) * _M1

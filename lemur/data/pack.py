@@ -36,7 +36,9 @@ class Records:
 
 def load_records(tok_dir: Path, n_tasks: int) -> Records:
     """Concatenate the per-task document records, mapping languages to one global table."""
-    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("task", "start", "end", "source", "language", "tokens", "id_hash")}
+    cols: dict[str, list[np.ndarray]] = {
+        k: [] for k in ("task", "start", "end", "source", "language", "tokens", "id_hash")
+    }
     languages: dict[str, int] = {}
     for rank in range(n_tasks):
         rec = np.load(tok_dir / f"{rank:05d}.docs.npy")
@@ -81,12 +83,16 @@ class Packer:
         if task not in self._runs:
             path = self.tok_dir / f"{task:05d}.bin"
             self._runs[task] = (
-                np.memmap(path, dtype=self.dtype, mode="r") if path.stat().st_size else np.zeros(0, self.dtype)
+                np.memmap(path, dtype=self.dtype, mode="r")
+                if path.stat().st_size
+                else np.zeros(0, self.dtype)
             )
         return self._runs[task]
 
     def _write(self, rows: np.ndarray, prefix: str, split: str, domain: str) -> list[ShardInfo]:
-        writer = ShardWriter(self.out_dir, prefix, split, domain, self.dtype, self.recipe.shard_tokens)
+        writer = ShardWriter(
+            self.out_dir, prefix, split, domain, self.dtype, self.recipe.shard_tokens
+        )
         r = self.rec
         for i in rows.tolist():
             writer.add(self._run(int(r.task[i]))[r.start[i] : r.end[i]])
@@ -123,7 +129,9 @@ class Packer:
             idx = idx[np.argsort(mix_hash[idx], kind="stable")]
             selected[idx[: take_prefix(r.tokens[idx], budgets[d])]] = True
         train_rows = np.flatnonzero(selected)
-        order = np.argsort(seeded_hash(r.id_hash[train_rows], recipe.seed, "shuffle"), kind="stable")
+        order = np.argsort(
+            seeded_hash(r.id_hash[train_rows], recipe.seed, "shuffle"), kind="stable"
+        )
         train_rows = train_rows[order]
         shards = self._write(train_rows, "train", "train", "mixed")
         val_hash = seeded_hash(r.id_hash, recipe.seed, "val-order")
@@ -132,7 +140,11 @@ class Packer:
             rows = rows[np.argsort(val_hash[rows], kind="stable")]
             shards += self._write(rows, f"val/{d}", "val", d)
         mix = self._mix_section(domains, val, selected, available, budgets)
-        return {"shards": [s.to_json() for s in shards], "mix": mix, "stats": self._stats(domains, val, selected)}
+        return {
+            "shards": [s.to_json() for s in shards],
+            "mix": mix,
+            "stats": self._stats(domains, val, selected),
+        }
 
     def _mix_section(self, domains, val, selected, available, budgets) -> dict[str, Any]:
         r, recipe = self.rec, self.recipe
@@ -168,11 +180,16 @@ class Packer:
                 m = mask & (r.source == i)
                 for lang_id in np.unique(r.language[m]).tolist():
                     mm = m & (r.language == lang_id)
-                    out["groups"].append({
-                        "split": split, "domain": s.domain, "source": s.name,
-                        "language": r.languages[lang_id],
-                        "documents": int(mm.sum()), "tokens": int(r.tokens[mm].sum()),
-                    })
+                    out["groups"].append(
+                        {
+                            "split": split,
+                            "domain": s.domain,
+                            "source": s.name,
+                            "language": r.languages[lang_id],
+                            "documents": int(mm.sum()),
+                            "tokens": int(r.tokens[mm].sum()),
+                        }
+                    )
             for d in self.recipe.domains():
                 out["lengths"][f"{split}/{d}"] = _percentiles(r.tokens[mask & (domains == d)])
         return out

@@ -31,8 +31,22 @@ from lemur.data.tagging import code_language
 
 # Directories that hold vendored, generated or tool data rather than authored source.
 SKIP_DIRS = frozenset(
-    {".git", ".hg", ".svn", "__pycache__", "node_modules", ".tox", ".venv", "venv",
-     ".mypy_cache", ".pytest_cache", "site-packages", "dist-packages", ".idea", ".vscode"}
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "__pycache__",
+        "node_modules",
+        ".tox",
+        ".venv",
+        "venv",
+        ".mypy_cache",
+        ".pytest_cache",
+        "site-packages",
+        "dist-packages",
+        ".idea",
+        ".vscode",
+    }
 )
 MAX_ERRORS_PER_TASK = 1000
 
@@ -173,7 +187,11 @@ class SourcesReader(PipelineStep):
                         extra["language"] = lang
                     yield self._doc(f, text, doc_id, extra)
         except (EOFError, OSError, zstandard.ZstdError) as e:
-            what = "truncated or corrupt stream" if not isinstance(e, PermissionError) else "unreadable"
+            what = (
+                "truncated or corrupt stream"
+                if not isinstance(e, PermissionError)
+                else "unreadable"
+            )
             self._error("corrupt_file", f, f"{what} after line {line_no}: {e}")
 
     def _read_parquet(self, f: InputFile) -> Iterator[Document]:

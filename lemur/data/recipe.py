@@ -127,6 +127,7 @@ def _strip_none(obj: Any) -> Any:
 
 # ---------------------------------------------------------------------------- parsing
 
+
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if tp is int:
@@ -293,6 +294,11 @@ def _validate(recipe: Recipe, check_paths: bool) -> None:
         raise RecipeError("recipe: mix.total_tokens must be > 0")
     if recipe.mix.max_repeats < 1:
         raise RecipeError("recipe: mix.max_repeats must be >= 1")
+    # Planned with the mix planner; refuse rather than silently ignore them.
+    if recipe.mix.shares is not None:
+        raise RecipeError("recipe: mix.shares is not supported yet (only mix.ratio across domains)")
+    if recipe.mix.max_repeats != 1:
+        raise RecipeError("recipe: mix.max_repeats other than 1 is not supported yet")
     if recipe.seq_len < 1:
         raise RecipeError(f"recipe: seq_len must be >= 1, got {recipe.seq_len}")
     if not 0 <= recipe.val_fraction < 0.5:

@@ -187,12 +187,12 @@ def open_index(directory: str | os.PathLike, shard: dict[str, Any]) -> np.ndarra
     return np.memmap(path, dtype=INDEX_DTYPE, mode="r")
 
 
-def iter_documents(directory: str | os.PathLike, shard: dict[str, Any], dtype: str) -> Iterable[
-    np.ndarray
-]:
+def iter_documents(
+    directory: str | os.PathLike, shard: dict[str, Any], dtype: str
+) -> Iterable[np.ndarray]:
     """Yield each document of a shard as a token array (`<s> ... </s>`)."""
     tokens = open_tokens(directory, shard, dtype)
     start = 0
     for end in open_index(directory, shard):
-        yield tokens[start:int(end)]
+        yield tokens[start : int(end)]
         start = int(end)

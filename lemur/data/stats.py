@@ -29,14 +29,19 @@ def compute_stats(directory: str | Path) -> dict[str, Any]:
     manifest = read_manifest(root)
     extra_path = root / "stats.json"
     extra = json.loads(extra_path.read_text()) if extra_path.is_file() else {"groups": []}
-    splits: dict[str, dict[str, int]] = defaultdict(lambda: {"documents": 0, "tokens": 0, "shards": 0})
+    splits: dict[str, dict[str, int]] = defaultdict(
+        lambda: {"documents": 0, "tokens": 0, "shards": 0}
+    )
     for s in manifest["shards"]:
         key = f"{s['split']}/{s['domain']}"
         splits[key]["documents"] += s["documents"]
         splits[key]["tokens"] += s["tokens"]
         splits[key]["shards"] += 1
     lengths = {
-        k: {f"p{q}": float(v) for q, v in zip(PERCENTILES, np.percentile(a, PERCENTILES), strict=True)}
+        k: {
+            f"p{q}": float(v)
+            for q, v in zip(PERCENTILES, np.percentile(a, PERCENTILES), strict=True)
+        }
         | {"mean": float(a.mean())}
         for k, a in document_lengths(root, manifest).items()
         if len(a)
@@ -47,7 +52,11 @@ def compute_stats(directory: str | Path) -> dict[str, Any]:
     target = mix.get("target", {})
     tsum = sum(target.values()) or 1
     ratio = {
-        d: {"target": target.get(d, 0) / tsum, "achieved": tokens.get(d, 0) / total, "tokens": tokens.get(d, 0)}
+        d: {
+            "target": target.get(d, 0) / tsum,
+            "achieved": tokens.get(d, 0) / total,
+            "tokens": tokens.get(d, 0),
+        }
         for d in target
     }
     return {
@@ -77,8 +86,10 @@ def print_stats(stats: dict[str, Any]) -> None:
             t.add_column(c, justify="left" if i == 0 else "right")
         return t
 
-    t = table(f"{stats['directory']}  ({stats['dtype']}, vocab {stats['vocab_size']})",
-              ["split/domain", "shards", "documents", "tokens"])
+    t = table(
+        f"{stats['directory']}  ({stats['dtype']}, vocab {stats['vocab_size']})",
+        ["split/domain", "shards", "documents", "tokens"],
+    )
     for k, v in sorted(stats["splits"].items()):
         t.add_row(k, f"{v['shards']:,}", f"{v['documents']:,}", f"{v['tokens']:,}")
     console.print(t)
@@ -86,15 +97,28 @@ def print_stats(stats: dict[str, Any]) -> None:
     for d, v in stats["ratio"].items():
         t.add_row(d, f"{v['target']:.4f}", f"{v['achieved']:.4f}", f"{v['tokens']:,}")
     console.print(t)
-    t = table("by source and language", ["split / domain / source / language", "documents", "tokens"])
-    for g in sorted(stats["groups"], key=lambda g: (g["split"], g["domain"], g["source"], g["language"])):
-        t.add_row(f"{g['split']} / {g['domain']} / {g['source']} / {g['language']}",
-                  f"{g['documents']:,}", f"{g['tokens']:,}")
+    t = table(
+        "by source and language", ["split / domain / source / language", "documents", "tokens"]
+    )
+    for g in sorted(
+        stats["groups"], key=lambda g: (g["split"], g["domain"], g["source"], g["language"])
+    ):
+        t.add_row(
+            f"{g['split']} / {g['domain']} / {g['source']} / {g['language']}",
+            f"{g['documents']:,}",
+            f"{g['tokens']:,}",
+        )
     console.print(t)
     t = table("sources (train)", ["source", "domain", "available", "selected", "rate", "documents"])
     for name, s in stats["sources"].items():
-        t.add_row(name, s["domain"], f"{s['available_tokens']:,}", f"{s['tokens']:,}",
-                  f"{s['rate']:.4f}", f"{s['documents']:,}")
+        t.add_row(
+            name,
+            s["domain"],
+            f"{s['available_tokens']:,}",
+            f"{s['tokens']:,}",
+            f"{s['rate']:.4f}",
+            f"{s['documents']:,}",
+        )
     console.print(t)
     t = table("document length (tokens)", ["split/domain", *[f"p{q}" for q in PERCENTILES], "mean"])
     for k, v in sorted(stats["lengths"].items()):
@@ -113,8 +137,11 @@ def print_stats(stats: dict[str, Any]) -> None:
         console.print(t)
         errors = counts.get("errors", [])
         if errors:
-            t = table(f"input errors (first {min(len(errors), 20)} of {counts.get('errors_total', len(errors))})",
-                      ["file", "line", "error"])
+            total = counts.get("errors_total", len(errors))
+            t = table(
+                f"input errors (first {min(len(errors), 20)} of {total})",
+                ["file", "line", "error"],
+            )
             for e in errors[:20]:
                 t.add_row(e["file"], str(e.get("line", "")), f"{e['kind']}: {e['error']}")
             console.print(t)

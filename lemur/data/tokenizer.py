@@ -9,6 +9,7 @@ import io
 import json
 import os
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -138,19 +139,19 @@ class TokenizeWriter(PipelineStep):
         with open(tmp_bin, "wb") as fh:
             for batch in batched(data or [], self.batch_docs):
                 with self.track_time("batch"):
-                    encoded = sp.encode([d.text for d in batch])
-                    lengths = np.fromiter((len(t) + 2 for t in encoded), np.int64, len(encoded))
-                    flat = np.empty(int(lengths.sum()), dtype=dtype)
-                    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-                    for s, ids in zip(starts.tolist(), encoded, strict=True):
-                        flat[s] = BOS_ID
-                        flat[s + 1 : s + 1 + len(ids)] = ids
-                        flat[s + 1 + len(ids)] = EOS_ID
+                    # One thread per task: parallelism comes from the executor's tasks.
+                    encoded = sp.encode(
+                        [d.text for d in batch], add_bos=True, add_eos=True, num_threads=1
+                    )
+                    lengths = [len(t) for t in encoded]
+                    flat = np.fromiter(chain.from_iterable(encoded), dtype, count=sum(lengths))
                     fh.write(flat.tobytes())
-                for doc, n in zip(batch, lengths.tolist(), strict=True):
+                for doc, n in zip(batch, lengths, strict=True):
                     end += n
                     lang = languages.setdefault(str(doc.metadata.get("language")), len(languages))
-                    id_hash = int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little")
+                    id_hash = int.from_bytes(
+                        hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little"
+                    )
                     records.append((doc.metadata["source_index"], lang, n, id_hash, end))
                     self.stat_update("documents")
                     self.stat_update("tokens", value=n)

@@ -58,7 +58,9 @@ def verify_shard(root: Path, shard: dict[str, Any], manifest: dict[str, Any]) ->
     if len(ends) and (np.any(np.diff(ends) <= 0) or ends[0] <= 0):
         problems.append(f"{idx_path}: document ends are not strictly increasing")
     elif len(ends) and ends[-1] != shard["tokens"]:
-        problems.append(f"{idx_path}: last document ends at {ends[-1]}, shard has {shard['tokens']} tokens")
+        problems.append(
+            f"{idx_path}: last document ends at {ends[-1]}, shard has {shard['tokens']} tokens"
+        )
     elif not problems and len(ends):
         tokens = np.memmap(bin_path, dtype=dtype, mode="r")
         starts = np.concatenate(([0], ends[:-1]))
@@ -89,5 +91,7 @@ def verify(directory: str | Path, progress: Callable[[int, int], None] | None = 
     train = sum(s["tokens"] for s in shards if s["split"] == "train")
     mixed = sum(manifest.get("mix", {}).get("tokens", {}).values())
     if "mix" in manifest and mixed != train:
-        problems.append(f"{root / 'manifest.json'}: mix.tokens sum to {mixed}, train shards hold {train}")
+        problems.append(
+            f"{root / 'manifest.json'}: mix.tokens sum to {mixed}, train shards hold {train}"
+        )
     return problems

@@ -1,0 +1,122 @@
+"""Benchmark: tokens per CPU-second of lemur's tokenize stage vs plain SentencePiece encode.
+
+All three run in this process on the same real documents (Python stdlib sources plus text
+from /usr/share/doc and pydoc topics), alternating, best of --repeats:
+  plain-loop : `sp.encode(text)` per document (the floor any tokenize stage pays)
+  plain-batch: `sp.encode(list_of_texts, num_threads=1)`
+  lemur-stage: `TokenizeWriter.run` (datatrove step: batching, framing, writing token runs)
+
+    python tools/bench_tokenize.py --mb 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+from datatrove.data import Document
+
+from lemur.data.demo import doc_files, pydoc_topics
+from lemur.data.recipe import TokenizerTrainConfig
+from lemur.data.tokenizer import TokenizeWriter, load_tokenizer, train_tokenizer
+
+
+def real_documents(max_bytes: int) -> list[str]:
+    """Real code (stdlib) and text (docs, pydoc topics), about 10:1 by bytes."""
+    texts: list[str] = []
+    size = 0
+    text_budget = max_bytes // 11
+    for row in list(pydoc_topics()) + list(doc_files(text_budget)):
+        texts.append(row["text"])
+        size += len(row["text"].encode())
+        if size >= text_budget:
+            break
+    for p in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if "site-packages" in p.parts:
+            continue
+        try:
+            t = p.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        texts.append(t)
+        size += len(t.encode())
+        if size >= max_bytes:
+            break
+    return texts
+
+
+def cpu_time(fn) -> tuple[float, int]:
+    """CPU seconds (all threads of this process) of fn(), and what it returned."""
+    t0 = time.process_time()
+    n = fn()
+    return time.process_time() - t0, n
+
+
+def main() -> int:
+    """Run the benchmark and print a markdown table."""
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--mb", type=float, default=40.0, help="MB of real documents")
+    ap.add_argument("--tokenizer", help="existing tokenizer.model (default: train a 16k BPE)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch-docs", type=int, default=256)
+    args = ap.parse_args()
+
+    texts = real_documents(int(args.mb * 1e6))
+    mb = sum(len(t.encode()) for t in texts) / 1e6
+    tmp = Path(tempfile.mkdtemp(prefix="bench_tok_"))
+    tok = args.tokenizer or str(
+        train_tokenizer(texts[::3], TokenizerTrainConfig(vocab_size=16000), tmp / "tok.model")
+    )
+    sp = load_tokenizer(tok)
+    docs = [
+        Document(text=t, id=f"d{i}", metadata={"source_index": 0, "language": "x"})
+        for i, t in enumerate(texts)
+    ]
+
+    def plain_loop() -> int:
+        return sum(len(sp.encode(t)) + 2 for t in texts)
+
+    def plain_batch() -> int:
+        return sum(len(x) + 2 for x in sp.encode(texts, num_threads=1))
+
+    def stage() -> int:
+        step = TokenizeWriter(tok, str(tmp / "out"), args.batch_docs)
+        for _ in step.run(iter(docs)):
+            pass
+        return (tmp / "out" / "00000.bin").stat().st_size // 2
+
+    best: dict[str, float] = {}
+    tokens = {}
+    for _ in range(args.repeats):
+        for name, fn in (
+            ("plain-loop", plain_loop),
+            ("plain-batch", plain_batch),
+            ("lemur-stage", stage),
+        ):
+            secs, n = cpu_time(fn)
+            tokens[name] = n
+            best[name] = min(best.get(name, float("inf")), secs)
+    assert len(set(tokens.values())) == 1, f"token counts differ: {tokens}"
+    n = tokens["plain-loop"]
+    print(
+        f"{len(texts):,} documents, {mb:.1f} MB, {n:,} tokens, vocab {sp.vocab_size()}, "
+        f"best of {args.repeats}"
+    )
+    print("| run | CPU s | M tokens / CPU-s | MB / CPU-s | vs plain-loop |")
+    print("|---|---|---|---|---|")
+    for name, secs in best.items():
+        print(
+            f"| {name} | {secs:.2f} | {n / secs / 1e6:.3f} | {mb / secs:.2f} | "
+            f"{best['plain-loop'] / secs:.2f}x |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
