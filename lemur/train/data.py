@@ -26,8 +26,8 @@ import grain
 import numpy as np
 
 from lemur.data.shards import (
-    INDEX_DTYPE,
     FORMAT,
+    INDEX_DTYPE,
     ShardFormatError,
     dtype_name,
     read_manifest,
@@ -39,8 +39,12 @@ from lemur.data.shards import (
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
 # Version of the iterator state layout; bump when `get_state()` changes shape.
 STATE_VERSION = 1
-# Token bytes a source may touch before it drops its mapped pages (see `_release`).
-DEFAULT_RELEASE_BYTES = 64 << 20
+# Bytes of mapped pages a source may make resident before it drops them (see `_release`).
+DEFAULT_RELEASE_BYTES = 128 << 20
+# One page fault maps more than the page: 64 KiB of fault-around, or a whole page-cache
+# folio of up to 2 MiB on kernels with large folios (measured here: 1.1 MiB resident per
+# random 8 KiB window read). Budget each read for the worst case.
+_FAULT_BYTES = 2 << 20
 
 
 class ShardCompatibilityError(ShardFormatError):
@@ -217,10 +221,11 @@ class ShardSource(grain.sources.RandomAccessDataSource):
     """Random access to the `seq_len + 1` token windows of one split of a shard directory.
 
     Memory maps open lazily on first access in each process and are never pickled, so
-    a source travels to Grain worker processes as a few hundred bytes. Every
-    `release_bytes` of tokens read, the touched mappings drop their pages
-    (`MADV_DONTNEED`: the page cache keeps them, this process's RSS does not), so RSS
-    stays flat over a pass (cf. nanoGPT#287).
+    a source travels to Grain worker processes as a few hundred bytes. Once reads may
+    have made `release_bytes` of mapped pages resident (each window counts its bytes plus
+    the kernel's fault-around), the touched mappings drop their pages (`MADV_DONTNEED`:
+    the page cache keeps them, this process's RSS does not), so RSS stays flat over a
+    pass (cf. nanoGPT#287).
     """
 
     def __init__(
@@ -239,20 +244,31 @@ class ShardSource(grain.sources.RandomAccessDataSource):
         self.split = split
         self.domain = domain
         self.release_bytes = int(release_bytes)
-        self.manifest = read_manifest(self.directory)
-        self.shards = _shards_of(self.manifest, split, domain)
+        manifest = read_manifest(self.directory)
+        # Keep only what reading needs: the source is pickled to every worker process.
+        self.tokenizer: dict[str, Any] = dict(manifest["tokenizer"])
+        self.shards = _shards_of(manifest, split, domain)
         what = f"{split} shards" + (f" of domain {domain!r}" if domain else "")
         manifest_path = Path(self.directory) / "manifest.json"
         if not self.shards:
             raise ShardFormatError(f"{manifest_path}: no {what}")
-        check_structure(self.directory, self.shards, self.manifest)
-        self.dtype = np.dtype(self.manifest["dtype"]).newbyteorder("<")
+        check_structure(self.directory, self.shards, manifest)
+        self.dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
+        # Upper bound of the pages one window read maps: the window rounded out to whole
+        # folios on both ends, plus one folio of the index.
+        window_bytes = (self.seq_len + 1) * self.dtype.itemsize
+        self._resident_per_record = window_bytes + 3 * _FAULT_BYTES
         windows = [max(0, (int(s["tokens"]) - 1) // self.seq_len) for s in self.shards]
         # First global window index of each shard, and the total at the end.
         self._offsets = [0]
         for n in windows:
             self._offsets.append(self._offsets[-1] + n)
         self.tokens = sum(int(s["tokens"]) for s in self.shards)
+        # Identity of the data, not of its path: the shuffle seed and the state fingerprint
+        # use it, so a job resumes the same order after the directory moves or is copied.
+        self.content_id = hashlib.sha256(json.dumps(
+            [[s["file"], s["tokens"], s["documents"], s.get("sha256")] for s in self.shards]
+        ).encode()).hexdigest()[:16]
         # Tokens never used as an input: each shard's tail shorter than a window, plus the
         # last window's final target (a shard of T tokens yields (T - 1) // seq_len windows).
         self.dropped_tokens = self.tokens - self._offsets[-1] * self.seq_len
@@ -318,7 +334,7 @@ class ShardSource(grain.sources.RandomAccessDataSource):
         tokens, ends = self._shard(i)
         record = window_record(tokens, ends, start, self.seq_len)
         self._touched.add(i)
-        self._since_release += (self.seq_len + 1) * self.dtype.itemsize
+        self._since_release += self._resident_per_record
         if self._since_release >= self.release_bytes:
             self._release()
         return record
@@ -327,8 +343,8 @@ class ShardSource(grain.sources.RandomAccessDataSource):
         """Drop the resident pages of every mapping touched since the last release."""
         # Swap first, so reader threads keep adding to a fresh set while we madvise.
         touched, self._touched, self._since_release = self._touched, set(), 0
-        for i in touched:
-            for m in self._open[i][2]:
+        for i in tuple(touched):  # a thread that read the old set may still add to it
+            for m in self._open.get(i, ((), (), ()))[2]:
                 # Safe while other threads read: a read-only file mapping refaults from
                 # the page cache; only this process's resident set shrinks.
                 m.madvise(mmap.MADV_DONTNEED)
@@ -339,8 +355,9 @@ class ShardSource(grain.sources.RandomAccessDataSource):
 
 
 def _derived_seed(*parts: int | str) -> int:
-    """A 32-bit seed from several parts (Grain shuffles with seed + epoch, so user seeds
-    s and s + 1 would share permutations one epoch apart: hash them instead)."""
+    """A 32-bit seed hashed from several parts."""
+    # Grain seeds epoch e with seed + e, so user seeds s and s + 1 would share
+    # permutations one epoch apart if we passed them through: hash them instead.
     data = json.dumps([str(p) for p in parts]).encode()
     return int.from_bytes(hashlib.sha256(data).digest()[:4], "little")
 
@@ -383,7 +400,7 @@ class TrainIterator(grain.DatasetIterator):
     """Batches of the training stream; `get_state()` is the same on every process.
 
     The state is the number of records the whole job has consumed plus a fingerprint
-    of the pipeline (directories, weights, seed, seq_len). It restores into a fresh
+    of the pipeline (the directories' contents, weights, seed, seq_len). It restores into a fresh
     iterator with any process count and per-host batch size (Grain's `ElasticIterator`
     slices the stream from that global position). A state from another pipeline is
     refused unless the iterator was made with `strict_state=False`.
@@ -457,17 +474,20 @@ def make_train_iterator(
             check_compatible(d, vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256,
                              seq_len=seq_len)
     sources = [ShardSource(d, seq_len, release_bytes=release_bytes) for d, _ in pairs]
-    sha = {s.manifest["tokenizer"].get("sha256") for s in sources}
+    for src in sources:
+        if len(src) >= 2**32:  # Grain's index shuffle works on 32-bit indices
+            raise ValueError(f"{src!r}: {len(src)} windows, more than a shuffle can permute")
+    sha = {s.tokenizer.get("sha256") for s in sources}
     if len(sha) > 1:
         raise ShardCompatibilityError(
             "mixture of shard directories built with different tokenizers: "
-            + ", ".join(f"{s.directory} ({s.manifest['tokenizer'].get('sha256', '')[:12]})"
+            + ", ".join(f"{s.directory} ({str(s.tokenizer.get('sha256'))[:12]})"
                         for s in sources)
         )
     parts = [
         grain.MapDataset.source(src)
         # Shuffle before repeat: a new lazy global permutation every epoch.
-        .shuffle(seed=_derived_seed(seed, i, src.directory))
+        .shuffle(seed=_derived_seed(seed, i, src.content_id))
         .repeat(None)
         for i, src in enumerate(sources)
     ]
@@ -487,7 +507,8 @@ def make_train_iterator(
     fingerprint = hashlib.sha256(
         json.dumps(
             {"format": FORMAT, "seq_len": seq_len, "seed": seed,
-             "sources": [[s.directory, w, len(s)] for s, (_, w) in zip(sources, pairs)]},
+             "sources": [[s.content_id, w, len(s)]
+                         for s, (_, w) in zip(sources, pairs, strict=True)]},
             sort_keys=True,
         ).encode()
     ).hexdigest()[:16]
