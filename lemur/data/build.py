@@ -25,6 +25,8 @@ from lemur.data.code_filters import code_filters
 from lemur.data.filters import EmptyDocumentFilter, LanguageFilter, LemurFilter
 from lemur.data.pack import Packer
 from lemur.data.readers import InputFile, Listing, SourcesReader, list_inputs
+from lemur.data.recipe import Recipe, RecipeError
+from lemur.data.shards import FORMAT, MANIFEST, atomic_write_json, dtype_name, token_dtype
 from lemur.data.tagging import LanguageTagger
 from lemur.data.text_filters import (
     C4Filter,
@@ -32,8 +34,6 @@ from lemur.data.text_filters import (
     GopherQualityFilter,
     GopherRepetitionFilter,
 )
-from lemur.data.recipe import Recipe, RecipeError
-from lemur.data.shards import FORMAT, MANIFEST, atomic_write_json, dtype_name, token_dtype
 from lemur.data.tokenizer import TokenizeWriter, tokenizer_info, train_tokenizer
 
 WORK_VERSION = 1
@@ -295,6 +295,11 @@ def build(recipe: Recipe, report: Reporter | None = None, force: bool = False) -
     work = work_root / f"tokens-{key}"
     n_tasks = tokenize_stage(recipe, inputs, tok_path, work, report)
     counts = collect_counts(work, recipe, n_tasks, listing)
+    for name, src in counts["sources"].items():
+        if src["read"] == 0:
+            first = next((e for e in counts["errors"] if e.get("source") == name), None)
+            hint = f"; first error: {first['file']}: {first['error']}" if first else ""
+            raise BuildError(f"source '{name}' yielded no documents ({src['errors']} input errors{hint})")
     report("pack", 0, 1)
     packed = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"]).pack()
     report("pack", 1, 1)

@@ -128,7 +128,6 @@ def demo_recipe(output: str = "out/demo") -> dict[str, Any]:
                 "domain": "code",
                 "format": "files",
                 "paths": ["/usr/include/*.h"],
-                "language": "C",
             }
         )
     if Path("/usr/include/c++").is_dir():
@@ -147,7 +146,7 @@ def demo_recipe(output: str = "out/demo") -> dict[str, Any]:
             "domain": "text",
             "format": "jsonl",
             "paths": [text],
-            "language": "en",
+            "languages": ["en"],
         }
     )
     return {

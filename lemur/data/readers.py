@@ -96,7 +96,7 @@ def _walk(root: Path, source: SourceConfig, listing: Listing) -> Iterator[tuple[
         if source.gitignore and (spec := _gitignore(dirpath)) is not None:
             specs.append((dirpath, spec))
 
-        def ignored(full: str, is_dir: bool) -> bool:
+        def ignored(full: str, is_dir: bool, specs: list[tuple[str, Any]] = specs) -> bool:
             for d, spec in specs:
                 rel_to = os.path.relpath(full, d).replace(os.sep, "/")
                 if spec.match_file(rel_to + ("/" if is_dir else "")):
@@ -193,7 +193,12 @@ class SourcesReader(PipelineStep):
         self.stat_update(f"error_{kind}")
         self.stat_update(f"error_{kind}:{self.sources[f.source].name}")
         if len(self._errors) < MAX_ERRORS_PER_TASK:
-            entry: dict[str, Any] = {"file": f.path, "kind": kind, "error": message}
+            entry: dict[str, Any] = {
+                "file": f.path,
+                "source": self.sources[f.source].name,
+                "kind": kind,
+                "error": message,
+            }
             if line is not None:
                 entry["line"] = line
             self._errors.append(entry)

@@ -1,0 +1,69 @@
+"""Accuracy of lemur's language taggers on real, labelled files found on this machine.
+
+Code: go-enry `get_language(name, content)` (with our fallbacks) on stdlib .py, C++ standard
+headers, npm .js, Perl modules and /usr/bin shell scripts. Text: fastText lid.176.ftz on
+paragraphs (>= 150 characters) of localized man pages under /usr/share/man/<lang>.
+
+    python tools/bench_tagging.py --per-language 300 --pages 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter, defaultdict
+
+from lemur.data.labelled import labelled_code, labelled_paragraphs
+from lemur.data.tagging import TextLanguageID, code_language
+
+
+def main() -> int:
+    """Print per-language accuracy tables (markdown) for code and text tagging."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--per-language", type=int, default=300, help="code files per language")
+    ap.add_argument("--pages", type=int, default=4, help="man pages per locale")
+    args = ap.parse_args()
+
+    totals: dict[str, Counter] = defaultdict(Counter)
+    confusions: Counter = Counter()
+    t0 = time.perf_counter()
+    for label, name, text in labelled_code(args.per_language):
+        guess = code_language(name, text)
+        totals[label]["n"] += 1
+        totals[label]["ok"] += guess == label
+        if guess != label:
+            confusions[(label, guess)] += 1
+    code_secs = time.perf_counter() - t0
+    n = sum(c["n"] for c in totals.values())
+    ok = sum(c["ok"] for c in totals.values())
+    print(f"## Code: {ok}/{n} = {ok / n:.2%} correct ({n / code_secs:,.0f} files/s)\n")
+    print("| language | files | correct |\n|---|---|---|")
+    for label, c in sorted(totals.items()):
+        print(f"| {label} | {c['n']} | {c['ok'] / c['n']:.2%} |")
+    print("\nmost common confusions:", ", ".join(f"{a}->{b} x{k}" for (a, b), k in confusions.most_common(6)))
+
+    lid = TextLanguageID()
+    per: dict[str, Counter] = defaultdict(Counter)
+    wrong: Counter = Counter()
+    t0 = time.perf_counter()
+    for label, para in labelled_paragraphs(args.pages):
+        guess, _ = lid(para)
+        per[label]["n"] += 1
+        per[label]["ok"] += guess == label
+        if guess != label:
+            wrong[(label, guess)] += 1
+    secs = time.perf_counter() - t0
+    n = sum(c["n"] for c in per.values())
+    ok = sum(c["ok"] for c in per.values())
+    print(f"\n## Text: {ok}/{n} = {ok / n:.2%} of paragraphs correct ({len(per)} languages, "
+          f"{secs:.0f}s incl. rendering)\n")
+    print("| language | paragraphs | correct |\n|---|---|---|")
+    for label, c in sorted(per.items()):
+        print(f"| {label} | {c['n']} | {c['ok'] / c['n']:.2%} |")
+    print("\nmost common confusions:", ", ".join(f"{a}->{b} x{k}" for (a, b), k in wrong.most_common(8)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
