@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes  # noqa: F401  (registers the "bfloat16" dtype name safetensors' numpy API uses)
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file

@@ -112,10 +112,10 @@ PRESETS: dict[str, LlamaConfig] = {
                               d_ff=13824),
     "llama2-70b": LlamaConfig(**_LLAMA2, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
                               d_ff=28672),
-    # ~1.1B parameters, head_dim 128 (what cuDNN flash attention is fastest at): GPU MFU runs.
+    # ~1.1B parameters with Llama-2's head_dim 128 and 4:1 GQA: one-GPU MFU benchmarks.
     "llama-1b": LlamaConfig(**_LLAMA2, d_model=2048, n_layers=16, n_heads=16, n_kv_heads=4,
                             d_ff=8192),
-    # Tests and CPU smoke runs: GQA included, fp32 because bf16 matmuls are slow on CPU.
+    # Tests and CPU smoke runs: GQA included; fp32 so results compare tightly across runs.
     "tiny": LlamaConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                         d_ff=192, max_seq_len=256, dtype="float32"),
 }
@@ -192,7 +192,7 @@ def rms_norm(x_BxLxD: jax.Array, w_D: jax.Array, eps: float) -> jax.Array:
 
 def rope_angles(positions_BxL: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, ...]:
     """cos and sin (BxLxK/2, fp32) of the rotary angles position * theta^(-2i/K)."""
-    # The same fp32 arithmetic as HF and Meta, so angles agree bit for bit at any position.
+    # inv_freq from an fp32 arange, as HF and Meta compute it (float64 would drift from them).
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     angles_BxLxK2 = positions_BxL.astype(jnp.float32)[..., None] * inv_freq
     return jnp.cos(angles_BxLxK2), jnp.sin(angles_BxLxK2)
@@ -253,8 +253,11 @@ def block(x_BxLxD: jax.Array, layer: Params, config: LlamaConfig, cos_BxLxK2: ja
 
 
 def embed_tokens(params: Params, tokens_BxL: jax.Array, config: LlamaConfig) -> jax.Array:
-    """Look up token embeddings (gather in param dtype, then cast only the rows used)."""
-    x_BxLxD = jnp.take(params["embed"], tokens_BxL, axis=0).astype(config.compute_dtype)
+    """Look up token embeddings in the compute dtype."""
+    # Cast before the lookup so that, under FSDP, the table is gathered in bf16 (half the
+    # bytes); the rows are the same as gathering in fp32 and casting after.
+    embed_VxD = constrain(params["embed"].astype(config.compute_dtype), "VD")
+    x_BxLxD = jnp.take(embed_VxD, constrain(tokens_BxL, "BL"), axis=0)
     return constrain(x_BxLxD, "BLD")
 
 

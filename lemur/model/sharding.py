@@ -48,6 +48,9 @@ PARAM_SPECS: dict[str, P] = {
 # Activations, by the shape letters of their names in llama.py.
 ACTIVATION_SPECS: dict[str, P] = {
     "BL": P(BATCH, None),  # tokens, segment ids, positions
+    # The embedding table as the lookup reads it: gathered over fsdp first, as FSDP does for
+    # every weight, so the gathered rows come out batch-sharded like the tokens.
+    "VD": P("tensor", None),
     "BLD": P(BATCH, None, None),  # residual stream: replicated over tensor (Megatron)
     "BLHK": P(BATCH, None, "tensor", None),  # q, k, v, attention output
     "BLF": P(BATCH, None, "tensor"),  # SwiGLU hidden
@@ -147,4 +150,8 @@ def constrain(x: jax.Array, kind: str) -> jax.Array:
     if mesh.empty:
         return x
     spec = fit_spec(ACTIVATION_SPECS[kind], x.shape, mesh)
+    if all(entry is None for entry in spec):
+        # Nothing to split (a 1-sized batch, or no Auto axes: under Explicit axes a
+        # constraint is an assertion, and the model is written for Auto sharding).
+        return x
     return jax.lax.with_sharding_constraint(x, spec)

@@ -1,0 +1,226 @@
+"""lemur.model.hf + tools/convert_hf_llama.py: parity with transformers' LlamaForCausalLM."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download: every model here is random
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from safetensors.numpy import load_file  # noqa: E402
+
+from lemur.model import checkpoint, hf, llama  # noqa: E402
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[1]
+VOCAB, SEQ = 128, 24
+
+
+def _hf_model(n_kv_heads: int, seed: int) -> transformers.LlamaForCausalLM:
+    """A random fp32 HF Llama (norm weights randomised too, so a mix-up would show)."""
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=n_kv_heads, max_position_embeddings=64,
+        rms_norm_eps=1e-5, initializer_range=0.1,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    return model
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["gqa", "mha"])
+def hf_model(request: pytest.FixtureRequest) -> transformers.LlamaForCausalLM:
+    """Tiny random HF models: grouped-query (4 heads, 2 kv) and multi-head attention."""
+    return _hf_model(request.param, seed=request.param)
+
+
+def _state_dict(model: transformers.LlamaForCausalLM) -> dict[str, np.ndarray]:
+    """The HF state dict as numpy arrays."""
+    return {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+
+def _hf_logits(model: transformers.LlamaForCausalLM, tokens: np.ndarray) -> np.ndarray:
+    """Reference logits from transformers (torch, CPU, fp32)."""
+    with torch.no_grad():
+        return model(torch.from_numpy(tokens)).logits.numpy()
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def _forward(params: llama.Params, tokens: jax.Array, config: llama.LlamaConfig) -> jax.Array:
+    """Jitted lemur forward."""
+    return llama.forward(params, tokens, config)
+
+
+def _tokens(seed: int = 0) -> np.ndarray:
+    """A random 2 x SEQ batch."""
+    return np.random.default_rng(seed).integers(0, VOCAB, (2, SEQ))
+
+
+def _lemur_config(model: transformers.LlamaForCausalLM) -> llama.LlamaConfig:
+    """The lemur config of an HF model, computing in fp32 for parity."""
+    return hf.config_from_hf(model.config.to_dict(), dtype="float32")
+
+
+def test_logits_match_transformers(hf_model: transformers.LlamaForCausalLM) -> None:
+    config = _lemur_config(hf_model)
+    assert config.n_kv_heads == hf_model.config.num_key_value_heads
+    params = hf.params_from_hf(_state_dict(hf_model).__getitem__, config)
+    tokens = _tokens()
+    ref = _hf_logits(hf_model, tokens)
+    out = np.asarray(_forward(params, jnp.asarray(tokens), config))
+    assert np.abs(out - ref).max() <= 1e-4, np.abs(out - ref).max()
+    assert np.abs(ref).max() > 1.0  # the comparison is not between near-zero numbers
+
+
+def test_rotary_permutation_is_needed(hf_model: transformers.LlamaForCausalLM) -> None:
+    # Loading q/k with a plain transpose (no un-permute) must break parity: the test above
+    # would otherwise not prove that the rotary layout is handled.
+    config = _lemur_config(hf_model)
+    state = _state_dict(hf_model)
+    params = hf.params_from_hf(state.__getitem__, config)
+    for name in ("wq", "wk"):
+        hf_name = hf.HF_LAYER_NAMES[name]
+        n = config.n_heads if name == "wq" else config.n_kv_heads
+        params["layers"][name] = np.stack([
+            state[f"model.layers.{i}.{hf_name}"].T.reshape(config.d_model, n, config.head_dim)
+            for i in range(config.n_layers)])
+    out = np.asarray(_forward(params, jnp.asarray(_tokens()), config))
+    assert np.abs(out - _hf_logits(hf_model, _tokens())).max() > 1e-2
+
+
+def test_state_dict_round_trip_is_identical(hf_model: transformers.LlamaForCausalLM) -> None:
+    config = _lemur_config(hf_model)
+    state = _state_dict(hf_model)
+    params = hf.params_from_hf(state.__getitem__, config)
+    back = dict(hf.params_to_hf(params, config, dtype="float32"))
+    assert list(back) == [name for name, _, _ in hf.hf_names(config)]
+    assert set(back) == set(state)
+    for name, w in state.items():
+        np.testing.assert_array_equal(back[name], w, err_msg=name)
+
+
+def _load_tool() -> ModuleType:
+    """tools/convert_hf_llama.py as a module (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("convert_hf_llama",
+                                                  REPO / "tools" / "convert_hf_llama.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _read_hf_dir(directory: Path) -> dict[str, np.ndarray]:
+    """Every tensor of an HF safetensors directory."""
+    tensors: dict[str, np.ndarray] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    return tensors
+
+
+def test_convert_tool_round_trip(tmp_path: Path) -> None:
+    model = _hf_model(n_kv_heads=2, seed=7)
+    src = tmp_path / "hf"
+    model.save_pretrained(src, max_shard_size="40KB")  # several shards + index
+    assert (src / "model.safetensors.index.json").exists()
+    tool = _load_tool()
+
+    # HF (sharded) -> lemur.
+    assert tool.main(["to-lemur", str(src), str(tmp_path / "lemur")]) == 0
+    params, config = checkpoint.load_params(tmp_path / "lemur")
+    assert config == hf.config_from_hf(model.config.to_dict())
+    assert all(isinstance(x, np.ndarray) and x.dtype == np.float32
+               for x in jax.tree.leaves(params))
+    assert jax.tree.map(np.shape, params) == llama.param_shapes(config)
+
+    # The converted model gives the same logits as transformers.
+    fp32 = dataclasses.replace(config, dtype="float32")
+    tokens = _tokens(1)
+    ours = np.asarray(_forward(params, jnp.asarray(tokens), fp32))
+    assert np.abs(ours - _hf_logits(model, tokens)).max() <= 1e-4
+
+    # lemur -> HF: identical tensors in fp32, both sharded and single-file.
+    original = _state_dict(model)
+    argv = ["to-hf", str(tmp_path / "lemur"), str(tmp_path / "out"), "--dtype", "float32",
+            "--shard-gb", str(60e3 / 2**30)]
+    assert tool.main(argv) == 0
+    index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(original)
+    assert len(set(index["weight_map"].values())) > 1
+    back = _read_hf_dir(tmp_path / "out")
+    assert set(back) == set(original)
+    for name, w in original.items():
+        np.testing.assert_array_equal(back[name], w, err_msg=name)
+
+    assert tool.main(["to-hf", str(tmp_path / "lemur"), str(tmp_path / "one")]) == 0
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["config.json",
+                                                                  "model.safetensors"]
+    back16 = load_file(tmp_path / "one" / "model.safetensors")  # default: bf16
+    for name, w in original.items():
+        assert back16[name].dtype == jnp.bfloat16
+        np.testing.assert_array_equal(back16[name], w.astype(jnp.bfloat16), err_msg=name)
+
+    # transformers loads what we wrote and computes the same logits as our model.
+    reloaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert reloaded.config.num_key_value_heads == 2
+    assert np.abs(_hf_logits(reloaded, tokens) - ours).max() <= 1e-4
+
+    # Exported bf16 -> lemur -> bf16 is exact too (bf16 -> fp32 -> bf16 loses nothing).
+    assert tool.main(["to-lemur", str(tmp_path / "one"), str(tmp_path / "lemur16")]) == 0
+    assert tool.main(["to-hf", str(tmp_path / "lemur16"), str(tmp_path / "one16")]) == 0
+    again = load_file(tmp_path / "one16" / "model.safetensors")
+    for name, w in back16.items():
+        np.testing.assert_array_equal(again[name], w, err_msg=name)
+
+
+def test_convert_tool_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tool = _load_tool()
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert tool.main(["to-lemur", str(tmp_path), str(tmp_path / "x")]) == 2
+    assert "no model.safetensors" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope scaling"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope scaling"),
+    ({"model_type": "mistral"}, "not a Llama"),
+])
+def test_config_from_hf_refuses_other_architectures(change: dict, message: str) -> None:
+    base = hf.config_to_hf(llama.PRESETS["tiny"])
+    with pytest.raises(ValueError, match=message):
+        hf.config_from_hf({**base, **change})
+
+
+def test_config_round_trip_and_llama2_70b_hf_config() -> None:
+    for name in ("tiny", "llama2-7b", "llama2-70b"):
+        config = llama.PRESETS[name]
+        back = hf.config_from_hf(hf.config_to_hf(config))
+        assert back == dataclasses.replace(config, dtype="bfloat16")
+    # meta-llama/Llama-2-70b-hf config.json (transformers 4.x style: rope_theta at top level).
+    published = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                 "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
+                 "num_hidden_layers": 80, "num_key_value_heads": 8, "vocab_size": 32000,
+                 "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "hidden_act": "silu",
+                 "rope_scaling": None, "tie_word_embeddings": False, "torch_dtype": "float16"}
+    assert hf.config_from_hf(published) == llama.PRESETS["llama2-70b"]
+    # transformers itself reads our config.json back to the same shapes.
+    ours = transformers.LlamaConfig(**hf.config_to_hf(llama.PRESETS["llama2-70b"]))
+    assert (ours.num_key_value_heads, ours.intermediate_size, ours.head_dim) == (8, 28672, 128)
+    assert ours.rope_parameters["rope_theta"] == 10000.0
