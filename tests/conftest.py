@@ -51,7 +51,9 @@ def write_jsonl(path: Path, rows: list[dict], compress: str | None = None) -> Pa
 
 NO_FILTERS = {
     "code": {"enabled": False},
-    "text": {k: {"enabled": False} for k in ("gopher_quality", "gopher_repetition", "c4", "fineweb")},
+    "text": {
+        k: {"enabled": False} for k in ("gopher_quality", "gopher_repetition", "c4", "fineweb")
+    },
 }
 
 

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from lemur.data.labelled import labelled_code, labelled_paragraphs
-from lemur.data.tagging import LanguageTagger, TextLanguageID, code_language, normalize_code_language
+from lemur.data.tagging import (
+    LanguageTagger,
+    TextLanguageID,
+    code_language,
+    normalize_code_language,
+)
 
 
 def test_code_tagging_accuracy_on_real_files():
@@ -20,8 +25,10 @@ def test_code_tagging_accuracy_on_real_files():
     assert correct / len(samples) >= 0.98, (correct, len(samples))
 
 
-@pytest.mark.skipif(not shutil.which("man") or not Path("/usr/share/man/fr").is_dir(),
-                    reason="man or localized man pages (/usr/share/man/<lang>) not installed")
+@pytest.mark.skipif(
+    not shutil.which("man") or not Path("/usr/share/man/fr").is_dir(),
+    reason="man or localized man pages (/usr/share/man/<lang>) not installed",
+)
 def test_text_language_accuracy_on_localized_man_pages():
     samples = list(labelled_paragraphs(pages_per_language=2))
     assert len({label for label, _ in samples}) >= 5

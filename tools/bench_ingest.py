@@ -91,16 +91,33 @@ def lemur_chain(code: Path, text: Path):
     from lemur.data.recipe import recipe_from_dict
     from lemur.data.tagging import LanguageTagger
 
-    recipe = recipe_from_dict({
-        "output": "/tmp/unused", "tokenizer": {"train": {}},
-        "mix": {"ratio": {"code": 10, "text": 1}},
-        "sources": [
-            {"name": "code", "domain": "code", "format": "jsonl", "paths": [str(code)], "path_key": "path"},
-            {"name": "text", "domain": "text", "format": "jsonl", "paths": [str(text)], "languages": ["en"]},
-        ],
-    })
+    recipe = recipe_from_dict(
+        {
+            "output": "/tmp/unused",
+            "tokenizer": {"train": {}},
+            "mix": {"ratio": {"code": 10, "text": 1}},
+            "sources": [
+                {
+                    "name": "code",
+                    "domain": "code",
+                    "format": "jsonl",
+                    "paths": [str(code)],
+                    "path_key": "path",
+                },
+                {
+                    "name": "text",
+                    "domain": "text",
+                    "format": "jsonl",
+                    "paths": [str(text)],
+                    "languages": ["en"],
+                },
+            ],
+        }
+    )
     inputs = list_inputs(recipe).files
-    reader = SourcesReader(inputs, recipe.sources, errors_dir=str(Path("/tmp") / "bench_ingest_err"))
+    reader = SourcesReader(
+        inputs, recipe.sources, errors_dir=str(Path("/tmp") / "bench_ingest_err")
+    )
     data = LanguageTagger()(reader(), 0, 1)
     for f in make_filters(recipe):
         data = f(data, 0, 1)
@@ -125,7 +142,13 @@ def datatrove_chain(code: Path, text: Path):
     lang = LambdaFilter(lambda doc: lid(doc.text)[0] == "en")
     kept = sum(1 for _ in JsonlReader(str(code.parent), glob_pattern=code.name)(None, 0, 1))
     data = JsonlReader(str(text.parent), glob_pattern=text.name)(None, 0, 1)
-    for f in (lang, GopherQualityFilter(), GopherRepetitionFilter(), C4QualityFilter(), FineWebQualityFilter()):
+    for f in (
+        lang,
+        GopherQualityFilter(),
+        GopherRepetitionFilter(),
+        C4QualityFilter(),
+        FineWebQualityFilter(),
+    ):
         data = f(data, 0, 1)
     kept += sum(1 for _ in data)
     return kept
@@ -133,7 +156,9 @@ def datatrove_chain(code: Path, text: Path):
 
 def main() -> int:
     """Build the data, run both chains, print a markdown table."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--mb", type=float, default=110.0)
     ap.add_argument("--work", default="/tmp/lemur-bench-ingest")
     ap.add_argument("--skip-datatrove", action="store_true")
@@ -150,8 +175,10 @@ def main() -> int:
 
     (cd, cb), (td, tb) = count(code), count(text)
     total_mb, total_docs = (cb + tb) / 1e6, cd + td
-    print(f"data: {total_docs:,} documents, {total_mb:.1f} MB "
-          f"(code {cd:,} docs {cb / 1e6:.1f} MB, text {td:,} docs {tb / 1e6:.1f} MB)\n")
+    print(
+        f"data: {total_docs:,} documents, {total_mb:.1f} MB "
+        f"(code {cd:,} docs {cb / 1e6:.1f} MB, text {td:,} docs {tb / 1e6:.1f} MB)\n"
+    )
     rows = []
     t0 = time.process_time()
     _, kept = lemur_chain(code, text)
@@ -164,7 +191,9 @@ def main() -> int:
         rows.append(("plain datatrove", time.process_time() - t0, kept))
     print("| chain | CPU s | MB/s per core | docs/s per core | docs kept |\n|---|---|---|---|---|")
     for name, secs, kept in rows:
-        print(f"| {name} | {secs:.1f} | {total_mb / secs:.2f} | {total_docs / secs:,.0f} | {kept:,} |")
+        print(
+            f"| {name} | {secs:.1f} | {total_mb / secs:.2f} | {total_docs / secs:,.0f} | {kept:,} |"
+        )
     if len(rows) == 2:
         print(f"\nlemur / datatrove throughput: {rows[1][1] / rows[0][1]:.1f}x")
     print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")

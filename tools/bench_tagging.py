@@ -20,7 +20,9 @@ from lemur.data.tagging import TextLanguageID, code_language
 
 def main() -> int:
     """Print per-language accuracy tables (markdown) for code and text tagging."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--per-language", type=int, default=300, help="code files per language")
     ap.add_argument("--pages", type=int, default=4, help="man pages per locale")
     args = ap.parse_args()
@@ -41,7 +43,10 @@ def main() -> int:
     print("| language | files | correct |\n|---|---|---|")
     for label, c in sorted(totals.items()):
         print(f"| {label} | {c['n']} | {c['ok'] / c['n']:.2%} |")
-    print("\nmost common confusions:", ", ".join(f"{a}->{b} x{k}" for (a, b), k in confusions.most_common(6)))
+    print(
+        "\nmost common confusions:",
+        ", ".join(f"{a}->{b} x{k}" for (a, b), k in confusions.most_common(6)),
+    )
 
     lid = TextLanguageID()
     per: dict[str, Counter] = defaultdict(Counter)
@@ -56,12 +61,17 @@ def main() -> int:
     secs = time.perf_counter() - t0
     n = sum(c["n"] for c in per.values())
     ok = sum(c["ok"] for c in per.values())
-    print(f"\n## Text: {ok}/{n} = {ok / n:.2%} of paragraphs correct ({len(per)} languages, "
-          f"{secs:.0f}s incl. rendering)\n")
+    print(
+        f"\n## Text: {ok}/{n} = {ok / n:.2%} of paragraphs correct ({len(per)} languages, "
+        f"{secs:.0f}s incl. rendering)\n"
+    )
     print("| language | paragraphs | correct |\n|---|---|---|")
     for label, c in sorted(per.items()):
         print(f"| {label} | {c['n']} | {c['ok'] / c['n']:.2%} |")
-    print("\nmost common confusions:", ", ".join(f"{a}->{b} x{k}" for (a, b), k in wrong.most_common(8)))
+    print(
+        "\nmost common confusions:",
+        ", ".join(f"{a}->{b} x{k}" for (a, b), k in wrong.most_common(8)),
+    )
     return 0
 
 

@@ -299,7 +299,9 @@ def build(recipe: Recipe, report: Reporter | None = None, force: bool = False) -
         if src["read"] == 0:
             first = next((e for e in counts["errors"] if e.get("source") == name), None)
             hint = f"; first error: {first['file']}: {first['error']}" if first else ""
-            raise BuildError(f"source '{name}' yielded no documents ({src['errors']} input errors{hint})")
+            raise BuildError(
+                f"source '{name}' yielded no documents ({src['errors']} input errors{hint})"
+            )
     report("pack", 0, 1)
     packed = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"]).pack()
     report("pack", 1, 1)

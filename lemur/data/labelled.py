@@ -102,7 +102,9 @@ def labelled_paragraphs(
     root = Path("/usr/share/man")
     if not root.is_dir():
         return
-    for loc in sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("man")):
+    for loc in sorted(
+        p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("man")
+    ):
         label = MAN_LOCALES.get(loc, loc.split("_")[0])
         pages = [p for p in (root / loc).glob("man*/*") if p.is_file()]
         for page in _spread(pages, pages_per_language):

@@ -162,13 +162,58 @@ def list_inputs(recipe: Recipe) -> Listing:
     return listing
 
 
+class ZstdFrames(io.RawIOBase):
+    """A streaming zstd reader that raises at a truncated frame.
+
+    zstandard's `stream_reader` ends silently when a file is cut mid-frame, which would
+    lose the rest of the file without a trace; `decompressobj` tells us (`eof`).
+    Concatenated frames (as written by parallel compressors) are read one after another.
+    """
+
+    def __init__(self, path: str, chunk: int = 1 << 20) -> None:
+        super().__init__()
+        self._fh = open(path, "rb")
+        self._chunk = chunk
+        self._d = zstandard.ZstdDecompressor().decompressobj()
+        self._buf = b""
+        self._started = False
+
+    def readable(self) -> bool:
+        """Always readable."""
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        """Fill `b` with decompressed bytes; 0 at the end of the last complete frame."""
+        while not self._buf:
+            data = self._fh.read(self._chunk)
+            if not data:
+                if self._started and not self._d.eof:
+                    raise EOFError("zstd stream ends in the middle of a frame (truncated file)")
+                return 0
+            self._started = True
+            out = self._d.decompress(data)
+            while self._d.eof and self._d.unused_data:
+                rest = self._d.unused_data
+                self._d = zstandard.ZstdDecompressor().decompressobj()
+                out += self._d.decompress(rest)
+            self._buf = out
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def close(self) -> None:
+        """Close the underlying file."""
+        self._fh.close()
+        super().close()
+
+
 def open_maybe_compressed(path: str) -> io.BufferedIOBase:
     """Open a file for binary streaming, decompressing .gz and .zst on the fly."""
     if path.endswith(".gz"):
         return gzip.open(path, "rb")
     if path.endswith(".zst") or path.endswith(".zstd"):
-        fh = open(path, "rb")
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(fh, closefd=True))
+        return io.BufferedReader(ZstdFrames(path), buffer_size=1 << 20)
     return open(path, "rb")
 
 
@@ -253,6 +298,13 @@ class SourcesReader(PipelineStep):
                     try:
                         row = orjson.loads(raw)
                     except orjson.JSONDecodeError as e:
+                        try:
+                            raw.decode("utf-8")
+                        except UnicodeDecodeError as u:
+                            self._error(
+                                "invalid_utf8", f, f"invalid UTF-8 at byte {u.start}", line_no
+                            )
+                            continue
                         self._error("invalid_json", f, str(e).split(":")[0], line_no)
                         continue
                     if not isinstance(row, dict):
@@ -269,13 +321,10 @@ class SourcesReader(PipelineStep):
                     doc = self._doc(f, text, doc_id, self._row_metadata(row, source), line_no)
                     if doc is not None:
                         yield doc
+        except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+            self._error("unreadable", f, e.strerror or str(e))
         except (EOFError, OSError, zstandard.ZstdError) as e:
-            what = (
-                "truncated or corrupt stream"
-                if not isinstance(e, PermissionError)
-                else "unreadable"
-            )
-            self._error("corrupt_file", f, f"{what} after line {line_no}: {e}")
+            self._error("corrupt_file", f, f"truncated or corrupt stream after line {line_no}: {e}")
 
     def _read_parquet(self, f: InputFile) -> Iterator[Document]:
         import pyarrow.parquet as pq
