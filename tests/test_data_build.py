@@ -81,7 +81,9 @@ def test_round_trip_text_to_shards_to_text(tmp_path, corpus_dir, tokenizer_model
 
 def test_build_stats_determinism_and_rerun(tmp_path, corpus_dir):
     texts = [corpus_dir / "a.jsonl", corpus_dir / "b.jsonl.gz", corpus_dir / "c.jsonl.zst"]
-    raw = base_recipe(tmp_path, corpus_dir / "code", texts, filters=NO_FILTERS)
+    raw = base_recipe(
+        tmp_path, corpus_dir / "code", texts, filters=NO_FILTERS, dedup={"exact": False, "near": False}
+    )
     m1 = build(recipe_from_dict(raw))
     out = tmp_path / "out"
     assert verify(out) == []

@@ -22,6 +22,7 @@ from typing import Any
 
 from lemur.data import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
 from lemur.data.code_filters import code_filters
+from lemur.data.dedup import DedupSigner
 from lemur.data.filters import EmptyDocumentFilter, LanguageFilter, LemurFilter
 from lemur.data.pack import Packer
 from lemur.data.readers import InputFile, Listing, SourcesReader, list_inputs
@@ -229,6 +230,11 @@ def tokenize_stage(
         SourcesReader(inputs, recipe.sources, errors_dir=str(work / "errors")),
         LanguageTagger(),
         *make_filters(recipe),
+        *(
+            [DedupSigner(recipe.dedup, str(work / "tokens"))]
+            if recipe.dedup.exact or recipe.dedup.near
+            else []
+        ),
         TokenizeWriter(str(tok_path), str(work / "tokens"), recipe.tokenize_batch_docs),
     ]
     executor = LocalPipelineExecutor(
@@ -287,6 +293,13 @@ def build(recipe: Recipe, report: Reporter | None = None, force: bool = False) -
             "inputs": _sha([(f.path, *_stat(f.path)) for f in inputs]),
             "tokenizer": tok["sha256"],
             "filters": recipe.filters,
+            "dedup": (
+                recipe.dedup.exact,
+                recipe.dedup.near,
+                recipe.dedup.ngram,
+                recipe.dedup.num_perm,
+                recipe.dedup.seed,
+            ),
             "rejects": recipe.rejects,
             "tasks": recipe.executor.tasks,
             "batch": recipe.tokenize_batch_docs,
@@ -305,6 +318,8 @@ def build(recipe: Recipe, report: Reporter | None = None, force: bool = False) -
     report("pack", 0, 1)
     packed = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"]).pack()
     report("pack", 1, 1)
+    counts["dedup"] = packed["dedup"]
+    counts["duplicates"] = packed["dedup"]["exact"] + packed["dedup"]["near"]
     manifest = {
         "format": FORMAT,
         "dtype": dtype_name(token_dtype(tok["vocab_size"])),

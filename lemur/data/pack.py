@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from lemur.data.dedup import DedupResult, cluster_sizes, find_duplicates, write_duplicates
 from lemur.data.mix import domain_budgets, seeded_hash, take_prefix
 from lemur.data.recipe import Recipe
 from lemur.data.shards import ShardInfo, ShardWriter, token_dtype
@@ -25,6 +26,7 @@ class Records:
     """Every tokenized document as columns (one row per document)."""
 
     task: np.ndarray
+    local: np.ndarray
     start: np.ndarray
     end: np.ndarray
     source: np.ndarray
@@ -37,7 +39,7 @@ class Records:
 def load_records(tok_dir: Path, n_tasks: int) -> Records:
     """Concatenate the per-task document records, mapping languages to one global table."""
     cols: dict[str, list[np.ndarray]] = {
-        k: [] for k in ("task", "start", "end", "source", "language", "tokens", "id_hash")
+        k: [] for k in ("task", "local", "start", "end", "source", "language", "tokens", "id_hash")
     }
     languages: dict[str, int] = {}
     for rank in range(n_tasks):
@@ -47,6 +49,7 @@ def load_records(tok_dir: Path, n_tasks: int) -> Records:
         remap = np.array([languages.setdefault(x, len(languages)) for x in table] or [0], np.uint16)
         end = rec["end"].astype(np.int64)
         cols["task"].append(np.full(len(rec), rank, np.int32))
+        cols["local"].append(np.arange(len(rec), dtype=np.int64))
         cols["start"].append(end - rec["tokens"].astype(np.int64))
         cols["end"].append(end)
         cols["source"].append(rec["source"].astype(np.int32))
@@ -74,6 +77,7 @@ class Packer:
         self.recipe = recipe
         self.tok_dir = tok_dir
         self.out_dir = out_dir
+        self.n_tasks = n_tasks
         self.dtype = token_dtype(vocab_size)
         self.rec = load_records(tok_dir, n_tasks)
         self.domain_of_source = np.array([s.domain for s in recipe.sources], dtype=object)
@@ -98,14 +102,57 @@ class Packer:
             writer.add(self._run(int(r.task[i]))[r.start[i] : r.end[i]])
         return writer.close()
 
-    def split_val(self, domains: np.ndarray) -> np.ndarray:
+    def dedup(self, domains: np.ndarray) -> DedupResult | None:
+        """Exact and near duplicates across all sources of each domain (None when off)."""
+        cfg = self.recipe.dedup
+        r = self.rec
+        if not (cfg.exact or cfg.near) or len(r.task) == 0:
+            return None
+        domain_ids = {d: i for i, d in enumerate(self.recipe.domains())}
+        dom = np.array([domain_ids[d] for d in domains], np.int64)
+        # Keep the document of the source listed first, then the longest, then by id hash.
+        priority = np.lexsort((r.id_hash, -r.tokens, r.source))
+        rank = np.empty(len(priority), np.int64)
+        rank[priority] = np.arange(len(priority))
+        result = find_duplicates(self.tok_dir, self.n_tasks, r.task, r.local, dom, rank, cfg)
+        if cfg.write_duplicates:
+            self._write_duplicates(result)
+        return result
+
+    def _ids(self) -> list[list[str]]:
+        return [
+            (self.tok_dir / f"{t:05d}.ids.txt").read_text().splitlines()
+            for t in range(self.n_tasks)
+        ]
+
+    def _write_duplicates(self, result: DedupResult) -> None:
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(self.out_dir / "tokenizer.model"))
+        ids, r = self._ids(), self.rec
+        rows = []
+        for i in np.flatnonzero(result.removed).tolist():
+            keep = int(result.cluster[i])
+            toks = self._run(int(r.task[i]))[r.start[i] + 1 : r.end[i] - 1]
+            rows.append(
+                {
+                    "id": ids[r.task[i]][r.local[i]],
+                    "source": self.recipe.sources[r.source[i]].name,
+                    "kind": "exact" if result.removed_exact[i] else "near",
+                    "kept_id": ids[r.task[keep]][r.local[keep]],
+                    "text": sp.decode(toks.tolist()),
+                }
+            )
+        write_duplicates(self.out_dir / "duplicates.jsonl", rows)
+
+    def split_val(self, domains: np.ndarray, eligible: np.ndarray) -> np.ndarray:
         """Boolean mask of validation documents: a seeded-hash sample of each domain."""
         val = np.zeros(len(domains), bool)
         if self.recipe.val_fraction <= 0:
             return val
         h = seeded_hash(self.rec.id_hash, self.recipe.seed, "val")
         for d in self.recipe.domains():
-            idx = np.flatnonzero(domains == d)
+            idx = np.flatnonzero((domains == d) & eligible)
             if len(idx) < 2:
                 continue
             k = min(len(idx) - 1, max(1, int(np.ceil(self.recipe.val_fraction * len(idx)))))
@@ -116,8 +163,11 @@ class Packer:
         """Write train and val shards; return manifest parts (`shards`, `mix`) and stats."""
         r, recipe = self.rec, self.recipe
         domains = self.domain_of_source[r.source] if len(r.source) else np.zeros(0, object)
-        val = self.split_val(domains)
-        available = {d: int(r.tokens[(domains == d) & ~val].sum()) for d in recipe.domains()}
+        dups = self.dedup(domains)
+        kept = ~dups.removed if dups is not None else np.ones(len(domains), bool)
+        val = self.split_val(domains, kept)
+        train_pool = kept & ~val
+        available = {d: int(r.tokens[(domains == d) & train_pool].sum()) for d in recipe.domains()}
         empty = [d for d, t in available.items() if t == 0]
         if empty:
             raise PackError(f"domain '{empty[0]}' has no tokens left after filtering")
@@ -125,7 +175,7 @@ class Packer:
         mix_hash = seeded_hash(r.id_hash, recipe.seed, "mix")
         selected = np.zeros(len(domains), bool)
         for d in recipe.domains():
-            idx = np.flatnonzero((domains == d) & ~val)
+            idx = np.flatnonzero((domains == d) & train_pool)
             idx = idx[np.argsort(mix_hash[idx], kind="stable")]
             selected[idx[: take_prefix(r.tokens[idx], budgets[d])]] = True
         train_rows = np.flatnonzero(selected)
@@ -139,19 +189,39 @@ class Packer:
             rows = np.flatnonzero(val & (domains == d))
             rows = rows[np.argsort(val_hash[rows], kind="stable")]
             shards += self._write(rows, f"val/{d}", "val", d)
-        mix = self._mix_section(domains, val, selected, available, budgets)
+        mix = self._mix_section(domains, train_pool, selected, available, budgets)
         return {
             "shards": [s.to_json() for s in shards],
             "mix": mix,
             "stats": self._stats(domains, val, selected),
+            "dedup": self._dedup_section(dups),
         }
 
-    def _mix_section(self, domains, val, selected, available, budgets) -> dict[str, Any]:
+    def _dedup_section(self, dups: DedupResult | None) -> dict[str, Any]:
+        if dups is None:
+            return {"exact": 0, "near": 0, "by_source": {}, "cluster_sizes": {}}
+        by_source = {}
+        for i, s in enumerate(self.recipe.sources):
+            m = self.rec.source == i
+            by_source[s.name] = {
+                "exact": int((dups.removed_exact & m).sum()),
+                "near": int((dups.removed_near & m).sum()),
+            }
+        return {
+            "exact": int(dups.removed_exact.sum()),
+            "near": int(dups.removed_near.sum()),
+            "by_source": by_source,
+            "cluster_sizes": cluster_sizes(dups.cluster, dups.removed),
+            "candidate_pairs": dups.candidate_pairs,
+            "verified_pairs": dups.verified_pairs,
+        }
+
+    def _mix_section(self, domains, train_pool, selected, available, budgets) -> dict[str, Any]:
         r, recipe = self.rec, self.recipe
         tokens = {d: int(r.tokens[selected & (domains == d)].sum()) for d in recipe.domains()}
         sources = {}
         for i, s in enumerate(recipe.sources):
-            m = (r.source == i) & ~val
+            m = (r.source == i) & train_pool
             avail = int(r.tokens[m].sum())
             sel = int(r.tokens[m & selected].sum())
             sources[s.name] = {
@@ -169,7 +239,7 @@ class Packer:
             "budgets": budgets,
             "achieved": {d: round(t / total, 6) for d, t in tokens.items()},
             "sources": sources,
-            "unselected_documents": int((~selected & ~val).sum()),
+            "unselected_documents": int((~selected & train_pool).sum()),
         }
 
     def _stats(self, domains, val, selected) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from lemur.data.code_filters import CodeFilterConfig
+from lemur.data.dedup import DedupConfig
 from lemur.data.text_filters import (
     C4Config,
     FineWebConfig,
@@ -149,6 +150,7 @@ class Recipe:
     mix: MixConfig = field(default_factory=MixConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     filters: FiltersConfig = field(default_factory=FiltersConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
     rejects: str | None = None
     val_fraction: float = 0.005
     shard_tokens: int = 1 << 27
@@ -358,6 +360,13 @@ def _validate(recipe: Recipe, check_paths: bool) -> None:
         raise RecipeError("recipe: shard_tokens must be >= 1024")
     if recipe.tokenize_batch_docs < 1:
         raise RecipeError("recipe: tokenize_batch_docs must be >= 1")
+    dd = recipe.dedup
+    if dd.ngram < 1 or dd.bands < 1 or dd.rows < 1:
+        raise RecipeError("recipe: dedup.ngram, dedup.bands and dedup.rows must be >= 1")
+    if not 0 < dd.min_similarity <= 1:
+        raise RecipeError(
+            f"recipe: dedup.min_similarity must be in (0, 1], got {dd.min_similarity}"
+        )
     ex = recipe.executor
     if ex.kind not in EXECUTORS:
         raise RecipeError(f"recipe: executor.kind {ex.kind!r} is not one of {', '.join(EXECUTORS)}")

@@ -135,6 +135,7 @@ class TokenizeWriter(PipelineStep):
         tmp_bin = out / f".{rank:05d}.bin.tmp-{os.getpid()}"
         languages: dict[str, int] = {}
         records: list[tuple[int, int, int, int, int]] = []
+        ids: list[str] = []
         end = 0
         with open(tmp_bin, "wb") as fh:
             for batch in batched(data or [], self.batch_docs):
@@ -153,12 +154,17 @@ class TokenizeWriter(PipelineStep):
                         hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little"
                     )
                     records.append((doc.metadata["source_index"], lang, n, id_hash, end))
+                    ids.append(doc.id)
                     self.stat_update("documents")
                     self.stat_update("tokens", value=n)
         rec = np.array(records, dtype=DOC_RECORD)
         buf = io.BytesIO()
         np.save(buf, rec)
         atomic_write_bytes(out / f"{rank:05d}.docs.npy", buf.getvalue())
+        # Document ids, one per line (ids never contain newlines: we build them from names).
+        atomic_write_bytes(
+            out / f"{rank:05d}.ids.txt", "".join(i.replace("\n", " ") + "\n" for i in ids).encode()
+        )
         atomic_write_bytes(
             out / f"{rank:05d}.json",
             json.dumps({"languages": list(languages), "dtype": dtype.name}).encode(),
