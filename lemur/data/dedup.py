@@ -20,8 +20,8 @@ cluster stage; signatures stay on disk, memory-mapped, and are read in blocks.
 
 from __future__ import annotations
 
-import io
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,25 +118,39 @@ class DedupSigner(PipelineStep):
         self.out_dir = out_dir
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
-        """Sign each document and pass it on; write the task's signature files at the end."""
+        """Sign each document and pass it on; the task's files appear when it ends.
+
+        Rows are appended to temporary files as documents stream by, so a task's memory
+        does not grow with its number of documents.
+        """
         keys, mults = permutations(self.config.num_perm, self.config.seed)
-        hashes: list[int] = []
-        sigs: list[np.ndarray] = []
-        for doc in data or []:
-            with self.track_time():
-                hashes.append(normalized_hash(doc.text))
-                if self.config.near:
-                    sigs.append(minhash(shingles(doc.text, self.config.ngram), keys, mults))
-            yield doc
         out = Path(self.out_dir)
-        sig = np.stack(sigs) if sigs else np.zeros((0, self.config.num_perm), np.uint32)
-        for name, arr in (
-            (f"{rank:05d}.minhash.npy", sig),
-            (f"{rank:05d}.chash.npy", np.array(hashes, np.uint64)),
-        ):
-            buf = io.BytesIO()
-            np.save(buf, arr)
-            atomic_write_bytes(out / name, buf.getvalue())
+        out.mkdir(parents=True, exist_ok=True)
+        final = [out / f"{rank:05d}.chash.bin", out / f"{rank:05d}.minhash.bin"]
+        tmp = [p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in final]
+        with open(tmp[0], "wb") as fh_hash, open(tmp[1], "wb") as fh_sig:
+            for doc in data or []:
+                with self.track_time():
+                    fh_hash.write(np.uint64(normalized_hash(doc.text)).tobytes())
+                    if self.config.near:
+                        sig = minhash(shingles(doc.text, self.config.ngram), keys, mults)
+                        fh_sig.write(sig.tobytes())
+                yield doc
+        for t, f in zip(tmp, final, strict=True):
+            os.replace(t, f)
+
+
+def load_signatures(sig_dir: Path, rank: int, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
+    """Memory-mapped (content hashes, MinHash signatures) of one task."""
+
+    def mm(path: Path, dtype, shape_tail: tuple[int, ...]) -> np.ndarray:
+        if path.stat().st_size == 0:
+            return np.zeros((0, *shape_tail), dtype)
+        return np.memmap(path, dtype=dtype, mode="r").reshape(-1, *shape_tail)
+
+    chash = mm(sig_dir / f"{rank:05d}.chash.bin", np.uint64, ()).reshape(-1)
+    sig = mm(sig_dir / f"{rank:05d}.minhash.bin", np.uint32, (num_perm,))
+    return chash, sig
 
 
 def connected_roots(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -198,9 +212,10 @@ def find_duplicates(
     sigs: list[np.ndarray] = []
     for t in range(n_tasks):
         rows = task == t
-        chash[rows] = np.load(sig_dir / f"{t:05d}.chash.npy")[local[rows]]
+        task_hash, task_sig = load_signatures(sig_dir, t, config.num_perm)
+        chash[rows] = task_hash[local[rows]]
         if config.near:
-            sigs.append(np.load(sig_dir / f"{t:05d}.minhash.npy", mmap_mode="r"))
+            sigs.append(task_sig)
     dom = domain.astype(np.uint64)
     edges_a: list[np.ndarray] = []
     edges_b: list[np.ndarray] = []
