@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import re
 from pathlib import Path
 
 import numpy as np
+from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
 from datatrove.data import Document
 
-from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
 from lemur.data.build import build
 from lemur.data.dedup import (
     DedupConfig,
@@ -161,7 +160,7 @@ def test_build_keeps_one_copy_across_sources(tmp_path):
     assert m["counts"]["duplicates"] == 10 and d["cluster_sizes"] == {"2": 10}
     assert m["mix"]["sources"]["first"]["documents"] == 20
     assert m["mix"]["sources"]["second"]["documents"] == 10
-    rows = [json.loads(x) for x in io.open(tmp_path / "out" / "duplicates.jsonl")]
+    rows = [json.loads(x) for x in open(tmp_path / "out" / "duplicates.jsonl")]
     assert sorted(r["id"] for r in rows) == sorted(
         [f"second/copy{i}" for i in range(5)] + [f"second/near{i}" for i in range(5, 10)]
     )

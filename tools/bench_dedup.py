@@ -75,9 +75,11 @@ def make_docs(n: int, words_per_doc: int = 40, planted: float = 0.05) -> list[st
     base = base[: n - n_planted]
     docs = base + [edit(base[rng.randrange(len(base))], 0.01, rng) for _ in range(n - len(base))]
     WORK.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as f:
         for d in docs:
             f.write(json.dumps(d) + "\n")
+    tmp.replace(path)  # a killed run never leaves a partial cache behind
     return docs
 
 

@@ -130,11 +130,26 @@ def print_stats(stats: dict[str, Any]) -> None:
         t.add_row("read", f"{counts.get('read', 0):,}")
         for reason, n in counts.get("dropped", {}).items():
             t.add_row(f"dropped: {reason}", f"{n:,}")
-        t.add_row("duplicates", f"{counts.get('duplicates', 0):,}")
         t.add_row("tokenized", f"{counts.get('tokenized', 0):,}")
+        t.add_row("duplicates removed", f"{counts.get('duplicates', 0):,}")
         for kind, n in counts.get("error_kinds", {}).items():
             t.add_row(f"skipped input ({kind})", f"{n:,}")
         console.print(t)
+        dedup = counts.get("dedup") or {}
+        if dedup.get("by_source"):
+            t = table("duplicates removed", ["source", "exact", "near"])
+            for name, d in dedup["by_source"].items():
+                t.add_row(name, f"{d['exact']:,}", f"{d['near']:,}")
+            console.print(t)
+            sizes = dedup.get("cluster_sizes") or {}
+            if sizes:
+                console.print(
+                    "duplicate cluster sizes: "
+                    + ", ".join(
+                        f"{k} docs x{v:,}"
+                        for k, v in sorted(sizes.items(), key=lambda kv: int(kv[0]))
+                    )
+                )
         errors = counts.get("errors", [])
         if errors:
             total = counts.get("errors_total", len(errors))
