@@ -64,9 +64,14 @@ def test_valid_recipe_types_and_defaults(tmp_path):
         ({"val_fraction": 0.9}, "val_fraction must be in [0, 0.5)"),
         ({"sources": []}, "'sources' is empty"),
         (
-            {"mix": {"ratio": {"code": 1, "text": 1}, "shares": {"code": {"Python": 1}}}},
-            "mix.shares is not supported yet",
+            {"mix": {"ratio": {"code": 1, "text": 1}, "shares": {"code": {"Python": 0.8, "C": 0.3}}}},
+            "mix.shares.code sum to 1.1000 > 1",
         ),
+        (
+            {"mix": {"ratio": {"code": 1, "text": 1}, "shares": {"math": {"x": 0.5}}}},
+            "mix.shares.math: no source has domain 'math'",
+        ),
+        ({"mix": {"preset": "nope"}}, "mix.preset 'nope' is not one of lemur"),
     ],
 )
 def test_bad_recipes_name_the_key(tmp_path, change, message):

@@ -316,7 +316,7 @@ def build(recipe: Recipe, report: Reporter | None = None, force: bool = False) -
                 f"source '{name}' yielded no documents ({src['errors']} input errors{hint})"
             )
     report("pack", 0, 1)
-    packed = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"]).pack()
+    packed = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"]).pack(report)
     report("pack", 1, 1)
     counts["dedup"] = packed["dedup"]
     counts["duplicates"] = packed["dedup"]["exact"] + packed["dedup"]["near"]

@@ -1,18 +1,55 @@
-"""Mixing domains to a token ratio, and the seeded hashes that make every choice deterministic.
+"""The mix planner: token budgets per domain and language, and sampling rates per source.
 
-This first mix step keeps all of the scarcer domain (relative to its ratio) and takes a
-deterministic hash-ordered prefix of every other domain so that token counts meet the
-ratio within one document.
+Inputs (recipe `mix:`): `ratio` between domains, optional `total_tokens`, optional
+`shares` of languages inside a domain, and `max_repeats` (the upsampling cap). Given the
+tokens available after filtering and dedup per (domain, language, source), the planner
+gives every (domain, language) unit a fraction f of the train tokens:
+    f = ratio[domain] / sum(ratio) * share[domain][language]
+where listed languages get their share and unlisted ones split the rest in proportion to
+what they have (without `shares`, every language of a domain keeps its natural weight).
+Then with a total T every unit's budget is T * f and its rate T * f / available: below 1
+the unit is downsampled, above 1 repeated (up to `max_repeats`). Without `total_tokens`,
+T is the largest total with no rate above 1 ("all of the scarcer side").
+
+Sampling is deterministic: documents are ordered by a seeded hash of their id and taken
+as whole passes plus a prefix, so each unit meets its budget to within one document.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
 
 import numpy as np
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+OTHERS = "*"
+
+# The Lemur paper's effective code tokens by language (billions); "others" ~3.3B.
+LEMUR_CODE_TOKENS = {
+    "Python": 65.46,
+    "SQL": 4.63,
+    "Shell": 1.64,
+    "Jupyter Notebook": 1.54,
+    "JavaScript": 1.52,
+    "C": 1.44,
+    "PHP": 1.19,
+    "C++": 1.09,
+}
+LEMUR_CODE_TOTAL = 81.8
+MIX_PRESETS: dict[str, dict] = {
+    "lemur": {
+        "ratio": {"code": 10, "text": 1},
+        "shares": {
+            "code": {k: round(v / LEMUR_CODE_TOTAL, 6) for k, v in LEMUR_CODE_TOKENS.items()}
+        },
+    },
+}
+
+
+class MixInfeasible(ValueError):
+    """A mix target that the available tokens cannot meet; the message gives the nearest plan."""
 
 
 def seeded_hash(id_hash: np.ndarray, seed: int, salt: str) -> np.ndarray:
@@ -27,18 +64,8 @@ def seeded_hash(id_hash: np.ndarray, seed: int, salt: str) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
-def domain_budgets(
-    available: dict[str, int], ratio: dict[str, float], total_tokens: float | None = None
-) -> dict[str, int]:
-    """Token budget per domain: the largest scale at which every domain can meet its ratio."""
-    scale = min(available[d] / r for d, r in ratio.items())
-    if total_tokens is not None:
-        scale = min(scale, total_tokens / sum(ratio.values()))
-    return {d: int(round(scale * r)) for d, r in ratio.items()}
-
-
 def take_prefix(tokens_in_order: np.ndarray, budget: int) -> int:
-    """How many leading documents give a token sum closest to `budget` (never over by a doc)."""
+    """How many leading documents give a token sum closest to `budget`."""
     if budget <= 0 or len(tokens_in_order) == 0:
         return 0
     cum = np.cumsum(tokens_in_order, dtype=np.int64)
@@ -47,3 +74,132 @@ def take_prefix(tokens_in_order: np.ndarray, budget: int) -> int:
     k = int(np.searchsorted(cum, budget, side="left"))  # cum[k] >= budget
     below = int(cum[k - 1]) if k > 0 else 0
     return k + 1 if int(cum[k]) - budget < budget - below else k
+
+
+@dataclass
+class UnitPlan:
+    """One (domain, language) unit of the plan."""
+
+    domain: str
+    language: str
+    available: int
+    fraction: float
+    budget: int = 0
+    rate: float = 0.0
+
+    def to_json(self) -> dict:
+        """The manifest form of this unit."""
+        return {
+            "available": self.available,
+            "fraction": round(self.fraction, 8),
+            "budget": self.budget,
+            "rate": round(self.rate, 6),
+        }
+
+
+@dataclass
+class MixPlan:
+    """Budgets and rates for every unit, plus the totals they came from."""
+
+    total: int
+    units: dict[tuple[str, str], UnitPlan]
+    notes: list[str] = field(default_factory=list)
+
+    def rate(self, domain: str, language: str) -> float:
+        """Sampling rate of a unit (0 for languages the plan has no budget for)."""
+        u = self.units.get((domain, language))
+        return u.rate if u else 0.0
+
+    def to_json(self) -> dict:
+        """The manifest's `mix.plan`."""
+        langs: dict[str, dict] = {}
+        for (d, lang), u in sorted(self.units.items()):
+            langs.setdefault(d, {})[lang] = u.to_json()
+        return {"total_tokens": self.total, "languages": langs, "notes": self.notes}
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def plan_mix(
+    available: dict[tuple[str, str], int],
+    ratio: dict[str, float],
+    total_tokens: float | None = None,
+    shares: dict[str, dict[str, float]] | None = None,
+    max_repeats: float = 1.0,
+) -> MixPlan:
+    """Plan budgets and rates; raise MixInfeasible with the nearest feasible plan."""
+    shares = shares or {}
+    rsum = sum(ratio.values())
+    units: dict[tuple[str, str], UnitPlan] = {}
+    notes: list[str] = []
+    for d, r in ratio.items():
+        langs = {lang: a for (dd, lang), a in available.items() if dd == d and a > 0}
+        if not langs:
+            raise MixInfeasible(f"mix: domain '{d}' has no tokens after filtering and dedup")
+        listed = shares.get(d, {})
+        listed_sum = sum(listed.values())
+        if listed_sum > 1 + 1e-9:
+            raise MixInfeasible(f"mix: shares of domain '{d}' sum to {listed_sum:.4f} > 1")
+        missing = [lang for lang, s in listed.items() if s > 0 and langs.get(lang, 0) == 0]
+        if missing:
+            raise MixInfeasible(
+                f"mix: shares ask for {d}/{missing[0]} but no such tokens are available "
+                f"(available languages: {', '.join(sorted(langs))}); remove it from mix.shares.{d}"
+            )
+        rest = {lang: a for lang, a in langs.items() if lang not in listed}
+        rest_share = 1.0 - listed_sum
+        if listed and not rest and rest_share > 1e-9:
+            notes.append(
+                f"{d}: listed shares sum to {listed_sum:.4f} and no other language is present; "
+                "scaled them to 1"
+            )
+            listed = {k: v / listed_sum for k, v in listed.items()}
+            rest_share = 0.0
+        if rest and rest_share <= 1e-12 and listed:
+            notes.append(
+                f"{d}: shares leave nothing for {', '.join(sorted(rest))}; they are dropped"
+            )
+        rest_total = sum(rest.values())
+        for lang, a in sorted(langs.items()):
+            within = listed[lang] if lang in listed else rest_share * a / rest_total
+            units[(d, lang)] = UnitPlan(d, lang, a, r / rsum * within)
+    active = [u for u in units.values() if u.fraction > 0]
+    natural = min(u.available / u.fraction for u in active)
+    cap = min(u.available * max_repeats / u.fraction for u in active)
+    if total_tokens is None:
+        total = natural
+    else:
+        total = float(total_tokens)
+        if total > cap * (1 + 1e-9):
+            worst = max(active, key=lambda u: total * u.fraction / u.available)
+            need = total * worst.fraction / worst.available
+            raise MixInfeasible(
+                f"mix infeasible: total_tokens {_fmt(total)} needs {worst.domain}/{worst.language} "
+                f"repeated {need:.2f}x (it has {worst.available:,} tokens; max_repeats "
+                f"{max_repeats:g}). Nearest feasible plan: total_tokens {_fmt(cap)}, or "
+                f"max_repeats {need:.2f}, or a smaller share for {worst.domain}/{worst.language}"
+            )
+    for u in units.values():
+        u.budget = int(round(total * u.fraction))
+        u.rate = u.budget / u.available if u.available else 0.0
+    return MixPlan(int(round(total)), units, notes)
+
+
+def select_repeats(tokens: np.ndarray, order_hash: np.ndarray, budget: int) -> np.ndarray:
+    """How many copies of each document a unit takes to meet `budget` tokens.
+
+    Whole passes over the unit (for rates >= 1), then a prefix of the documents in seeded
+    hash order for the remainder, closest to the budget within one document.
+    """
+    copies = np.zeros(len(tokens), np.int64)
+    total = int(tokens.sum())
+    if total == 0 or budget <= 0:
+        return copies
+    passes = budget // total
+    copies[:] = passes
+    order = np.argsort(order_hash, kind="stable")
+    k = take_prefix(tokens[order], budget - passes * total)
+    copies[order[:k]] += 1
+    return copies

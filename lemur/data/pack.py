@@ -1,8 +1,8 @@
-"""Pack tokenized documents into shards: val split per domain, mix to the ratio, shuffle, write.
+"""Pack tokenized documents into shards: dedup, val split, mix plan, external shuffle, write.
 
-Reads the tokenize stage's per-task runs (`{rank}.bin` + `{rank}.docs.npy`); only the small
-per-document records are held in memory, token runs are memory-mapped and copied into
-shards document by document.
+Reads the tokenize stage's per-task runs (`{rank}.bin` + `{rank}.docs.npy`); only small
+per-document records (~50 bytes each) are held in memory; tokens move through bucket files
+on disk (see shuffle.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 
 from lemur.data.dedup import DedupResult, cluster_sizes, find_duplicates, write_duplicates
-from lemur.data.mix import domain_budgets, seeded_hash, take_prefix
+from lemur.data.mix import MixInfeasible, MixPlan, plan_mix, seeded_hash, select_repeats
 from lemur.data.recipe import Recipe
 from lemur.data.shards import ShardInfo, ShardWriter, token_dtype
+from lemur.data.shuffle import external_shuffle
 from lemur.data.tokenizer import DOC_RECORD
 
 
@@ -159,42 +160,67 @@ class Packer:
             val[idx[np.argsort(h[idx], kind="stable")[:k]]] = True
         return val
 
-    def pack(self) -> dict[str, Any]:
-        """Write train and val shards; return manifest parts (`shards`, `mix`) and stats."""
+    def plan(self) -> tuple[MixPlan, dict[str, Any]]:
+        """Dedup, val split and the mix plan (no shards written): what `--plan-only` shows."""
         r, recipe = self.rec, self.recipe
         domains = self.domain_of_source[r.source] if len(r.source) else np.zeros(0, object)
         dups = self.dedup(domains)
         kept = ~dups.removed if dups is not None else np.ones(len(domains), bool)
         val = self.split_val(domains, kept)
-        train_pool = kept & ~val
-        available = {d: int(r.tokens[(domains == d) & train_pool].sum()) for d in recipe.domains()}
-        empty = [d for d, t in available.items() if t == 0]
-        if empty:
-            raise PackError(f"domain '{empty[0]}' has no tokens left after filtering")
-        budgets = domain_budgets(available, recipe.mix.ratio, recipe.mix.total_tokens)
-        mix_hash = seeded_hash(r.id_hash, recipe.seed, "mix")
-        selected = np.zeros(len(domains), bool)
+        pool = kept & ~val
+        available: dict[tuple[str, str], int] = {}
         for d in recipe.domains():
-            idx = np.flatnonzero((domains == d) & train_pool)
-            idx = idx[np.argsort(mix_hash[idx], kind="stable")]
-            selected[idx[: take_prefix(r.tokens[idx], budgets[d])]] = True
-        train_rows = np.flatnonzero(selected)
-        order = np.argsort(
-            seeded_hash(r.id_hash[train_rows], recipe.seed, "shuffle"), kind="stable"
+            in_d = pool & (domains == d)
+            for lang_id in np.unique(r.language[in_d]).tolist():
+                m = in_d & (r.language == lang_id)
+                available[(d, r.languages[lang_id])] = int(r.tokens[m].sum())
+        mix = recipe.mix
+        try:
+            plan = plan_mix(available, mix.ratio, mix.total_tokens, mix.shares, mix.max_repeats)
+        except MixInfeasible as e:
+            raise PackError(str(e)) from None
+        state = {"domains": domains, "dups": dups, "val": val, "pool": pool}
+        return plan, state
+
+    def pack(self, report=None) -> dict[str, Any]:
+        """Write train and val shards; return manifest parts (`shards`, `mix`) and stats."""
+        r, recipe = self.rec, self.recipe
+        plan, st = self.plan()
+        domains, val, pool = st["domains"], st["val"], st["pool"]
+        # copies of each document: 0 (not selected), 1, or more when the plan repeats it
+        copies = np.zeros(len(domains), np.int64)
+        mix_hash = seeded_hash(r.id_hash, recipe.seed, "mix")
+        for (d, lang), unit in plan.units.items():
+            idx = np.flatnonzero(pool & (domains == d) & (r.language == r.languages.index(lang)))
+            copies[idx] = select_repeats(r.tokens[idx], mix_hash[idx], unit.budget)
+        entry = np.repeat(np.arange(len(copies)), copies)
+        first = np.repeat(np.cumsum(copies) - copies, copies)
+        copy_no = np.arange(len(entry)) - first
+        with np.errstate(over="ignore"):
+            salted = r.id_hash[entry] ^ (copy_no.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+        keys = seeded_hash(salted, recipe.seed, "shuffle")
+        shards = external_shuffle(
+            r.task[entry],
+            r.start[entry],
+            r.end[entry],
+            keys,
+            self._run,
+            self.out_dir / ".work",
+            self.out_dir,
+            self.dtype,
+            recipe.shard_tokens,
+            report,
         )
-        train_rows = train_rows[order]
-        shards = self._write(train_rows, "train", "train", "mixed")
         val_hash = seeded_hash(r.id_hash, recipe.seed, "val-order")
         for d in recipe.domains():
             rows = np.flatnonzero(val & (domains == d))
             rows = rows[np.argsort(val_hash[rows], kind="stable")]
             shards += self._write(rows, f"val/{d}", "val", d)
-        mix = self._mix_section(domains, train_pool, selected, available, budgets)
         return {
             "shards": [s.to_json() for s in shards],
-            "mix": mix,
-            "stats": self._stats(domains, val, selected),
-            "dedup": self._dedup_section(dups),
+            "mix": self._mix_section(domains, pool, copies, plan),
+            "stats": self._stats(domains, val, copies),
+            "dedup": self._dedup_section(st["dups"]),
         }
 
     def _dedup_section(self, dups: DedupResult | None) -> dict[str, Any]:
@@ -216,38 +242,50 @@ class Packer:
             "verified_pairs": dups.verified_pairs,
         }
 
-    def _mix_section(self, domains, train_pool, selected, available, budgets) -> dict[str, Any]:
+    def _mix_section(self, domains, pool, copies, plan: MixPlan) -> dict[str, Any]:
         r, recipe = self.rec, self.recipe
-        tokens = {d: int(r.tokens[selected & (domains == d)].sum()) for d in recipe.domains()}
+        tok = r.tokens * copies
+        tokens = {d: int(tok[domains == d].sum()) for d in recipe.domains()}
+        available = {d: int(r.tokens[pool & (domains == d)].sum()) for d in recipe.domains()}
         sources = {}
         for i, s in enumerate(recipe.sources):
-            m = (r.source == i) & train_pool
+            m = (r.source == i) & pool
             avail = int(r.tokens[m].sum())
-            sel = int(r.tokens[m & selected].sum())
+            sel = int(tok[m].sum())
             sources[s.name] = {
                 "domain": s.domain,
                 "available_tokens": avail,
                 "tokens": sel,
-                "documents": int((m & selected).sum()),
+                "documents": int((m & (copies > 0)).sum()),
+                "copies": int(copies[m].sum()),
                 "rate": round(sel / avail, 6) if avail else 0.0,
+            }
+        languages: dict[str, dict[str, Any]] = {}
+        for (d, lang), unit in sorted(plan.units.items()):
+            m = (domains == d) & (r.language == r.languages.index(lang))
+            languages.setdefault(d, {})[lang] = {
+                **unit.to_json(),
+                "tokens": int(tok[m].sum()),
             }
         total = sum(tokens.values()) or 1
         return {
             "target": dict(recipe.mix.ratio),
             "tokens": tokens,
             "available": available,
-            "budgets": budgets,
             "achieved": {d: round(t / total, 6) for d, t in tokens.items()},
+            "total_tokens": plan.total,
+            "languages": languages,
             "sources": sources,
-            "unselected_documents": int((~selected & train_pool).sum()),
+            "notes": plan.notes,
+            "unselected_documents": int((pool & (copies == 0)).sum()),
         }
 
-    def _stats(self, domains, val, selected) -> dict[str, Any]:
+    def _stats(self, domains, val, copies) -> dict[str, Any]:
         r = self.rec
         out: dict[str, Any] = {"groups": [], "lengths": {}}
-        for split, mask in (("train", selected), ("val", val)):
+        for split, weight in (("train", copies), ("val", val.astype(np.int64))):
             for i, s in enumerate(self.recipe.sources):
-                m = mask & (r.source == i)
+                m = (weight > 0) & (r.source == i)
                 for lang_id in np.unique(r.language[m]).tolist():
                     mm = m & (r.language == lang_id)
                     out["groups"].append(
@@ -256,12 +294,13 @@ class Packer:
                             "domain": s.domain,
                             "source": s.name,
                             "language": r.languages[lang_id],
-                            "documents": int(mm.sum()),
-                            "tokens": int(r.tokens[mm].sum()),
+                            "documents": int(weight[mm].sum()),
+                            "tokens": int((r.tokens * weight)[mm].sum()),
                         }
                     )
             for d in self.recipe.domains():
-                out["lengths"][f"{split}/{d}"] = _percentiles(r.tokens[mask & (domains == d)])
+                m = (weight > 0) & (domains == d)
+                out["lengths"][f"{split}/{d}"] = _percentiles(np.repeat(r.tokens[m], weight[m]))
         return out
 
 

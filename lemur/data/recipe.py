@@ -83,6 +83,7 @@ class MixConfig:
     """Token budgets: the code:text ratio after filtering, an optional total and shares."""
 
     ratio: dict[str, float] = field(default_factory=lambda: {"code": 10.0, "text": 1.0})
+    preset: str | None = None
     total_tokens: float | None = None
     shares: dict[str, dict[str, float]] | None = None
     max_repeats: float = 1.0
@@ -347,11 +348,14 @@ def _validate(recipe: Recipe, check_paths: bool) -> None:
         raise RecipeError("recipe: mix.total_tokens must be > 0")
     if recipe.mix.max_repeats < 1:
         raise RecipeError("recipe: mix.max_repeats must be >= 1")
-    # Planned with the mix planner; refuse rather than silently ignore them.
-    if recipe.mix.shares is not None:
-        raise RecipeError("recipe: mix.shares is not supported yet (only mix.ratio across domains)")
-    if recipe.mix.max_repeats != 1:
-        raise RecipeError("recipe: mix.max_repeats other than 1 is not supported yet")
+    for d, per in (recipe.mix.shares or {}).items():
+        if d not in domains:
+            raise RecipeError(f"recipe: mix.shares.{d}: no source has domain '{d}'")
+        for lang, share in per.items():
+            if not 0 <= share <= 1:
+                raise RecipeError(f"recipe: mix.shares.{d}.{lang} must be in [0, 1], got {share}")
+        if sum(per.values()) > 1 + 1e-9:
+            raise RecipeError(f"recipe: mix.shares.{d} sum to {sum(per.values()):.4f} > 1")
     if recipe.seq_len < 1:
         raise RecipeError(f"recipe: seq_len must be >= 1, got {recipe.seq_len}")
     if not 0 <= recipe.val_fraction < 0.5:
@@ -397,11 +401,25 @@ def _apply_presets(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "sources": out}
 
 
+def _apply_mix_preset(raw: dict[str, Any]) -> dict[str, Any]:
+    from lemur.data.mix import MIX_PRESETS
+
+    mix = raw.get("mix")
+    if not isinstance(mix, dict) or mix.get("preset") is None:
+        return raw
+    preset = MIX_PRESETS.get(str(mix["preset"]))
+    if preset is None:
+        raise RecipeError(
+            f"recipe: mix.preset {mix['preset']!r} is not one of {', '.join(MIX_PRESETS)}"
+        )
+    return {**raw, "mix": {**preset, **mix}}
+
+
 def recipe_from_dict(raw: dict[str, Any], check_paths: bool = True) -> Recipe:
     """Build and validate a Recipe from plain data."""
     if not isinstance(raw, dict):
         raise RecipeError("recipe: top level must be a mapping")
-    raw = _apply_presets(raw)
+    raw = _apply_mix_preset(_apply_presets(raw))
     recipe = _build(Recipe, raw, "")
     _validate(recipe, check_paths)
     return recipe

@@ -1,0 +1,141 @@
+"""External global shuffle: documents -> bucket files on disk -> one shuffled shard per bucket.
+
+Every train document copy has a seeded shuffle key. Sorted by key, the copies are cut into
+buckets of about `shard_tokens` tokens, so bucket b holds the b-th slice of the global
+order. Phase 1 (scatter) reads the tokenized runs sequentially, task by task, appending each
+copy's tokens to its bucket file; phase 2 (gather) loads one bucket at a time, orders it by
+key and writes it as shard b. Memory holds one bucket plus ~40 bytes per document copy;
+disk reads are sequential. Both phases resume after a kill: the scatter restarts as a unit
+(its files are only trusted after its marker is written), and every finished shard is
+skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from lemur.data.shards import INDEX_DTYPE, ShardInfo, atomic_write_bytes, atomic_write_json
+
+__all__ = ["bucket_of", "external_shuffle"]
+
+WRITE_BUFFER = 1 << 16  # per open bucket file; bounds memory with many buckets
+
+
+def bucket_of(
+    keys: np.ndarray, lengths: np.ndarray, shard_tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(key order, bucket of each entry): contiguous runs of the key order of ~shard_tokens."""
+    order = np.lexsort((np.arange(len(keys)), keys))
+    before = (
+        np.concatenate(([0], np.cumsum(lengths[order])[:-1]))
+        if len(keys)
+        else np.zeros(0, np.int64)
+    )
+    # A document longer than a bucket skips bucket numbers; renumber so none is empty.
+    _, bucket_sorted = np.unique(before // max(1, shard_tokens), return_inverse=True)
+    bucket = np.empty(len(keys), np.int64)
+    bucket[order] = bucket_sorted
+    return order, bucket
+
+
+def external_shuffle(
+    task: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    keys: np.ndarray,
+    open_run: Callable[[int], np.ndarray],
+    work: Path,
+    out: Path,
+    dtype: np.dtype,
+    shard_tokens: int,
+    report: Callable[[str, int, int], None] | None = None,
+) -> list[ShardInfo]:
+    """Write entries (token slices [start, end) of task runs) as globally shuffled train shards."""
+    report = report or (lambda *_: None)
+    lengths = (end - start).astype(np.int64)
+    order, bucket = bucket_of(keys, lengths, shard_tokens)
+    n_buckets = int(bucket.max()) + 1 if len(bucket) else 0
+    plan = hashlib.sha256()
+    for arr in (task, start, end, keys):
+        plan.update(np.ascontiguousarray(arr).tobytes())
+    plan.update(f"{shard_tokens}/{np.dtype(dtype).str}".encode())
+    work = work / f"shuffle-{plan.hexdigest()[:16]}"
+    # Read order: tasks in turn, each run front to back (sequential disk reads).
+    read_order = np.lexsort((np.arange(len(task)), start, task))
+    offset = np.zeros(len(task), np.int64)  # position of each entry inside its bucket file
+    sizes = np.zeros(max(n_buckets, 1), np.int64)
+    for i in read_order.tolist():
+        b = bucket[i]
+        offset[i] = sizes[b]
+        sizes[b] += lengths[i]
+    done_dir = work / "done"
+    done = {b for b in range(n_buckets) if (done_dir / f"{b:05d}.json").is_file()}
+    if len(done) < n_buckets and not (work / "scatter.done").is_file():
+        _scatter(work, read_order, task, start, end, bucket, open_run, dtype, done, report)
+    sorted_bucket = bucket[order]
+    shards = []
+    for b in range(n_buckets):
+        info_path = done_dir / f"{b:05d}.json"
+        if not info_path.is_file():
+            lo = np.searchsorted(sorted_bucket, b, side="left")
+            hi = np.searchsorted(sorted_bucket, b, side="right")
+            _gather(work, b, order[lo:hi], offset, lengths, out, dtype, info_path)
+        shards.append(ShardInfo(**json.loads(info_path.read_text())))
+        report("shuffle: write", b + 1, n_buckets)
+    return shards
+
+
+def _scatter(work, read_order, task, start, end, bucket, open_run, dtype, skip, report) -> None:
+    """Append every entry's tokens to its bucket file, reading runs sequentially."""
+    for stale in work.glob("bucket-*.bin"):
+        stale.unlink()  # a scatter killed half way is redone from the start
+    work.mkdir(parents=True, exist_ok=True)
+    handles: dict[int, object] = {}
+    try:
+        n = len(read_order)
+        for j, i in enumerate(read_order.tolist()):
+            b = int(bucket[i])
+            if b in skip:
+                continue
+            fh = handles.get(b)
+            if fh is None:
+                fh = handles[b] = open(work / f"bucket-{b:05d}.bin", "wb", buffering=WRITE_BUFFER)
+            fh.write(np.asarray(open_run(int(task[i]))[start[i] : end[i]], dtype).tobytes())
+            if j % 4096 == 0:
+                report("shuffle: scatter", j, n)
+        report("shuffle: scatter", n, n)
+    finally:
+        for fh in handles.values():
+            fh.close()
+    (work / "scatter.done").write_text("ok\n")
+
+
+def _gather(work, b, members, offset, lengths, out, dtype, info_path) -> None:
+    """Order bucket b's entries by key and write them as shard b (atomically)."""
+    path = work / f"bucket-{b:05d}.bin"
+    data = np.fromfile(path, dtype=dtype) if path.is_file() else np.zeros(0, dtype)
+    parts = [data[offset[i] : offset[i] + lengths[i]] for i in members.tolist()]
+    tokens = np.concatenate(parts) if parts else np.zeros(0, dtype)
+    ends = np.cumsum(lengths[members]).astype(INDEX_DTYPE)
+    rel_bin, rel_idx = f"train/{b:05d}.bin", f"train/{b:05d}.idx"
+    payload = tokens.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes()
+    atomic_write_bytes(out / rel_idx, ends.tobytes())
+    atomic_write_bytes(out / rel_bin, payload)
+    info = ShardInfo(
+        rel_bin,
+        rel_idx,
+        "train",
+        "mixed",
+        int(tokens.size),
+        len(members),
+        hashlib.sha256(payload).hexdigest(),
+    )
+    atomic_write_json(info_path, info.to_json())
+    if path.is_file():
+        os.remove(path)  # its shard is final; free the disk space now
