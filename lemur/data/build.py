@@ -268,8 +268,18 @@ def is_up_to_date(out: Path, recipe: Recipe) -> bool:
     return True
 
 
-def build(recipe: Recipe, report: Reporter | None = None, force: bool = False) -> dict[str, Any]:
-    """Run every stage of a build and return the manifest written to `<output>/manifest.json`."""
+def build(
+    recipe: Recipe,
+    report: Reporter | None = None,
+    force: bool = False,
+    plan_only: bool = False,
+    on_plan: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run every stage of a build and return the manifest written to `<output>/manifest.json`.
+
+    With `plan_only`, stop after tokenizing and deduplicating and return the mix plan
+    (`{"plan": ...}`) without writing shards; `on_plan` receives the plan before packing.
+    """
     report = report or (lambda stage, done, total: None)
     out = Path(recipe.output).expanduser()
     if not force and is_up_to_date(out, recipe):
@@ -315,8 +325,14 @@ def build(recipe: Recipe, report: Reporter | None = None, force: bool = False) -
             raise BuildError(
                 f"source '{name}' yielded no documents ({src['errors']} input errors{hint})"
             )
+    packer = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"])
+    plan, _ = packer.plan()
+    if on_plan:
+        on_plan(plan.to_json())
+    if plan_only:
+        return {"plan": plan.to_json()}
     report("pack", 0, 1)
-    packed = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"]).pack(report)
+    packed = packer.pack(report)
     report("pack", 1, 1)
     counts["dedup"] = packed["dedup"]
     counts["duplicates"] = packed["dedup"]["exact"] + packed["dedup"]["near"]
@@ -333,5 +349,7 @@ def build(recipe: Recipe, report: Reporter | None = None, force: bool = False) -
     }
     atomic_write_json(out / "stats.json", packed["stats"])
     atomic_write_json(out / MANIFEST, manifest)
+    for stale in (out / ".work").glob("shuffle-*"):
+        shutil.rmtree(stale, ignore_errors=True)  # bucket files and markers of finished shuffles
     report(f"done in {time.time() - started:.0f}s", 1, 1)
     return manifest

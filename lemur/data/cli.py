@@ -71,6 +71,23 @@ class _Progress:
         self.progress.update(self.tasks[stage], completed=done, total=total)
 
 
+def print_plan(plan: dict[str, Any], console: Any) -> None:
+    """Print the mix plan: budget, availability and rate per domain and language."""
+    from rich.table import Table
+
+    t = Table(title=f"mix plan: {plan['total_tokens']:,} train tokens", title_justify="left")
+    for i, c in enumerate(["domain / language", "available", "budget", "rate"]):
+        t.add_column(c, justify="left" if i == 0 else "right")
+    for d, langs in plan["languages"].items():
+        for lang, u in sorted(langs.items(), key=lambda kv: -kv[1]["budget"]):
+            t.add_row(
+                f"{d} / {lang}", f"{u['available']:,}", f"{u['budget']:,}", f"{u['rate']:.4f}"
+            )
+    console.print(t)
+    for note in plan.get("notes", []):
+        console.print(f"note: {note}")
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     """Build a corpus from a recipe (or the demo)."""
     from lemur.data.build import BuildError, build
@@ -83,9 +100,19 @@ def cmd_build(args: argparse.Namespace) -> int:
         return 0
     try:
         with _Progress() as progress:
-            manifest = build(recipe, report=progress, force=args.force)
-    except (BuildError, PackError, TokenizerError) as e:
+            manifest = build(
+                recipe,
+                report=progress,
+                force=args.force,
+                plan_only=args.plan_only,
+                on_plan=lambda plan: print_plan(plan, progress.progress.console),
+            )
+    except PackError as e:
+        _die(str(e), EXIT_USAGE)
+    except (BuildError, TokenizerError) as e:
         _die(str(e), 1)
+    if args.plan_only:
+        return 0
     counts = manifest["counts"]
     tokens = manifest["mix"]["tokens"]
     print(
@@ -168,6 +195,11 @@ def parser() -> argparse.ArgumentParser:
     recipe_args(b)
     b.add_argument("--dry-run", action="store_true", help="print the resolved recipe and exit")
     b.add_argument("--force", action="store_true", help="rebuild even if the output is up to date")
+    b.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="tokenize and dedup (resumable), print the mix plan, write no shards",
+    )
     b.set_defaults(func=cmd_build)
 
     t = sub.add_parser("tokenizer", help="tokenizer tools")

@@ -69,6 +69,7 @@ def compute_stats(directory: str | Path) -> dict[str, Any]:
         "lengths": lengths,
         "ratio": ratio,
         "sources": mix.get("sources", {}),
+        "languages": mix.get("languages", {}),
         "counts": manifest.get("counts", {}),
     }
 
@@ -97,6 +98,21 @@ def print_stats(stats: dict[str, Any]) -> None:
     for d, v in stats["ratio"].items():
         t.add_row(d, f"{v['target']:.4f}", f"{v['achieved']:.4f}", f"{v['tokens']:,}")
     console.print(t)
+    if stats.get("languages"):
+        t = table(
+            "mix by language (train tokens)",
+            ["domain / language", "available", "target", "achieved", "rate"],
+        )
+        for d, langs in stats["languages"].items():
+            for lang, u in sorted(langs.items(), key=lambda kv: -kv[1]["budget"]):
+                t.add_row(
+                    f"{d} / {lang}",
+                    f"{u['available']:,}",
+                    f"{u['budget']:,}",
+                    f"{u['tokens']:,}",
+                    f"{u['rate']:.4f}",
+                )
+        console.print(t)
     t = table(
         "by source and language", ["split / domain / source / language", "documents", "tokens"]
     )
