@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lemur.data.mix import LEMUR_CODE_TOKENS, MIX_PRESETS, MixInfeasible, plan_mix, select_repeats, take_prefix
+from lemur.data.mix import (
+    LEMUR_CODE_TOKENS,
+    MIX_PRESETS,
+    MixInfeasible,
+    plan_mix,
+    select_repeats,
+    take_prefix,
+)
 
 AVAIL = {("code", "Python"): 800, ("code", "C"): 200, ("text", "en"): 500}
 
@@ -39,10 +46,22 @@ def test_shares_inside_a_domain():
 
 
 def test_repeats_up_to_the_cap_and_infeasible_message():
-    plan = plan_mix(AVAIL, {"code": 10, "text": 1}, total_tokens=4400, shares={"code": {"C": 0.5}}, max_repeats=10)
+    plan = plan_mix(
+        AVAIL,
+        {"code": 10, "text": 1},
+        total_tokens=4400,
+        shares={"code": {"C": 0.5}},
+        max_repeats=10,
+    )
     assert rates(plan) == {("code", "C"): 10.0, ("code", "Python"): 2.5, ("text", "en"): 0.8}
     with pytest.raises(MixInfeasible) as e:
-        plan_mix(AVAIL, {"code": 10, "text": 1}, total_tokens=4400, shares={"code": {"C": 0.5}}, max_repeats=2)
+        plan_mix(
+            AVAIL,
+            {"code": 10, "text": 1},
+            total_tokens=4400,
+            shares={"code": {"C": 0.5}},
+            max_repeats=2,
+        )
     msg = str(e.value)
     assert "code/C repeated 10.00x" in msg and "max_repeats 2" in msg
     assert "Nearest feasible plan: total_tokens 880" in msg and "max_repeats 10.00" in msg
@@ -53,7 +72,11 @@ def test_missing_language_and_bad_shares():
         plan_mix(AVAIL, {"code": 10, "text": 1}, shares={"code": {"SQL": 0.1}})
     with pytest.raises(MixInfeasible, match="domain 'text' has no tokens"):
         plan_mix({("code", "C"): 5}, {"code": 1, "text": 1})
-    plan = plan_mix({("code", "Python"): 100, ("code", "C"): 100}, {"code": 1}, shares={"code": {"Python": 0.3, "C": 0.2}})
+    plan = plan_mix(
+        {("code", "Python"): 100, ("code", "C"): 100},
+        {"code": 1},
+        shares={"code": {"Python": 0.3, "C": 0.2}},
+    )
     assert plan.units[("code", "Python")].fraction == pytest.approx(0.6)
     assert plan.notes and "scaled them to 1" in plan.notes[0]
 

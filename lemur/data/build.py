@@ -23,10 +23,11 @@ from typing import Any
 from lemur.data import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
 from lemur.data.code_filters import code_filters
 from lemur.data.dedup import DedupSigner
+from lemur.data.executors import make_executor
 from lemur.data.filters import EmptyDocumentFilter, LanguageFilter, LemurFilter
 from lemur.data.pack import Packer
 from lemur.data.readers import InputFile, Listing, SourcesReader, list_inputs
-from lemur.data.recipe import Recipe, RecipeError
+from lemur.data.recipe import Recipe
 from lemur.data.shards import FORMAT, MANIFEST, atomic_write_json, dtype_name, token_dtype
 from lemur.data.tagging import LanguageTagger
 from lemur.data.text_filters import (
@@ -187,6 +188,30 @@ def _run_executor(executor: Any, work: Path, n_tasks: int, report: Reporter) -> 
         raise BuildError(f"tokenize stage failed: {failure[0]} (task logs: {work / 'logs'})")
 
 
+def wait_for_slurm(
+    executor: Any, work: Path, n_tasks: int, report: Reporter, poll: float = 30
+) -> None:
+    """Wait until a submitted Slurm array finishes every task, or fail if it stops short."""
+    import subprocess
+
+    done_dir = work / "logs" / "completions"
+    while True:
+        done = len(list(done_dir.glob("*"))) if done_dir.is_dir() else 0
+        report("tokenize", done, n_tasks)
+        if done >= n_tasks:
+            return
+        job = getattr(executor, "job_id", None)
+        queued = subprocess.run(["squeue", "-h", "-j", str(job)], capture_output=True, text=True)
+        if job and queued.returncode == 0 and not queued.stdout.strip():
+            done = len(list(done_dir.glob("*"))) if done_dir.is_dir() else 0
+            if done < n_tasks:
+                raise BuildError(
+                    f"slurm job {job} ended with {n_tasks - done} of {n_tasks} tasks unfinished "
+                    f"(logs: {work / 'logs'}); rerun to resubmit only those"
+                )
+        time.sleep(poll)
+
+
 def make_filters(recipe: Recipe) -> list[LemurFilter]:
     """The filter steps of a recipe, in order; disabled ones are left out."""
     filters: list[LemurFilter] = [EmptyDocumentFilter()]
@@ -219,12 +244,6 @@ def tokenize_stage(
     recipe: Recipe, inputs: list[InputFile], tok_path: Path, work: Path, report: Reporter
 ) -> int:
     """Read, filter and tokenize every input file; return the number of tasks."""
-    from datatrove.executor import LocalPipelineExecutor
-
-    if recipe.executor.kind != "local":
-        raise RecipeError(
-            f"recipe: executor.kind '{recipe.executor.kind}' is not supported yet; use 'local'"
-        )
     n_tasks = max(1, min(recipe.executor.tasks, len(inputs)))
     pipeline = [
         SourcesReader(inputs, recipe.sources, errors_dir=str(work / "errors")),
@@ -237,13 +256,10 @@ def tokenize_stage(
         ),
         TokenizeWriter(str(tok_path), str(work / "tokens"), recipe.tokenize_batch_docs),
     ]
-    executor = LocalPipelineExecutor(
-        pipeline=pipeline,
-        tasks=n_tasks,
-        workers=min(recipe.executor.workers, n_tasks),
-        logging_dir=str(work / "logs"),
-    )
+    executor = make_executor(recipe.executor, pipeline, n_tasks, work / "logs")
     _run_executor(executor, work, n_tasks, report)
+    if recipe.executor.kind == "slurm":
+        wait_for_slurm(executor, work, n_tasks, report)
     missing = [r for r in range(n_tasks) if not (work / "tokens" / f"{r:05d}.bin").is_file()]
     if missing:
         raise BuildError(

@@ -21,6 +21,7 @@ cluster stage; signatures stay on disk, memory-mapped, and are read in blocks.
 from __future__ import annotations
 
 import json
+import mmap as mmap_module
 import os
 import re
 from dataclasses import dataclass
@@ -153,6 +154,17 @@ def load_signatures(sig_dir: Path, rank: int, num_perm: int) -> tuple[np.ndarray
     return chash, sig
 
 
+def release_pages(arr: np.ndarray) -> None:
+    """Drop a memory-mapped array's pages from this process's resident set.
+
+    Reading a whole signature file through a memmap would otherwise leave all of it
+    resident (file-backed, but counted in RSS), growing memory with corpus size.
+    """
+    mm = getattr(arr, "_mmap", None)
+    if mm is not None and hasattr(mmap_module, "MADV_DONTNEED"):
+        mm.madvise(mmap_module.MADV_DONTNEED)
+
+
 def connected_roots(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Root (smallest member) of each node's component for edges a-b (vectorized union-find)."""
     parent = np.arange(n, dtype=np.int64)
@@ -266,6 +278,7 @@ def _band_keys(
                 for c in range(config.rows):
                     h = (h ^ block[:, :, c]) * _M64 + np.uint64(c + 1)
                 keys[r] = h
+                release_pages(mm)
     return keys
 
 
@@ -310,6 +323,8 @@ def _similarity(a, b, order, task, local, sigs) -> np.ndarray:
         m = task[rb] == t
         sb[m] = mm[local[rb[m]]]
     out[:] = (sa == sb).mean(axis=1)
+    for mm in sigs:
+        release_pages(mm)
     return out
 
 

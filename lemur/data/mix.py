@@ -12,7 +12,8 @@ the unit is downsampled, above 1 repeated (up to `max_repeats`). Without `total_
 T is the largest total with no rate above 1 ("all of the scarcer side").
 
 Sampling is deterministic: documents are ordered by a seeded hash of their id and taken
-as whole passes plus a prefix, so each unit meets its budget to within one document.
+as whole passes plus a first-fit pass in that order, so each unit meets its budget to
+within its smallest document.
 """
 
 from __future__ import annotations
@@ -62,6 +63,38 @@ def seeded_hash(id_hash: np.ndarray, seed: int, salt: str) -> np.ndarray:
         x = (x ^ (x >> np.uint64(30))) * _M1
         x = (x ^ (x >> np.uint64(27))) * _M2
         return x ^ (x >> np.uint64(31))
+
+
+def fill_to_budget(tokens_in_order: np.ndarray, budget: int) -> np.ndarray:
+    """Mask of documents to take, in the given order, so their tokens come closest to budget.
+
+    Takes the longest prefix that fits, then (first fit) every later document that still
+    fits: with large documents a plain prefix can miss a small budget by half a document.
+    """
+    n = len(tokens_in_order)
+    take = np.zeros(n, bool)
+    if budget <= 0 or n == 0:
+        return take
+    cum = np.cumsum(tokens_in_order, dtype=np.int64)
+    k = int(np.searchsorted(cum, budget, side="right"))
+    take[:k] = True
+    total = int(cum[k - 1]) if k else 0
+    if k < n:
+        suffix_min = np.minimum.accumulate(tokens_in_order[::-1])[::-1]
+        for i in range(k, n):
+            if budget - total < suffix_min[i]:
+                break  # nothing left fits
+            t = int(tokens_in_order[i])
+            if total + t <= budget:
+                take[i] = True
+                total += t
+        # one more document overshooting the budget can still be the closer choice
+        rest = np.flatnonzero(~take)
+        if len(rest):
+            j = rest[np.argmin(tokens_in_order[rest])]
+            if total + int(tokens_in_order[j]) - budget < budget - total:
+                take[j] = True
+    return take
 
 
 def take_prefix(tokens_in_order: np.ndarray, budget: int) -> int:
@@ -200,6 +233,5 @@ def select_repeats(tokens: np.ndarray, order_hash: np.ndarray, budget: int) -> n
     passes = budget // total
     copies[:] = passes
     order = np.argsort(order_hash, kind="stable")
-    k = take_prefix(tokens[order], budget - passes * total)
-    copies[order[:k]] += 1
+    copies[order[fill_to_budget(tokens[order], budget - passes * total)]] += 1
     return copies

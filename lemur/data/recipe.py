@@ -96,6 +96,14 @@ class ExecutorConfig:
     kind: str = "local"
     tasks: int = 4
     workers: int = 2
+    cpus_per_task: int = 1
+    mem_per_cpu_gb: float = 2.0
+    partition: str | None = None
+    time: str | None = None
+    job_name: str = "lemur-data"
+    sbatch_args: dict[str, str] | None = None
+    venv_path: str | None = None
+    env_command: str | None = None
 
 
 @dataclass(frozen=True)
@@ -376,6 +384,8 @@ def _validate(recipe: Recipe, check_paths: bool) -> None:
         raise RecipeError(f"recipe: executor.kind {ex.kind!r} is not one of {', '.join(EXECUTORS)}")
     if ex.tasks < 1 or ex.workers < 1:
         raise RecipeError("recipe: executor.tasks and executor.workers must be >= 1")
+    if ex.kind == "slurm" and (not ex.partition or not ex.time):
+        raise RecipeError("recipe: executor.kind slurm needs executor.partition and executor.time")
     tok = recipe.tokenizer
     if tok.model is not None and check_paths and not Path(tok.model).expanduser().is_file():
         raise RecipeError(f"recipe: tokenizer.model '{tok.model}' is not a file")

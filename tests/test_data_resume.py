@@ -1,0 +1,180 @@
+"""Killed builds resume without redoing finished work and give byte-identical shards;
+the achieved mix meets the plan."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import real_python_files, real_text_docs, write_jsonl
+
+from lemur.data.build import build
+from lemur.data.recipe import recipe_from_dict
+
+# Runs a build in a child process that SIGKILLs itself when the build reports `stage`
+# at progress >= `at`: a real kill at a precise point, with no hook in lemur itself.
+KILLER = """
+import os, signal, sys
+from lemur.data import tokenizer
+from lemur.data.build import build
+from lemur.data.recipe import load_recipe
+stage, at = sys.argv[2], int(sys.argv[3])
+def report(s, done, total):
+    if s == stage and done >= at:
+        os.kill(os.getpid(), signal.SIGKILL)
+if stage == "task":  # die as task `at` finishes writing, before its completion marker
+    original = tokenizer.TokenizeWriter.run
+    def run(self, data, rank=0, world_size=1):
+        yield from original(self, data, rank, world_size)
+        if rank == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+    tokenizer.TokenizeWriter.run = run
+build(load_recipe(sys.argv[1]), report=report)
+"""
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("src")
+    (root / "code").mkdir()
+    for p in real_python_files(60):
+        (root / "code" / p.name).write_bytes(p.read_bytes())
+    paragraphs = []
+    for d in real_text_docs(79):
+        for k, para in enumerate(d["text"].split("\n\n")):
+            if len(para.split()) >= 60:
+                paragraphs.append({"id": f"{d['id']}/{k}", "text": para})
+    write_jsonl(root / "text.jsonl", paragraphs)
+    return root
+
+
+def recipe(src: Path, out: Path, **kw) -> dict:
+    raw = {
+        "output": str(out),
+        "seed": 3,
+        "val_fraction": 0.02,
+        "shard_tokens": 20_000,
+        "tokenizer": {"train": {"vocab_size": 600, "sample_bytes": 300_000}},
+        "mix": {"ratio": {"code": 10, "text": 1}},
+        "executor": {"tasks": 4, "workers": 1},
+        "sources": [
+            {"name": "py", "domain": "code", "format": "files", "paths": [str(src / "code")]},
+            {
+                "name": "docs",
+                "domain": "text",
+                "format": "jsonl",
+                "paths": [str(src / "text.jsonl")],
+            },
+        ],
+    }
+    raw.update(kw)
+    return raw
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {s["file"]: (out / s["file"]).read_bytes() for s in manifest["shards"]}
+
+
+def mtimes(paths) -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for p in paths}
+
+
+@pytest.fixture(scope="module")
+def clean(sources, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("clean") / "out"
+    build(recipe_from_dict(recipe(sources, out)))
+    return out
+
+
+@pytest.mark.parametrize("stage, at", [("task", 2), ("shuffle: scatter", 1), ("shuffle: write", 3)])
+def test_sigkill_then_rerun_equals_clean_build(sources, clean, tmp_path, stage, at):
+    out = tmp_path / "out"
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe(sources, out)))
+    log = tmp_path / "killed.log"
+    with open(log, "w") as fh:
+        res = subprocess.run(
+            [sys.executable, "-c", KILLER, str(path), stage, str(at)], stdout=fh, stderr=fh
+        )
+    assert res.returncode == -9, log.read_text()[-2000:]
+    assert not (out / "manifest.json").exists()
+    done_tasks = sorted(out.glob(".work/tokens-*/logs/completions/*"))
+    outputs = [p.parents[2] / "tokens" / f"{p.name}.bin" for p in done_tasks]
+    done_shards = sorted(out.glob(".work/shuffle-*/done/*.json"))
+    before = mtimes(done_tasks + outputs + [out / f"train/{p.stem}.bin" for p in done_shards])
+    if stage == "task":
+        assert len(done_tasks) == 2  # tasks 0 and 1; task 2 died before its marker
+    if stage == "shuffle: write":
+        assert len(done_shards) >= 2
+    stages = []
+    build(recipe_from_dict(recipe(sources, out)), report=lambda s, d, t: stages.append(s))
+    assert shard_bytes(out) == shard_bytes(clean)
+    # finished work was not redone: completed tasks and shards kept their files
+    assert mtimes([Path(p) for p in before]) == before
+    assert not list(out.glob(".work/shuffle-*"))  # cleaned up after the manifest
+
+
+def test_achieved_mix_within_one_percent_with_shares_and_repeats(sources, tmp_path):
+    raw = recipe(
+        sources,
+        tmp_path / "out",
+        mix={"ratio": {"code": 4, "text": 1}, "max_repeats": 4, "total_tokens": 500_000},
+    )
+    m = build(recipe_from_dict(raw))
+    tokens = m["mix"]["tokens"]
+    assert abs(tokens["code"] / tokens["text"] / 4 - 1) < 0.01
+    assert abs(sum(tokens.values()) / 500_000 - 1) < 0.01
+    langs = m["mix"]["languages"]
+    for d in langs:
+        for u in langs[d].values():
+            assert abs(u["tokens"] - u["budget"]) <= 0.01 * u["budget"]
+    text = m["mix"]["sources"]["docs"]
+    assert text["rate"] > 1 and text["copies"] > text["documents"]  # text is repeated
+    # copies of a document are spread by the shuffle, not placed side by side
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert sum(s["tokens"] for s in manifest["shards"] if s["split"] == "train") == sum(
+        tokens.values()
+    )
+
+
+def test_infeasible_mix_is_a_clear_error(sources, tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            recipe(
+                sources,
+                tmp_path / "out",
+                mix={"ratio": {"code": 1, "text": 1}, "total_tokens": 10_000_000},
+            )
+        )
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "lemur.data.cli", "build", str(path)], capture_output=True, text=True
+    )
+    assert res.returncode == 2
+    err = res.stderr.strip().splitlines()[-1]
+    assert err.startswith("lemur-data: error: mix infeasible: total_tokens 1e+07 needs")
+    assert "Nearest feasible plan: total_tokens" in err and "Traceback" not in res.stderr
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_plan_only_writes_no_shards(sources, tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe(sources, tmp_path / "out")))
+    res = subprocess.run(
+        [sys.executable, "-m", "lemur.data.cli", "build", str(path), "--plan-only"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    assert res.returncode == 0, res.stderr
+    assert "mix plan:" in res.stdout and "code / Python" in res.stdout
+    assert not (tmp_path / "out" / "manifest.json").exists() and not list(
+        (tmp_path / "out").glob("train/*")
+    )
