@@ -94,10 +94,13 @@ def make_executor(config: ExecutorConfig, pipeline: list, tasks: int, logging_di
         time=config.time,
         partition=config.partition,
         cpus_per_task=config.cpus_per_task,
-        mem_per_cpu_gb=config.mem_per_cpu_gb,
+        mem_per_cpu_gb=int(config.mem_per_cpu_gb),  # sbatch wants whole gigabytes ("3G")
         job_name=config.job_name,
         sbatch_args=dict(config.sbatch_args or {}),
-        venv_path=config.venv_path or os.environ.get("VIRTUAL_ENV"),
+        # datatrove `source`s this path; ours names the virtualenv directory
+        venv_path=f"{venv}/bin/activate"
+        if (venv := config.venv_path or os.environ.get("VIRTUAL_ENV"))
+        else None,
         env_command=config.env_command,
         condaenv=None,
     )

@@ -386,6 +386,8 @@ def _validate(recipe: Recipe, check_paths: bool) -> None:
         raise RecipeError("recipe: executor.tasks and executor.workers must be >= 1")
     if ex.kind == "slurm" and (not ex.partition or not ex.time):
         raise RecipeError("recipe: executor.kind slurm needs executor.partition and executor.time")
+    if ex.kind == "slurm" and not float(ex.mem_per_cpu_gb).is_integer():
+        raise RecipeError("recipe: executor.mem_per_cpu_gb must be a whole number for slurm")
     tok = recipe.tokenizer
     if tok.model is not None and check_paths and not Path(tok.model).expanduser().is_file():
         raise RecipeError(f"recipe: tokenizer.model '{tok.model}' is not a file")

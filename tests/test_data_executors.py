@@ -1,0 +1,118 @@
+"""Executors: Ray gives the same shards as local; Slurm generates the expected sbatch script."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import real_python_files, real_text_docs, write_jsonl
+
+from lemur.data.build import build
+from lemur.data.executors import make_executor
+from lemur.data.recipe import RecipeError, recipe_from_dict
+
+
+def recipe(tmp: Path, out: str, executor: dict) -> dict:
+    code = tmp / "code"
+    if not code.is_dir():
+        code.mkdir()
+        for p in real_python_files(20):
+            (code / p.name).write_bytes(p.read_bytes())
+        write_jsonl(tmp / "text.jsonl", real_text_docs(40))
+    return {
+        "output": str(tmp / out),
+        "seed": 5,
+        "val_fraction": 0.05,
+        "shard_tokens": 30_000,
+        "tokenizer": {"train": {"vocab_size": 500, "sample_bytes": 200_000}},
+        "mix": {"ratio": {"code": 10, "text": 1}},
+        "executor": executor,
+        "sources": [
+            {"name": "py", "domain": "code", "format": "files", "paths": [str(code)]},
+            {
+                "name": "docs",
+                "domain": "text",
+                "format": "jsonl",
+                "paths": [str(tmp / "text.jsonl")],
+            },
+        ],
+    }
+
+
+def test_ray_build_equals_local_build(tmp_path):
+    ray = pytest.importorskip("ray")
+    local = build(
+        recipe_from_dict(recipe(tmp_path, "local", {"kind": "local", "tasks": 4, "workers": 2}))
+    )
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = build(
+            recipe_from_dict(recipe(tmp_path, "ray", {"kind": "ray", "tasks": 4, "workers": 2}))
+        )
+    finally:
+        ray.shutdown()
+    assert [s["sha256"] for s in remote["shards"]] == [s["sha256"] for s in local["shards"]]
+    assert remote["counts"]["read"] == local["counts"]["read"]
+
+
+def test_slurm_generates_an_array_job(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    # a stand-in sbatch: keep the script it was given and answer like Slurm does
+    sbatch.write_text(
+        f"#!{sys.executable}\nimport glob, shutil, sys\n"
+        f"n = len(glob.glob({str(tmp_path / 'submitted-*.sh')!r}))\n"
+        f"shutil.copy(sys.argv[-1], {str(tmp_path)!r} + f'/submitted-{{n}}.sh')\n"
+        "print(f'Submitted batch job {4242 + n}')\n"
+    )
+    sbatch.chmod(sbatch.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    r = recipe_from_dict(
+        recipe(
+            tmp_path,
+            "slurm",
+            {
+                "kind": "slurm",
+                "tasks": 64,
+                "workers": 16,
+                "partition": "cpu",
+                "time": "04:00:00",
+                "cpus_per_task": 2,
+                "mem_per_cpu_gb": 3,
+                "job_name": "lemur-test",
+                "venv_path": "/opt/venv",
+                "sbatch_args": {"account": "proj42"},
+            },
+        )
+    )
+    executor = make_executor(
+        r.executor, [lambda data, rank, world_size: None], 64, tmp_path / "logs"
+    )
+    executor.run()
+    script = (tmp_path / "submitted-0.sh").read_text()  # the array job (then a stats merge job)
+    for line in (
+        "#SBATCH --partition=cpu",
+        "#SBATCH --time=04:00:00",
+        "#SBATCH --cpus-per-task=2",
+        "#SBATCH --mem-per-cpu=3G",
+        "#SBATCH --job-name=lemur-test",
+        "#SBATCH --array=0-63%16",
+        "#SBATCH --account=proj42",
+        "source /opt/venv/bin/activate",
+    ):
+        assert line in script, line
+    assert executor.job_id == "4242"
+    assert (
+        tmp_path / "logs" / "executor.pik"
+    ).is_file()  # what every array task unpickles and runs
+    assert json.loads((tmp_path / "logs" / "executor.json").read_text())["world_size"] == 64
+
+
+def test_slurm_needs_partition_and_time(tmp_path):
+    with pytest.raises(RecipeError, match="slurm needs executor.partition and executor.time"):
+        recipe_from_dict(recipe(tmp_path, "s", {"kind": "slurm", "tasks": 2}))
