@@ -144,17 +144,26 @@ def run_datatrove(docs) -> dict:
     return {"signature_s": t1 - t0, "cluster_s": t2 - t1, "removed": removed}
 
 
+def peak_rss_mib() -> float:
+    """This process's peak RSS (VmHWM). Unlike ru_maxrss, it does not carry over from the
+    parent across fork + exec."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def child(side: str, n: int) -> None:
     """Run one side on n documents and print JSON with timings and peak RSS."""
     mb = sum(len(d.encode()) for d in iter_docs(n)) / 1e6
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss0 = peak_rss_mib()
     out = run_lemur(iter_docs(n)) if side == "lemur" else run_datatrove(iter_docs(n))
     out.update(
         side=side,
         docs=n,
         mb=mb,
-        peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        rss_before_mib=rss0 / 1024,
+        peak_rss_mib=peak_rss_mib(),
+        rss_before_mib=rss0,
     )
     print(json.dumps(out))
 
@@ -188,6 +197,7 @@ def main() -> int:
     ap.add_argument("--datatrove-max", type=int, default=100_000, help="skip datatrove above this")
     ap.add_argument("--child", nargs=2, metavar=("SIDE", "N"))
     ap.add_argument("--curve", action="store_true")
+    ap.add_argument("--make", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]))
@@ -195,10 +205,13 @@ def main() -> int:
     if args.curve:
         curve()
         return 0
+    if args.make:
+        make_docs(args.make)
+        return 0
     rows = []
     for n in args.docs:
-        if not (WORK / f"docs-{n}.jsonl").is_file():
-            make_docs(n)
+        if not (WORK / f"docs-{n}.jsonl").is_file():  # in a child, so this process stays small
+            subprocess.run([sys.executable, __file__, "--make", str(n)], check=True)
         for side in ("lemur", "datatrove"):
             if side == "datatrove" and n > args.datatrove_max:
                 continue

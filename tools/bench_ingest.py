@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import resource
 import sys
@@ -64,12 +65,19 @@ def build_data(work: Path, mb: float) -> tuple[Path, Path]:
 
     def code_rows():
         size = 0
-        roots = [Path(sysconfig.get_paths()["stdlib"]), Path("/usr/include")]
-        for root in roots:
+        # (root, extensions to keep; None keeps every file)
+        roots = [
+            (Path(sysconfig.get_paths()["stdlib"]), {".py"}),
+            (Path("/usr/include"), None),
+            (Path("/usr/share/perl5"), {".pm", ".pl"}),
+            (Path("/usr/share/perl"), {".pm", ".pl"}),
+            (Path("/usr/lib/node_modules"), {".js"}),
+        ]
+        for root, exts in roots:
             for p in sorted(root.rglob("*")):
                 if "site-packages" in p.parts or not p.is_file() or p.is_symlink():
                     continue
-                if root.name != "include" and p.suffix != ".py":
+                if exts is not None and p.suffix not in exts:
                     continue
                 try:
                     t = p.read_text(encoding="utf-8")
@@ -80,7 +88,8 @@ def build_data(work: Path, mb: float) -> tuple[Path, Path]:
                 if size >= budget:
                     return
 
-    _write(code, code_rows())
+    code_bytes = _write(code, code_rows())
+    (work / "size.json").write_text(json.dumps({"mb": (code_bytes + text_bytes) / 1e6}))
     return code, text
 
 

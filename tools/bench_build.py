@@ -1,0 +1,193 @@
+"""Benchmark: end-to-end `lemur-data build` vs a plain datatrove chain, same data, same run.
+
+Data (built once, cached): >= 200 MB of real code and text as JSONL.zst (Python stdlib,
+/usr/include, Perl modules, npm JavaScript; English man pages, /usr/share/doc, pydoc
+topics). One SentencePiece model is trained up front and given to both sides.
+
+  lemur    : `lemur-data build` (read, tag, all filters, exact + MinHash dedup, tokenize,
+             mix 10:1, external shuffle, pack), executor local, --workers processes
+  datatrove: read -> GopherQualityFilter -> JsonlWriter; MinhashDedupSignature ->
+             MinhashDedupBuckets -> MinhashDedupCluster; read -> MinhashDedupFilter ->
+             DocumentTokenizer (the same model, converted to HF `tokenizer.json`)
+
+Both run as subprocess trees with the same number of worker processes; CPU seconds are
+the children's user + system time, so MB/s per core = MB / CPU s.
+
+    python tools/bench_build.py --mb 210 --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+WORK = Path("/tmp/lemur-bench-build")
+
+DATATROVE_CHAIN = r"""
+import sys
+from datatrove.executor import LocalPipelineExecutor
+from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter, MinhashDedupSignature
+from datatrove.pipeline.dedup.minhash import MinhashConfig
+from datatrove.pipeline.filters import GopherQualityFilter
+from datatrove.pipeline.readers import JsonlReader
+from datatrove.pipeline.tokens import DocumentTokenizer
+from datatrove.pipeline.writers import JsonlWriter
+
+data, out, tok, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+cfg = MinhashConfig(n_grams=5, num_buckets=16, hashes_per_bucket=8)
+tasks = 8
+def run(pipeline, n, **kw):
+    LocalPipelineExecutor(pipeline, tasks=n, workers=min(workers, n), logging_dir=f"{out}/logs/{kw['name']}").run()
+run([JsonlReader(data, glob_pattern="*.jsonl.zst"), GopherQualityFilter(), JsonlWriter(f"{out}/filtered")], tasks, name="filter")
+run([JsonlReader(f"{out}/filtered"), MinhashDedupSignature(output_folder=f"{out}/sigs", config=cfg)], tasks, name="sigs")
+run([MinhashDedupBuckets(input_folder=f"{out}/sigs", output_folder=f"{out}/buckets", config=cfg)], cfg.num_buckets, name="buckets")
+run([MinhashDedupCluster(input_folder=f"{out}/buckets", output_folder=f"{out}/remove", config=cfg)], 1, name="cluster")
+run([JsonlReader(f"{out}/filtered"), MinhashDedupFilter(input_folder=f"{out}/remove"),
+     DocumentTokenizer(output_folder=f"{out}/tokens", tokenizer_name_or_path=tok, eos_token="</s>", batch_size=1000)],
+    tasks, name="tokenize")
+"""
+
+
+def build_data(mb: float) -> Path:
+    """Real code + text JSONL.zst files under WORK/data (cached)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import bench_ingest
+
+    data = WORK / "data"
+    if not (data / "code.jsonl.zst").is_file():
+        bench_ingest.build_data(data, mb)
+    return data
+
+
+def prepare_tokenizer(data: Path) -> tuple[Path, Path]:
+    """Train one 32k SentencePiece model on a sample; convert it for HF `tokenizers`."""
+    from transformers import LlamaTokenizerFast
+
+    from lemur.data.build import sample_texts
+    from lemur.data.readers import list_inputs
+    from lemur.data.recipe import TokenizerTrainConfig, recipe_from_dict
+    from lemur.data.tokenizer import train_tokenizer
+
+    model = WORK / "tokenizer.model"
+    hf = WORK / "hf-tokenizer"
+    if not model.is_file():
+        r = recipe_from_dict(recipe(data, WORK / "unused", model=None))
+        train_tokenizer(
+            sample_texts(r, list_inputs(r).files, 50_000_000),
+            TokenizerTrainConfig(vocab_size=32000),
+            model,
+        )
+    if not (hf / "tokenizer.json").is_file():
+        LlamaTokenizerFast(vocab_file=str(model), legacy=False).save_pretrained(hf)
+    return model, hf / "tokenizer.json"
+
+
+def recipe(data: Path, out: Path, model: Path | None, workers: int = 2) -> dict:
+    """The lemur recipe for the benchmark data."""
+    return {
+        "output": str(out),
+        "tokenizer": {"model": str(model)} if model else {"train": {"vocab_size": 32000}},
+        "mix": {"ratio": {"code": 10, "text": 1}},
+        "executor": {"kind": "local", "tasks": 8, "workers": workers},
+        "sources": [
+            {
+                "name": "code",
+                "domain": "code",
+                "format": "jsonl",
+                "paths": [str(data / "code.jsonl.zst")],
+                "path_key": "path",
+            },
+            {
+                "name": "text",
+                "domain": "text",
+                "format": "jsonl",
+                "paths": [str(data / "text.jsonl.zst")],
+            },
+        ],
+    }
+
+
+def timed(cmd: list[str]) -> dict:
+    """Run a command; its wall time, children's CPU time and largest child peak RSS."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if res.returncode:
+        raise SystemExit(f"{cmd[:3]} failed:\n{res.stderr[-3000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mib": after.ru_maxrss / 1024}
+
+
+def main() -> int:
+    """Run both sides and print a markdown table."""
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--mb", type=float, default=210.0)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--skip-datatrove", action="store_true")
+    args = ap.parse_args()
+    data = build_data(args.mb)
+    mb = sum(p.stat().st_size for p in data.glob("*.jsonl.zst")) / 1e6  # compressed, for reference
+    raw_mb = (
+        float(json.loads((data / "size.json").read_text())["mb"])
+        if (data / "size.json").is_file()
+        else None
+    )
+    model, tokjson = prepare_tokenizer(data)
+    rows = []
+    out = WORK / "lemur-out"
+    subprocess.run(["rm", "-rf", str(out)], check=True)
+    rpath = WORK / "recipe.yaml"
+    rpath.write_text(yaml.safe_dump(recipe(data, out, model, args.workers)))
+    r = timed([sys.executable, "-m", "lemur.data.cli", "build", str(rpath)])
+    manifest = json.loads((out / "manifest.json").read_text())
+    r.update(name="lemur-data build", tokens=sum(s["tokens"] for s in manifest["shards"]))
+    rows.append(r)
+    print(r, file=sys.stderr, flush=True)
+    if not args.skip_datatrove:
+        dt = WORK / "datatrove-out"
+        subprocess.run(["rm", "-rf", str(dt)], check=True)
+        r = timed(
+            [
+                sys.executable,
+                "-c",
+                DATATROVE_CHAIN,
+                str(data),
+                str(dt),
+                str(tokjson),
+                str(args.workers),
+            ]
+        )
+        r.update(name="plain datatrove chain", tokens=None)
+        rows.append(r)
+        print(r, file=sys.stderr, flush=True)
+    size = raw_mb or mb
+    print(f"data: {size:.1f} MB of text ({mb:.1f} MB compressed), {args.workers} workers\n")
+    print(
+        "| chain | wall s | CPU s | MB/s per core | peak RSS MiB (largest process) |\n|---|---|---|---|---|"
+    )
+    for r in rows:
+        print(
+            f"| {r['name']} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {size / r['cpu_s']:.2f} | {r['peak_rss_mib']:.0f} |"
+        )
+    if len(rows) == 2:
+        print(
+            f"\nlemur / plain datatrove throughput per core: {rows[1]['cpu_s'] / rows[0]['cpu_s']:.1f}x"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
