@@ -1,5 +1,5 @@
-# Quick start: `make demo` builds the demo corpus (and trains a tiny model once the
-# trainer lands); `make test` runs the test suite. Both create .venv on first use.
+# Quick start: `make demo` builds the demo corpus and trains a tiny model on it;
+# `make test` runs the test suite. Both create .venv on first use.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -23,6 +23,9 @@ demo: $(VENV)/.installed
 	$(BIN)/lemur-data build --set output=$(DEMO_OUT)
 	$(BIN)/lemur-data stats $(DEMO_OUT)
 	$(BIN)/lemur-data verify $(DEMO_OUT)
+	rm -rf $(DEMO_OUT)-train
+	$(BIN)/lemur-train demo --set data.dirs=$(DEMO_OUT) --set run_dir=$(DEMO_OUT)-train
+	$(BIN)/lemur-train plot $(DEMO_OUT)-train
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile

@@ -1,18 +1,128 @@
-"""`lemur-train`: train a compact JAX Llama directly off lemur shards."""
+"""`lemur-train`: train a compact JAX Llama directly off lemur shards.
+
+    lemur-train CONFIG [--set KEY=VALUE ...] [--dry-run]
+    lemur-train plot RUN_DIR [--out DIR]
+
+CONFIG is a YAML file or the name of a shipped config (tiny, demo, lemur-70b, ...).
+Exit codes: 0 done (or stopped by a signal with a checkpoint saved), 1 training diverged,
+2 bad config, data or checkpoint (a one-line message), 130 interrupted during setup.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lemur.train.config import TrainConfig
+
+USAGE = "lemur-train CONFIG [--set KEY=VALUE ...] [--dry-run] | lemur-train plot RUN_DIR"
+
+
+def _die(message: str, code: int = 2) -> int:
+    print(f"lemur-train: {message}", file=sys.stderr)
+    return code
+
+
+def train_parser() -> argparse.ArgumentParser:
+    """Arguments of a training run."""
+    p = argparse.ArgumentParser(prog="lemur-train", usage=USAGE, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="config YAML, or a shipped config name (tiny, lemur-70b, ...)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key (dotted path, value as YAML), e.g. steps=200")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the resolved config and the derived sizes, then exit")
+    return p
+
+
+def plot_parser() -> argparse.ArgumentParser:
+    """Arguments of `lemur-train plot`."""
+    p = argparse.ArgumentParser(prog="lemur-train plot",
+                                description="write PNG curves of a run's metrics")
+    p.add_argument("run_dir")
+    p.add_argument("--out", default=None, help="where to write the PNGs (default RUN_DIR/plots)")
+    return p
+
+
+def dry_run_summary(config: TrainConfig) -> str:
+    """Derived sizes of a config as YAML comments (the vocab from the data when readable)."""
+    from lemur.data.shards import read_manifest
+    from lemur.model.llama import flops_per_token, param_count
+
+    vocab = config.model.vocab_size
+    source = "model.vocab_size"
+    if vocab is None:
+        try:
+            vocab = int(read_manifest(config.data.dirs[0])["tokenizer"]["vocab_size"])
+            source = f"{config.data.dirs[0]} tokenizer"
+        except Exception:  # dry runs must work without the data present
+            vocab, source = None, "the data (unreadable now: preset's vocab shown)"
+    model = config.model.llama(vocab)
+    tokens = config.tokens_per_step
+    lines = [
+        f"model: {model}",
+        f"vocab_size {model.vocab_size} from {source}",
+        f"parameters: {param_count(model):,}",
+        f"tokens per step: {tokens:,} ({config.batch.size} x {config.batch.seq_len}, "
+        f"{config.batch.microbatches} microbatch(es))",
+        f"total tokens: {tokens * config.steps:,} over {config.steps:,} steps",
+        f"training FLOPs per token: {flops_per_token(model, config.batch.seq_len):.3e}",
+        f"checkpoints: {config.checkpoint_dir}",
+    ]
+    return "".join(f"# {line}\n" for line in lines)
+
+
+def cmd_train(argv: list[str]) -> int:
+    """Run (or dry-run) a training config."""
+    args = train_parser().parse_args(argv)
+    from lemur.train.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config, args.set)
+    except ConfigError as e:
+        return _die(str(e))
+    if args.dry_run:
+        print(config.to_yaml() + dry_run_summary(config), end="")
+        return 0
+    from lemur.train.loop import RunError, TrainingDiverged, train
+
+    try:
+        summary = train(config)
+    except (ConfigError, RunError) as e:
+        return _die(str(e))
+    except TrainingDiverged as e:
+        return _die(str(e), 1)
+    except KeyboardInterrupt:
+        return _die("interrupted before training started", 130)
+    evals = "  ".join(f"val {k} {v:.4f}" for k, v in summary.evals.items())
+    loss = f"loss {summary.loss:.4f}  " if summary.loss is not None else ""
+    print(f"lemur-train: step {summary.step}  {loss}{evals}  ({summary.run_dir})",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_plot(argv: list[str]) -> int:
+    """Write the PNG curves of a run."""
+    args = plot_parser().parse_args(argv)
+    from lemur.train.plot import plot_run
+
+    try:
+        paths = plot_run(args.run_dir, args.out)
+    except FileNotFoundError as e:
+        return _die(str(e))
+    for path in paths:
+        print(path)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `lemur-train` (the trainer arrives with its own issue)."""
-    print(
-        "lemur-train: the trainer is not part of this release yet; "
-        "build corpora with `lemur-data build` meanwhile.",
-        file=sys.stderr,
-    )
-    return 2
+    """Entry point of `lemur-train`."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "plot":
+        return cmd_plot(argv[1:])
+    return cmd_train(argv)
 
 
 if __name__ == "__main__":

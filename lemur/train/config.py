@@ -1,0 +1,410 @@
+"""The training config: one typed dataclass per run, mapped from YAML, validated on load.
+
+Every user mistake (unknown key, wrong type, bad value) raises `ConfigError` with a
+one-line message naming the key; `lemur-train` prints it and exits with code 2.
+Shipped configs live in `lemur/configs/*.yaml` and can be named without a path
+(`lemur-train tiny`). See docs/train.md for every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lemur.model.llama import PRESETS, LlamaConfig
+
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+DECAYS = ("cosine", "linear", "constant")
+DISTRIBUTED = ("auto", "on", "off")
+# LlamaConfig fields a config may not override: the vocabulary comes from `model.vocab_size`
+# (or the shards' tokenizer), so it cannot disagree with the data.
+_FIXED_MODEL_FIELDS = ("vocab_size",)
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the offending key."""
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"config: {key} {message}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which Llama: a preset of lemur.model.llama.PRESETS with field overrides."""
+
+    preset: str = "tiny"
+    vocab_size: int | None = None  # None: the shards' tokenizer vocab size
+    overrides: dict[str, Any] = field(default_factory=dict)  # LlamaConfig fields
+    init_from: str | None = None  # a lemur model checkpoint (tools/convert_hf_llama.py)
+
+    def __post_init__(self) -> None:
+        _check(self.preset in PRESETS, "model.preset",
+               f"must be one of {', '.join(PRESETS)}, got {self.preset!r}")
+        _check(self.vocab_size is None or self.vocab_size > 0, "model.vocab_size",
+               f"must be positive, got {self.vocab_size}")
+        hints = typing.get_type_hints(LlamaConfig)
+        coerced = {}
+        for name, value in self.overrides.items():
+            key = f"model.overrides.{name}"
+            _check(name in hints and name not in _FIXED_MODEL_FIELDS, key,
+                   "is not an overridable LlamaConfig field (known: "
+                   f"{', '.join(n for n in hints if n not in _FIXED_MODEL_FIELDS)}"
+                   "; set the vocabulary with model.vocab_size)")
+            coerced[name] = _coerce(value, hints[name], key)
+        object.__setattr__(self, "overrides", coerced)
+        self.llama(PRESETS[self.preset].vocab_size)  # validates the combination now
+
+    def llama(self, data_vocab_size: int | None = None) -> LlamaConfig:
+        """The LlamaConfig; `data_vocab_size` fills in a vocab_size left to the data."""
+        vocab = self.vocab_size or data_vocab_size or PRESETS[self.preset].vocab_size
+        try:
+            return dataclasses.replace(PRESETS[self.preset], vocab_size=vocab, **self.overrides)
+        except ValueError as e:
+            raise ConfigError(f"config: model: {e}") from None
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Shard directories to train on (a weighted mixture) and where the val splits are."""
+
+    dirs: list[str] = field(default_factory=list)
+    weights: list[float] | None = None  # one per dir; None: equal weights
+    eval_dirs: list[str] | None = None  # val shards read from here; None: `dirs`
+    seed: int | None = None  # shuffle seed; None: the run's seed
+    document_attention: bool = False  # mask attention to each packed document
+    num_threads: int = 1
+    prefetch: int = 8
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        _check(bool(self.dirs), "data.dirs", "must list at least one shard directory")
+        if self.weights is not None:
+            _check(len(self.weights) == len(self.dirs), "data.weights",
+                   f"has {len(self.weights)} entries for {len(self.dirs)} data.dirs")
+            _check(all(w > 0 for w in self.weights), "data.weights", "must all be positive")
+        _check(self.num_threads >= 0, "data.num_threads", "must be >= 0")
+        _check(self.prefetch >= 0, "data.prefetch", "must be >= 0")
+        _check(self.num_workers >= 0, "data.num_workers", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh (data, fsdp, tensor); -1 on one axis means "the remaining devices"."""
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+    distributed: str = "auto"  # jax.distributed.initialize: auto (from the env) | on | off
+
+    def __post_init__(self) -> None:
+        sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+        for name, size in sizes.items():
+            _check(size == -1 or size >= 1, f"mesh.{name}", f"must be >= 1 or -1, got {size}")
+        _check(list(sizes.values()).count(-1) <= 1, "mesh", "may use -1 on one axis only")
+        _check(self.distributed in DISTRIBUTED, "mesh.distributed",
+               f"must be one of {', '.join(DISTRIBUTED)}, got {self.distributed!r}")
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """Global batch of one optimizer step: `size` windows of `seq_len` tokens."""
+
+    size: int = 8
+    seq_len: int = 256
+    microbatches: int = 1  # gradient accumulation: size / microbatches windows per pass
+
+    def __post_init__(self) -> None:
+        for name in ("size", "seq_len", "microbatches"):
+            _check(getattr(self, name) >= 1, f"batch.{name}", "must be >= 1")
+        _check(self.size % self.microbatches == 0, "batch.microbatches",
+               f"({self.microbatches}) must divide batch.size ({self.size})")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW (Adam when weight_decay is 0) with global-norm gradient clipping."""
+
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.0  # decoupled; never applied to norms
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+
+    def __post_init__(self) -> None:
+        for name in ("b1", "b2"):
+            _check(0 <= getattr(self, name) < 1, f"optimizer.{name}", "must be in [0, 1)")
+        _check(self.eps > 0, "optimizer.eps", "must be > 0")
+        _check(self.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0")
+        _check(self.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """Learning rate: linear warmup to `peak_lr`, then decay to `final_lr_ratio * peak_lr`."""
+
+    peak_lr: float = 4e-5
+    warmup_steps: int = 2000
+    decay: str = "cosine"  # cosine | linear | constant
+    final_lr_ratio: float = 0.1
+    decay_steps: int | None = None  # step where the decay ends (warmup included); None: steps
+
+    def __post_init__(self) -> None:
+        _check(self.peak_lr > 0, "schedule.peak_lr", "must be > 0")
+        _check(self.warmup_steps >= 0, "schedule.warmup_steps", "must be >= 0")
+        _check(self.decay in DECAYS, "schedule.decay",
+               f"must be one of {', '.join(DECAYS)}, got {self.decay!r}")
+        _check(0 <= self.final_lr_ratio <= 1, "schedule.final_lr_ratio", "must be in [0, 1]")
+        _check(self.decay_steps is None or self.decay_steps >= 1, "schedule.decay_steps",
+               "must be >= 1")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpoints of the whole train state and the loader position."""
+
+    every: int = 1000  # steps between saves; 0: only at the end
+    keep: int = 3  # newest checkpoints kept
+    async_save: bool = True  # write in the background while training continues
+    resume: bool = True  # continue from the latest complete checkpoint in `dir`
+    dir: str | None = None  # None: RUN_DIR/checkpoints
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, "checkpoint.every", "must be >= 0")
+        _check(self.keep >= 1, "checkpoint.keep", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Loss on each val domain (code, text) of the eval directories."""
+
+    every: int = 1000  # steps between evals; 0: only at the end
+    batches: int | None = None  # at most this many batches per domain; None: all
+    batch_size: int | None = None  # global; None: batch.size / batch.microbatches
+    at_start: bool = False  # also evaluate the initial params
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, "eval.every", "must be >= 0")
+        _check(self.batches is None or self.batches >= 1, "eval.batches", "must be >= 1")
+        _check(self.batch_size is None or self.batch_size >= 1, "eval.batch_size",
+               "must be >= 1")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Metrics: JSONL in the run directory, TensorBoard when installed, a progress bar."""
+
+    every: int = 10  # steps per logged record (train loss, tokens/s, MFU)
+    progress: bool = True
+    tensorboard: bool = True
+    peak_tflops: float | None = None  # per device, for MFU; None: known table or measured
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 1, "log.every", "must be >= 1")
+        _check(self.peak_tflops is None or self.peak_tflops > 0, "log.peak_tflops",
+               "must be > 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one `lemur-train` run needs."""
+
+    run_dir: str = "runs/lemur"
+    seed: int = 0
+    steps: int = 1000
+    # JAX's persistent compilation cache: a restarted run (resume, preemption) skips compiling.
+    compile_cache_dir: str | None = None
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=lambda: DataConfig(dirs=["out/demo"]))
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, "steps", "must be >= 1")
+        _check(bool(self.run_dir), "run_dir", "must not be empty")
+        max_len = self.model.llama().max_seq_len
+        _check(self.batch.seq_len <= max_len, "batch.seq_len",
+               f"({self.batch.seq_len}) exceeds the model's max_seq_len ({max_len})")
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where checkpoints go."""
+        return Path(self.checkpoint.dir or Path(self.run_dir) / "checkpoints")
+
+    @property
+    def data_seed(self) -> int:
+        """The loader's shuffle seed."""
+        return self.seed if self.data.seed is None else self.data.seed
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Global eval batch (defaults to one microbatch: it fits in memory)."""
+        return self.eval.batch_size or self.batch.size // self.batch.microbatches
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens in one optimizer step's global batch."""
+        return self.batch.size * self.batch.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (YAML/JSON-able) of every key, defaults included."""
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        """The resolved config as YAML, loadable again with `load_config`."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def _type_name(tp: Any) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    if tp in names:
+        return names[tp]
+    origin = typing.get_origin(tp)
+    if origin is list:
+        return "a list"
+    if origin is dict or dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return str(tp)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert a YAML value to the annotated type, or raise ConfigError naming `key`."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _coerce(value, inner, key)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"config: {key} must be a mapping, got {value!r}")
+        return _build(tp, value, key)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            # `--set data.dirs=out/demo` means a one-element list.
+            if isinstance(value, dict) or value is None:
+                raise ConfigError(f"config: {key} must be a list, got {value!r}")
+            value = [value]
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, val_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"config: {key} must be a mapping, got {value!r}")
+        return {str(k): _coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config: {key} must be true or false, got {value!r}")
+        return value
+    if tp is int or tp is float:
+        # YAML 1.1 reads `4e-5` as a string; accept any spelling Python reads as a number.
+        num = value
+        if isinstance(value, str):
+            try:
+                num = float(value.replace("_", ""))
+            except ValueError:
+                num = None
+        if isinstance(num, bool) or not isinstance(num, int | float):
+            raise ConfigError(f"config: {key} must be {_type_name(tp)}, got {value!r}")
+        if tp is int:
+            if float(num) != int(num):
+                raise ConfigError(f"config: {key} must be an integer, got {value!r}")
+            return int(num)
+        return float(num)
+    if tp is str:
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise ConfigError(f"config: {key} must be a string, got {value!r}")
+        return str(value)
+    raise TypeError(f"unsupported config type {tp} at {key}")
+
+
+def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
+    """Instantiate dataclass `cls` from a mapping, checking keys and types recursively."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for name in raw:
+        if str(name) not in fields:
+            key = f"{prefix}.{name}" if prefix else str(name)
+            raise ConfigError(f"config: unknown key '{key}' (known: {', '.join(sorted(fields))})")
+    kwargs = {name: _coerce(raw[name], hints[name], f"{prefix}.{name}" if prefix else name)
+              for name in fields if name in raw}
+    return cls(**kwargs)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b=value` overrides in place (values parsed as YAML); returns `raw`."""
+    for item in overrides:
+        dotted, sep, text = item.partition("=")
+        if not sep or not dotted.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            value = text
+        parts = dotted.strip().split(".")
+        node = raw
+        for i, part in enumerate(parts[:-1]):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {dotted}: '{'.'.join(parts[: i + 1])}' is not a mapping")
+        node[parts[-1]] = value
+    return raw
+
+
+def resolve_config_path(name: str | os.PathLike) -> Path:
+    """A config file path, or the shipped config of that name (`tiny`, `lemur-70b`, ...)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = CONFIGS_DIR / f"{path.name.removesuffix('.yaml')}.yaml"
+    if path.parent == Path(".") and shipped.is_file():
+        return shipped
+    known = ", ".join(shipped_configs())
+    raise ConfigError(f"config: {name}: no such file or shipped config (shipped: {known})")
+
+
+def shipped_configs() -> list[str]:
+    """Names of the configs shipped in lemur/configs."""
+    return sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+
+
+def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
+    """Validate a mapping into a TrainConfig (raises ConfigError naming the key)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: top level must be a mapping, got {type(raw).__name__}")
+    return _build(TrainConfig, raw, "")
+
+
+def load_config(name: str | os.PathLike | None = None,
+                overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML config (a path or a shipped name; None: all defaults), apply overrides."""
+    raw: Any = {}
+    if name is not None:
+        path = resolve_config_path(name)
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"config: {path}{where}: not valid YAML") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config: {path}: top level must be a mapping")
+    return config_from_dict(apply_overrides(raw, overrides or []))

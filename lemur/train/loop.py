@@ -1,0 +1,427 @@
+"""The training run: set up mesh, data, state (fresh, pretrained or resumed), then loop.
+
+The loop follows nanodo: the step is compiled ahead of time with explicit shardings and
+a donated state, and step n+1 is dispatched before step n's metrics are read, so the
+host never stalls the devices. A non-finite loss, gradient or parameter norm stops the
+run before anything is saved from that step on: the last checkpoint stays intact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from lemur.data.shards import ShardFormatError, read_manifest
+from lemur.model import checkpoint as model_checkpoint
+from lemur.model import llama
+from lemur.train import mesh as mesh_lib
+from lemur.train import step as step_lib
+from lemur.train.checkpoint import Checkpointer
+from lemur.train.config import ConfigError, TrainConfig
+from lemur.train.data import (
+    BATCH_KEYS,
+    EvalStream,
+    check_compatible,
+    make_eval_iterators,
+    make_train_iterator,
+)
+from lemur.train.metrics import MetricsWriter, peak_tflops_per_device
+from lemur.train.progress import Reporter
+
+# LlamaConfig fields that define the parameter shapes: a pretrained checkpoint must match.
+_SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff")
+
+
+class RunError(ValueError):
+    """A run that cannot start (data, pretrained weights, checkpoints); one line."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss, gradient norm or parameter norm stopped being finite."""
+
+
+@dataclasses.dataclass
+class RunSummary:
+    """What a finished (or stopped) run reports."""
+
+    step: int
+    loss: float | None
+    evals: dict[str, float]
+    resumed_from: int | None
+    stopped_early: bool
+    run_dir: str
+
+
+def _data_vocab(config: TrainConfig) -> tuple[int, str | None]:
+    """The vocab size (the model's, else the shards') and the tokenizer hash of the data."""
+    try:
+        manifest = read_manifest(config.data.dirs[0])
+    except (ShardFormatError, OSError) as e:
+        raise RunError(str(e).splitlines()[0]) from None
+    tok = manifest.get("tokenizer", {})
+    return config.model.vocab_size or int(tok["vocab_size"]), tok.get("sha256")
+
+
+def resolve_model(config: TrainConfig, vocab_size: int) -> llama.LlamaConfig:
+    """The model of the run; with `init_from`, checked against the checkpoint's shapes."""
+    model = config.model.llama(vocab_size)
+    if config.model.init_from:
+        try:
+            saved = model_checkpoint.load_config(config.model.init_from)
+        except OSError as e:
+            raise RunError(f"model.init_from: {e}") from None
+        for name in _SHAPE_FIELDS:
+            if getattr(saved, name) != getattr(model, name):
+                raise RunError(f"model.init_from: {config.model.init_from} has {name} "
+                               f"{getattr(saved, name)}, the config gives {getattr(model, name)}")
+    return model
+
+
+class Trainer:
+    """One run of `config` on this process's devices (call `run()`)."""
+
+    def __init__(self, config: TrainConfig,
+                 on_metrics: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.config = config
+        self.on_metrics = on_metrics
+        self.distributed = mesh_lib.initialize_distributed(config.mesh.distributed)
+        if config.compile_cache_dir and not jax.config.jax_compilation_cache_dir:
+            jax.config.update("jax_compilation_cache_dir",
+                              str(Path(config.compile_cache_dir).expanduser()))
+        self.is_main = jax.process_index() == 0
+        self.run_dir = Path(config.run_dir)
+        vocab, self.tokenizer_sha = _data_vocab(config)
+        self.model = resolve_model(config, vocab)
+        try:
+            self.mesh = mesh_lib.make_mesh(config.mesh)
+            mesh_lib.check_batch_fits(self.mesh, config.batch.size, config.batch.microbatches)
+        except ValueError as e:
+            raise ConfigError(f"config: mesh: {e}") from None
+        self.schedule = step_lib.make_schedule(config.schedule, config.steps)
+        self.tx = step_lib.make_optimizer(config.optimizer, self.schedule)
+        self.key = jax.random.key(config.seed)
+        self.abstract = jax.eval_shape(
+            functools.partial(step_lib.init_state, model=self.model, tx=self.tx), self.key)
+        self.shardings = step_lib.state_shardings(self.abstract, self.model, self.tx, self.mesh)
+        self.replicated = NamedSharding(self.mesh, P())
+        B, L = config.batch.size, config.batch.seq_len
+        self.batch_shape = (B, L)
+        self.batch_sharding = mesh_lib.batch_sharding(self.mesh, B, L)
+        self.host = mesh_lib.host_slice(self.batch_sharding, self.batch_shape)
+        self.loader = self._make_loader()
+        self.evals = self._make_evals()
+        self.checkpointer = Checkpointer(config.checkpoint_dir, keep=config.checkpoint.keep,
+                                         async_save=config.checkpoint.async_save)
+        self.writer = MetricsWriter(self.run_dir, enabled=self.is_main,
+                                    tensorboard=config.log.tensorboard)
+        self.flops_per_token = llama.flops_per_token(self.model, L)
+        self.peak_flops = 1e12 * jax.device_count() * peak_tflops_per_device(
+            config.log.peak_tflops, self.model.compute_dtype)
+        self._stop = False
+
+    # ------------------------------------------------------------------ setup
+
+    def _make_loader(self) -> Any:
+        """This process's stream of per-host batches, checked against the model."""
+        data = self.config.data
+        weights = data.weights or [1.0] * len(data.dirs)
+        try:
+            return make_train_iterator(
+                list(zip(data.dirs, weights, strict=True)), seq_len=self.config.batch.seq_len,
+                batch_size=self.host.rows, seed=self.config.data_seed,
+                process_index=self.host.index, process_count=self.host.count,
+                num_workers=data.num_workers, num_threads=data.num_threads,
+                prefetch=data.prefetch, vocab_size=self.model.vocab_size,
+                tokenizer_sha256=self.tokenizer_sha)
+        except (ShardFormatError, OSError, ValueError) as e:
+            raise RunError(str(e).splitlines()[0]) from None
+
+    def _make_evals(self) -> dict[str, EvalStream]:
+        """One stream per val domain of the eval directories (`code`, `text`, ...)."""
+        dirs = self.config.data.eval_dirs or self.config.data.dirs
+        shape = (self.config.eval_batch_size, self.config.batch.seq_len)
+        self.eval_sharding = mesh_lib.batch_sharding(self.mesh, *shape)
+        self.eval_shape = shape
+        host = mesh_lib.host_slice(self.eval_sharding, shape)
+        streams: dict[str, EvalStream] = {}
+        for d in dirs:
+            try:
+                check_compatible(d, vocab_size=self.model.vocab_size,
+                                 tokenizer_sha256=self.tokenizer_sha)
+                found = make_eval_iterators(
+                    d, seq_len=self.config.batch.seq_len, batch_size=host.rows,
+                    max_batches=self.config.eval.batches, process_index=host.index,
+                    process_count=host.count)
+            except (ShardFormatError, OSError, ValueError) as e:
+                raise RunError(str(e).splitlines()[0]) from None
+            for domain, stream in found.items():
+                # Two directories with the same val domain: tell them apart by directory.
+                name = domain if domain not in streams else f"{domain}@{Path(d).name}"
+                streams[name] = stream
+        return streams
+
+    def _compile(self) -> None:
+        """AOT-compile the train and eval steps with explicit shardings (donated state)."""
+        b = self.config.batch
+        train_fn = step_lib.make_train_step(self.model, self.tx, self.schedule,
+                                            microbatches=b.microbatches,
+                                            document_attention=self.config.data.document_attention)
+        abstract_batch = {k: jax.ShapeDtypeStruct(self.batch_shape, np.int32,
+                                                  sharding=self.batch_sharding)
+                          for k in BATCH_KEYS}
+        abstract_state = step_lib.with_shardings(self.abstract, self.shardings)
+        t = time.perf_counter()
+        with jax.set_mesh(self.mesh):
+            self.train_step = jax.jit(
+                train_fn, in_shardings=(self.shardings, self.batch_sharding),
+                out_shardings=(self.shardings, self.replicated), donate_argnums=0,
+            ).lower(abstract_state, abstract_batch).compile()
+            self.eval_step = None
+            if self.evals:
+                eval_fn = step_lib.make_eval_step(self.model,
+                                                  self.config.data.document_attention)
+                abstract_eval = {k: jax.ShapeDtypeStruct(self.eval_shape, np.int32,
+                                                         sharding=self.eval_sharding)
+                                 for k in abstract_batch}
+                self.eval_step = jax.jit(
+                    eval_fn, in_shardings=(self.shardings["params"], self.eval_sharding),
+                    out_shardings=self.replicated,
+                ).lower(abstract_state["params"], abstract_eval).compile()
+        self.compile_s = time.perf_counter() - t
+
+    def _initial_state(self) -> tuple[step_lib.State, int, int | None]:
+        """(state, start step, resumed-from step): latest checkpoint, pretrained or fresh."""
+        latest = self.checkpointer.latest_step()
+        if latest is not None and not self.config.checkpoint.resume:
+            raise RunError(f"{self.checkpointer.directory} holds checkpoints (latest step "
+                           f"{latest}); set checkpoint.resume=true or use another run_dir")
+        if latest is not None:
+            target = step_lib.with_shardings(self.abstract, self.shardings)
+            state, data_state, _ = self.checkpointer.restore(latest, target)
+            try:
+                self.loader.set_state(data_state)
+            except ValueError as e:
+                raise RunError(f"{self.checkpointer.directory}/{latest}: {e}") from None
+            return state, latest, latest
+        init = functools.partial(step_lib.init_state, model=self.model, tx=self.tx)
+        if self.config.model.init_from:
+            target = step_lib.with_shardings(self.abstract["params"], self.shardings["params"])
+            params, _ = model_checkpoint.load_params(self.config.model.init_from, target)
+            state = jax.jit(lambda key, p: init(key, params=p), out_shardings=self.shardings,
+                            donate_argnums=1)(self.key, params)
+        else:
+            state = jax.jit(init, out_shardings=self.shardings)(self.key)
+        return state, 0, None
+
+    # ------------------------------------------------------------------ loop pieces
+
+    def _global_batch(self) -> dict[str, jax.Array]:
+        return mesh_lib.global_batch(next(self.loader), self.batch_sharding, self.batch_shape)
+
+    def evaluate(self, params: Any) -> dict[str, float]:
+        """Mean loss per valid token of each val domain."""
+        results = {}
+        for name, stream in self.evals.items():
+            parts = [self.eval_step(params, mesh_lib.global_batch(local, self.eval_sharding,
+                                                                  self.eval_shape))
+                     for local in stream]
+            sums = np.asarray(jax.device_get(parts), np.float64).reshape(-1, 2).sum(0)
+            results[name] = float(sums[0] / max(sums[1], 1.0))
+        return results
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        self.writer.write(record)
+        self.reporter.record(record)
+        if self.on_metrics is not None:
+            self.on_metrics(record)
+
+    def _eval_record(self, step: int, params: Any) -> dict[str, float]:
+        t = time.perf_counter()
+        evals = self.evaluate(params)
+        record: dict[str, Any] = {"step": step}
+        for name, loss in evals.items():
+            record[f"eval/{name}/loss"] = loss
+            record[f"eval/{name}/ppl"] = math.exp(min(loss, 80.0))
+        record["eval_s"] = time.perf_counter() - t
+        self._emit(record)
+        return evals
+
+    def _save(self, step: int, state: step_lib.State) -> None:
+        meta = {"step": step, "tokens_seen": step * self.config.tokens_per_step,
+                "process_count": jax.process_count(), "config": self.config.to_dict(),
+                "time": time.time()}
+        self.checkpointer.save(step, state, self.loader.get_state(), meta)
+
+    def _install_stop_handlers(self) -> dict[int, Any]:
+        """SIGTERM/SIGINT: finish the current step, checkpoint, return (preemption)."""
+        def request_stop(signum: int, _frame: Any) -> None:
+            self._stop = True
+            signal.signal(signum, previous[signum])  # a second signal acts as usual
+
+        previous: dict[int, Any] = {}
+        if jax.process_count() > 1:
+            return previous  # JAX's preemption service owns SIGTERM; Ctrl-C stays Ctrl-C
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                previous[sig] = signal.signal(sig, request_stop)
+            except ValueError:  # not the main thread: leave signals alone
+                break
+        return previous
+
+    def _should_stop(self, step: int) -> bool:
+        if jax.process_count() > 1:
+            # Every host must stop at the same step: JAX's preemption service agrees on it.
+            from jax.experimental import multihost_utils
+
+            return multihost_utils.reached_preemption_sync_point(step)
+        return self._stop
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> RunSummary:
+        """Train to `config.steps` (or a stop signal); checkpoint, evaluate, log on the way."""
+        config = self.config
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(config.to_yaml())
+        self.reporter = Reporter(config.steps, 0, enabled=self.is_main,
+                                 bar=config.log.progress)
+        n_params = llama.param_count(self.model)
+        self.reporter.message(
+            f"lemur-train: {n_params / 1e6:,.1f}M params, mesh {dict(self.mesh.shape)} on "
+            f"{jax.device_count()} {jax.devices()[0].platform} device(s), "
+            f"{jax.process_count()} process(es); {config.tokens_per_step:,} tokens/step; "
+            f"eval: {', '.join(self.evals) or 'none (no val shards)'}")
+        try:
+            state, start, resumed = self._initial_state()
+            # Drop what a killed run logged after its last checkpoint (everything when
+            # starting over), so metrics.jsonl reads as one history.
+            self.writer.truncate_after(start if resumed is not None else -1)
+            self._compile()
+        except BaseException:
+            self.reporter.close()
+            self.checkpointer.close()
+            raise
+        self.reporter.step(start)
+        self.reporter.message(
+            (f"lemur-train: resumed from step {resumed}" if resumed is not None else
+             "lemur-train: from " + (config.model.init_from or "a random init"))
+            + f"; compiled in {self.compile_s:.1f}s")
+        previous_handlers = self._install_stop_handlers()
+        evals: dict[str, float] = {}
+        last_loss: float | None = None
+        step = start
+        try:
+            with jax.set_mesh(self.mesh):
+                if config.eval.at_start and self.eval_step is not None and start == 0:
+                    evals = self._eval_record(0, state["params"])
+                window = _Window(time.perf_counter())
+                pending: tuple[int, Any] | None = None
+                while step < config.steps:
+                    state, metrics = self.train_step(state, self._global_batch())
+                    step += 1
+                    # Read step n-1's metrics only now that step n is queued behind it.
+                    if pending is not None:
+                        last_loss = self._consume(*pending, window)
+                    pending = (step, metrics)
+                    stop = self._should_stop(step)
+                    at_end = step == config.steps or stop
+                    do_eval = self.eval_step is not None and (
+                        at_end or (config.eval.every and step % config.eval.every == 0))
+                    do_save = at_end or (config.checkpoint.every
+                                         and step % config.checkpoint.every == 0)
+                    if do_eval or do_save:
+                        # Check this step's numbers before saving its state.
+                        last_loss = self._consume(*pending, window)
+                        pending = None
+                        if do_save:
+                            self._save(step, state)
+                        if do_eval:
+                            evals = self._eval_record(step, state["params"])
+                            window.restart_clock(time.perf_counter())
+                    if stop:
+                        self.reporter.message(f"lemur-train: stopped at step {step} "
+                                              "(signal); checkpoint saved, rerun to resume")
+                        break
+                if pending is not None:
+                    last_loss = self._consume(*pending, window)
+        except TrainingDiverged as e:
+            self.checkpointer.wait()
+            latest = self.checkpointer.latest_step()
+            where = (f"last checkpoint: step {latest} in {self.checkpointer.directory}"
+                     if latest is not None else "no checkpoint was saved")
+            raise TrainingDiverged(f"{e}; stopped ({where})") from None
+        finally:
+            for sig, handler in previous_handlers.items():
+                signal.signal(sig, handler)
+            self.reporter.close()
+            self.checkpointer.close()
+            self.writer.close()
+        return RunSummary(step=step, loss=last_loss, evals=evals, resumed_from=resumed,
+                          stopped_early=step < config.steps, run_dir=str(self.run_dir))
+
+    def _consume(self, step: int, metrics: Any, window: _Window) -> float:
+        """Fetch one step's metrics, stop on non-finite numbers, log every `log.every`."""
+        m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        for name in ("loss", "grad_norm", "param_norm"):
+            if not math.isfinite(m[name]):
+                raise TrainingDiverged(f"step {step}: {name} is {m[name]}")
+        window.add(m["loss"], self.config.tokens_per_step)
+        self.reporter.step(step)
+        if step % self.config.log.every == 0 or step == self.config.steps:
+            now = time.perf_counter()
+            tps = window.tokens / max(now - window.start, 1e-9)
+            self._emit({
+                "step": step, "loss": window.mean_loss(), "grad_norm": m["grad_norm"],
+                "lr": m["lr"], "tokens_per_s": tps, "mfu": tps * self.flops_per_token
+                / self.peak_flops, "step_s": (now - window.start) / max(window.steps, 1),
+                "param_norm": m["param_norm"],
+                "tokens_seen": step * self.config.tokens_per_step,
+                "valid_tokens": int(m["tokens"]),
+            })
+            window.restart(now)
+        return m["loss"]
+
+
+class _Window:
+    """Losses and tokens since the last log record, for averages and tokens/s."""
+
+    def __init__(self, start: float) -> None:
+        self.restart(start)
+
+    def restart(self, start: float) -> None:
+        """A new window: no losses, clock from `start`."""
+        self.losses: list[float] = []
+        self.restart_clock(start)
+
+    def restart_clock(self, start: float) -> None:
+        """Time from `start` (after an eval, which is not training time); keep the losses."""
+        self.start, self.tokens, self.steps = start, 0, 0
+
+    def add(self, loss: float, tokens: int) -> None:
+        """Count one step."""
+        self.losses.append(loss)
+        self.tokens += tokens
+        self.steps += 1
+
+    def mean_loss(self) -> float:
+        """Mean loss of the window's steps."""
+        return float(np.mean(self.losses)) if self.losses else math.nan
+
+
+def train(config: TrainConfig,
+          on_metrics: Callable[[dict[str, Any]], None] | None = None) -> RunSummary:
+    """Run `config` to the end (resuming from its latest checkpoint); see Trainer."""
+    return Trainer(config, on_metrics=on_metrics).run()
+

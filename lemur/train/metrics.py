@@ -1,0 +1,131 @@
+"""Metrics out of a run: JSONL records, TensorBoard when installed, peak FLOP/s for MFU.
+
+Records are flat dicts with a `step` key: train records (`loss`, `grad_norm`, `lr`,
+`tokens_per_s`, `mfu`, ...) every `log.every` steps and eval records (`eval/<domain>/loss`)
+every `eval.every` steps, appended to `RUN_DIR/metrics.jsonl` by process 0.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+# Dense bf16 peak TFLOP/s per JAX device, by a substring of `device.device_kind` (first
+# match wins, so longer names come first). Vendor datasheets; MFU is quoted against bf16
+# peak whatever the compute dtype, as MaxText and PaLM do.
+PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H100", 989.0), ("H200", 989.0), ("H800", 989.0), ("GH200", 989.0),
+    ("B200", 2250.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0), ("L4", 121.0),
+    ("TPU v6 lite", 918.0), ("TPU v6e", 918.0), ("TPU v5 lite", 197.0), ("TPU v5e", 197.0),
+    ("TPU v5p", 459.0), ("TPU v5", 459.0), ("TPU v4", 275.0),
+)
+_measured: dict[str, float] = {}
+
+
+def measure_matmul_tflops(dtype: Any = jnp.float32, n: int = 1024, repeats: int = 5) -> float:
+    """Best TFLOP/s of an n x n matmul on the default device (how CPU peak is estimated).
+
+    A CPU has no datasheet figure JAX can see; the best a large matmul achieves on this
+    machine is the practical ceiling of a train step, so CPU MFU is quoted against it.
+    """
+    key = f"{jnp.dtype(dtype).name}:{n}"
+    if key not in _measured:
+        a = jnp.ones((n, n), dtype)
+        f = jax.jit(lambda x: x @ x)
+        f(a).block_until_ready()
+        best = math.inf
+        for _ in range(repeats):
+            t = time.perf_counter()
+            f(a).block_until_ready()
+            best = min(best, time.perf_counter() - t)
+        _measured[key] = 2 * n**3 / best / 1e12
+    return _measured[key]
+
+
+def peak_tflops_per_device(override: float | None = None, dtype: Any = jnp.float32) -> float:
+    """Peak TFLOP/s of one device: the override, the datasheet table, or a measured matmul.
+
+    On CPU all emulated devices of a process share the host's cores, so the host's
+    measured matmul rate is divided among them.
+    """
+    if override is not None:
+        return float(override)
+    device = jax.local_devices()[0]
+    for name, tflops in PEAK_TFLOPS:
+        if name.lower() in device.device_kind.lower():
+            return tflops
+    return measure_matmul_tflops(dtype) / jax.local_device_count()
+
+
+class MetricsWriter:
+    """Appends records to `metrics.jsonl` (and TensorBoard); a no-op off process 0."""
+
+    def __init__(self, run_dir: str | os.PathLike, *, enabled: bool = True,
+                 tensorboard: bool = True) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.enabled = enabled
+        self._tb = _tensorboard_writer(Path(run_dir) / "tensorboard") if (
+            enabled and tensorboard) else None
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records past `step` (left by a run that died after its last checkpoint)."""
+        if not self.enabled or not self.path.exists():
+            return
+        records = read_records(self.path)
+        kept = [r for r in records if r.get("step", 0) <= step]
+        if len(kept) != len(records):
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            os.replace(tmp, self.path)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record (flushed at once: a killed run keeps what it logged)."""
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, int | float):
+                    self._tb.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        """Flush and close the TensorBoard writer."""
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def _tensorboard_writer(directory: Path) -> Any:
+    """A SummaryWriter from tensorboardX, or torch's when tensorboard is installed, else None."""
+    # Look before importing: importing torch only to find tensorboard missing costs seconds.
+    if importlib.util.find_spec("tensorboardX") is not None:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter(str(directory))
+    if (importlib.util.find_spec("tensorboard") is not None
+            and importlib.util.find_spec("torch") is not None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(directory))
+    return None
+
+
+def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl (a torn last line from a killed run is skipped)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out

@@ -1,0 +1,226 @@
+"""lemur.train.loop on a tiny real corpus: the loss falls, evals per domain, metrics, plots,
+a diverging run stops with its last checkpoint intact, setup errors are one line.
+
+`build_corpus` and `tiny_config` are shared with tests/test_train_distributed.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from lemur.train.checkpoint import Checkpointer
+from lemur.train.cli import main
+from lemur.train.config import TrainConfig, apply_overrides, config_from_dict
+from lemur.train.loop import RunError, TrainingDiverged, train
+from lemur.train.metrics import read_records
+
+
+def build_corpus(root: Path) -> Path:
+    """A real two-domain shard directory (stdlib code + pydoc text, 600-token vocab): ~3 s.
+
+    Built by `lemur-data build` in a subprocess: the build forks workers, and forking a
+    process that already runs JAX's threads can deadlock.
+    """
+    import conftest
+
+    code = root / "code"
+    code.mkdir(parents=True)
+    for p in conftest.real_python_files(40):
+        (code / p.name).write_bytes(p.read_bytes())
+    text = conftest.write_jsonl(root / "text.jsonl", conftest.real_text_docs(60))
+    recipe = root / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(
+        conftest.base_recipe(root, code, [text], filters=conftest.NO_FILTERS)))
+    result = subprocess.run([sys.executable, "-m", "lemur.data.cli", "build", str(recipe)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return root / "out"
+
+
+def tiny_config(data_dir: Path, run_dir: Path, *overrides: str,
+                cache: Path | None = None) -> TrainConfig:
+    """A 2-layer d_model 32 model, batch 8 x 32 in 2 microbatches, every step logged.
+
+    Tests share this one config where they can: the schedule's constants are compiled into
+    the step, so every other steps/lr value costs a compile (seconds on 2 busy cores).
+    """
+    raw = {
+        "run_dir": str(run_dir), "seed": 0, "steps": 30,
+        "compile_cache_dir": None if cache is None else str(cache),
+        "model": {"preset": "tiny", "overrides": {"d_model": 32, "n_heads": 4, "n_kv_heads": 2,
+                                                  "d_ff": 64, "max_seq_len": 64}},
+        "data": {"dirs": [str(data_dir)]},
+        "batch": {"size": 8, "seq_len": 32, "microbatches": 2},
+        # decay_steps pinned: runs of fewer steps share the schedule (and the compiled step).
+        "schedule": {"peak_lr": 1e-2, "warmup_steps": 3, "decay_steps": 30},
+        "checkpoint": {"every": 10, "keep": 3},
+        "eval": {"every": 15, "batches": 2, "at_start": True},
+        "log": {"every": 1, "progress": False, "tensorboard": False, "peak_tflops": 0.1},
+    }
+    return config_from_dict(apply_overrides(raw, list(overrides)))
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """Per-step train losses from a run's metrics.jsonl."""
+    return {r["step"]: r["loss"] for r in read_records(run_dir / "metrics.jsonl") if "loss" in r}
+
+
+def compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One persistent compilation cache for every test process of this pytest session."""
+    base = tmp_path_factory.getbasetemp()
+    # Under xdist each worker's basetemp is a child of the session's directory.
+    session = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return session / "lemur-jax-cache"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_corpus(tmp_path_factory.mktemp("train_corpus"))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return compile_cache(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def finished_run(corpus: Path, cache: Path, tmp_path_factory: pytest.TempPathFactory
+                 ) -> tuple[Path, list[dict]]:
+    """The shared config trained to the end (30 steps), with every record it emitted."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    seen: list[dict] = []
+    summary = train(tiny_config(corpus, run, cache=cache), on_metrics=seen.append)
+    assert summary.step == 30 and not summary.stopped_early and summary.resumed_from is None
+    return run, seen
+
+
+def test_loss_falls_on_real_shards_with_evals_metrics_and_plots(
+        finished_run: tuple[Path, list[dict]], corpus: Path, cache: Path) -> None:
+    run, seen = finished_run
+    losses = train_losses(run)
+    assert sorted(losses) == list(range(1, 31))
+    first, last = losses[1], np.mean([losses[s] for s in range(26, 31)])
+    assert first == pytest.approx(math.log(600), abs=0.3)  # uniform over the 600-token vocab
+    assert last < first - 1.0, losses
+    # Code and text are evaluated separately, at the start, every 15 steps and at the end.
+    evals = [r for r in read_records(run / "metrics.jsonl") if "eval/code/loss" in r]
+    assert [r["step"] for r in evals] == [0, 15, 30]
+    assert all("eval/text/loss" in r for r in evals)
+    assert evals[-1]["eval/code/loss"] < evals[0]["eval/code/loss"] - 1.0
+    record = next(r for r in seen if r["step"] == 30 and "loss" in r)
+    assert record["tokens_per_s"] > 0 and 0 < record["mfu"] and record["tokens_seen"] == 30 * 256
+    assert 0 < record["lr"] < 1e-2 and 0 < record["valid_tokens"] <= 256
+    # Checkpoints at 10, 20, 30 with the loader position (records consumed by the job).
+    ckpt = Checkpointer(run / "checkpoints")
+    assert ckpt.all_steps() == [10, 20, 30]
+    ckpt.close()
+    assert json.loads((run / "checkpoints/30/data/metadata").read_text())[
+        "global_next_index"] == 30 * 8
+    assert (run / "config.yaml").is_file()
+    # A finished run resumed does nothing more; with resume off it refuses to overwrite.
+    assert train(tiny_config(corpus, run, cache=cache)).step == 30
+    assert train_losses(run) == losses
+    with pytest.raises(RunError, match="checkpoint.resume"):
+        train(tiny_config(corpus, run, "checkpoint.resume=false", cache=cache))
+    assert main(["plot", str(run)]) == 0
+    for name in ("loss.png", "lr.png", "throughput.png"):
+        assert (run / "plots" / name).stat().st_size > 5000
+
+
+def test_divergence_stops_with_last_checkpoint_intact(
+        finished_run: tuple[Path, list[dict]], corpus: Path, cache: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture) -> None:
+    import shutil
+
+    from lemur.train.loop import Trainer
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run[0], run)
+    good = Trainer(tiny_config(corpus, run, cache=cache))
+    ckpt = Checkpointer(run / "checkpoints")
+    before, _, _ = ckpt.restore(30, _target(good))
+    ckpt.close()
+    # The finished run continued with an absurd learning rate blows up at once.
+    bad = ["steps=34", "schedule.peak_lr=1e30", "checkpoint.every=1"]
+    with pytest.raises(TrainingDiverged, match=r"step 31: .* is (nan|inf).*last checkpoint: "
+                                               r"step 30"):
+        train(tiny_config(corpus, run, *bad, cache=cache))
+    ckpt = Checkpointer(run / "checkpoints")
+    assert ckpt.latest_step() == 30
+    after, _, _ = ckpt.restore(30, _target(good))
+    ckpt.close()
+    for a, b in zip(_leaves(before), _leaves(after), strict=True):
+        assert np.isfinite(a).all() and np.array_equal(a, b)
+    # Through the CLI: exit 1 and one line naming the step.
+    capsys.readouterr()
+    code = main([str(run / "config.yaml")] + [x for o in bad for x in ("--set", o)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1].startswith("lemur-train: step 31:"), err
+
+
+def _target(trainer: object) -> object:
+    from lemur.train.step import with_shardings
+
+    return with_shardings(trainer.abstract, trainer.shardings)  # type: ignore[attr-defined]
+
+
+def _leaves(state: object) -> list[np.ndarray]:
+    import jax
+
+    return [np.asarray(x) for x in jax.tree.leaves(state)]
+
+
+def test_setup_errors_are_one_line(corpus: Path, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture) -> None:
+    cases = [
+        (["data.dirs=" + str(tmp_path / "missing")], "manifest"),
+        (["model.vocab_size=1000"], "vocab_size"),
+        (["mesh.data=3"], "mesh"),
+        (["batch.size=6", "batch.microbatches=4"], "batch.microbatches"),
+        (["model.init_from=" + str(tmp_path / "nope")], "model.init_from"),
+    ]
+    for overrides, needle in cases:
+        config_file = tmp_path / "c.yaml"
+        config_file.write_text(tiny_config(corpus, tmp_path / "r").to_yaml())
+        args = [str(config_file)] + [x for o in overrides for x in ("--set", o)]
+        assert main(args) == 2, overrides
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("lemur-train: ") and needle in err[0], err
+
+
+def test_init_from_a_converted_checkpoint(corpus: Path, cache: Path, tmp_path: Path) -> None:
+    import jax
+
+    from lemur.model import llama
+    from lemur.model.checkpoint import save_params
+    from lemur.train.loop import Trainer
+
+    config = tiny_config(corpus, tmp_path / "run", cache=cache)
+    model = config.model.llama(600)
+    rng = np.random.default_rng(3)
+    params = jax.tree.map(lambda s: rng.standard_normal(s).astype(np.float32),
+                          llama.param_shapes(model), is_leaf=lambda x: isinstance(x, tuple))
+    save_params(tmp_path / "pretrained", params, model)
+    trainer = Trainer(tiny_config(corpus, tmp_path / "run",
+                                  f"model.init_from={tmp_path / 'pretrained'}", cache=cache))
+    state, start, resumed = trainer._initial_state()
+    trainer.checkpointer.close()
+    assert (start, resumed, int(state["step"])) == (0, None, 0)
+    for a, b in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), b)
+    # A checkpoint of another shape is refused, naming the field.
+    save_params(tmp_path / "other", params, model)
+    (tmp_path / "other/config.json").write_text(
+        (tmp_path / "other/config.json").read_text().replace('"d_model": 32', '"d_model": 48'))
+    with pytest.raises(RunError, match="has d_model 48, the config gives 32"):
+        Trainer(tiny_config(corpus, tmp_path / "run2",
+                            f"model.init_from={tmp_path / 'other'}", cache=cache))
