@@ -329,7 +329,11 @@ class Trainer:
                 window = _Window(time.perf_counter())
                 pending: tuple[int, Any] | None = None
                 while step < config.steps:
-                    state, metrics = self.train_step(state, self._global_batch())
+                    # Host time blocked on the loader (+ transfer): the "data wait".
+                    t_data = time.perf_counter()
+                    batch = self._global_batch()
+                    window.data_wait += time.perf_counter() - t_data
+                    state, metrics = self.train_step(state, batch)
                     step += 1
                     # Read step n-1's metrics only now that step n is queued behind it.
                     if pending is not None:
@@ -387,6 +391,7 @@ class Trainer:
                 "lr": m["lr"], "tokens_per_s": tps, "mfu": tps * self.flops_per_token
                 / self.peak_flops, "step_s": (now - window.start) / max(window.steps, 1),
                 "param_norm": m["param_norm"],
+                "data_wait_frac": window.data_wait / max(now - window.start, 1e-9),
                 "tokens_seen": step * self.config.tokens_per_step,
                 "valid_tokens": int(m["tokens"]),
             })
@@ -408,6 +413,7 @@ class _Window:
     def restart_clock(self, start: float) -> None:
         """Time from `start` (after an eval, which is not training time); keep the losses."""
         self.start, self.tokens, self.steps = start, 0, 0
+        self.data_wait = 0.0
 
     def add(self, loss: float, tokens: int) -> None:
         """Count one step."""
