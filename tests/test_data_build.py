@@ -82,7 +82,11 @@ def test_round_trip_text_to_shards_to_text(tmp_path, corpus_dir, tokenizer_model
 def test_build_stats_determinism_and_rerun(tmp_path, corpus_dir):
     texts = [corpus_dir / "a.jsonl", corpus_dir / "b.jsonl.gz", corpus_dir / "c.jsonl.zst"]
     raw = base_recipe(
-        tmp_path, corpus_dir / "code", texts, filters=NO_FILTERS, dedup={"exact": False, "near": False}
+        tmp_path,
+        corpus_dir / "code",
+        texts,
+        filters=NO_FILTERS,
+        dedup={"exact": False, "near": False},
     )
     m1 = build(recipe_from_dict(raw))
     out = tmp_path / "out"
@@ -308,3 +312,39 @@ def test_languages_keeps_only_listed_languages(tmp_path, corpus_dir, tokenizer_m
     assert sorted(decode_directory(tmp_path / "out")["train/mixed"]) == sorted(
         r["text"] for r in rows if r["lang"] == "en"
     )
+
+
+def test_rejects_are_written_with_their_reason(tmp_path, tokenizer_model):
+    good = real_text_docs(3)
+    rows = good + [
+        {"id": "short", "text": "too short to keep."},
+        {"id": "lorem", "text": "Lorem ipsum dolor sit amet. " * 40},
+    ]
+    write_jsonl(tmp_path / "t.jsonl", rows)
+    raw = {
+        "output": str(tmp_path / "out"),
+        "val_fraction": 0.0,
+        "rejects": str(tmp_path / "rejects"),
+        "tokenizer": {"model": str(tokenizer_model)},
+        "mix": {"ratio": {"text": 1}},
+        "executor": {"tasks": 1, "workers": 1},
+        "dedup": {"near": False},
+        "sources": [
+            {
+                "name": "t",
+                "domain": "text",
+                "format": "jsonl",
+                "paths": [str(tmp_path / "t.jsonl")],
+                "language": "en",
+            }
+        ],
+    }
+    m = build(recipe_from_dict(raw))
+    rejected = {}
+    for f in (tmp_path / "rejects").rglob("*.jsonl.gz"):
+        for line in gzip.decompress(f.read_bytes()).decode().splitlines():
+            row = json.loads(line)
+            rejected[row["id"]] = (f.parent.name, row["metadata"]["filter_reason"])
+    assert rejected["t/short"] == ("c4", "too_few_sentences")
+    assert rejected["t/lorem"] == ("c4", "lorem_ipsum")
+    assert sum(m["counts"]["dropped"].values()) == len(rejected)

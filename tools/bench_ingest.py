@@ -72,10 +72,15 @@ def build_data(work: Path, mb: float) -> tuple[Path, Path]:
             (Path("/usr/share/perl5"), {".pm", ".pl"}),
             (Path("/usr/share/perl"), {".pm", ".pl"}),
             (Path("/usr/lib/node_modules"), {".js"}),
+            # installed Python packages (numpy, jax, torch, ... in a dev install): more
+            # real, Python-heavy code, like Lemur's mix
+            (Path(sysconfig.get_paths()["purelib"]), {".py"}),
         ]
         for root, exts in roots:
             for p in sorted(root.rglob("*")):
-                if "site-packages" in p.parts or not p.is_file() or p.is_symlink():
+                if root.name != "site-packages" and "site-packages" in p.parts:
+                    continue
+                if not p.is_file() or p.is_symlink():
                     continue
                 if exts is not None and p.suffix not in exts:
                     continue

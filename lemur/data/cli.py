@@ -88,6 +88,40 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
         console.print(f"note: {note}")
 
 
+def print_summary(manifest: dict[str, Any]) -> None:
+    """The final table of a build: documents through each stage, tokens per domain."""
+    from rich.console import Console
+    from rich.table import Table
+
+    c = manifest["counts"]
+    mix = manifest["mix"]
+    train_docs = sum(s["documents"] for s in manifest["shards"] if s["split"] == "train")
+    val_docs = sum(s["documents"] for s in manifest["shards"] if s["split"] == "val")
+    t = Table(title="build summary", title_justify="left")
+    t.add_column("stage")
+    t.add_column("documents", justify="right")
+    t.add_column("detail")
+    t.add_row("read", f"{c['read']:,}", f"{c['errors_total']:,} bad inputs skipped")
+    t.add_row(
+        "filtered out",
+        f"{sum(c['dropped'].values()):,}",
+        ", ".join(f"{k} {v:,}" for k, v in sorted(c["dropped"].items(), key=lambda kv: -kv[1])[:4]),
+    )
+    t.add_row(
+        "duplicates",
+        f"{c['duplicates']:,}",
+        f"exact {c['dedup']['exact']:,}, near {c['dedup']['near']:,}",
+    )
+    t.add_row("val (held out)", f"{val_docs:,}", "")
+    t.add_row("not selected by the mix", f"{mix['unselected_documents']:,}", "")
+    t.add_row(
+        "train (with repeats)",
+        f"{train_docs:,}",
+        ", ".join(f"{d} {n:,} tokens ({mix['achieved'][d]:.1%})" for d, n in mix["tokens"].items()),
+    )
+    Console().print(t)
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     """Build a corpus from a recipe (or the demo)."""
     from lemur.data.build import BuildError, build
@@ -115,6 +149,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         return 0
     counts = manifest["counts"]
     tokens = manifest["mix"]["tokens"]
+    print_summary(manifest)
     print(
         f"wrote {len(manifest['shards'])} shards to {recipe.output}: "
         + ", ".join(f"{d} {t:,} tokens" for d, t in tokens.items())
