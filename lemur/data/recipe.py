@@ -12,14 +12,13 @@ import hashlib
 import json
 import os
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from lemur import typed_yaml
 from lemur.data.code_filters import CodeFilterConfig
 from lemur.data.dedup import DedupConfig
 from lemur.data.text_filters import (
@@ -28,6 +27,7 @@ from lemur.data.text_filters import (
     GopherQualityConfig,
     GopherRepetitionConfig,
 )
+from lemur.typed_yaml import TypedLoader
 
 FORMATS = ("jsonl", "parquet", "files")
 # Column layouts of well-known datasets; keys given in the recipe win over the preset's.
@@ -190,121 +190,16 @@ def _strip_none(obj: Any) -> Any:
 # ---------------------------------------------------------------------------- parsing
 
 
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if tp is int:
-        return "an integer"
-    if tp is float:
-        return "a number"
-    if tp is str:
-        return "a string"
-    if tp is bool:
-        return "true or false"
-    if origin is list:
-        return "a list"
-    if origin is dict or (dataclasses.is_dataclass(tp)):
-        return "a mapping"
-    return str(tp)
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Convert a YAML value to the annotated type, or raise RecipeError naming `key`."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _coerce(value, args[0], key)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise RecipeError(f"recipe: {key} must be {_type_name(tp)}, got {value!r}")
-        return _build(tp, value, key)
-    if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if isinstance(value, str | int | float) and item_tp is str:
-            value = [value]
-        if not isinstance(value, list):
-            raise RecipeError(f"recipe: {key} must be a list, got {value!r}")
-        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        _, val_tp = typing.get_args(tp)
-        if not isinstance(value, dict):
-            raise RecipeError(f"recipe: {key} must be a mapping, got {value!r}")
-        return {str(k): _coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise RecipeError(f"recipe: {key} must be true or false, got {value!r}")
-        return value
-    if tp is int or tp is float:
-        # YAML 1.1 reads `90e9` as a string; accept any spelling Python reads as a number.
-        num = value
-        if isinstance(value, str):
-            try:
-                num = float(value.replace("_", ""))
-            except ValueError:
-                num = None
-        if isinstance(num, bool) or not isinstance(num, int | float):
-            raise RecipeError(f"recipe: {key} must be {_type_name(tp)}, got {value!r}")
-        if tp is int:
-            if float(num) != int(num):
-                raise RecipeError(f"recipe: {key} must be an integer, got {value!r}")
-            return int(num)
-        return float(num)
-    if tp is str:
-        if not isinstance(value, str | int | float) or isinstance(value, bool):
-            raise RecipeError(f"recipe: {key} must be a string, got {value!r}")
-        return str(value)
-    raise TypeError(f"unsupported recipe type {tp} at {key}")
+_LOADER = TypedLoader(RecipeError, "recipe")
 
 
 def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(map(str, raw)) - set(fields))
-    if unknown:
-        where = f"{prefix}." if prefix else ""
-        raise RecipeError(
-            f"recipe: unknown key '{where}{unknown[0]}' (known: {', '.join(sorted(fields))})"
-        )
-    kwargs = {}
-    for name, f in fields.items():
-        key = f"{prefix}.{name}" if prefix else name
-        if name in raw:
-            kwargs[name] = _coerce(raw[name], hints[name], key)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise RecipeError(f"recipe: missing key '{key}'")
-    return cls(**kwargs)
+    return _LOADER.build(cls, raw, prefix)
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply `a.b=value` overrides (value parsed as YAML; list items by index, `sources.0.name`)."""
-    for item in overrides:
-        if "=" not in item:
-            raise RecipeError(f"--set {item!r}: expected KEY=VALUE")
-        dotted, text = item.split("=", 1)
-        try:
-            value = yaml.safe_load(text) if text else ""
-        except yaml.YAMLError:
-            value = text
-        parts = dotted.strip().split(".")
-        node: Any = raw
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            if isinstance(node, list):
-                if not part.isdigit() or int(part) >= len(node):
-                    raise RecipeError(f"--set {dotted}: no list item {part!r}")
-                if last:
-                    node[int(part)] = value
-                else:
-                    node = node[int(part)]
-            elif isinstance(node, dict):
-                if last:
-                    node[part] = value
-                else:
-                    node = node.setdefault(part, {})
-            else:
-                raise RecipeError(f"--set {dotted}: '{'.'.join(parts[:i])}' is not a mapping")
-    return raw
+    return typed_yaml.apply_overrides(raw, overrides, RecipeError)
 
 
 def expand_paths(source: SourceConfig) -> list[str]:

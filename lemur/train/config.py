@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,9 @@ from typing import Any
 
 import yaml
 
+from lemur import typed_yaml
 from lemur.model.llama import PRESETS, LlamaConfig
+from lemur.typed_yaml import TypedLoader
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 DECAYS = ("cosine", "linear", "constant")
@@ -59,7 +60,7 @@ class ModelConfig:
                    "is not an overridable LlamaConfig field (known: "
                    f"{', '.join(n for n in hints if n not in _FIXED_MODEL_FIELDS)}"
                    "; set the vocabulary with model.vocab_size)")
-            coerced[name] = _coerce(value, hints[name], key)
+            coerced[name] = _LOADER.coerce(value, hints[name], key)
         object.__setattr__(self, "overrides", coerced)
         self.llama(PRESETS[self.preset].vocab_size)  # validates the combination now
 
@@ -271,102 +272,17 @@ class TrainConfig:
 # ---------------------------------------------------------------------------- parsing
 
 
-def _type_name(tp: Any) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-    if tp in names:
-        return names[tp]
-    origin = typing.get_origin(tp)
-    if origin is list:
-        return "a list"
-    if origin is dict or dataclasses.is_dataclass(tp):
-        return "a mapping"
-    return str(tp)
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Convert a YAML value to the annotated type, or raise ConfigError naming `key`."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in typing.get_args(tp):
-            return None
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _coerce(value, inner, key)
-    if tp is Any:
-        return value
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"config: {key} must be a mapping, got {value!r}")
-        return _build(tp, value, key)
-    if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            # `--set data.dirs=out/demo` means a one-element list.
-            if isinstance(value, dict) or value is None:
-                raise ConfigError(f"config: {key} must be a list, got {value!r}")
-            value = [value]
-        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        _, val_tp = typing.get_args(tp)
-        if not isinstance(value, dict):
-            raise ConfigError(f"config: {key} must be a mapping, got {value!r}")
-        return {str(k): _coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"config: {key} must be true or false, got {value!r}")
-        return value
-    if tp is int or tp is float:
-        # YAML 1.1 reads `4e-5` as a string; accept any spelling Python reads as a number.
-        num = value
-        if isinstance(value, str):
-            try:
-                num = float(value.replace("_", ""))
-            except ValueError:
-                num = None
-        if isinstance(num, bool) or not isinstance(num, int | float):
-            raise ConfigError(f"config: {key} must be {_type_name(tp)}, got {value!r}")
-        if tp is int:
-            if float(num) != int(num):
-                raise ConfigError(f"config: {key} must be an integer, got {value!r}")
-            return int(num)
-        return float(num)
-    if tp is str:
-        if not isinstance(value, str | int | float) or isinstance(value, bool):
-            raise ConfigError(f"config: {key} must be a string, got {value!r}")
-        return str(value)
-    raise TypeError(f"unsupported config type {tp} at {key}")
+_LOADER = TypedLoader(ConfigError, "config")
 
 
 def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     """Instantiate dataclass `cls` from a mapping, checking keys and types recursively."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    for name in raw:
-        if str(name) not in fields:
-            key = f"{prefix}.{name}" if prefix else str(name)
-            raise ConfigError(f"config: unknown key '{key}' (known: {', '.join(sorted(fields))})")
-    kwargs = {name: _coerce(raw[name], hints[name], f"{prefix}.{name}" if prefix else name)
-              for name in fields if name in raw}
-    return cls(**kwargs)
+    return _LOADER.build(cls, raw, prefix)
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply `a.b=value` overrides in place (values parsed as YAML); returns `raw`."""
-    for item in overrides:
-        dotted, sep, text = item.partition("=")
-        if not sep or not dotted.strip():
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-        try:
-            value = yaml.safe_load(text) if text else ""
-        except yaml.YAMLError:
-            value = text
-        parts = dotted.strip().split(".")
-        node = raw
-        for i, part in enumerate(parts[:-1]):
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {dotted}: '{'.'.join(parts[: i + 1])}' is not a mapping")
-        node[parts[-1]] = value
-    return raw
+    return typed_yaml.apply_overrides(raw, overrides, ConfigError)
 
 
 def resolve_config_path(name: str | os.PathLike) -> Path:
