@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from datatrove.data import Document
@@ -63,6 +64,14 @@ def _ngram_hashes(ids: np.ndarray, n: int) -> np.ndarray:
     return h
 
 
+class TextRule(DomainFilter):
+    """A filter over the text domain with its recipe section (`filters.text.<name>`)."""
+
+    def __init__(self, config: Any, domains: tuple[str, ...] = ("text",)) -> None:
+        super().__init__(domains)
+        self.c = config
+
+
 @dataclass(frozen=True)
 class GopherQualityConfig:
     """Gopher quality thresholds (None disables a rule); defaults tuned for technical prose."""
@@ -80,14 +89,10 @@ class GopherQualityConfig:
     min_stop_words: int | None = 2
 
 
-class GopherQualityFilter(DomainFilter):
+class GopherQualityFilter(TextRule):
     """Gopher's document quality rules; reasons `gopher_*` as in datatrove."""
 
     name = "🥇 gopher quality"
-
-    def __init__(self, config: GopherQualityConfig, domains: tuple[str, ...] = ("text",)) -> None:
-        super().__init__(domains)
-        self.c = config
 
     def check(self, doc: Document) -> bool | tuple[bool, str]:
         """Apply the rules in Gopher's order; the first failing rule names the reason."""
@@ -153,16 +158,10 @@ class GopherRepetitionConfig:
     dup_10_gram: float | None = 0.10
 
 
-class GopherRepetitionFilter(DomainFilter):
+class GopherRepetitionFilter(TextRule):
     """Gopher's repetition rules, vectorized; reasons as in datatrove (`dup_line_frac`, ...)."""
 
     name = "👯 gopher repetition"
-
-    def __init__(
-        self, config: GopherRepetitionConfig, domains: tuple[str, ...] = ("text",)
-    ) -> None:
-        super().__init__(domains)
-        self.c = config
 
     def check(self, doc: Document) -> bool | tuple[bool, str]:
         """Apply paragraph, line, top n-gram and duplicated n-gram rules in that order."""
@@ -239,14 +238,10 @@ _POLICY = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "u
 _SENTENCE_END = re.compile(r"[.!?。！？](?:\s|$)")
 
 
-class C4Filter(DomainFilter):
+class C4Filter(TextRule):
     """C4 rules: too few sentences, lorem ipsum, and optionally javascript/curly/policy text."""
 
     name = "⛰ c4"
-
-    def __init__(self, config: C4Config, domains: tuple[str, ...] = ("text",)) -> None:
-        super().__init__(domains)
-        self.c = config
 
     def check(self, doc: Document) -> bool | tuple[bool, str]:
         """Apply C4's document rules; reasons as in datatrove's C4QualityFilter."""
@@ -284,14 +279,10 @@ class FineWebConfig:
     new_line_ratio: float | None = 0.5
 
 
-class FineWebFilter(DomainFilter):
+class FineWebFilter(TextRule):
     """FineWeb's line rules; reasons as in datatrove (`line_punct_ratio`, `list_ratio`, ...)."""
 
     name = "🍷 fineweb"
-
-    def __init__(self, config: FineWebConfig, domains: tuple[str, ...] = ("text",)) -> None:
-        super().__init__(domains)
-        self.c = config
 
     def check(self, doc: Document) -> bool | tuple[bool, str]:
         """Apply the punctuation, short-line, duplicate-line and newline rules."""
