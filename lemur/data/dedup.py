@@ -14,8 +14,9 @@ a Python call), which is where the speed-up comes from.
 
 Memory: the signer holds one document at a time (shingles are processed in blocks). The
 cluster stage holds 8 x (bands + 6) bytes per document of the corpus (bucket keys of every
-band, ranks, parents, content hashes: 176 bytes with 16 bands), like datatrove's in-memory
-cluster stage; signatures stay on disk, memory-mapped, and are read in blocks.
+band, ranks, parents, content hashes: 176 bytes with 16 bands) plus the confirmed pairs,
+like datatrove's in-memory cluster stage (~610 bytes per document measured at 1M
+documents); signatures stay on disk, memory-mapped, read in blocks and released.
 """
 
 from __future__ import annotations
