@@ -59,15 +59,31 @@ def synthesize(directory: Path, tokens: int, seed: int, shard_tokens: int) -> No
         writer.add(doc)
         written += len(doc)
     shards = writer.close()
-    atomic_write_json(manifest, {
-        "format": FORMAT, "dtype": dtype_name(dtype), "seq_len": 4096,
-        "tokenizer": {"file": "tokenizer.model", "sha256": hashlib.sha256(tok).hexdigest(),
-                      "vocab_size": VOCAB, "bos_id": 1, "eos_id": 2},
-        "shards": [s.to_json() for s in shards], "mix": {}, "counts": {}, "recipe": {},
-        "recipe_sha256": "",
-    })
-    print(f"synthesized {written / 1e6:.0f}M tokens in {len(shards)} shards "
-          f"({time.perf_counter() - t0:.1f}s)", file=sys.stderr)
+    atomic_write_json(
+        manifest,
+        {
+            "format": FORMAT,
+            "dtype": dtype_name(dtype),
+            "seq_len": 4096,
+            "tokenizer": {
+                "file": "tokenizer.model",
+                "sha256": hashlib.sha256(tok).hexdigest(),
+                "vocab_size": VOCAB,
+                "bos_id": 1,
+                "eos_id": 2,
+            },
+            "shards": [s.to_json() for s in shards],
+            "mix": {},
+            "counts": {},
+            "recipe": {},
+            "recipe_sha256": "",
+        },
+    )
+    print(
+        f"synthesized {written / 1e6:.0f}M tokens in {len(shards)} shards "
+        f"({time.perf_counter() - t0:.1f}s)",
+        file=sys.stderr,
+    )
 
 
 def rss_mb(pid: int | str = "self") -> tuple[float, float]:
@@ -92,8 +108,9 @@ def total_rss_mb() -> tuple[float, float]:
 def floor_pass(src: ShardSource, order: np.ndarray, batch: int) -> float:
     """Seconds to slice and stack every window of `order` straight from np.memmap."""
     L = src.seq_len
-    maps = [np.memmap(Path(src.directory) / s["file"], dtype=src.dtype, mode="r")
-            for s in src.shards]
+    maps = [
+        np.memmap(Path(src.directory) / s["file"], dtype=src.dtype, mode="r") for s in src.shards
+    ]
     locs = [src.locate(int(i)) for i in order]  # index arithmetic kept out of the timing
     t0 = time.perf_counter()
     for b in range(len(locs) // batch):
@@ -103,8 +120,15 @@ def floor_pass(src: ShardSource, order: np.ndarray, batch: int) -> float:
 
 def loader_pass(directory: str, args: argparse.Namespace, steps: int, **kw) -> dict:
     """Tokens/s and RSS over `steps` batches of a fresh `make_train_iterator`."""
-    it = make_train_iterator(directory, seq_len=args.seq_len, batch_size=args.batch,
-                             seed=args.seed, process_index=0, process_count=1, **kw)
+    it = make_train_iterator(
+        directory,
+        seq_len=args.seq_len,
+        batch_size=args.batch,
+        seed=args.seed,
+        process_index=0,
+        process_count=1,
+        **kw,
+    )
     next(it)  # start-up (worker processes, first mappings) is not throughput
     before = total_rss_mb()
     peak = before
@@ -120,8 +144,13 @@ def loader_pass(directory: str, args: argparse.Namespace, steps: int, **kw) -> d
     it.close()
     del it, batch
     gc.collect()  # unmap this run's shards before the next run measures RSS
-    return {"tok_s": steps * args.batch * args.seq_len / dt, "before": before, "peak": peak,
-            "after": after, "seconds": dt}
+    return {
+        "tok_s": steps * args.batch * args.seq_len / dt,
+        "before": before,
+        "peak": peak,
+        "after": after,
+        "seconds": dt,
+    }
 
 
 def main() -> None:
@@ -133,47 +162,68 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, nargs="*", default=[],
-                   help="also measure with these numbers of worker processes")
+    p.add_argument(
+        "--workers",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also measure with these numbers of worker processes",
+    )
     args = p.parse_args()
     directory = Path(args.dir)
     synthesize(directory, int(args.tokens), args.seed, int(args.shard_tokens))
     # Warm the page cache so every pass reads from memory, not disk.
-    subprocess.run(f"cat {directory}/train/*.bin {directory}/train/*.idx > /dev/null",
-                   shell=True, check=True)
+    subprocess.run(
+        f"cat {directory}/train/*.bin {directory}/train/*.idx > /dev/null", shell=True, check=True
+    )
     src = ShardSource(directory, args.seq_len)
     steps = len(src) // args.batch
-    print(f"{src!r}: {src.tokens / 1e6:.1f}M tokens, {len(src)} windows, "
-          f"{src.dropped_tokens} tokens dropped ({src.dropped_tokens / src.tokens:.4%}), "
-          f"{steps} batches of {args.batch} x {args.seq_len} per pass; "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    print(
+        f"{src!r}: {src.tokens / 1e6:.1f}M tokens, {len(src)} windows, "
+        f"{src.dropped_tokens} tokens dropped ({src.dropped_tokens / src.tokens:.4%}), "
+        f"{steps} batches of {args.batch} x {args.seq_len} per pass; "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
+        file=sys.stderr,
+    )
     # The loader's window order for one source: the same derived seed, epoch 0.
     order_ds = grain.MapDataset.range(len(src)).shuffle(
-        seed=_derived_seed(args.seed, 0, src.content_id))
+        seed=_derived_seed(args.seed, 0, src.content_id)
+    )
     order = np.fromiter((order_ds[i] for i in range(steps * args.batch)), np.int64)
     floor_s = floor_pass(src, order, args.batch)
     floor_tok_s = steps * args.batch * args.seq_len / floor_s
 
-    runs = [("loader, no prefetch (num_threads=0)", {"num_threads": 0}),
-            ("loader, 1 prefetch thread (default)", {})]
+    runs = [
+        ("loader, no prefetch (num_threads=0)", {"num_threads": 0}),
+        ("loader, 1 prefetch thread (default)", {}),
+    ]
     runs += [(f"loader, {w} worker processes", {"num_workers": w}) for w in args.workers]
     # Last, as the pages it leaves mapped would inflate the next run's RSS.
-    runs += [("loader, num_threads=0, page release off",
-              {"num_threads": 0, "release_bytes": 1 << 62})]
-    print("| pipeline | tokens/s | ratio to floor | RSS anon / file MiB: before -> peak -> after "
-          "(with workers) |")
+    runs += [
+        ("loader, num_threads=0, page release off", {"num_threads": 0, "release_bytes": 1 << 62})
+    ]
+    print(
+        "| pipeline | tokens/s | ratio to floor | RSS anon / file MiB: before -> peak -> after "
+        "(with workers) |"
+    )
     print("|---|---|---|---|")
-    print(f"| floor: memmap slice + np.stack (uint16, no segment ids) | "
-          f"{floor_tok_s / 1e6:.1f}M | 1.00 | - |")
+    print(
+        f"| floor: memmap slice + np.stack (uint16, no segment ids) | "
+        f"{floor_tok_s / 1e6:.1f}M | 1.00 | - |"
+    )
     for name, kw in runs:
         r = loader_pass(str(directory), args, steps, **kw)
         rss = " -> ".join(f"{a:.0f} / {f:.0f}" for a, f in (r["before"], r["peak"], r["after"]))
-        print(f"| {name} | {r['tok_s'] / 1e6:.1f}M | {r['tok_s'] / floor_tok_s:.3f} | {rss} |",
-              flush=True)
+        print(
+            f"| {name} | {r['tok_s'] / 1e6:.1f}M | {r['tok_s'] / floor_tok_s:.3f} | {rss} |",
+            flush=True,
+        )
     # The machine is shared: a second floor pass shows how much the load drifted.
     again = steps * args.batch * args.seq_len / floor_pass(src, order, args.batch)
-    print(f"| floor again, after the loader runs | {again / 1e6:.1f}M | "
-          f"{again / floor_tok_s:.2f} | - |")
+    print(
+        f"| floor again, after the loader runs | {again / 1e6:.1f}M | "
+        f"{again / floor_tok_s:.2f} | - |"
+    )
     print(f"load average at the end: {os.getloadavg()[0]:.1f}", file=sys.stderr)
 
 

@@ -36,8 +36,9 @@ def to_lemur(hf_dir: str, out_dir: str, dtype: str = "float32") -> None:
         def logged(name: str) -> np.ndarray:
             done = next(counter)
             if done % 50 == 0 or done == len(names):
-                print(f"  read {done}/{len(names)} tensors ({time.time() - start:.0f}s)",
-                      flush=True)
+                print(
+                    f"  read {done}/{len(names)} tensors ({time.time() - start:.0f}s)", flush=True
+                )
             return get_tensor(name)
 
         params = hf.params_from_hf(logged, config, dtype)
@@ -49,12 +50,19 @@ def to_hf(lemur_dir: str, out_dir: str, dtype: str = "bfloat16", shard_gb: float
     """lemur checkpoint directory -> HF directory (safetensors shards + index + config)."""
     start = time.time()
     params, config = checkpoint.load_params(lemur_dir)
-    print(f"{lemur_dir}: {param_count(config):,} params ({time.time() - start:.0f}s)",
-          flush=True)
-    files = hf.write_hf_checkpoint(out_dir, config, hf.params_to_hf(params, config, dtype),
-                                   dtype=dtype, max_shard_bytes=int(shard_gb * 2**30))
-    print(f"wrote {len(files)} safetensors file(s) to {out_dir} ({dtype}) "
-          f"in {time.time() - start:.0f}s", flush=True)
+    print(f"{lemur_dir}: {param_count(config):,} params ({time.time() - start:.0f}s)", flush=True)
+    files = hf.write_hf_checkpoint(
+        out_dir,
+        config,
+        hf.params_to_hf(params, config, dtype),
+        dtype=dtype,
+        max_shard_bytes=int(shard_gb * 2**30),
+    )
+    print(
+        f"wrote {len(files)} safetensors file(s) to {out_dir} ({dtype}) "
+        f"in {time.time() - start:.0f}s",
+        flush=True,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,8 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = sub.add_parser("to-lemur", help="HF safetensors -> lemur (orbax)")
     a.add_argument("src")
     a.add_argument("dst")
-    a.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
-                   help="stored param dtype (the trainer keeps fp32 master weights)")
+    a.add_argument(
+        "--dtype",
+        default="float32",
+        choices=sorted(DTYPES),
+        help="stored param dtype (the trainer keeps fp32 master weights)",
+    )
     b = sub.add_parser("to-hf", help="lemur (orbax) -> HF safetensors")
     b.add_argument("src")
     b.add_argument("dst")
