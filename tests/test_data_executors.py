@@ -116,3 +116,24 @@ def test_slurm_generates_an_array_job(tmp_path, monkeypatch):
 def test_slurm_needs_partition_and_time(tmp_path):
     with pytest.raises(RecipeError, match="slurm needs executor.partition and executor.time"):
         recipe_from_dict(recipe(tmp_path, "s", {"kind": "slurm", "tasks": 2}))
+
+
+def test_waiting_for_slurm_fails_when_the_array_stops_short(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from lemur.data.build import BuildError, wait_for_slurm
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    squeue.write_text(f"#!{sys.executable}\n")  # the job is no longer queued: prints nothing
+    squeue.chmod(squeue.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    done = tmp_path / "logs" / "completions"
+    done.mkdir(parents=True)
+    (done / "00000").touch()
+    job = SimpleNamespace(job_id="77")
+    with pytest.raises(BuildError, match="slurm job 77 ended with 1 of 2 tasks unfinished"):
+        wait_for_slurm(job, tmp_path, 2, lambda *a: None, poll=0)
+    (done / "00001").touch()
+    wait_for_slurm(job, tmp_path, 2, lambda *a: None, poll=0)  # all done: returns
