@@ -6,6 +6,7 @@ Drops are counted twice: by datatrove as `dropped_<reason>` and by us as
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any
 
 from datatrove.data import Document
@@ -42,9 +43,9 @@ class DomainFilter(LemurFilter):
             return True
         return self.check(doc)
 
+    @abstractmethod
     def check(self, doc: Document) -> bool | tuple[bool, str]:
         """Keep (True) or drop with a reason ((False, reason)) a document of our domains."""
-        raise NotImplementedError
 
 
 class EmptyDocumentFilter(LemurFilter):
