@@ -97,18 +97,6 @@ def fill_to_budget(tokens_in_order: np.ndarray, budget: int) -> np.ndarray:
     return take
 
 
-def take_prefix(tokens_in_order: np.ndarray, budget: int) -> int:
-    """How many leading documents give a token sum closest to `budget`."""
-    if budget <= 0 or len(tokens_in_order) == 0:
-        return 0
-    cum = np.cumsum(tokens_in_order, dtype=np.int64)
-    if cum[-1] <= budget:
-        return len(cum)
-    k = int(np.searchsorted(cum, budget, side="left"))  # cum[k] >= budget
-    below = int(cum[k - 1]) if k > 0 else 0
-    return k + 1 if int(cum[k]) - budget < budget - below else k
-
-
 @dataclass
 class UnitPlan:
     """One (domain, language) unit of the plan."""

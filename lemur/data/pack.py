@@ -61,16 +61,6 @@ def load_records(tok_dir: Path, n_tasks: int) -> Records:
     return Records(**arrays, languages=list(languages))
 
 
-def _percentiles(lengths: np.ndarray) -> dict[str, float]:
-    if len(lengths) == 0:
-        return {}
-    qs = [0, 10, 50, 90, 99, 100]
-    vals = np.percentile(lengths, qs)
-    return {f"p{q}": float(v) for q, v in zip(qs, vals, strict=True)} | {
-        "mean": float(lengths.mean())
-    }
-
-
 class Packer:
     """Selects, orders and writes documents into the shard directory."""
 
@@ -83,6 +73,7 @@ class Packer:
         self.rec = load_records(tok_dir, n_tasks)
         self.domain_of_source = np.array([s.domain for s in recipe.sources], dtype=object)
         self._runs: dict[int, np.ndarray] = {}
+        self._planned: tuple[MixPlan, dict[str, Any]] | None = None
 
     def _run(self, task: int) -> np.ndarray:
         if task not in self._runs:
@@ -161,7 +152,12 @@ class Packer:
         return val
 
     def plan(self) -> tuple[MixPlan, dict[str, Any]]:
-        """Dedup, val split and the mix plan (no shards written): what `--plan-only` shows."""
+        """Dedup, val split and the mix plan (no shards written): what `--plan-only` shows.
+
+        Computed once; `pack` reuses it (dedup is the costly part).
+        """
+        if self._planned is not None:
+            return self._planned
         r, recipe = self.rec, self.recipe
         domains = self.domain_of_source[r.source] if len(r.source) else np.zeros(0, object)
         dups = self.dedup(domains)
@@ -180,7 +176,8 @@ class Packer:
         except MixInfeasible as e:
             raise PackError(str(e)) from None
         state = {"domains": domains, "dups": dups, "val": val, "pool": pool}
-        return plan, state
+        self._planned = (plan, state)
+        return self._planned
 
     def pack(self, report=None) -> dict[str, Any]:
         """Write train and val shards; return manifest parts (`shards`, `mix`) and stats."""
@@ -219,7 +216,7 @@ class Packer:
         return {
             "shards": [s.to_json() for s in shards],
             "mix": self._mix_section(domains, pool, copies, plan),
-            "stats": self._stats(domains, val, copies),
+            "stats": self._stats(val, copies),
             "dedup": self._dedup_section(st["dups"]),
         }
 
@@ -280,9 +277,9 @@ class Packer:
             "unselected_documents": int((pool & (copies == 0)).sum()),
         }
 
-    def _stats(self, domains, val, copies) -> dict[str, Any]:
+    def _stats(self, val, copies) -> dict[str, Any]:
         r = self.rec
-        out: dict[str, Any] = {"groups": [], "lengths": {}}
+        out: dict[str, Any] = {"groups": []}
         for split, weight in (("train", copies), ("val", val.astype(np.int64))):
             for i, s in enumerate(self.recipe.sources):
                 m = (weight > 0) & (r.source == i)
@@ -298,9 +295,6 @@ class Packer:
                             "tokens": int((r.tokens * weight)[mm].sum()),
                         }
                     )
-            for d in self.recipe.domains():
-                m = (weight > 0) & (domains == d)
-                out["lengths"][f"{split}/{d}"] = _percentiles(np.repeat(r.tokens[m], weight[m]))
         return out
 
 
