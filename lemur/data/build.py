@@ -2,10 +2,11 @@
 
 Stages:
 1. tokenizer: copy the given model, or train one on a sample of the sources;
-2. read + filter + tokenize: a datatrove pipeline over all input files, one run of tokens
-   per task under `<output>/.work/<key>/` (datatrove's completion markers make reruns skip
-   finished tasks);
-3. pack: per-domain val split, mix to the ratio, shuffle, write shards, then the manifest.
+2. read, tag, filter, sign for dedup, tokenize: a datatrove pipeline over all input files,
+   one run of tokens per task under `<output>/.work/tokens-<key>/` (datatrove's completion
+   markers make reruns skip finished tasks);
+3. pack (pack.py): dedup clusters, per-domain val split, mix plan, external shuffle,
+   shards, then the manifest.
 """
 
 from __future__ import annotations
@@ -83,20 +84,18 @@ def sample_texts(recipe: Recipe, inputs: list[InputFile], budget: int) -> Iterat
 
 def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], out: Path, work: Path) -> Path:
     """Put the recipe's tokenizer at `<output>/tokenizer.model` (copied or trained)."""
-    target = out / "tokenizer.model"
     if recipe.tokenizer.model is not None:
         src = Path(recipe.tokenizer.model).expanduser()
-        tmp = target.with_name(".tokenizer.model.tmp")
-        shutil.copyfile(src, tmp)
-        tmp.replace(target)
-        return target
-    train = recipe.tokenizer.train
-    key = _sha({"train": train, "sources": [s for s in recipe.sources], "v": WORK_VERSION})[:16]
-    cached = work / f"tokenizer-{key}.model"
-    if not cached.is_file():
-        train_tokenizer(sample_texts(recipe, inputs, train.sample_bytes), train, cached)
-    shutil.copyfile(cached, target.with_name(".tokenizer.model.tmp"))
-    target.with_name(".tokenizer.model.tmp").replace(target)
+    else:
+        train = recipe.tokenizer.train
+        key = _sha({"train": train, "sources": recipe.sources, "v": WORK_VERSION})[:16]
+        src = work / f"tokenizer-{key}.model"
+        if not src.is_file():
+            train_tokenizer(sample_texts(recipe, inputs, train.sample_bytes), train, src)
+    target = out / "tokenizer.model"
+    tmp = target.with_name(".tokenizer.model.tmp")
+    shutil.copyfile(src, tmp)
+    tmp.replace(target)
     return target
 
 
@@ -167,6 +166,12 @@ def _merge_skipped(listing: Listing) -> dict[str, int]:
     return dict(sorted(total.items()))
 
 
+def _tasks_done(work: Path) -> int:
+    """Tasks of the tokenize stage with a datatrove completion marker."""
+    done_dir = work / "logs" / "completions"
+    return len(list(done_dir.glob("*"))) if done_dir.is_dir() else 0
+
+
 def _run_executor(executor: Any, work: Path, n_tasks: int, report: Reporter) -> None:
     """Run a datatrove executor in a thread while reporting finished tasks."""
     failure: list[BaseException] = []
@@ -179,11 +184,10 @@ def _run_executor(executor: Any, work: Path, n_tasks: int, report: Reporter) -> 
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
-    done_dir = work / "logs" / "completions"
     while thread.is_alive():
-        report("tokenize", len(list(done_dir.glob("*"))) if done_dir.is_dir() else 0, n_tasks)
+        report("tokenize", _tasks_done(work), n_tasks)
         thread.join(0.5)
-    report("tokenize", len(list(done_dir.glob("*"))) if done_dir.is_dir() else 0, n_tasks)
+    report("tokenize", _tasks_done(work), n_tasks)
     if failure:
         raise BuildError(f"tokenize stage failed: {failure[0]} (task logs: {work / 'logs'})")
 
@@ -194,9 +198,8 @@ def wait_for_slurm(
     """Wait until a submitted Slurm array finishes every task, or fail if it stops short."""
     import subprocess
 
-    done_dir = work / "logs" / "completions"
     while True:
-        done = len(list(done_dir.glob("*"))) if done_dir.is_dir() else 0
+        done = _tasks_done(work)
         report("tokenize", done, n_tasks)
         if done >= n_tasks:
             return
@@ -208,7 +211,7 @@ def wait_for_slurm(
         except (OSError, subprocess.TimeoutExpired):
             queued = None  # squeue unavailable for now: keep waiting on completion markers
         if job and queued is not None and queued.returncode == 0 and not queued.stdout.strip():
-            done = len(list(done_dir.glob("*"))) if done_dir.is_dir() else 0
+            done = _tasks_done(work)  # markers written just before the job left the queue
             if done < n_tasks:
                 raise BuildError(
                     f"slurm job {job} ended with {n_tasks - done} of {n_tasks} tasks unfinished "

@@ -25,6 +25,7 @@ def _load(args: argparse.Namespace, check_paths: bool = True):
 
     if args.recipe:
         return load_recipe(args.recipe, args.set, check_paths=check_paths)
+    # The demo's text file lives under its output, so resolve `output` first.
     raw = apply_overrides(demo.demo_recipe(), list(args.set))
     output = raw.get("output", "out/demo")
     raw = apply_overrides(demo.demo_recipe(str(output)), list(args.set))

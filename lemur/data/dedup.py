@@ -234,8 +234,11 @@ def find_duplicates(
     edges_b: list[np.ndarray] = []
     removed_exact = np.zeros(n, bool)
     if config.exact and n:
-        roots = _bucket_edges(_mix(chash, dom), rank, edges_a, edges_b)
-        removed_exact[order] = roots != np.arange(n)
+        # every later member of an exact-hash bucket is a copy of the bucket's first
+        a, b = _pairs_in_buckets(_mix(chash, dom), rank)
+        edges_a.append(a)
+        edges_b.append(b)
+        removed_exact[order[b]] = True
     candidates = verified = 0
     if config.near and n:
         band_keys = _band_keys(sigs, task, local, dom, config)
@@ -302,19 +305,8 @@ def _pairs_in_buckets(keys: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, n
     return order[run_start[members]], order[members]
 
 
-def _bucket_edges(keys: np.ndarray, rank: np.ndarray, ea: list, eb: list) -> np.ndarray:
-    """Add exact-match edges; return each rank's exact-group root (in rank space)."""
-    a, b = _pairs_in_buckets(keys, rank)
-    ea.append(a)
-    eb.append(b)
-    roots = np.arange(len(keys), dtype=np.int64)
-    roots[b] = a  # every member points at its group's first (highest-priority) member
-    return roots
-
-
 def _similarity(a, b, order, task, local, sigs) -> np.ndarray:
     """Estimated Jaccard (share of equal MinHash values) of record pairs given in rank space."""
-    out = np.zeros(len(a), np.float64)
     ra, rb = order[a], order[b]
     sa = np.zeros((len(a), sigs[0].shape[1]), np.uint32)
     sb = np.zeros_like(sa)
@@ -323,17 +315,16 @@ def _similarity(a, b, order, task, local, sigs) -> np.ndarray:
         sa[m] = mm[local[ra[m]]]
         m = task[rb] == t
         sb[m] = mm[local[rb[m]]]
-    out[:] = (sa == sb).mean(axis=1)
     for mm in sigs:
         release_pages(mm)
-    return out
+    return (sa == sb).mean(axis=1)
 
 
 def cluster_sizes(cluster: np.ndarray, removed: np.ndarray) -> dict[str, int]:
     """Histogram of duplicate cluster sizes (clusters of 2 or more documents)."""
     if not removed.any():
         return {}
-    reps, counts = np.unique(cluster, return_counts=True)
+    _, counts = np.unique(cluster, return_counts=True)
     counts = counts[counts > 1]
     sizes, freq = np.unique(counts, return_counts=True)
     return {str(int(s)): int(f) for s, f in zip(sizes, freq, strict=True)}

@@ -287,8 +287,18 @@ class SourcesReader(PipelineStep):
                 break
         return extra
 
-    def _read_jsonl(self, f: InputFile) -> Iterator[Document]:
+    def _row_doc(self, f: InputFile, row: dict[str, Any], line: int) -> Document | None:
+        """The document of one JSON line or parquet row (None, counted, if it has no text)."""
         source = self.sources[f.source]
+        text = row.get(source.text_key)
+        if not isinstance(text, str):
+            self._error("missing_text", f, f"no string field '{source.text_key}'", line)
+            return None
+        rid = row.get(source.id_key)
+        doc_id = str(rid) if rid is not None else f"{f.rel}:{line}"
+        return self._doc(f, text, doc_id, self._row_metadata(row, source), line)
+
+    def _read_jsonl(self, f: InputFile) -> Iterator[Document]:
         line_no = 0
         try:
             with open_maybe_compressed(f.path) as fh:
@@ -310,15 +320,7 @@ class SourcesReader(PipelineStep):
                     if not isinstance(row, dict):
                         self._error("invalid_json", f, "line is not a JSON object", line_no)
                         continue
-                    text = row.get(source.text_key)
-                    if not isinstance(text, str):
-                        self._error(
-                            "missing_text", f, f"no string field '{source.text_key}'", line_no
-                        )
-                        continue
-                    doc_id = row.get(source.id_key)
-                    doc_id = str(doc_id) if doc_id is not None else f"{f.rel}:{line_no}"
-                    doc = self._doc(f, text, doc_id, self._row_metadata(row, source), line_no)
+                    doc = self._row_doc(f, row, line_no)
                     if doc is not None:
                         yield doc
         except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
@@ -348,13 +350,7 @@ class SourcesReader(PipelineStep):
             for batch in pf.iter_batches(columns=columns, batch_size=1024):
                 for record in batch.to_pylist():
                     row += 1
-                    text = record.get(source.text_key)
-                    if not isinstance(text, str):
-                        self._error("missing_text", f, "text is null", row)
-                        continue
-                    rid = record.get(source.id_key)
-                    doc_id = str(rid) if rid is not None else f"{f.rel}:{row}"
-                    doc = self._doc(f, text, doc_id, self._row_metadata(record, source), row)
+                    doc = self._row_doc(f, record, row)
                     if doc is not None:
                         yield doc
         except Exception as e:  # noqa: BLE001

@@ -193,10 +193,6 @@ def _strip_none(obj: Any) -> Any:
 _LOADER = TypedLoader(RecipeError, "recipe")
 
 
-def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
-    return _LOADER.build(cls, raw, prefix)
-
-
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply `a.b=value` overrides (value parsed as YAML; list items by index, `sources.0.name`)."""
     return typed_yaml.apply_overrides(raw, overrides, RecipeError)
@@ -327,7 +323,7 @@ def recipe_from_dict(raw: dict[str, Any], check_paths: bool = True) -> Recipe:
     if not isinstance(raw, dict):
         raise RecipeError("recipe: top level must be a mapping")
     raw = _apply_mix_preset(_apply_presets(raw))
-    recipe = _build(Recipe, raw, "")
+    recipe = _LOADER.build(Recipe, raw)
     _validate(recipe, check_paths)
     return recipe
 

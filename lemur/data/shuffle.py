@@ -68,12 +68,7 @@ def external_shuffle(
     work = work / f"shuffle-{plan.hexdigest()[:16]}"
     # Read order: tasks in turn, each run front to back (sequential disk reads).
     read_order = np.lexsort((np.arange(len(task)), start, task))
-    offset = np.zeros(len(task), np.int64)  # position of each entry inside its bucket file
-    sizes = np.zeros(max(n_buckets, 1), np.int64)
-    for i in read_order.tolist():
-        b = bucket[i]
-        offset[i] = sizes[b]
-        sizes[b] += lengths[i]
+    offset = _bucket_offsets(read_order, bucket, lengths)
     done_dir = work / "done"
     done = {b for b in range(n_buckets) if (done_dir / f"{b:05d}.json").is_file()}
     if len(done) < n_buckets and not (work / "scatter.done").is_file():
@@ -89,6 +84,18 @@ def external_shuffle(
         shards.append(ShardInfo(**json.loads(info_path.read_text())))
         report("shuffle: write", b + 1, n_buckets)
     return shards
+
+
+def _bucket_offsets(read_order: np.ndarray, bucket: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Token offset of each entry inside its bucket file, which is filled in read order."""
+    read_pos = np.empty(len(read_order), np.int64)
+    read_pos[read_order] = np.arange(len(read_order))
+    grouped = np.lexsort((read_pos, bucket))  # by bucket, then in read order
+    before = np.cumsum(lengths[grouped]) - lengths[grouped]
+    first = np.searchsorted(bucket[grouped], bucket[grouped], side="left")
+    offset = np.empty(len(read_order), np.int64)
+    offset[grouped] = before - before[first]
+    return offset
 
 
 def _scatter(work, read_order, task, start, end, bucket, open_run, dtype, skip, report) -> None:
