@@ -5,7 +5,9 @@ completion markers (a rerun skips finished tasks). For local runs we replace
 `LocalPipelineExecutor.run`: it keeps a `multiprocess.Manager` server process alive during
 the run, and when the build is killed (SIGKILL, OOM killer) that server is orphaned and
 lingers forever, holding the terminal's pipes. Our version runs tasks in this process
-(`workers: 1`) or in a `ProcessPoolExecutor`, whose workers exit when their parent dies.
+(`workers: 1`) or in a `ProcessPoolExecutor` of spawned workers that die with the build
+(`lemur.process_guard`): a forkserver would outlive a killed build, and so would workers that
+wait on their call queue.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from datatrove.executor import LocalPipelineExecutor
 
 from lemur.data.recipe import ExecutorConfig
+from lemur.process_guard import die_with_parent
 
 
 class LemurLocalExecutor(LocalPipelineExecutor):
@@ -41,8 +44,15 @@ class LemurLocalExecutor(LocalPipelineExecutor):
                 self._run_for_rank(rank)
             self.pipeline = pipeline
             return
-        ctx = multiprocessing.get_context("forkserver")
-        with ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx) as pool:
+        # Spawned (not forkserver) so that the workers' parent is this process; the pool is
+        # started from this thread, which outlives it (PR_SET_PDEATHSIG follows the thread).
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=ctx,
+            initializer=die_with_parent,
+            initargs=(os.getpid(),),
+        ) as pool:
             futures = [
                 pool.submit(_run_rank, self, rank, i % self.workers) for i, rank in enumerate(ranks)
             ]

@@ -34,6 +34,7 @@ from lemur.data.shards import (
     sha256_file,
     token_dtype,
 )
+from lemur.process_guard import guard_if_child
 
 # Keys of every record and batch, all int32 of shape [seq_len] ([batch, seq_len] batched).
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
@@ -293,6 +294,9 @@ class ShardSource(grain.sources.RandomAccessDataSource):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickled in a Grain worker: tie the worker to the trainer's life (a SIGKILLed
+        # trainer must not leave loader processes behind).
+        guard_if_child()
         self.__dict__.update(state)
         self._init_process_state()
 
