@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from conftest import NO_FILTERS, base_recipe, real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.mix import (
     LEMUR_CODE_TOKENS,
@@ -98,3 +101,44 @@ def test_select_repeats_meets_budget_within_one_document():
         assert abs(got - budget) <= tokens.max() / 2 + 1
         assert copies.max() - copies.min() <= 1  # whole passes, then one partial pass
     assert fill_to_budget(np.array([5, 5, 5]), 7).sum() in (1, 2)
+
+
+POSTGRES_SQL = sorted(Path("/usr/share/postgresql").glob("*/**/*.sql"))
+
+
+@pytest.mark.skipif(not POSTGRES_SQL, reason="no PostgreSQL SQL files on this machine")
+def test_sql_dialects_count_as_sql_in_the_mix(tmp_path):
+    import enry
+
+    from lemur.data.build import build
+    from lemur.data.recipe import recipe_from_dict
+
+    code = tmp_path / "code"
+    code.mkdir()
+    precise = {}
+    for p in POSTGRES_SQL:
+        tag = enry.get_language(p.name, p.read_bytes())
+        if len(precise.get(tag, [])) < 15:
+            precise.setdefault(tag, []).append(p)
+            (code / f"{p.parent.name}-{p.name}").write_bytes(p.read_bytes())
+    for p in real_python_files(20):
+        (code / p.name).write_bytes(p.read_bytes())
+    assert "PLpgSQL" in precise and "SQL" in precise  # go-enry tells the dialect apart
+    text = write_jsonl(tmp_path / "text.jsonl", real_text_docs(40))
+    raw = base_recipe(tmp_path, code, [text], filters=NO_FILTERS)
+    raw["sources"][0].pop("language")  # let the tagger decide per file
+    raw["sources"][0]["include"] = ["*.py", "*.sql"]
+    raw["mix"] = {"ratio": {"code": 10, "text": 1}, "shares": {"code": {"SQL": 0.2}}}
+    m = build(recipe_from_dict(raw))
+    code_langs = m["mix"]["languages"]["code"]
+    assert "PLpgSQL" not in code_langs and "SQL" in code_langs
+    sql = code_langs["SQL"]
+    assert abs(sql["tokens"] - sql["budget"]) <= 0.01 * sql["budget"]
+    assert abs(sql["tokens"] / sum(u["tokens"] for u in code_langs.values()) - 0.2) < 0.01
+
+
+def test_mix_language_maps_dialects_to_families():
+    from lemur.data.tagging import mix_language
+
+    assert [mix_language(x) for x in ("TSQL", "PLpgSQL", "PLSQL", "SQLPL", "SQL", "Python")] == [
+        "SQL", "SQL", "SQL", "SQL", "SQL", "Python"]

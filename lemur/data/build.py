@@ -39,7 +39,7 @@ from lemur.data.text_filters import (
 )
 from lemur.data.tokenizer import TokenizeWriter, tokenizer_info, train_tokenizer
 
-WORK_VERSION = 1
+WORK_VERSION = 2  # 2: records carry mix language families
 MAX_MANIFEST_ERRORS = 1000
 Reporter = Callable[[str, int, int], None]  # (stage, done, total)
 

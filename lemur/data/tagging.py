@@ -56,6 +56,16 @@ SHEBANGS: dict[str, str] = {
     "ruby": "Ruby",
     "php": "PHP",
 }
+# Linguist languages that the mix budgets as one family (the precise tag stays in
+# `metadata["language"]` and in the tagger's `language:` counts). go-enry tags SQL dialects
+# by content: T-SQL, PL/pgSQL, PL/SQL and DB2's SQL PL are all "SQL" in the Lemur paper's
+# token table, which The Stack's `sql` folder fed.
+LANGUAGE_FAMILIES: dict[str, str] = {
+    "TSQL": "SQL",
+    "PLpgSQL": "SQL",
+    "PLSQL": "SQL",
+    "SQLPL": "SQL",
+}
 # Linguist names that The Stack spells differently in its `lang` column.
 STACK_ALIASES = {"c++": "C++", "c-sharp": "C#", "jupyter-notebook": "Jupyter Notebook"}
 
@@ -89,6 +99,11 @@ def code_language(path: str, text: str) -> str:
 def normalize_code_language(name: str) -> str:
     """Map a dataset's language label (e.g. The Stack's `lang`) to Linguist's spelling."""
     return STACK_ALIASES.get(name.lower(), name)
+
+
+def mix_language(language: str) -> str:
+    """The language a document counts under in the mix: its family, else itself."""
+    return LANGUAGE_FAMILIES.get(language, language)
 
 
 def fasttext_model_path() -> str:

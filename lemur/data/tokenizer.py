@@ -21,6 +21,7 @@ from datatrove.utils.batching import batched
 
 from lemur.data.recipe import TokenizerTrainConfig
 from lemur.data.shards import atomic_write_bytes, token_dtype
+from lemur.data.tagging import mix_language
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 # The task-local record of every tokenized document; the pack stage reads these.
@@ -149,7 +150,9 @@ class TokenizeWriter(PipelineStep):
                     fh.write(flat.tobytes())
                 for doc, n in zip(batch, lengths, strict=True):
                     end += n
-                    lang = languages.setdefault(str(doc.metadata.get("language")), len(languages))
+                    # The mix budgets language families (T-SQL counts as SQL).
+                    language = mix_language(str(doc.metadata.get("language")))
+                    lang = languages.setdefault(language, len(languages))
                     id_hash = int.from_bytes(
                         hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little"
                     )

@@ -1,0 +1,87 @@
+"""Every third-party module the package imports is declared in pyproject.toml.
+
+A runtime dependency that only arrives through the dev extras (as `regex` once did, through
+`transformers`) passes the suite and breaks the demo for every new user. `.ci/run` also runs
+the demo and imports every module from a base install; this test names the culprit.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata as md
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Imported only inside a function, for an optional feature: module -> why it is optional.
+OPTIONAL = {
+    "ray": "the `ray` executor (extra: ray)",
+    "torch": "TensorBoard output through torch's writer, tried after tensorboardX",
+    "tensorboardX": "TensorBoard output (optional writer)",
+}
+# Imported by the package but needed only because a dependency fails to declare it.
+UNDECLARED_BY_OTHERS = {"regex": "datatrove.utils.text imports it; datatrove 0.10 omits it"}
+
+
+def _name(req: str) -> str:
+    return re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def declared() -> tuple[set[str], dict[str, set[str]]]:
+    """Base dependencies and each extra's, as normalized distribution names."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = {k: {_name(r) for r in v} for k, v in project["optional-dependencies"].items()}
+    return {_name(r) for r in project["dependencies"]}, extras
+
+
+def imports(top_level_only: bool) -> dict[str, str]:
+    """Top-level third-party module -> first file importing it (module level only if asked)."""
+    found: dict[str, str] = {}
+    for path in sorted((ROOT / "lemur").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        nodes = tree.body if top_level_only else ast.walk(tree)
+        for node in nodes:
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                if top != "lemur" and top not in sys.stdlib_module_names:
+                    found.setdefault(top, str(path.relative_to(ROOT)))
+    return found
+
+
+def distribution(module: str) -> str | None:
+    """The installed distribution that provides a top-level module."""
+    dists = md.packages_distributions().get(module)
+    return dists[0].lower().replace("_", "-") if dists else None
+
+
+def test_every_imported_module_is_a_declared_dependency() -> None:
+    base, _ = declared()
+    missing = []
+    for module, where in imports(top_level_only=False).items():
+        if module in OPTIONAL:
+            continue
+        dist = distribution(module)
+        if dist is None or dist not in base:
+            missing.append(f"{module} ({dist or 'not installed'}), imported in {where}")
+    assert not missing, "undeclared runtime dependencies: " + "; ".join(missing)
+
+
+def test_optional_modules_are_imported_lazily_and_declared_somewhere() -> None:
+    top = imports(top_level_only=True)
+    assert not set(OPTIONAL) & set(top), "optional modules must be imported inside functions"
+    _, extras = declared()
+    assert "ray" in extras["ray"]
+
+
+def test_dependencies_our_dependencies_forget_are_declared() -> None:
+    base, _ = declared()
+    for module in UNDECLARED_BY_OTHERS:
+        assert distribution(module) in base
