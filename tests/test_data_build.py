@@ -99,7 +99,7 @@ def test_build_stats_determinism_and_rerun(tmp_path, corpus_dir):
     assert {s["domain"] for s in m1["shards"] if s["split"] == "val"} == {"code", "text"}
 
     # independent count: every input document, tokenized by hand
-    sp = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
+    sp = spm.SentencePieceProcessor(model_file=str(out / m1["tokenizer"]["file"]))
     code_docs = [p.read_text() for p in sorted((corpus_dir / "code").glob("*.py"))]
     text_docs = [d["text"] for d in real_text_docs(60)]
     c = m1["counts"]
@@ -141,7 +141,9 @@ def test_build_stats_determinism_and_rerun(tmp_path, corpus_dir):
     mtime = (out / "manifest.json").stat().st_mtime_ns
     stages = []
     build(recipe_from_dict(raw), report=lambda stage, d, t: stages.append(stage))
-    assert stages == ["up to date"] and (out / "manifest.json").stat().st_mtime_ns == mtime
+    # (the inputs are listed first: a changed input makes the build stale)
+    assert stages == ["list inputs", "list inputs", "up to date"]
+    assert (out / "manifest.json").stat().st_mtime_ns == mtime
 
 
 def test_parallel_workers_give_identical_shards(tmp_path, corpus_dir):

@@ -160,7 +160,7 @@ def test_build_keeps_one_copy_across_sources(tmp_path):
     assert m["counts"]["duplicates"] == 10 and d["cluster_sizes"] == {"2": 10}
     assert m["mix"]["sources"]["first"]["documents"] == 20
     assert m["mix"]["sources"]["second"]["documents"] == 10
-    rows = [json.loads(x) for x in open(tmp_path / "out" / "duplicates.jsonl")]
+    rows = [json.loads(x) for x in open(tmp_path / "out" / d["file"])]
     assert sorted(r["id"] for r in rows) == sorted(
         [f"second/copy{i}" for i in range(5)] + [f"second/near{i}" for i in range(5, 10)]
     )

@@ -11,6 +11,7 @@ Stages:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import shutil
@@ -26,10 +27,19 @@ from lemur.data.code_filters import code_filters
 from lemur.data.dedup import DedupSigner
 from lemur.data.executors import make_executor
 from lemur.data.filters import EmptyDocumentFilter, LanguageFilter, LemurFilter
+from lemur.data.lock import DirectoryLock, LockedError
 from lemur.data.pack import Packer
 from lemur.data.readers import InputFile, Listing, SourcesReader, list_inputs
 from lemur.data.recipe import Recipe
-from lemur.data.shards import FORMAT, MANIFEST, atomic_write_json, dtype_name, token_dtype
+from lemur.data.shards import (
+    FORMAT,
+    MANIFEST,
+    atomic_write_bytes,
+    atomic_write_json,
+    dtype_name,
+    token_dtype,
+)
+from lemur.data.shuffle import ShuffleError
 from lemur.data.tagging import LanguageTagger
 from lemur.data.text_filters import (
     C4Filter,
@@ -82,20 +92,24 @@ def sample_texts(recipe: Recipe, inputs: list[InputFile], budget: int) -> Iterat
                 break
 
 
-def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], out: Path, work: Path) -> Path:
-    """Put the recipe's tokenizer at `<output>/tokenizer.model` (copied or trained)."""
+def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Path:
+    """The recipe's tokenizer as a checked file under `<output>/.work/` (copied or trained).
+
+    A given model is loaded (and so validated) before anything is copied, and nothing goes
+    outside `.work/` here: the build's own directory receives it only when complete.
+    """
     if recipe.tokenizer.model is not None:
         src = Path(recipe.tokenizer.model).expanduser()
-    else:
-        train = recipe.tokenizer.train
-        key = _sha({"train": train, "sources": recipe.sources, "v": WORK_VERSION})[:16]
-        src = work / f"tokenizer-{key}.model"
-        if not src.is_file():
-            train_tokenizer(sample_texts(recipe, inputs, train.sample_bytes), train, src)
-    target = out / "tokenizer.model"
-    tmp = target.with_name(".tokenizer.model.tmp")
-    shutil.copyfile(src, tmp)
-    tmp.replace(target)
+        sha = tokenizer_info(src)["sha256"]  # TokenizerError naming `src` if unusable
+        target = work / f"given-tokenizer-{sha[:16]}.model"
+        if not target.is_file():
+            atomic_write_bytes(target, src.read_bytes())
+        return target
+    train = recipe.tokenizer.train
+    key = _sha({"train": train, "sources": recipe.sources, "v": WORK_VERSION})[:16]
+    target = work / f"tokenizer-{key}.model"
+    if not target.is_file():
+        train_tokenizer(sample_texts(recipe, inputs, train.sample_bytes), train, target)
     return target
 
 
@@ -276,13 +290,22 @@ def tokenize_stage(
     return n_tasks
 
 
-def is_up_to_date(out: Path, recipe: Recipe) -> bool:
-    """True when the output already holds a complete build of exactly this recipe."""
+def inputs_sha256(inputs: list[InputFile]) -> str:
+    """A digest of the input listing (paths, sizes, mtimes): any added or changed file moves it."""
+    return _sha([(f.path, *_stat(f.path)) for f in inputs])
+
+
+def is_up_to_date(out: Path, recipe: Recipe, inputs_sha: str) -> bool:
+    """True when the output already holds a complete build of this recipe over these inputs."""
     try:
         manifest = json.loads((out / MANIFEST).read_text())
     except (OSError, json.JSONDecodeError):
         return False
     if manifest.get("recipe_sha256") != recipe.sha256():
+        return False
+    if manifest.get("inputs_sha256") != inputs_sha:
+        return False
+    if not (out / manifest.get("tokenizer", {}).get("file", "tokenizer.model")).is_file():
         return False
     itemsize = 2 if manifest.get("dtype") == "uint16" else 4
     for s in manifest.get("shards", []):
@@ -292,40 +315,14 @@ def is_up_to_date(out: Path, recipe: Recipe) -> bool:
     return True
 
 
-def build(
-    recipe: Recipe,
-    report: Reporter | None = None,
-    force: bool = False,
-    plan_only: bool = False,
-    on_plan: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
-    """Run every stage of a build and return the manifest written to `<output>/manifest.json`.
-
-    With `plan_only`, stop after tokenizing and deduplicating and return the mix plan
-    (`{"plan": ...}`) without writing shards; `on_plan` receives the plan before packing.
-    """
-    report = report or (lambda stage, done, total: None)
-    out = Path(recipe.output).expanduser()
-    if not force and is_up_to_date(out, recipe):
-        report("up to date", 1, 1)
-        return json.loads((out / MANIFEST).read_text())
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    report("list inputs", 0, 1)
-    listing = list_inputs(recipe)
-    inputs = listing.files
-    report("list inputs", 1, 1)
-    work_root = out / ".work"
-    report("tokenizer", 0, 1)
-    tok_path = prepare_tokenizer(recipe, inputs, out, work_root)
-    tok = tokenizer_info(tok_path)
-    report("tokenizer", 1, 1)
-    key = _sha(
+def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
+    """Key of the tokenize stage's work: everything its output depends on."""
+    return _sha(
         {
             "v": WORK_VERSION,
             "sources": recipe.sources,
-            "inputs": _sha([(f.path, *_stat(f.path)) for f in inputs]),
-            "tokenizer": tok["sha256"],
+            "inputs": inputs_sha,
+            "tokenizer": tokenizer_sha,
             "filters": recipe.filters,
             "dedup": (
                 recipe.dedup.exact,
@@ -339,9 +336,9 @@ def build(
             "batch": recipe.tokenize_batch_docs,
         }
     )[:16]
-    work = work_root / f"tokens-{key}"
-    n_tasks = tokenize_stage(recipe, inputs, tok_path, work, report)
-    counts = collect_counts(work, recipe, n_tasks, listing)
+
+
+def _check_sources(counts: dict[str, Any]) -> None:
     for name, src in counts["sources"].items():
         if src["read"] == 0:
             first = next((e for e in counts["errors"] if e.get("source") == name), None)
@@ -349,7 +346,107 @@ def build(
             raise BuildError(
                 f"source '{name}' yielded no documents ({src['errors']} input errors{hint})"
             )
-    packer = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"])
+
+
+def _referenced(manifest_path: Path) -> set[str]:
+    """Files a manifest points at (relative paths); empty if there is no readable manifest."""
+    try:
+        m = json.loads(manifest_path.read_text())
+        files = {str(m["tokenizer"]["file"]), str(m.get("stats", "stats.json"))}
+        for s in m["shards"]:
+            files |= {str(s["file"]), str(s["index"])} | (
+                {str(s["mask"])} if "mask" in s else set()
+            )
+        return files
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def _remove_empty_dirs(root: Path) -> None:
+    if root.is_dir():
+        for d in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
+            if not any(d.iterdir()):
+                d.rmdir()
+        if not any(root.iterdir()):
+            root.rmdir()
+
+
+def commit(out: Path, prefix: str, manifest: dict[str, Any]) -> None:
+    """Make a complete build the directory's build: rename its manifest in, then remove the
+    previous build's files (none of which share a path with the new build's)."""
+    previous = _referenced(out / MANIFEST)
+    atomic_write_json(out / MANIFEST, manifest)  # readers switch here, atomically
+    current = _referenced(out / MANIFEST)
+    for rel in sorted(previous - current):
+        (out / rel).unlink(missing_ok=True)
+    for stale in out.glob("build-*"):
+        if stale.is_dir() and stale.name != prefix:
+            shutil.rmtree(stale, ignore_errors=True)  # earlier builds, finished or abandoned
+    for legacy in ("train", "val"):  # shard directories of the layout before build-<id>/
+        _remove_empty_dirs(out / legacy)
+    for stale in (out / ".work").glob("shuffle-*"):
+        shutil.rmtree(stale, ignore_errors=True)  # bucket files and markers of finished shuffles
+
+
+def build(
+    recipe: Recipe,
+    report: Reporter | None = None,
+    force: bool = False,
+    plan_only: bool = False,
+    on_plan: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run every stage of a build and return the manifest written to `<output>/manifest.json`.
+
+    With `plan_only`, stop after tokenizing and deduplicating and return the mix plan
+    (`{"plan": ...}`) without writing shards; `on_plan` receives the plan before packing.
+    The output directory is locked for the whole build; the previous complete build in it
+    stays valid until the new one is complete (see docs/reliability.md).
+    """
+    report = report or (lambda stage, done, total: None)
+    out = Path(recipe.output).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with DirectoryLock(out):
+            return _build_locked(recipe, out, report, force, plan_only, on_plan)
+    except LockedError as e:
+        raise BuildError(str(e)) from None
+    except ShuffleError as e:
+        raise BuildError(str(e)) from None
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise BuildError(
+                f"{e.filename or out}: no space left on device ({e.strerror}); "
+                f"free some space and rerun: finished work is kept"
+            ) from None
+        raise
+
+
+def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, Any]:
+    """`build` while holding the output directory's lock."""
+    started = time.time()
+    report("list inputs", 0, 1)
+    listing = list_inputs(recipe)
+    inputs, inputs_sha = listing.files, inputs_sha256(listing.files)
+    report("list inputs", 1, 1)
+    if not force and not plan_only and is_up_to_date(out, recipe, inputs_sha):
+        report("up to date", 1, 1)
+        return json.loads((out / MANIFEST).read_text())
+    work_root = out / ".work"
+    report("tokenizer", 0, 1)
+    tok_path = prepare_tokenizer(recipe, inputs, work_root)
+    tok = tokenizer_info(tok_path)
+    report("tokenizer", 1, 1)
+    key = _work_key(recipe, inputs_sha, tok["sha256"])
+    work = work_root / f"tokens-{key}"
+    n_tasks = tokenize_stage(recipe, inputs, tok_path, work, report)
+    counts = collect_counts(work, recipe, n_tasks, listing)
+    _check_sources(counts)
+    # The build's own directory: no file of it shares a path with the previous build's, so
+    # that build stays whole for readers until the manifest is replaced.
+    # Named by content, not place: the same build in another directory gets the same names.
+    settings = {k: v for k, v in recipe.to_dict().items() if k != "output"}
+    prefix = f"build-{_sha([settings, key])[:12]}"
+    packer = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"], prefix, tok_path)
     plan, _ = packer.plan()
     if on_plan:
         on_plan(plan.to_json())
@@ -360,20 +457,23 @@ def build(
     report("pack", 1, 1)
     counts["dedup"] = packed["dedup"]
     counts["duplicates"] = packed["dedup"]["exact"] + packed["dedup"]["near"]
+    if recipe.dedup.write_duplicates and (recipe.dedup.exact or recipe.dedup.near):
+        counts["dedup"]["file"] = f"{prefix}/duplicates.jsonl"
+    atomic_write_bytes(out / prefix / "tokenizer.model", tok_path.read_bytes())
+    atomic_write_json(out / prefix / "stats.json", packed["stats"])
     manifest = {
         "format": FORMAT,
         "dtype": dtype_name(token_dtype(tok["vocab_size"])),
         "seq_len": recipe.seq_len,
-        "tokenizer": {"file": "tokenizer.model", **tok},
+        "tokenizer": {"file": f"{prefix}/tokenizer.model", **tok},
+        "stats": f"{prefix}/stats.json",
         "shards": packed["shards"],
         "mix": packed["mix"],
         "counts": counts,
         "recipe": recipe.to_dict(),
         "recipe_sha256": recipe.sha256(),
+        "inputs_sha256": inputs_sha,
     }
-    atomic_write_json(out / "stats.json", packed["stats"])
-    atomic_write_json(out / MANIFEST, manifest)
-    for stale in (out / ".work").glob("shuffle-*"):
-        shutil.rmtree(stale, ignore_errors=True)  # bucket files and markers of finished shuffles
+    commit(out, prefix, manifest)
     report(f"done in {time.time() - started:.0f}s", 1, 1)
     return manifest

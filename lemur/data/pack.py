@@ -61,13 +61,29 @@ def load_records(tok_dir: Path, n_tasks: int) -> Records:
     return Records(**arrays, languages=list(languages))
 
 
+def _join(prefix: str, rel: str) -> str:
+    return f"{prefix}/{rel}" if prefix else rel
+
+
 class Packer:
     """Selects, orders and writes documents into the shard directory."""
 
-    def __init__(self, recipe: Recipe, tok_dir: Path, out_dir: Path, n_tasks: int, vocab_size: int):
+    def __init__(
+        self,
+        recipe: Recipe,
+        tok_dir: Path,
+        out_dir: Path,
+        n_tasks: int,
+        vocab_size: int,
+        prefix: str = "",
+        tokenizer: Path | None = None,
+    ):
         self.recipe = recipe
         self.tok_dir = tok_dir
         self.out_dir = out_dir
+        # Shards go under `out_dir/prefix/` (the build's own directory, see build.py).
+        self.prefix = prefix
+        self.tokenizer = tokenizer or out_dir / "tokenizer.model"
         self.n_tasks = n_tasks
         self.dtype = token_dtype(vocab_size)
         self.rec = load_records(tok_dir, n_tasks)
@@ -120,7 +136,7 @@ class Packer:
     def _write_duplicates(self, result: DedupResult) -> None:
         import sentencepiece as spm
 
-        sp = spm.SentencePieceProcessor(model_file=str(self.out_dir / "tokenizer.model"))
+        sp = spm.SentencePieceProcessor(model_file=str(self.tokenizer))
         ids, r = self._ids(), self.rec
         rows = []
         for i in np.flatnonzero(result.removed).tolist():
@@ -135,7 +151,7 @@ class Packer:
                     "text": sp.decode(toks.tolist()),
                 }
             )
-        write_duplicates(self.out_dir / "duplicates.jsonl", rows)
+        write_duplicates(self.out_dir / self.prefix / "duplicates.jsonl", rows)
 
     def split_val(self, domains: np.ndarray, eligible: np.ndarray) -> np.ndarray:
         """Boolean mask of validation documents: a seeded-hash sample of each domain."""
@@ -207,12 +223,13 @@ class Packer:
             self.dtype,
             recipe.shard_tokens,
             report,
+            prefix=self.prefix,
         )
         val_hash = seeded_hash(r.id_hash, recipe.seed, "val-order")
         for d in recipe.domains():
             rows = np.flatnonzero(val & (domains == d))
             rows = rows[np.argsort(val_hash[rows], kind="stable")]
-            shards += self._write(rows, f"val/{d}", "val", d)
+            shards += self._write(rows, _join(self.prefix, f"val/{d}"), "val", d)
         return {
             "shards": [s.to_json() for s in shards],
             "mix": self._mix_section(domains, pool, copies, plan),

@@ -22,7 +22,7 @@ import numpy as np
 
 from lemur.data.shards import INDEX_DTYPE, ShardInfo, atomic_write_bytes, atomic_write_json
 
-__all__ = ["bucket_of", "external_shuffle"]
+__all__ = ["ShuffleError", "bucket_of", "external_shuffle"]
 
 WRITE_BUFFER = 1 << 16  # per open bucket file; bounds memory with many buckets
 
@@ -55,8 +55,12 @@ def external_shuffle(
     dtype: np.dtype,
     shard_tokens: int,
     report: Callable[[str, int, int], None] | None = None,
+    prefix: str = "",
 ) -> list[ShardInfo]:
-    """Write entries (token slices [start, end) of task runs) as globally shuffled train shards."""
+    """Write entries (token slices [start, end) of task runs) as globally shuffled train shards.
+
+    Shard b is `out/{prefix}/train/{b:05d}.bin`; the manifest paths include the prefix.
+    """
     report = report or (lambda *_: None)
     lengths = (end - start).astype(np.int64)
     order, bucket = bucket_of(keys, lengths, shard_tokens)
@@ -64,7 +68,7 @@ def external_shuffle(
     plan = hashlib.sha256()
     for arr in (task, start, end, keys):
         plan.update(np.ascontiguousarray(arr).tobytes())
-    plan.update(f"{shard_tokens}/{np.dtype(dtype).str}".encode())
+    plan.update(f"{shard_tokens}/{np.dtype(dtype).str}/{prefix}".encode())
     work = work / f"shuffle-{plan.hexdigest()[:16]}"
     # Read order: tasks in turn, each run front to back (sequential disk reads).
     read_order = np.lexsort((np.arange(len(task)), start, task))
@@ -80,7 +84,8 @@ def external_shuffle(
         if not info_path.is_file():
             lo = np.searchsorted(sorted_bucket, b, side="left")
             hi = np.searchsorted(sorted_bucket, b, side="right")
-            _gather(work, b, order[lo:hi], offset, lengths, out, dtype, info_path)
+            rel = f"{prefix}/train/{b:05d}" if prefix else f"train/{b:05d}"
+            _gather(work, b, order[lo:hi], offset, lengths, out, rel, dtype, info_path)
         shards.append(ShardInfo(**json.loads(info_path.read_text())))
         report("shuffle: write", b + 1, n_buckets)
     return shards
@@ -123,14 +128,28 @@ def _scatter(work, read_order, task, start, end, bucket, open_run, dtype, skip, 
     (work / "scatter.done").write_text("ok\n")
 
 
-def _gather(work, b, members, offset, lengths, out, dtype, info_path) -> None:
-    """Order bucket b's entries by key and write them as shard b (atomically)."""
+class ShuffleError(RuntimeError):
+    """The shuffle's work files are missing or inconsistent (the message names the file)."""
+
+
+def _gather(work, b, members, offset, lengths, out, rel, dtype, info_path) -> None:
+    """Order bucket b's entries by key and write them as shard `rel` (atomically)."""
     path = work / f"bucket-{b:05d}.bin"
-    data = np.fromfile(path, dtype=dtype) if path.is_file() else np.zeros(0, dtype)
+    need = int(lengths[members].sum()) * np.dtype(dtype).itemsize
+    # A missing or short bucket is never read as empty: that would write a shard of fewer
+    # tokens than its index claims (seen when another process deleted the work files).
+    size = path.stat().st_size if path.is_file() else -1
+    if size != need:
+        state = "missing" if size < 0 else f"{size} bytes, expected {need}"
+        raise ShuffleError(
+            f"{path}: shuffle bucket {state}; its work files were changed by another process "
+            f"or a damaged disk: rerun the build"
+        )
+    data = np.fromfile(path, dtype=dtype)
     parts = [data[offset[i] : offset[i] + lengths[i]] for i in members.tolist()]
     tokens = np.concatenate(parts) if parts else np.zeros(0, dtype)
     ends = np.cumsum(lengths[members]).astype(INDEX_DTYPE)
-    rel_bin, rel_idx = f"train/{b:05d}.bin", f"train/{b:05d}.idx"
+    rel_bin, rel_idx = f"{rel}.bin", f"{rel}.idx"
     payload = tokens.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes()
     atomic_write_bytes(out / rel_idx, ends.tobytes())
     atomic_write_bytes(out / rel_bin, payload)

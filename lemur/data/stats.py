@@ -27,7 +27,7 @@ def compute_stats(directory: str | Path) -> dict[str, Any]:
     """All figures `stats` shows, as plain data (the `--json` output)."""
     root = Path(directory)
     manifest = read_manifest(root)
-    extra_path = root / "stats.json"
+    extra_path = root / str(manifest.get("stats", "stats.json"))
     extra = json.loads(extra_path.read_text()) if extra_path.is_file() else {"groups": []}
     splits: dict[str, dict[str, int]] = defaultdict(
         lambda: {"documents": 0, "tokens": 0, "shards": 0}

@@ -1,0 +1,239 @@
+"""A finished corpus is never damaged, stale or shared.
+
+- a failed or killed rebuild leaves the previous complete build valid (verify OK, the
+  trainer accepts it); a bad tokenizer model is refused before anything is copied;
+- two builds into one directory: the second is refused with the holder named;
+- a missing shuffle bucket is an error, never an empty shard;
+- adding an input file makes the build stale;
+- a full disk is a one-line error and leaves no temporary file.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import NO_FILTERS, base_recipe, real_python_files, real_text_docs, write_jsonl
+from test_data_resume import KILLER
+
+from lemur.data.build import BuildError, build
+from lemur.data.lock import DirectoryLock
+from lemur.data.recipe import recipe_from_dict
+from lemur.data.verify import verify
+from lemur.train.data import check_compatible
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("rel_src")
+    (root / "code").mkdir()
+    for p in real_python_files(50):
+        (root / "code" / p.name).write_bytes(p.read_bytes())
+    write_jsonl(root / "text.jsonl", real_text_docs(60))
+    return root
+
+
+def raw_recipe(src: Path, out: Path, **kw) -> dict:
+    raw = base_recipe(src, src / "code", [src / "text.jsonl"], filters=NO_FILTERS,
+                      output=str(out), shard_tokens=20_000)
+    raw.update(kw)
+    return raw
+
+
+def cli(args: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lemur.data.cli", *args], capture_output=True,
+                          text=True, **kw)
+
+
+def write_recipe(raw: dict, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def snapshot(out: Path) -> dict[str, bytes]:
+    """Every file of the directory's current build (manifest and what it references)."""
+    m = json.loads((out / "manifest.json").read_text())
+    files = ["manifest.json", m["tokenizer"]["file"]]
+    files += [f for s in m["shards"] for f in (s["file"], s["index"])]
+    return {f: (out / f).read_bytes() for f in files}
+
+
+def assert_valid(out: Path, before: dict[str, bytes]) -> None:
+    assert snapshot(out) == before
+    assert verify(out) == []
+    m = json.loads((out / "manifest.json").read_text())
+    check_compatible(out, vocab_size=m["tokenizer"]["vocab_size"],
+                     tokenizer_sha256=m["tokenizer"]["sha256"], seq_len=64)
+
+
+@pytest.fixture
+def built(sources, tmp_path) -> tuple[Path, Path, dict[str, bytes]]:
+    out = tmp_path / "out"
+    recipe = write_recipe(raw_recipe(sources, out), tmp_path / "recipe.yaml")
+    res = cli(["build", str(recipe)])
+    assert res.returncode == 0, res.stderr
+    return out, recipe, snapshot(out)
+
+
+def test_failed_rebuild_keeps_the_previous_build(built):
+    out, recipe, before = built
+    res = cli(["build", str(recipe), "--set", "tokenizer.train.vocab_size=700",
+               "--set", "mix.total_tokens=1e12"])
+    assert res.returncode == 2 and "mix infeasible" in res.stderr, res.stderr
+    assert_valid(out, before)
+
+
+def test_bad_tokenizer_model_is_refused_before_any_copy(built, sources, tmp_path):
+    out, _, before = built
+    bogus = tmp_path / "passwd"
+    bogus.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    raw = raw_recipe(sources, out, tokenizer={"model": str(bogus)})
+    res = cli(["build", str(write_recipe(raw, tmp_path / "bogus.yaml"))])
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert f"{bogus}: not a SentencePiece model" in res.stderr.strip().splitlines()[-1]
+    assert_valid(out, before)
+
+
+@pytest.mark.parametrize("stage, at", [("task", 1), ("shuffle: write", 1)])
+def test_killed_rebuild_keeps_the_previous_build(built, sources, tmp_path, stage, at):
+    out, _, before = built
+    # another seed, and another tokenize batch so that the tokenize tasks rerun too
+    other = write_recipe(raw_recipe(sources, out, seed=99, tokenize_batch_docs=7),
+                         tmp_path / "seed99.yaml")
+    res = subprocess.run([sys.executable, "-c", KILLER, str(other), stage, str(at)],
+                         capture_output=True, text=True)
+    assert res.returncode == -9, res.stderr[-2000:]
+    assert_valid(out, before)
+    # and the rerun completes the new build, removing the old one's files
+    res = cli(["build", str(other)])
+    assert res.returncode == 0, res.stderr
+    assert verify(out) == []
+    after = snapshot(out)
+    assert after["manifest.json"] != before["manifest.json"]
+    old_only = set(before) - set(after)
+    assert old_only and not any((out / f).exists() for f in old_only)
+    assert sorted(p.name for p in out.glob("build-*")) == [
+        json.loads(after["manifest.json"])["tokenizer"]["file"].split("/")[0]]
+
+
+def test_a_second_build_into_the_same_directory_is_refused(sources, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    recipe = write_recipe(raw_recipe(sources, out), tmp_path / "recipe.yaml")
+    with DirectoryLock(out):
+        res = cli(["build", str(recipe)])
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    line = res.stderr.strip().splitlines()[-1]
+    assert f"{out}: another build is writing here (pid {os.getpid()} on " in line, line
+    assert not (out / "manifest.json").exists()
+
+
+def test_concurrent_builds_one_wins_one_is_refused(sources, tmp_path):
+    out = tmp_path / "out"
+    procs = []
+    for seed in (1, 2):
+        recipe = write_recipe(raw_recipe(sources, out, seed=seed), tmp_path / f"r{seed}.yaml")
+        procs.append(subprocess.Popen([sys.executable, "-m", "lemur.data.cli", "build",
+                                       str(recipe)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+        time.sleep(0.2)
+    results = [(p.wait(), p.stderr.read()) for p in procs]
+    codes = sorted(rc for rc, _ in results)
+    assert codes[0] == 0, results
+    if codes[1] != 0:  # the usual case: the second found the first still running
+        assert any("another build is writing here" in err for _, err in results), results
+    assert verify(out) == []
+    m = json.loads((out / "manifest.json").read_text())
+    assert all(s["tokens"] > 0 for s in m["shards"])
+
+
+def test_stale_lock_file_of_a_dead_build_is_taken_over(sources, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").write_text(json.dumps({"pid": 999_999_999, "host": "x", "started": 0}))
+    build(recipe_from_dict(raw_recipe(sources, out)))
+    assert verify(out) == [] and not (out / ".lock").exists()
+
+
+def test_missing_shuffle_bucket_is_an_error(sources, tmp_path):
+    out = tmp_path / "out"
+    recipe = write_recipe(raw_recipe(sources, out), tmp_path / "recipe.yaml")
+    res = subprocess.run([sys.executable, "-c", KILLER, str(recipe), "shuffle: write", "1"],
+                         capture_output=True, text=True)
+    assert res.returncode == -9, res.stderr[-2000:]
+    buckets = sorted(out.glob(".work/shuffle-*/bucket-*.bin"))
+    assert buckets
+    buckets[-1].unlink()
+    with pytest.raises(BuildError, match=rf"{buckets[-1].name}: shuffle bucket missing"):
+        build(recipe_from_dict(raw_recipe(sources, out)))
+    assert not (out / "manifest.json").exists()
+
+
+def test_an_added_input_file_makes_the_build_stale(tmp_path):
+    src = tmp_path / "src"
+    (src / "code").mkdir(parents=True)
+    files = real_python_files(21)
+    for p in files[:20]:
+        (src / "code" / p.name).write_bytes(p.read_bytes())
+    write_jsonl(src / "text.jsonl", real_text_docs(40))
+    raw = raw_recipe(src, tmp_path / "out")
+    first = build(recipe_from_dict(raw))
+    (src / "code" / files[20].name).write_bytes(files[20].read_bytes())
+    stages: list[str] = []
+    second = build(recipe_from_dict(raw), report=lambda s, d, t: stages.append(s))
+    assert "up to date" not in stages
+    assert second["counts"]["read"] == first["counts"]["read"] + 1
+
+
+class _FullDisk:
+    """A writable file object that fails like a full disk after `room` bytes."""
+
+    def __init__(self, fh, room: list[int]):
+        self.fh, self.room = fh, room
+
+    def write(self, data) -> int:
+        self.room[0] -= len(data)
+        if self.room[0] < 0:
+            raise OSError(errno.ENOSPC, "No space left on device", self.fh.name)
+        return self.fh.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.fh, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.fh.close()
+
+
+@pytest.mark.parametrize("module", ["lemur.data.shuffle", "lemur.data.shards"])
+def test_full_disk_is_one_line_and_leaves_no_temporary_file(sources, tmp_path, monkeypatch,
+                                                            module):
+    import importlib
+
+    target = importlib.import_module(module)
+    room = [50_000]
+
+    def full_open(path, mode="r", *args, **kw):
+        fh = open(path, mode, *args, **kw)
+        name = Path(path).name
+        shard = ".tmp-" in name and "/train/" in str(path)
+        return _FullDisk(fh, room) if "w" in mode and (name.startswith("bucket-") or shard) else fh
+
+    monkeypatch.setattr(target, "open", full_open, raising=False)
+    out = tmp_path / "out"
+    with pytest.raises(BuildError, match="no space left on device") as e:
+        build(recipe_from_dict(raw_recipe(sources, out)))
+    assert "\n" not in str(e.value)
+    assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
+    monkeypatch.undo()
+    build(recipe_from_dict(raw_recipe(sources, out)))  # with space again, the rerun completes
+    assert verify(out) == []
