@@ -10,6 +10,7 @@ and pickle cleanly, and exact one-line messages.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any
@@ -80,10 +81,15 @@ class TypedLoader:
                     num = None
             if isinstance(num, bool) or not isinstance(num, int | float):
                 raise self._fail(f"{key} must be {_type_name(tp)}, got {value!r}")
+            # `.inf`, `.nan` (YAML) or 'inf' (a string float() reads) mean no sensible
+            # count, rate or weight: refuse them here rather than fail later in arithmetic.
+            finite = math.isfinite(num)
             if tp is int:
-                if float(num) != int(num):
+                if not finite or float(num) != int(num):
                     raise self._fail(f"{key} must be an integer, got {value!r}")
                 return int(num)
+            if not finite:
+                raise self._fail(f"{key} must be a finite number, got {value!r}")
             return float(num)
         if tp is str:
             if not isinstance(value, str | int | float) or isinstance(value, bool):

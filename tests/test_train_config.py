@@ -82,6 +82,14 @@ def test_overrides_types_and_lists() -> None:
     (["batch.seq_len=4096"], "exceeds the model's max_seq_len"),
     (["optimizer.b2=1"], "optimizer.b2 must be in [0, 1)"),
     (["steps"], "expected KEY=VALUE"),
+    # Non-finite numbers: refused at validation, naming the key (not an OverflowError later).
+    (["data.dirs=[a, b]", "data.weights=[.inf, 1]"],
+     "data.weights[0] must be a finite number, got inf"),
+    (["schedule.peak_lr=.nan"], "schedule.peak_lr must be a finite number, got nan"),
+    (["optimizer.eps=-.inf"], "optimizer.eps must be a finite number, got -inf"),
+    (["log.peak_tflops=inf"], "log.peak_tflops must be a finite number"),
+    (["steps=inf"], "steps must be an integer, got 'inf'"),
+    (["eval.batches=.nan"], "eval.batches must be an integer"),
 ])
 def test_bad_configs_name_the_key(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -106,6 +114,9 @@ def test_cli_bad_config_is_one_line_exit_2(tmp_path: Path,
                              "steps=x"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip() == "lemur-train: config: steps must be an integer, got 'x'"
+    assert main(["tiny", "--set", "data.weights=[.inf]"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "lemur-train: config: data.weights[0] must be a finite number, got inf"]
 
 
 def test_dry_run_prints_the_resolved_config(capsys: pytest.CaptureFixture) -> None:
