@@ -1,4 +1,8 @@
-"""lemur.model.hf + tools/convert_hf_llama.py: parity with transformers' LlamaForCausalLM."""
+"""lemur.model.hf + tools/convert_hf_llama.py: parity with transformers' LlamaForCausalLM.
+
+Llama-2 style (default rope, untied head) and Llama-3 style (llama3 rope scaling, with and
+without the tied head of Llama-3.2) random tiny models.
+"""
 
 from __future__ import annotations
 
@@ -25,15 +29,30 @@ transformers = pytest.importorskip("transformers")
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB, SEQ = 128, 24
+DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
 
-def _hf_model(n_kv_heads: int, seed: int) -> transformers.LlamaForCausalLM:
+def _llama3_rope(factor: float) -> dict:
+    """Llama-3.1's rope scaling, but with an original context of 64 instead of 8192.
+
+    With head_dim 16 and theta 5e5 the wavelengths are 6.3, 32, 167, ... positions, so
+    against 64 / high_freq_factor = 16 and 64 / low_freq_factor = 64 one frequency is kept,
+    one interpolated and the rest divided by factor: all three branches, and angles that
+    differ by radians within the SEQ test positions.
+    """
+    return {"rope_type": "llama3", "rope_theta": 500000.0, "factor": factor,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}
+
+
+def _hf_model(n_kv_heads: int, seed: int, rope: dict | None = None,
+              tied: bool = False) -> transformers.LlamaForCausalLM:
     """A random fp32 HF Llama (norm weights randomised too, so a mix-up would show)."""
     config = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=n_kv_heads, max_position_embeddings=64,
-        rms_norm_eps=1e-5, initializer_range=0.1,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        num_attention_heads=4, num_key_value_heads=n_kv_heads, max_position_embeddings=256,
+        rms_norm_eps=1e-5, initializer_range=0.1, rope_parameters=dict(rope or DEFAULT_ROPE),
+        tie_word_embeddings=tied,
     )
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(config).eval()
@@ -48,6 +67,19 @@ def _hf_model(n_kv_heads: int, seed: int) -> transformers.LlamaForCausalLM:
 def hf_model(request: pytest.FixtureRequest) -> transformers.LlamaForCausalLM:
     """Tiny random HF models: grouped-query (4 heads, 2 kv) and multi-head attention."""
     return _hf_model(request.param, seed=request.param)
+
+
+# Llama-3.2 style (tied head, factor 32, 4:1 GQA) and Llama-3.1 style (untied, factor 8).
+LLAMA3_STYLES = {"llama3.2-tied": dict(n_kv_heads=1, rope=_llama3_rope(32.0), tied=True),
+                 "llama3.1-untied": dict(n_kv_heads=2, rope=_llama3_rope(8.0), tied=False)}
+
+
+@pytest.fixture(scope="module", params=list(LLAMA3_STYLES))
+def llama3_model(request: pytest.FixtureRequest) -> transformers.LlamaForCausalLM:
+    """Tiny random Llama-3-style HF models."""
+    model = _hf_model(seed=11, **LLAMA3_STYLES[request.param])
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == model.config.tie_word_embeddings
+    return model
 
 
 def _state_dict(model: transformers.LlamaForCausalLM) -> dict[str, np.ndarray]:
@@ -196,10 +228,15 @@ def test_convert_tool_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"tie_word_embeddings": True}, "tie_word_embeddings"),
     ({"attention_bias": True}, "attention_bias"),
-    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope scaling"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope scaling"),
+    ({"mlp_bias": True}, "mlp_bias"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_type='linear'"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
+    ({"rope_parameters": {"rope_type": "longrope"}}, "rope_type='longrope'"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "without factor"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ({"model_type": "mistral"}, "not a Llama"),
 ])
 def test_config_from_hf_refuses_other_architectures(change: dict, message: str) -> None:
@@ -224,3 +261,163 @@ def test_config_round_trip_and_llama2_70b_hf_config() -> None:
     ours = transformers.LlamaConfig(**hf.config_to_hf(llama.PRESETS["llama2-70b"]))
     assert (ours.num_key_value_heads, ours.intermediate_size, ours.head_dim) == (8, 28672, 128)
     assert ours.rope_parameters["rope_theta"] == 10000.0
+
+
+def _lemur_params(model: transformers.LlamaForCausalLM,
+                  config: llama.LlamaConfig) -> llama.Params:
+    """lemur params from an HF model's state dict (which holds lm_head.weight even when tied)."""
+    return hf.params_from_hf(_state_dict(model).__getitem__, config)
+
+
+def test_llama3_logits_match_transformers(llama3_model: transformers.LlamaForCausalLM) -> None:
+    config = _lemur_config(llama3_model)
+    assert (config.rope_type, config.rope_theta, config.rope_original_max_seq_len) == (
+        "llama3", 500000.0, 64)
+    assert config.tie_embeddings == llama3_model.config.tie_word_embeddings
+    params = _lemur_params(llama3_model, config)
+    assert ("lm_head" in params) != config.tie_embeddings  # tied: no separate head matrix
+    tokens = _tokens(2)
+    ref = _hf_logits(llama3_model, tokens)
+    out = np.asarray(_forward(params, jnp.asarray(tokens), config))
+    diff = float(np.abs(out - ref).max())
+    print(f"llama3 parity ({config.tie_embeddings=}): max |logit diff| {diff:.2e}, "
+          f"max |logit| {np.abs(ref).max():.2f}")
+    assert diff <= 1e-4, diff
+    assert np.abs(ref).max() > 1.0
+
+
+def test_llama3_inv_freq_matches_transformers_and_is_scaled(
+        llama3_model: transformers.LlamaForCausalLM) -> None:
+    config = _lemur_config(llama3_model)
+    ours = np.asarray(llama.rope_inv_freq(config))
+    np.testing.assert_allclose(ours, llama3_model.model.rotary_emb.inv_freq.numpy(), rtol=1e-6)
+    plain = np.asarray(llama.rope_inv_freq(_without_scaling(config)))
+    # All three branches occur: kept (high frequency), interpolated, divided by factor.
+    kept = np.isclose(ours, plain, rtol=1e-6)
+    divided = np.isclose(ours, plain / config.rope_factor, rtol=1e-6)
+    assert kept.sum() == 1 and kept[0], ours / plain
+    assert divided.sum() == len(ours) - 2 and not divided[1], ours / plain
+
+
+def _without_scaling(config: llama.LlamaConfig) -> llama.LlamaConfig:
+    """The same config with plain theta^(-2i/K) rotary frequencies."""
+    return dataclasses.replace(config, rope_type="default", **dict.fromkeys(
+        llama.LLAMA3_ROPE_FIELDS))
+
+
+def test_llama3_rope_scaling_is_needed(llama3_model: transformers.LlamaForCausalLM) -> None:
+    # Ignoring the scaling must break parity, or the parity test would not prove it is done.
+    config = _lemur_config(llama3_model)
+    params = _lemur_params(llama3_model, config)
+    tokens = _tokens(2)
+    out = np.asarray(_forward(params, jnp.asarray(tokens), _without_scaling(config)))
+    assert np.abs(out - _hf_logits(llama3_model, tokens)).max() > 1e-2
+
+
+def test_llama3_state_dict_round_trip_is_identical(
+        llama3_model: transformers.LlamaForCausalLM) -> None:
+    config = _lemur_config(llama3_model)
+    state = _state_dict(llama3_model)
+    back = dict(hf.params_to_hf(_lemur_params(llama3_model, config), config, dtype="float32"))
+    tied = {"lm_head.weight"} if config.tie_embeddings else set()
+    assert set(back) == set(state) - tied  # a tied export writes no lm_head, as HF does
+    for name, w in back.items():
+        np.testing.assert_array_equal(w, state[name], err_msg=name)
+
+
+def test_tied_checkpoint_with_a_different_head_is_refused() -> None:
+    model = _hf_model(n_kv_heads=2, seed=3, rope=_llama3_rope(32.0), tied=True)
+    config = _lemur_config(model)
+    state = _state_dict(model)
+    state["lm_head.weight"] = state["lm_head.weight"] + np.float32(1e-3)
+    with pytest.raises(ValueError, match="lm_head.weight differs"):
+        hf.params_from_hf(state.__getitem__, config)
+
+
+def test_convert_tool_round_trip_tied_llama3(tmp_path: Path) -> None:
+    model = _hf_model(n_kv_heads=2, seed=5, rope=_llama3_rope(32.0), tied=True)
+    src = tmp_path / "hf"
+    model.save_pretrained(src, max_shard_size="40KB")
+    original = _read_hf_dir(src)
+    assert "lm_head.weight" not in original  # what a real Llama-3.2 checkpoint looks like
+    tool = _load_tool()
+
+    assert tool.main(["to-lemur", str(src), str(tmp_path / "lemur")]) == 0
+    params, config = checkpoint.load_params(tmp_path / "lemur")
+    assert config.tie_embeddings and config.rope_type == "llama3" and "lm_head" not in params
+    assert jax.tree.map(np.shape, params) == llama.param_shapes(config)
+    tokens = _tokens(3)
+    ours = np.asarray(_forward(params, jnp.asarray(tokens), dataclasses.replace(
+        config, dtype="float32")))
+    assert np.abs(ours - _hf_logits(model, tokens)).max() <= 1e-4
+
+    # lemur -> HF: the same tensors (no lm_head), and a config.json with the same rope
+    # scaling and tie_word_embeddings.
+    assert tool.main(["to-hf", str(tmp_path / "lemur"), str(tmp_path / "out"),
+                      "--dtype", "float32"]) == 0
+    back = _read_hf_dir(tmp_path / "out")
+    assert set(back) == set(original)
+    for name, w in original.items():
+        np.testing.assert_array_equal(back[name], w, err_msg=name)
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    source = json.loads((src / "config.json").read_text())
+    assert written["tie_word_embeddings"] is True
+    assert written["rope_scaling"] == {k: v for k, v in source["rope_parameters"].items()
+                                       if k != "rope_theta"}
+    assert hf.config_from_hf(written) == hf.config_from_hf(source)
+
+    # transformers reads it as the same tied, llama3-scaled model.
+    reloaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert reloaded.lm_head.weight is reloaded.model.embed_tokens.weight
+    assert reloaded.config.rope_parameters == model.config.rope_parameters
+    assert np.abs(_hf_logits(reloaded, tokens) - ours).max() <= 1e-4
+
+    # Export -> import -> export is bit-identical, file for file.
+    assert tool.main(["to-lemur", str(tmp_path / "out"), str(tmp_path / "lemur2")]) == 0
+    assert tool.main(["to-hf", str(tmp_path / "lemur2"), str(tmp_path / "out2"),
+                      "--dtype", "float32"]) == 0
+    for file in sorted((tmp_path / "out").iterdir()):
+        assert file.read_bytes() == (tmp_path / "out2" / file.name).read_bytes(), file.name
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "default"}, {"type": "default"}])
+def test_default_rope_scaling_means_none(scaling: dict | None) -> None:
+    base = hf.config_to_hf(llama.PRESETS["llama2-7b"])
+    del base["rope_parameters"]  # a transformers 4.x config.json
+    config = hf.config_from_hf({**base, "rope_scaling": scaling})
+    assert config == llama.PRESETS["llama2-7b"]
+
+
+# config.json of meta-llama/Llama-3.2-1B and meta-llama/Llama-3.1-8B (transformers 4.x).
+LLAMA3_PUBLISHED = {
+    "llama3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
+                        num_hidden_layers=16, head_dim=64, tie_word_embeddings=True,
+                        rope_scaling={"factor": 32.0, "high_freq_factor": 4.0,
+                                      "low_freq_factor": 1.0, "rope_type": "llama3",
+                                      "original_max_position_embeddings": 8192}),
+    "llama3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                        num_hidden_layers=32, head_dim=128, tie_word_embeddings=False,
+                        rope_scaling={"factor": 8.0, "high_freq_factor": 4.0,
+                                      "low_freq_factor": 1.0, "rope_type": "llama3",
+                                      "original_max_position_embeddings": 8192}),
+}
+
+
+@pytest.mark.parametrize("name", list(LLAMA3_PUBLISHED))
+def test_published_llama3_configs_give_the_presets(name: str) -> None:
+    published = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                 "attention_bias": False, "mlp_bias": False, "hidden_act": "silu",
+                 "max_position_embeddings": 131072, "num_key_value_heads": 8,
+                 "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "vocab_size": 128256,
+                 "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16",
+                 **LLAMA3_PUBLISHED[name]}
+    preset = llama.PRESETS[name]
+    assert hf.config_from_hf(published) == preset
+    ours = hf.config_to_hf(preset)
+    assert ours["rope_scaling"] == published["rope_scaling"]
+    assert ours["tie_word_embeddings"] == published["tie_word_embeddings"]
+    assert hf.config_from_hf(ours) == preset
+    # transformers reads our config.json as the same rope scaling and head tying.
+    theirs = transformers.LlamaConfig(**ours)
+    assert theirs.rope_parameters == {**published["rope_scaling"], "rope_theta": 500000.0}
+    assert theirs.tie_word_embeddings == preset.tie_embeddings

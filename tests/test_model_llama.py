@@ -18,6 +18,11 @@ CONFIG = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_head
                      max_seq_len=64, dtype="float32", init_std=0.1)
 
 
+# Llama-3.1's scaling shape with a small original context (the tests use short sequences).
+LLAMA3_ROPE = dict(rope_type="llama3", rope_factor=8.0, rope_low_freq_factor=1.0,
+                   rope_high_freq_factor=4.0, rope_original_max_seq_len=64)
+
+
 def random_params(config: LlamaConfig, seed: int = 0) -> llama.Params:
     """Random params from numpy (no threefry compile: ~6 s on this CPU), norms not all 1."""
     rng = np.random.default_rng(seed)
@@ -53,6 +58,12 @@ def _forward(params, tokens, config, segment_ids=None, positions=None):
     (dict(attention_impl="flash"), "attention_impl"),
     (dict(rope_theta=0.0), "rope_theta"),
     (dict(scan_layers="yes"), "scan_layers"),
+    (dict(tie_embeddings=1), "tie_embeddings"),
+    (dict(rope_type="yarn"), "rope_type.*'yarn'"),
+    (dict(rope_factor=8.0), "rope_factor is set but rope_type is 'default'"),
+    (dict(LLAMA3_ROPE, rope_factor=None), "rope_factor"),
+    (dict(LLAMA3_ROPE, rope_original_max_seq_len=64.5), "rope_original_max_seq_len"),
+    (dict(LLAMA3_ROPE, rope_high_freq_factor=1.0), "must exceed rope_low_freq_factor"),
 ])
 def test_bad_configs_raise(bad: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -69,6 +80,9 @@ def test_config_is_frozen_and_hashable() -> None:
     ("llama2-7b", 6_738_415_616),
     ("llama2-13b", 13_015_864_320),
     ("llama2-70b", 68_976_648_192),
+    # Llama-3: sum of numel over HF's parameters (the 3.2 head is tied: counted once).
+    ("llama3.1-8b", 8_030_261_248),
+    ("llama3.2-1b", 1_235_814_400),
 ])
 def test_preset_param_counts_match_published(name: str, count: int) -> None:
     config = llama.PRESETS[name]
@@ -84,7 +98,12 @@ def test_presets_shapes() -> None:
     assert (big.n_kv_heads, big.d_ff, big.head_dim, big.n_layers) == (8, 28672, 128, 80)
     assert llama.PRESETS["llama2-7b"].n_kv_heads == 32
     assert 1.0e9 < llama.param_count(llama.PRESETS["llama-1b"]) < 1.2e9
-    assert set(llama.PRESETS) >= {"llama2-7b", "llama2-13b", "llama2-70b", "tiny", "llama-1b"}
+    assert set(llama.PRESETS) >= {"llama2-7b", "llama2-13b", "llama2-70b", "tiny", "llama-1b",
+                                  "llama3.1-8b", "llama3.2-1b"}
+    small = llama.PRESETS["llama3.2-1b"]
+    assert (small.tie_embeddings, small.rope_type, small.rope_factor, small.head_dim) == (
+        True, "llama3", 32.0, 64)
+    assert "lm_head" not in llama.param_shapes(small)
 
 
 def test_config_from_preset() -> None:
@@ -104,6 +123,10 @@ def test_flops_per_token_maxtext_convention() -> None:
     expected = 6 * matmul_params + 3 * causal_attention
     assert llama.flops_per_token(config, 4096) == pytest.approx(expected, rel=1e-12)
     assert llama.flops_per_token(config, 4096) == pytest.approx(42.863689728e9)
+    # A tied head is still a D x V matmul: the FLOPs do not change, the params do.
+    tied = dataclasses.replace(config, tie_embeddings=True)
+    assert llama.flops_per_token(tied, 4096) == llama.flops_per_token(config, 4096)
+    assert llama.param_count(config) - llama.param_count(tied) == config.d_model * 32000
 
 
 def test_init_params_tree() -> None:
@@ -124,7 +147,8 @@ def test_init_params_tree() -> None:
 def test_rope_is_a_rotation_of_interleaved_pairs() -> None:
     x = jnp.asarray(np.random.default_rng(1).standard_normal((1, 3, 2, 8)), jnp.float32)
     positions = jnp.array([[0, 1, 5]])
-    cos, sin = llama.rope_angles(positions, 8, 10000.0)
+    config = dataclasses.replace(CONFIG, d_model=16, n_heads=2, n_kv_heads=2)  # head_dim 8
+    cos, sin = llama.rope_angles(positions, llama.rope_inv_freq(config))
     y = llama.apply_rope(x, cos, sin)
     np.testing.assert_allclose(y[:, 0], x[:, 0], atol=1e-6)  # position 0: identity
     # Norms of each (2i, 2i+1) pair are kept; pair 0 at position 1 turns by exactly 1 rad.
@@ -242,3 +266,36 @@ def test_attention_backend_selection() -> None:
         assert llama._attention_impl(dataclasses.replace(CONFIG, dtype="bfloat16"), 128) == "xla"
     xla = dataclasses.replace(CONFIG, attention_impl="xla")
     assert llama._attention_impl(xla, 8) == "xla"
+
+
+def test_tied_head_is_the_embedding_transposed(params: llama.Params) -> None:
+    tied = dataclasses.replace(CONFIG, tie_embeddings=True)
+    tied_params = {k: v for k, v in params.items() if k != "lm_head"}
+    assert jax.tree.map(jnp.shape, tied_params) == llama.param_shapes(tied)
+    tokens = jnp.asarray(np.random.default_rng(6).integers(0, CONFIG.vocab_size, (2, 8)))
+    # Untied with lm_head = embed.T computes the same function.
+    as_untied = {**tied_params, "lm_head": params["embed"].T}
+    np.testing.assert_allclose(_forward(tied_params, tokens, tied),
+                               _forward(as_untied, tokens, CONFIG), atol=1e-6, rtol=1e-6)
+    # The embedding gets the gradient of both its uses: the lookup and the head.
+    _, grads = _loss_and_grads(tied, tied_params, tokens)
+    _, untied_grads = _loss_and_grads(CONFIG, as_untied, tokens)
+    np.testing.assert_allclose(grads["embed"], untied_grads["embed"] + untied_grads["lm_head"].T,
+                               atol=1e-6, rtol=1e-4)
+    key = jax.random.key(0, impl="rbg")
+    init = jax.eval_shape(functools.partial(llama.init_params, tied), key)
+    assert "lm_head" not in init and llama.param_count(tied) == sum(
+        x.size for x in jax.tree.leaves(init))
+
+
+def test_llama3_rope_keeps_high_and_stretches_low_frequencies() -> None:
+    plain = np.asarray(llama.rope_inv_freq(CONFIG))  # head_dim 8: wavelengths 6.3 .. 4e3
+    scaled = np.asarray(llama.rope_inv_freq(dataclasses.replace(CONFIG, **LLAMA3_ROPE)))
+    wavelen = 2 * np.pi / plain
+    high = wavelen < 64 / 4.0
+    low = wavelen > 64 / 1.0
+    assert high.any() and low.any() and (~high & ~low).any()
+    np.testing.assert_array_equal(scaled[high], plain[high])
+    np.testing.assert_allclose(scaled[low], plain[low] / 8.0, rtol=1e-6)
+    mid = ~high & ~low  # interpolated: strictly between the two
+    assert ((scaled[mid] < plain[mid]) & (scaled[mid] > plain[mid] / 8.0)).all()

@@ -37,7 +37,7 @@ def _mesh(data: int, fsdp: int, tensor: int) -> AbstractMesh:
     return AbstractMesh((data, fsdp, tensor), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
-@pytest.mark.parametrize("name", ["tiny", "llama2-70b"])
+@pytest.mark.parametrize("name", ["tiny", "llama2-70b", "llama3.2-1b"])
 def test_every_param_has_a_spec_of_its_rank(name: str) -> None:
     config = llama.PRESETS[name]
     abstract = _abstract(config)
@@ -52,7 +52,9 @@ def test_every_param_has_a_spec_of_its_rank(name: str) -> None:
         specs["layers"], is_leaf=lambda x: isinstance(x, P)))
     assert specs["layers"]["wq"] == P(None, "fsdp", "tensor", None)
     assert specs["layers"]["w_down"] == P(None, "tensor", "fsdp")
-    assert specs["embed"] == P("tensor", "fsdp") and specs["lm_head"] == P("fsdp", "tensor")
+    assert specs["embed"] == P("tensor", "fsdp")
+    # A tied head has no matrix of its own (the logits use embed, split the same way).
+    assert specs.get("lm_head") == (None if config.tie_embeddings else P("fsdp", "tensor"))
 
 
 def test_table_rejects_unknown_params_and_wrong_layer_count() -> None:
@@ -108,7 +110,17 @@ def test_sharded_forward_and_grads_equal_unsharded_on_8_cpu_devices() -> None:
 def _mesh_check() -> None:
     """Subprocess body: (data 2, fsdp 2, tensor 2) sharded run == single-device run."""
     assert jax.device_count() == 8, jax.devices()
-    config = MESH_CONFIG
+    _mesh_check_one(MESH_CONFIG)
+    # Llama-3.2 style: the tied head reuses the (tensor, fsdp)-split embedding.
+    _mesh_check_one(dataclasses.replace(
+        MESH_CONFIG, tie_embeddings=True, rope_type="llama3", rope_theta=500000.0,
+        rope_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+        rope_original_max_seq_len=16))
+    print("MESH OK")
+
+
+def _mesh_check_one(config: llama.LlamaConfig) -> None:
+    """One config: the sharded loss, logits and gradients equal the single-device ones."""
     rng = np.random.default_rng(0)
     params = jax.tree.map(lambda s: jnp.asarray(0.1 * rng.standard_normal(s), jnp.float32),
                           llama.param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
@@ -140,7 +152,6 @@ def _mesh_check() -> None:
     np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-6)
     for g, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(ref), atol=1e-6, rtol=1e-4)
-    print("MESH OK")
 
 
 if __name__ == "__main__" and "--mesh-check" in sys.argv:

@@ -6,6 +6,10 @@ pairs (x[2i], x[2i+1]), the rows of q_proj and k_proj inside each head are permu
 (transformers' convert_llama_weights_to_hf.py `permute`). lemur keeps Meta's layout, so
 import undoes that permutation and export redoes it; the attention scores are unchanged.
 
+Supported: Llama-2 and Llama-3/3.1/3.2 (rope_scaling none, "default" or "llama3"; tied
+embeddings, where the checkpoint has no lm_head.weight or one equal to the embedding).
+Other rope scalings, biases, other activations and non-Llama model types are refused.
+
 Everything here is numpy (safetensors' numpy API reads bf16 through ml_dtypes), so a
 conversion streams one tensor at a time and needs no torch.
 """
@@ -24,7 +28,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from lemur.model.llama import DTYPES, LlamaConfig, Params, param_shapes
+from lemur.model.llama import DTYPES, LLAMA3_ROPE_FIELDS, LlamaConfig, Params, param_shapes
 
 HF_GLOBAL_NAMES: dict[str, str] = {
     "embed": "model.embed_tokens.weight",
@@ -45,12 +49,16 @@ HF_LAYER_NAMES: dict[str, str] = {  # lemur per-layer name -> HF name inside mod
 
 
 def hf_names(config: LlamaConfig) -> list[tuple[str, str, int | None]]:
-    """Every HF tensor as (hf_name, lemur_name, layer or None), in HF's file order."""
+    """Every HF tensor as (hf_name, lemur_name, layer or None), in HF's file order.
+
+    With tied embeddings there is no lm_head.weight (save_pretrained omits it too).
+    """
     names: list[tuple[str, str, int | None]] = [(HF_GLOBAL_NAMES["embed"], "embed", None)]
     for i in range(config.n_layers):
         names += [(f"model.layers.{i}.{hf}", ours, i) for ours, hf in HF_LAYER_NAMES.items()]
-    names += [(HF_GLOBAL_NAMES["final_norm"], "final_norm", None),
-              (HF_GLOBAL_NAMES["lm_head"], "lm_head", None)]
+    names.append((HF_GLOBAL_NAMES["final_norm"], "final_norm", None))
+    if not config.tie_embeddings:
+        names.append((HF_GLOBAL_NAMES["lm_head"], "lm_head", None))
     return names
 
 
@@ -87,20 +95,36 @@ def to_hf_tensor(name: str, w: np.ndarray, config: LlamaConfig) -> np.ndarray:
 def params_from_hf(get_tensor: Callable[[str], np.ndarray], config: LlamaConfig,
                    dtype: str = "float32") -> Params:
     """Numpy lemur params filled one HF tensor at a time (peak: the output + one tensor)."""
-    shapes = param_shapes(config)
-    params: Params = {
-        "embed": np.empty(shapes["embed"], DTYPES[dtype]),
-        "layers": {n: np.empty(s, DTYPES[dtype]) for n, s in shapes["layers"].items()},
-        "final_norm": np.empty(shapes["final_norm"], DTYPES[dtype]),
-        "lm_head": np.empty(shapes["lm_head"], DTYPES[dtype]),
-    }
+    params: Params = {name: np.empty(shape, DTYPES[dtype]) if isinstance(shape, tuple) else
+                      {n: np.empty(s, DTYPES[dtype]) for n, s in shape.items()}
+                      for name, shape in param_shapes(config).items()}
     for hf_name, name, layer in hf_names(config):
         dest = params[name] if layer is None else params["layers"][name][layer]
         w = to_lemur_tensor(name, np.asarray(get_tensor(hf_name)), config)
         if w.shape != dest.shape:
             raise ValueError(f"{hf_name}: shape {w.shape} in lemur layout, expected {dest.shape}")
         dest[...] = w  # casts (bf16 -> fp32 is exact)
+    if config.tie_embeddings:
+        _check_tied_head(get_tensor, params["embed"])
     return params
+
+
+def _check_tied_head(get_tensor: Callable[[str], np.ndarray], embed_VxD: np.ndarray) -> None:
+    """With tied embeddings, an lm_head.weight in the checkpoint must equal the embedding."""
+    name = HF_GLOBAL_NAMES["lm_head"]
+    try:
+        head_VxD = get_tensor(name)  # a state_dict holds it; save_pretrained omits it
+    except KeyError:
+        return
+    if head_VxD.shape != embed_VxD.shape:
+        raise ValueError(f"tie_word_embeddings is true but {name} has shape {head_VxD.shape}, "
+                         f"the embedding {embed_VxD.shape}")
+    rows = 4096  # compare in slices: a full comparison would hold a V x D temporary
+    for start in range(0, embed_VxD.shape[0], rows):
+        if not np.array_equal(head_VxD[start:start + rows].astype(embed_VxD.dtype),
+                              embed_VxD[start:start + rows]):
+            raise ValueError(f"tie_word_embeddings is true but {name} differs from "
+                             f"{HF_GLOBAL_NAMES['embed']}")
 
 
 def params_to_hf(params: Params, config: LlamaConfig,
@@ -112,28 +136,65 @@ def params_to_hf(params: Params, config: LlamaConfig,
 
 
 def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> LlamaConfig:
-    """LlamaConfig from an HF config.json dict; refuses features Llama-2 does not have."""
+    """LlamaConfig from an HF config.json dict; refuses features lemur's Llama does not have."""
     if hf.get("model_type", "llama") != "llama":
         raise ValueError(f"not a Llama config: model_type={hf.get('model_type')!r}")
-    rope = dict(hf.get("rope_parameters") or {})
-    if (hf.get("rope_scaling") or rope.get("rope_type", "default")) not in (None, "default"):
-        raise ValueError(f"unsupported rope scaling {hf.get('rope_scaling') or rope}")
-    unsupported = {"attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
-                   "hidden_act": "silu"}
+    unsupported = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}
     for key, want in unsupported.items():
         if hf.get(key, want) != want:
-            raise ValueError(f"unsupported HF config: {key}={hf[key]!r} (Llama-2 has {want!r})")
+            raise ValueError(f"unsupported HF config: {key}={hf[key]!r} (Llama has {want!r})")
     d_model, n_heads = hf["hidden_size"], hf["num_attention_heads"]
     if hf.get("head_dim") not in (None, d_model // n_heads):
         raise ValueError(f"unsupported head_dim {hf['head_dim']} != hidden/heads")
+    max_seq_len = hf.get("max_position_embeddings", 4096)
     fields: dict[str, Any] = dict(
         vocab_size=hf["vocab_size"], d_model=d_model, n_layers=hf["num_hidden_layers"],
         n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-        d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 4096),
-        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        d_ff=hf["intermediate_size"], max_seq_len=max_seq_len,
         norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        **_rope_from_hf(hf, max_seq_len),
     )
     return LlamaConfig(**{**fields, **overrides})
+
+
+def _rope_from_hf(hf: Mapping[str, Any], max_seq_len: int) -> dict[str, Any]:
+    """The LlamaConfig rope fields of an HF config (4.x `rope_scaling` or 5.x `rope_parameters`).
+
+    Same precedence as transformers: rope_scaling over rope_parameters, and a rope_theta
+    inside the dict over the top-level one.
+    """
+    rope = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "llama3"):
+        raise ValueError(f"unsupported rope scaling rope_type={rope_type!r} (lemur supports "
+                         "none, 'default' and 'llama3')")
+    if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError("unsupported partial_rotary_factor "
+                         f"{rope.get('partial_rotary_factor', hf.get('partial_rotary_factor'))}")
+    fields: dict[str, Any] = {
+        "rope_type": rope_type,
+        "rope_theta": float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+    }
+    if rope_type == "llama3":
+        missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in rope]
+        if missing:
+            raise ValueError(f"rope scaling 'llama3' without {', '.join(missing)}")
+        # transformers falls back to max_position_embeddings, as here.
+        original = rope.get("original_max_position_embeddings",
+                            hf.get("original_max_position_embeddings", max_seq_len))
+        fields |= {ours: float(rope[key]) for ours, key in LLAMA3_ROPE_FIELDS.items()
+                   if ours != "rope_original_max_seq_len"}
+        fields["rope_original_max_seq_len"] = int(original)
+    return fields
+
+
+def rope_scaling_to_hf(config: LlamaConfig) -> dict[str, Any] | None:
+    """HF's rope_scaling dict for the config (None when there is no scaling)."""
+    if config.rope_type == "default":
+        return None
+    return {"rope_type": config.rope_type,
+            **{key: getattr(config, ours) for ours, key in LLAMA3_ROPE_FIELDS.items()}}
 
 
 def config_to_hf(config: LlamaConfig, dtype: str = "bfloat16") -> dict[str, Any]:
@@ -145,10 +206,14 @@ def config_to_hf(config: LlamaConfig, dtype: str = "bfloat16") -> dict[str, Any]
         "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
         "head_dim": config.head_dim, "hidden_act": "silu",
         "max_position_embeddings": config.max_seq_len, "rms_norm_eps": config.norm_eps,
-        # 5.x reads rope_parameters; 4.x reads rope_theta.
+        # 5.x reads rope_parameters (but rope_scaling first, when set); 4.x reads rope_theta
+        # and rope_scaling. All three say the same thing.
         "rope_theta": config.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
-        "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False,
+        "rope_scaling": rope_scaling_to_hf(config),
+        "rope_parameters": {"rope_type": "default", **(rope_scaling_to_hf(config) or {}),
+                            "rope_theta": config.rope_theta},
+        "attention_bias": False, "mlp_bias": False,
+        "tie_word_embeddings": config.tie_embeddings,
         "initializer_range": config.init_std, "bos_token_id": 1, "eos_token_id": 2,
         "torch_dtype": dtype, "dtype": dtype,
     }

@@ -1,8 +1,11 @@
-"""Llama-2 as pure functions over a params pytree (no flax): config, init, forward, FLOPs.
+"""Llama-2/3 as pure functions over a params pytree (no flax): config, init, forward, FLOPs.
 
-Exactly the Llama-2 architecture (pre-norm RMSNorm, rotary embeddings, grouped-query
-attention, SwiGLU MLP, untied input/output embeddings, no biases), so real weights load
-and give the same logits as Hugging Face `LlamaForCausalLM` (see lemur.model.hf).
+Exactly the Llama architecture (pre-norm RMSNorm, rotary embeddings, grouped-query
+attention, SwiGLU MLP, no biases), so real weights load and give the same logits as
+Hugging Face `LlamaForCausalLM` (see lemur.model.hf). Llama-2 unties the input and output
+embeddings; Llama-3.1 adds "llama3" rotary scaling; the small Llama-3.2 models also tie
+the output head to the embedding table (`tie_embeddings`: the params carry no `lm_head`
+and the logits use `embed` transposed).
 
 Layout choices:
 - Per-layer parameters are stacked on a leading n_layers axis, whatever `scan_layers`
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -41,11 +45,21 @@ REMAT_POLICIES: dict[str, Any] = {
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 ATTENTION_IMPLS = (None, "xla", "cudnn")
+# Rotary frequency schemes: "default" is theta^(-2i/K) (Llama-2, Llama-3.0); "llama3"
+# stretches the low frequencies by rope_factor, smoothly (Llama-3.1 and later).
+ROPE_TYPES = ("default", "llama3")
+# The fields of a "llama3" scaling, as HF's rope_scaling keys name them.
+LLAMA3_ROPE_FIELDS: dict[str, str] = {
+    "rope_factor": "factor",
+    "rope_low_freq_factor": "low_freq_factor",
+    "rope_high_freq_factor": "high_freq_factor",
+    "rope_original_max_seq_len": "original_max_position_embeddings",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
-    """Shapes and numerics of a Llama-2 model; hashable, so it can be a jit static arg."""
+    """Shapes and numerics of a Llama-2/3 model; hashable, so it can be a jit static arg."""
 
     vocab_size: int
     d_model: int
@@ -62,6 +76,14 @@ class LlamaConfig:
     scan_layers: bool = False  # lax.scan over layers: compile time flat in depth
     attention_impl: str | None = None  # "xla" | "cudnn" | None: cuDNN on GPU when it fits
     init_std: float = 0.02  # HF's initializer_range; norms start at 1
+    tie_embeddings: bool = False  # logits = h @ embed.T, no lm_head (Llama-3.2 1B/3B)
+    # Rotary scaling: "default" (none) or "llama3"; the four rope_* fields below are set
+    # for "llama3" only, and must be None otherwise so that an ignored value cannot hide.
+    rope_type: str = "default"
+    rope_factor: float | None = None
+    rope_low_freq_factor: float | None = None
+    rope_high_freq_factor: float | None = None
+    rope_original_max_seq_len: int | None = None
 
     def __post_init__(self) -> None:
         """Reject configs that cannot describe a Llama model, naming the bad field."""
@@ -89,8 +111,35 @@ class LlamaConfig:
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"LlamaConfig.attention_impl must be one of {ATTENTION_IMPLS}, "
                              f"got {self.attention_impl!r}")
-        if not isinstance(self.scan_layers, bool):
-            raise ValueError(f"LlamaConfig.scan_layers must be a bool, got {self.scan_layers!r}")
+        for name in ("scan_layers", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"LlamaConfig.{name} must be a bool, "
+                                 f"got {getattr(self, name)!r}")
+        self._check_rope_scaling()
+
+    def _check_rope_scaling(self) -> None:
+        """rope_type is known, and the llama3 fields are all set for it and unset otherwise."""
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"LlamaConfig.rope_type must be one of {ROPE_TYPES}, "
+                             f"got {self.rope_type!r}")
+        values = {name: getattr(self, name) for name in LLAMA3_ROPE_FIELDS}
+        if self.rope_type != "llama3":
+            stray = [name for name, value in values.items() if value is not None]
+            if stray:
+                raise ValueError(f"LlamaConfig.{stray[0]} is set but rope_type is "
+                                 f"{self.rope_type!r} (only 'llama3' uses it)")
+            return
+        for name, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"LlamaConfig.{name} must be a positive number for "
+                                 f"rope_type 'llama3', got {value!r}")
+        if not isinstance(self.rope_original_max_seq_len, int):
+            raise ValueError("LlamaConfig.rope_original_max_seq_len must be an int, got "
+                             f"{self.rope_original_max_seq_len!r}")
+        if not self.rope_high_freq_factor > self.rope_low_freq_factor:  # type: ignore[operator]
+            # The smoothing divides by their difference.
+            raise ValueError(f"LlamaConfig.rope_high_freq_factor {self.rope_high_freq_factor} "
+                             f"must exceed rope_low_freq_factor {self.rope_low_freq_factor}")
 
     @property
     def head_dim(self) -> int:
@@ -104,6 +153,10 @@ class LlamaConfig:
 
 
 _LLAMA2 = dict(vocab_size=32000, max_seq_len=4096, rope_theta=10000.0, norm_eps=1e-5)
+# Llama-3.1/3.2: 128K vocab, theta 500000, 128K context through llama3 rope scaling.
+_LLAMA3 = dict(vocab_size=128256, max_seq_len=131072, rope_theta=500000.0, norm_eps=1e-5,
+               rope_type="llama3", rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+               rope_original_max_seq_len=8192)
 PRESETS: dict[str, LlamaConfig] = {
     # Published Llama-2 shapes (Touvron et al. 2023; HF config.json of meta-llama/Llama-2-*).
     "llama2-7b": LlamaConfig(**_LLAMA2, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32,
@@ -112,6 +165,11 @@ PRESETS: dict[str, LlamaConfig] = {
                               d_ff=13824),
     "llama2-70b": LlamaConfig(**_LLAMA2, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
                               d_ff=28672),
+    # HF config.json of meta-llama/Llama-3.1-8B and meta-llama/Llama-3.2-1B (tied head).
+    "llama3.1-8b": LlamaConfig(**_LLAMA3, rope_factor=8.0, d_model=4096, n_layers=32,
+                               n_heads=32, n_kv_heads=8, d_ff=14336),
+    "llama3.2-1b": LlamaConfig(**_LLAMA3, rope_factor=32.0, d_model=2048, n_layers=16,
+                               n_heads=32, n_kv_heads=8, d_ff=8192, tie_embeddings=True),
     # ~1.1B parameters with Llama-2's head_dim 128 and 4:1 GQA: one-GPU MFU benchmarks.
     "llama-1b": LlamaConfig(**_LLAMA2, d_model=2048, n_layers=16, n_heads=16, n_kv_heads=4,
                             d_ff=8192),
@@ -129,10 +187,10 @@ def config_from_preset(name: str, **overrides: Any) -> LlamaConfig:
 
 
 def param_shapes(config: LlamaConfig) -> Params:
-    """The params pytree's shapes, without allocating anything."""
+    """The params pytree's shapes, without allocating anything (no lm_head when tied)."""
     D, N, H, G, K, F, V = (config.d_model, config.n_layers, config.n_heads, config.n_kv_heads,
                            config.head_dim, config.d_ff, config.vocab_size)
-    return {
+    shapes: Params = {
         "embed": (V, D),
         "layers": {
             "attn_norm": (N, D), "wq": (N, D, H, K), "wk": (N, D, G, K), "wv": (N, D, G, K),
@@ -140,8 +198,10 @@ def param_shapes(config: LlamaConfig) -> Params:
             "w_down": (N, F, D),
         },
         "final_norm": (D,),
-        "lm_head": (D, V),
     }
+    if not config.tie_embeddings:
+        shapes["lm_head"] = (D, V)
+    return shapes
 
 
 def _is_shape(x: Any) -> bool:
@@ -171,9 +231,10 @@ def param_count(config: LlamaConfig) -> int:
 def flops_per_token(config: LlamaConfig, seq_len: int) -> float:
     """Training (fwd+bwd) FLOPs per token, MaxText's convention, for MFU.
 
-    6 x matmul params (all but the input embedding and norms; lm_head included) plus
-    attention scores and values: 2 matmuls x 2 FLOPs x L x H x K per layer per token
-    forward, halved for the causal mask, x3 for forward + backward.
+    6 x matmul params (all but the input embedding and norms; the output head included,
+    tied or not: it is a D x V matmul either way) plus attention scores and values:
+    2 matmuls x 2 FLOPs x L x H x K per layer per token forward, halved for the causal
+    mask, x3 for forward + backward.
     """
     D, H, G, K, F = (config.d_model, config.n_heads, config.n_kv_heads, config.head_dim,
                      config.d_ff)
@@ -190,11 +251,38 @@ def rms_norm(x_BxLxD: jax.Array, w_D: jax.Array, eps: float) -> jax.Array:
     return y.astype(x_BxLxD.dtype) * w_D.astype(x_BxLxD.dtype)
 
 
-def rope_angles(positions_BxL: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, ...]:
-    """cos and sin (BxLxK/2, fp32) of the rotary angles position * theta^(-2i/K)."""
-    # inv_freq from an fp32 arange, as HF and Meta compute it (float64 would drift from them).
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    angles_BxLxK2 = positions_BxL.astype(jnp.float32)[..., None] * inv_freq
+def rope_inv_freq(config: LlamaConfig) -> jax.Array:
+    """Rotary inverse frequencies (K/2, fp32): theta^(-2i/K), llama3-scaled if configured."""
+    K = config.head_dim
+    # From an fp32 arange, as HF and Meta compute it (float64 would drift from them).
+    inv_freq_K2 = 1.0 / (config.rope_theta ** (jnp.arange(0, K, 2, dtype=jnp.float32) / K))
+    if config.rope_type == "llama3":
+        inv_freq_K2 = _llama3_scaled(inv_freq_K2, config)
+    return inv_freq_K2
+
+
+def _llama3_scaled(inv_freq_K2: jax.Array, config: LlamaConfig) -> jax.Array:
+    """Llama-3.1's scaling: wavelengths above original/low_freq_factor are stretched by
+    factor, those below original/high_freq_factor kept, and those between interpolated.
+
+    Same operations in the same fp32 order as Meta's `apply_scaling` and HF's
+    `_compute_llama3_parameters` (python scalars stay weak-typed, so everything is fp32).
+    """
+    factor, low, high = (config.rope_factor, config.rope_low_freq_factor,
+                         config.rope_high_freq_factor)
+    original = config.rope_original_max_seq_len
+    assert factor is not None and low is not None and high is not None and original
+    wavelen_K2 = 2 * math.pi / inv_freq_K2
+    stretched_K2 = jnp.where(wavelen_K2 > original / low, inv_freq_K2 / factor, inv_freq_K2)
+    smooth_K2 = (original / wavelen_K2 - low) / (high - low)
+    smoothed_K2 = (1 - smooth_K2) * stretched_K2 / factor + smooth_K2 * stretched_K2
+    is_medium_K2 = ~(wavelen_K2 < original / high) & ~(wavelen_K2 > original / low)
+    return jnp.where(is_medium_K2, smoothed_K2, stretched_K2)
+
+
+def rope_angles(positions_BxL: jax.Array, inv_freq_K2: jax.Array) -> tuple[jax.Array, ...]:
+    """cos and sin (BxLxK/2, fp32) of the rotary angles position * inv_freq."""
+    angles_BxLxK2 = positions_BxL.astype(jnp.float32)[..., None] * inv_freq_K2
     return jnp.cos(angles_BxLxK2), jnp.sin(angles_BxLxK2)
 
 
@@ -264,12 +352,12 @@ def embed_tokens(params: Params, tokens_BxL: jax.Array, config: LlamaConfig) -> 
 def forward_embeddings(params: Params, x_BxLxD: jax.Array, config: LlamaConfig, *,
                        segment_ids: jax.Array | None = None,
                        positions: jax.Array | None = None) -> jax.Array:
-    """Transformer blocks, final norm and lm_head over input embeddings -> fp32 logits."""
+    """Transformer blocks, final norm and output head over input embeddings -> fp32 logits."""
     B, L, _ = x_BxLxD.shape
     x_BxLxD = x_BxLxD.astype(config.compute_dtype)
     positions_BxL = (jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
                      if positions is None else positions)
-    cos_BxLxK2, sin_BxLxK2 = rope_angles(positions_BxL, config.head_dim, config.rope_theta)
+    cos_BxLxK2, sin_BxLxK2 = rope_angles(positions_BxL, rope_inv_freq(config))
     mask_Bx1xLxL = None
     if segment_ids is not None:  # document masking: attend only within one's own document
         mask_Bx1xLxL = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
@@ -289,9 +377,20 @@ def forward_embeddings(params: Params, x_BxLxD: jax.Array, config: LlamaConfig, 
         for i in range(config.n_layers):
             x_BxLxD = block_fn(x_BxLxD, {name: ws[i] for name, ws in unstacked.items()})
     x_BxLxD = rms_norm(x_BxLxD, params["final_norm"], config.norm_eps)
-    logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD,
-                              params["lm_head"].astype(config.compute_dtype),
-                              preferred_element_type=jnp.float32)
+    return output_head(params, x_BxLxD, config)
+
+
+def output_head(params: Params, x_BxLxD: jax.Array, config: LlamaConfig) -> jax.Array:
+    """fp32 logits from the final hidden states: lm_head, or embed transposed when tied."""
+    dt = config.compute_dtype
+    if config.tie_embeddings:
+        # embed is VxD sharded (tensor, fsdp): the product comes out V-split over tensor,
+        # which is the logits' own layout, so no transpose is materialised.
+        logits_BxLxV = jnp.einsum("bld,vd->blv", x_BxLxD, params["embed"].astype(dt),
+                                  preferred_element_type=jnp.float32)
+    else:
+        logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD, params["lm_head"].astype(dt),
+                                  preferred_element_type=jnp.float32)
     return constrain(logits_BxLxV, "BLV")
 
 

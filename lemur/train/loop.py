@@ -40,7 +40,9 @@ from lemur.train.metrics import MetricsWriter, peak_tflops_per_device
 from lemur.train.progress import Reporter
 
 # LlamaConfig fields that define the parameter shapes: a pretrained checkpoint must match.
-_SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff")
+# (tie_embeddings decides whether there is an lm_head at all.)
+_SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
+                 "tie_embeddings")
 
 
 class RunError(ValueError):
