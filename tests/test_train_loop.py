@@ -24,8 +24,8 @@ from lemur.train.loop import RunError, TrainingDiverged, train
 from lemur.train.metrics import read_records
 
 
-def build_corpus(root: Path) -> Path:
-    """A real two-domain shard directory (stdlib code + pydoc text, 600-token vocab): ~3 s.
+def build_corpus(root: Path, vocab: int = 600) -> Path:
+    """A real two-domain shard directory (stdlib code + pydoc text, `vocab` tokens): ~3 s.
 
     Built by `lemur-data build` in a subprocess: the build forks workers, and forking a
     process that already runs JAX's threads can deadlock.
@@ -38,8 +38,9 @@ def build_corpus(root: Path) -> Path:
         (code / p.name).write_bytes(p.read_bytes())
     text = conftest.write_jsonl(root / "text.jsonl", conftest.real_text_docs(60))
     recipe = root / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump(
-        conftest.base_recipe(root, code, [text], filters=conftest.NO_FILTERS)))
+    raw = conftest.base_recipe(root, code, [text], filters=conftest.NO_FILTERS)
+    raw["tokenizer"]["train"]["vocab_size"] = vocab
+    recipe.write_text(yaml.safe_dump(raw))
     result = subprocess.run([sys.executable, "-m", "lemur.data.cli", "build", str(recipe)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -187,6 +188,8 @@ def test_setup_errors_are_one_line(corpus: Path, tmp_path: Path,
         (["mesh.data=3"], "mesh"),
         (["batch.size=6", "batch.microbatches=4"], "batch.microbatches"),
         (["model.init_from=" + str(tmp_path / "nope")], "model.init_from"),
+        (["run_dir=" + str(tmp_path / "c.yaml")], "run_dir"),  # a file, not a directory
+        (["checkpoint.dir=" + str(tmp_path / "c.yaml")], "checkpoint.dir"),
     ]
     for overrides, needle in cases:
         config_file = tmp_path / "c.yaml"

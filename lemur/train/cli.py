@@ -4,8 +4,10 @@
     lemur-train plot RUN_DIR [--out DIR]
 
 CONFIG is a YAML file or the name of a shipped config (tiny, demo, lemur-70b, ...).
-Exit codes: 0 done (or stopped by a signal with a checkpoint saved), 1 training diverged,
-2 bad config, data or checkpoint (a one-line message), 130 interrupted during setup.
+Exit codes: 0 done, already done, or stopped by a signal with a checkpoint saved;
+1 training diverged; 2 bad config, data, run directory or checkpoints, or `steps` below
+the latest checkpoint (a one-line message); 130 (SIGINT) or 143 (SIGTERM) before
+training started (nothing half-written).
 """
 
 from __future__ import annotations
@@ -77,6 +79,19 @@ def dry_run_summary(config: TrainConfig) -> str:
 def cmd_train(argv: list[str]) -> int:
     """Run (or dry-run) a training config."""
     args = train_parser().parse_args(argv)
+    from lemur.train import interrupt
+
+    # Before the slow imports (jax): from now until training starts, Ctrl-C exits 130
+    # at once instead of raising KeyboardInterrupt in the middle of JAX or XLA.
+    interrupt.arm()
+    try:
+        return _train(args)
+    finally:
+        interrupt.restore()  # main() may be called again in this process (tests)
+
+
+def _train(args: argparse.Namespace) -> int:
+    """Load the config, then dry-run or train it; the exit code."""
     from lemur.train.config import ConfigError, load_config
 
     try:
@@ -94,12 +109,13 @@ def cmd_train(argv: list[str]) -> int:
         return _die(str(e))
     except TrainingDiverged as e:
         return _die(str(e), 1)
-    except KeyboardInterrupt:
-        return _die("interrupted before training started", 130)
-    evals = "  ".join(f"val {k} {v:.4f}" for k, v in summary.evals.items())
-    loss = f"loss {summary.loss:.4f}  " if summary.loss is not None else ""
-    print(f"lemur-train: step {summary.step}  {loss}{evals}  ({summary.run_dir})",
-          file=sys.stderr)
+    except KeyboardInterrupt:  # a second Ctrl-C after training started, or several processes
+        return _die("interrupted", 130)
+    parts = [f"step {summary.step}"]
+    if summary.loss is not None:
+        parts.append(f"loss {summary.loss:.4f}")
+    parts += [f"val {k} {v:.4f}" for k, v in summary.evals.items()]
+    print(f"lemur-train: {'  '.join(parts)}  ({summary.run_dir})", file=sys.stderr)
     return 0
 
 

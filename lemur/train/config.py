@@ -85,6 +85,9 @@ class DataConfig:
     num_threads: int = 1
     prefetch: int = 8
     num_workers: int = 0
+    # Resume only from a loader state of this same pipeline; false: continue from the
+    # saved position even though directories, weights, seed or seq_len changed.
+    strict_state: bool = True
 
     def __post_init__(self) -> None:
         _check(bool(self.dirs), "data.dirs", "must list at least one shard directory")

@@ -52,6 +52,17 @@ class ShardCompatibilityError(ShardFormatError):
     """A shard directory that does not match what the model or the other sources expect."""
 
 
+class LoaderStateMismatch(ValueError):
+    """A saved loader state that comes from another data pipeline."""
+
+
+# Index entries checked per vectorized pass: bounded memory (32 MiB) on any shard size.
+_INDEX_CHUNK = 1 << 22
+# Token ids sampled per shard at start-up: this many evenly spaced blocks of this length.
+_SAMPLE_BLOCKS, _SAMPLE_LEN = 16, 4096
+_VERIFY_HINT = "(`lemur-data verify DIR` checks every shard)"
+
+
 def _shards_of(manifest: dict[str, Any], split: str, domain: str | None) -> list[dict[str, Any]]:
     return [
         s
@@ -103,6 +114,69 @@ def check_structure(directory: str | os.PathLike, shards: Sequence[dict[str, Any
     return manifest
 
 
+def check_index(path: str | os.PathLike, tokens: int) -> None:
+    """Refuse a document index whose end offsets decrease or pass `tokens` (vectorized).
+
+    Reads the whole `.idx` (8 bytes per document) in chunks; raises `ShardFormatError`
+    naming the file and the first bad entry. Together with the last entry being `tokens`
+    (`check_structure`), every document then lies inside the shard.
+    """
+    path = Path(path)
+    if path.stat().st_size == 0:
+        return
+    ends = np.memmap(path, dtype=INDEX_DTYPE, mode="r")
+    prev = np.uint64(0)
+    for lo in range(0, len(ends), _INDEX_CHUNK):
+        chunk = np.asarray(ends[lo : lo + _INDEX_CHUNK])
+        before = np.empty_like(chunk)
+        before[0], before[1:] = prev, chunk[:-1]
+        bad = (chunk < before) | (chunk > tokens)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ShardFormatError(
+                f"{path}: document index entry {lo + i} is {int(chunk[i])} (previous "
+                f"{int(before[i])}, shard of {tokens} tokens): corrupt index {_VERIFY_HINT}"
+            )
+        prev = chunk[-1]
+    del ends
+
+
+def check_token_sample(path: str | os.PathLike, dtype: np.dtype, vocab_size: int) -> None:
+    """Refuse a shard whose sampled token ids reach `vocab_size` (evenly spaced blocks).
+
+    A sample, not a scan: start-up stays fast on any corpus; `ShardSource` checks every
+    window it reads when given `vocab_size`, so an id the sample missed still stops the run
+    with the shard's name instead of a NaN loss.
+    """
+    path = Path(path)
+    if path.stat().st_size == 0:
+        return
+    tokens = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
+    n = len(tokens)
+    starts = np.unique(np.linspace(0, max(n - _SAMPLE_LEN, 0), _SAMPLE_BLOCKS).astype(np.int64))
+    for start in starts.tolist():
+        block = np.asarray(tokens[start : start + _SAMPLE_LEN])
+        if block.size and int(block.max()) >= vocab_size:
+            i = int(np.argmax(block >= vocab_size))
+            raise ShardFormatError(_token_error(path, start + i, int(block[i]), vocab_size))
+    del tokens
+
+
+def _token_error(path: str | os.PathLike, offset: int, token: int, vocab_size: int) -> str:
+    return (f"{path}: token id {token} at offset {offset} >= vocab_size {vocab_size} "
+            f"(corrupt shard, or built with another tokenizer) {_VERIFY_HINT}")
+
+
+def check_contents(directory: str | os.PathLike, manifest: dict[str, Any],
+                   vocab_size: int) -> None:
+    """Every shard's document index (whole) and a sample of its token ids."""
+    directory = Path(directory)
+    dtype = np.dtype(manifest["dtype"])
+    for shard in manifest["shards"]:
+        check_index(directory / shard["index"], int(shard["tokens"]))
+        check_token_sample(directory / shard["file"], dtype, vocab_size)
+
+
 def check_compatible(
     directory: str | os.PathLike,
     *,
@@ -115,8 +189,9 @@ def check_compatible(
     Checks the structure (`check_structure`), that the tokenizer copy hashes to the
     manifest's sha256, that the manifest's vocab size equals `vocab_size`, that the
     token dtype is the one `vocab_size` needs, that the tokenizer is `tokenizer_sha256`
-    if given, and that at least one `seq_len + 1` window fits in a train shard if
-    `seq_len` is given. Raises `ShardCompatibilityError` (one line, naming the file).
+    if given, that at least one `seq_len + 1` window fits in a train shard if
+    `seq_len` is given, and the shards' contents (`check_contents`: every document
+    index, sampled token ids). Raises `ShardFormatError` (one line, naming the file).
     """
     directory = Path(directory)
     manifest = check_structure(directory)
@@ -149,6 +224,7 @@ def check_compatible(
             raise ShardCompatibilityError(
                 f"{where}: no train shard holds a window of seq_len + 1 = {seq_len + 1} tokens"
             )
+    check_contents(directory, manifest, vocab_size)
     return manifest
 
 
@@ -237,11 +313,14 @@ class ShardSource(grain.sources.RandomAccessDataSource):
         split: str = "train",
         domain: str | None = None,
         release_bytes: int = DEFAULT_RELEASE_BYTES,
+        vocab_size: int | None = None,
     ) -> None:
         if seq_len < 1:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
         self.directory = str(Path(directory).resolve())
         self.seq_len = int(seq_len)
+        # Given, every window read is checked: an id >= vocab_size raises naming the shard.
+        self.vocab_size = vocab_size
         self.split = split
         self.domain = domain
         self.release_bytes = int(release_bytes)
@@ -337,11 +416,25 @@ class ShardSource(grain.sources.RandomAccessDataSource):
         i, start = self.locate(index)
         tokens, ends = self._shard(i)
         record = window_record(tokens, ends, start, self.seq_len)
+        if self.vocab_size is not None:
+            self._check_ids(i, start, record)
         self._touched.add(i)
         self._since_release += self._resident_per_record
         if self._since_release >= self.release_bytes:
             self._release()
         return record
+
+    def _check_ids(self, i: int, start: int, record: dict[str, np.ndarray]) -> None:
+        """Raise naming the shard if the window holds an id outside the vocabulary."""
+        inputs, last = record["inputs"], int(record["targets"][-1])
+        # int32 records: a uint32 id >= 2**31 reads as negative.
+        if int(inputs.max()) < self.vocab_size and 0 <= last < self.vocab_size and (
+                int(inputs.min()) >= 0):
+            return
+        window = np.concatenate((inputs, [last])).astype(np.int64) % (1 << 32)
+        j = int(np.argmax(window >= self.vocab_size))
+        path = Path(self.directory) / self.shards[i]["file"]
+        raise ShardFormatError(_token_error(path, start + j, int(window[j]), self.vocab_size))
 
     def _release(self) -> None:
         """Drop the resident pages of every mapping touched since the last release."""
@@ -435,7 +528,7 @@ class TrainIterator(grain.DatasetIterator):
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')} != {STATE_VERSION}")
         if self.strict_state and state.get("fingerprint") != self.fingerprint:
-            raise ValueError(
+            raise LoaderStateMismatch(
                 "loader state comes from another pipeline (directories, weights, seed or "
                 "seq_len differ); pass strict_state=False to continue from its position anyway"
             )
@@ -477,7 +570,8 @@ def make_train_iterator(
         for d, _ in pairs:
             check_compatible(d, vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256,
                              seq_len=seq_len)
-    sources = [ShardSource(d, seq_len, release_bytes=release_bytes) for d, _ in pairs]
+    sources = [ShardSource(d, seq_len, release_bytes=release_bytes, vocab_size=vocab_size)
+               for d, _ in pairs]
     for src in sources:
         if len(src) >= 2**32:  # Grain's index shuffle works on 32-bit indices
             raise ValueError(f"{src!r}: {len(src)} windows, more than a shuffle can permute")
@@ -573,17 +667,19 @@ def make_eval_iterators(
     max_batches: int | None = None,
     process_index: int | None = None,
     process_count: int | None = None,
+    vocab_size: int | None = None,
 ) -> dict[str, EvalStream]:
     """One `EvalStream` per val domain of a shard directory, each read once in order.
 
     Process `p` of `n` (JAX's by default) reads windows `p, p + n, ...`, so together the
     hosts read every window once. `max_batches` keeps the first batches of each domain.
+    Given `vocab_size`, every window is checked for ids outside the vocabulary.
     """
     pid, pcount = _process_index_and_count(process_index, process_count)
     manifest = read_manifest(directory)
     domains = sorted({s["domain"] for s in _shards_of(manifest, "val", None)})
     return {
-        d: EvalStream(ShardSource(directory, seq_len, split="val", domain=d), batch_size,
-                      pid, pcount, max_batches)
+        d: EvalStream(ShardSource(directory, seq_len, split="val", domain=d,
+                                  vocab_size=vocab_size), batch_size, pid, pcount, max_batches)
         for d in domains
     }

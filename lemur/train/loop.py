@@ -22,16 +22,18 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lemur.data.shards import ShardFormatError, read_manifest
+from lemur.data.shards import ShardFormatError, atomic_write_bytes, read_manifest
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import llama
+from lemur.train import interrupt
 from lemur.train import mesh as mesh_lib
 from lemur.train import step as step_lib
-from lemur.train.checkpoint import Checkpointer
+from lemur.train.checkpoint import CheckpointDamaged, Checkpointer
 from lemur.train.config import ConfigError, TrainConfig
 from lemur.train.data import (
     BATCH_KEYS,
     EvalStream,
+    LoaderStateMismatch,
     check_compatible,
     make_eval_iterators,
     make_train_iterator,
@@ -73,6 +75,28 @@ def _data_vocab(config: TrainConfig) -> tuple[int, str | None]:
         raise RunError(str(e).splitlines()[0]) from None
     tok = manifest.get("tokenizer", {})
     return config.model.vocab_size or int(tok["vocab_size"]), tok.get("sha256")
+
+
+def _agree(problem: str | None) -> None:
+    """Raise CheckpointDamaged on every process when any process found `problem`."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        # Every host must pick the same checkpoint: one host's unreadable shard skips it.
+        flags = multihost_utils.process_allgather(np.array(problem is not None))
+        if problem is None and bool(np.any(flags)):
+            problem = "unreadable on another process"
+    if problem is not None:
+        raise CheckpointDamaged(problem)
+
+
+def check_writable_dir(path: Path, key: str) -> None:
+    """Refuse (one line) a directory path that is, or lies under, an existing non-directory."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise RunError(f"{key}: {p} exists and is not a directory")
+            return
 
 
 def resolve_model(config: TrainConfig, vocab_size: int) -> llama.LlamaConfig:
@@ -121,12 +145,20 @@ class Trainer:
         self.batch_shape = (B, L)
         self.batch_sharding = mesh_lib.batch_sharding(self.mesh, B, L)
         self.host = mesh_lib.host_slice(self.batch_sharding, self.batch_shape)
+        check_writable_dir(self.run_dir, "run_dir")
+        check_writable_dir(config.checkpoint_dir, "checkpoint.dir")
         self.loader = self._make_loader()
         self.evals = self._make_evals()
-        self.checkpointer = Checkpointer(config.checkpoint_dir, keep=config.checkpoint.keep,
-                                         async_save=config.checkpoint.async_save)
+        try:
+            self.checkpointer = Checkpointer(config.checkpoint_dir, keep=config.checkpoint.keep,
+                                             async_save=config.checkpoint.async_save)
+        except OSError as e:
+            raise RunError(f"checkpoint.dir: {config.checkpoint_dir}: {e.strerror or e}") from None
         self.writer = MetricsWriter(self.run_dir, enabled=self.is_main,
                                     tensorboard=config.log.tensorboard)
+        self.reporter = Reporter(config.steps, 0, enabled=self.is_main,
+                                 bar=config.log.progress)
+        self.resumed_window: list[float] = []
         self.flops_per_token = llama.flops_per_token(self.model, L)
         self.peak_flops = 1e12 * jax.device_count() * peak_tflops_per_device(
             config.log.peak_tflops, self.model.compute_dtype)
@@ -145,7 +177,7 @@ class Trainer:
                 process_index=self.host.index, process_count=self.host.count,
                 num_workers=data.num_workers, num_threads=data.num_threads,
                 prefetch=data.prefetch, vocab_size=self.model.vocab_size,
-                tokenizer_sha256=self.tokenizer_sha)
+                tokenizer_sha256=self.tokenizer_sha, strict_state=data.strict_state)
         except (ShardFormatError, OSError, ValueError) as e:
             raise RunError(str(e).splitlines()[0]) from None
 
@@ -164,7 +196,7 @@ class Trainer:
                 found = make_eval_iterators(
                     d, seq_len=self.config.batch.seq_len, batch_size=host.rows,
                     max_batches=self.config.eval.batches, process_index=host.index,
-                    process_count=host.count)
+                    process_count=host.count, vocab_size=self.model.vocab_size)
             except (ShardFormatError, OSError, ValueError) as e:
                 raise RunError(str(e).splitlines()[0]) from None
             for domain, stream in found.items():
@@ -202,20 +234,17 @@ class Trainer:
                 ).lower(abstract_state["params"], abstract_eval).compile()
         self.compile_s = time.perf_counter() - t
 
-    def _initial_state(self) -> tuple[step_lib.State, int, int | None]:
-        """(state, start step, resumed-from step): latest checkpoint, pretrained or fresh."""
-        latest = self.checkpointer.latest_step()
-        if latest is not None and not self.config.checkpoint.resume:
+    def _initial_state(self) -> tuple[step_lib.State | None, int, int | None]:
+        """(state, start step, resumed-from step): newest good checkpoint, pretrained or fresh.
+
+        The state is None when the newest checkpoint is already at `steps` (nothing to do).
+        """
+        steps = self.checkpointer.all_steps()
+        if steps and not self.config.checkpoint.resume:
             raise RunError(f"{self.checkpointer.directory} holds checkpoints (latest step "
-                           f"{latest}); set checkpoint.resume=true or use another run_dir")
-        if latest is not None:
-            target = step_lib.with_shardings(self.abstract, self.shardings)
-            state, data_state, _ = self.checkpointer.restore(latest, target)
-            try:
-                self.loader.set_state(data_state)
-            except ValueError as e:
-                raise RunError(f"{self.checkpointer.directory}/{latest}: {e}") from None
-            return state, latest, latest
+                           f"{steps[-1]}); set checkpoint.resume=true or use another run_dir")
+        if steps:
+            return self._resume(steps[::-1])
         init = functools.partial(step_lib.init_state, model=self.model, tx=self.tx)
         if self.config.model.init_from:
             target = step_lib.with_shardings(self.abstract["params"], self.shardings["params"])
@@ -226,15 +255,104 @@ class Trainer:
             state = jax.jit(init, out_shardings=self.shardings)(self.key)
         return state, 0, None
 
+    def _resume(self, candidates: list[int]) -> tuple[step_lib.State | None, int, int]:
+        """Restore the newest checkpoint that restores completely; set damaged ones aside."""
+        skipped: list[tuple[int, str]] = []
+        for step in candidates:
+            try:
+                state = self._restore(step)
+            except CheckpointDamaged as e:
+                skipped.append((step, str(e)))
+                continue
+            self._set_aside(skipped)
+            return state, step, step
+        listing = "; ".join(f"{step}: {reason}" for step, reason in skipped)
+        raise RunError(f"no checkpoint in {self.checkpointer.directory} restores ({listing}); "
+                       "move them away, or use another run_dir or checkpoint.dir")
+
+    def _restore(self, step: int) -> step_lib.State | None:
+        """Checkpoint `step` into the mesh (None: it is at `steps`); CheckpointDamaged if not."""
+        ckpt = self.checkpointer
+        _agree(ckpt.problem(step))
+        self._check_shapes(step)
+        if step > self.config.steps:
+            raise RunError(f"steps ({self.config.steps}) is below the latest checkpoint, step "
+                           f"{step} in {ckpt.directory}: nothing to train; raise steps, or "
+                           "use another run_dir or checkpoint.dir")
+        target = step_lib.with_shardings(self.abstract, self.shardings)
+        problem, restored = None, None
+        try:
+            restored = ckpt.restore(step, target)
+        except CheckpointDamaged as e:
+            problem = str(e)
+        _agree(problem)
+        state, data_state, meta = restored
+        if step == self.config.steps:
+            return None  # restored all the same: a finished run's last checkpoint is checked
+        try:
+            self.loader.set_state(data_state)
+        except LoaderStateMismatch:
+            raise RunError(
+                f"{ckpt.step_dir(step)}: the loader state comes from another data pipeline "
+                "(directories' contents, weights, seed or seq_len differ); --set "
+                "data.strict_state=false continues from its position anyway") from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise RunError(f"{ckpt.step_dir(step)}: loader state: {e}") from None
+        # The losses logged since the last record: the next record averages the same steps
+        # as in an uninterrupted run.
+        self.resumed_window = [float(x) for x in meta.get("log_window", [])]
+        return state
+
+    def _check_shapes(self, step: int) -> None:
+        """Refuse (one line) a checkpoint of another model or vocabulary than this run's."""
+        problem, saved = None, {}
+        try:
+            saved = self.checkpointer.param_shapes(step)
+        except CheckpointDamaged as e:
+            problem = str(e)
+        _agree(problem)
+        flat = jax.tree_util.tree_flatten_with_path(self.abstract["params"])[0]
+        want = {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in flat}
+        if saved == want:
+            return
+        where = self.checkpointer.step_dir(step)
+        embed = "['embed']"
+        if embed in saved and embed in want and saved[embed][0] != want[embed][0]:
+            source = ("model.vocab_size" if self.config.model.vocab_size else
+                      f"the tokenizer of {self.config.data.dirs[0]}")
+            raise RunError(f"{where}: the checkpoint has vocab_size {saved[embed][0]}, the "
+                           f"model {want[embed][0]} (from {source}); resuming needs the "
+                           "tokenizer it was trained with (or another run_dir)")
+        key = next(k for k in sorted(set(saved) | set(want)) if saved.get(k) != want.get(k))
+        raise RunError(f"{where}: parameter {key} has shape {saved.get(key)} in the checkpoint, "
+                       f"{want.get(key)} in the model; resuming needs the same model (or "
+                       "another run_dir)")
+
+    def _set_aside(self, skipped: list[tuple[int, str]]) -> None:
+        """Rename checkpoints newer than the restored one that failed, and say so."""
+        for step, reason in skipped:
+            if self.is_main:
+                with interrupt.critical():
+                    moved = self.checkpointer.move_aside(step)
+                self.reporter.message(f"lemur-train: skipped checkpoint {step} ({reason}); "
+                                      f"moved to {moved}")
+        if skipped and jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("lemur-train: damaged checkpoints set aside")
+            self.checkpointer.manager.reload()
+
     # ------------------------------------------------------------------ loop pieces
 
     def evaluate(self, params: Any) -> dict[str, float]:
         """Mean loss per valid token of each val domain."""
         results = {}
         for name, stream in self.evals.items():
-            parts = [self.eval_step(params, mesh_lib.global_batch(local, self.eval_sharding,
-                                                                  self.eval_shape))
-                     for local in stream]
+            try:
+                parts = [self.eval_step(params, mesh_lib.global_batch(
+                    local, self.eval_sharding, self.eval_shape)) for local in stream]
+            except ShardFormatError as e:  # an id outside the vocabulary, found on reading
+                raise RunError(f"eval {name}: {str(e).splitlines()[0]}") from None
             sums = np.asarray(jax.device_get(parts), np.float64).reshape(-1, 2).sum(0)
             results[name] = float(sums[0] / max(sums[1], 1.0))
         return results
@@ -256,10 +374,13 @@ class Trainer:
         self._emit(record)
         return evals
 
-    def _save(self, step: int, state: step_lib.State) -> None:
+    def _save(self, step: int, state: step_lib.State, window: _Window) -> None:
         meta = {"step": step, "tokens_seen": step * self.config.tokens_per_step,
                 "process_count": jax.process_count(), "config": self.config.to_dict(),
-                "time": time.time()}
+                "vocab_size": self.model.vocab_size, "tokenizer_sha256": self.tokenizer_sha,
+                # Losses since the last train record: a resumed run's next record averages
+                # the same steps as an uninterrupted run's (JSON floats round-trip exactly).
+                "log_window": list(window.losses), "time": time.time()}
         self.checkpointer.save(step, state, self.loader.get_state(), meta)
 
     def _install_stop_handlers(self) -> dict[int, Any]:
@@ -290,80 +411,62 @@ class Trainer:
 
     def run(self) -> RunSummary:
         """Train to `config.steps` (or a stop signal); checkpoint, evaluate, log on the way."""
+        try:
+            state, start, resumed = self._setup()
+            if state is None:
+                self.reporter.message(
+                    f"lemur-train: already at step {start} of {self.config.steps} "
+                    f"({self.checkpointer.step_dir(start)}); nothing to train")
+                return RunSummary(step=start, loss=None, evals={}, resumed_from=resumed,
+                                  stopped_early=False, run_dir=str(self.run_dir))
+            return self._train(state, start, resumed)
+        finally:
+            self.reporter.close()
+            self.checkpointer.close()
+            self.writer.close()
+
+    def _setup(self) -> tuple[step_lib.State | None, int, int | None]:
+        """Run directory, initial state, metrics trimmed to it, compiled steps."""
         config = self.config
-        if self.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(config.to_yaml())
-        self.reporter = Reporter(config.steps, 0, enabled=self.is_main,
-                                 bar=config.log.progress)
+        self._prepare_run_dir()
         n_params = llama.param_count(self.model)
         self.reporter.message(
             f"lemur-train: {n_params / 1e6:,.1f}M params, mesh {dict(self.mesh.shape)} on "
             f"{jax.device_count()} {jax.devices()[0].platform} device(s), "
             f"{jax.process_count()} process(es); {config.tokens_per_step:,} tokens/step; "
             f"eval: {', '.join(self.evals) or 'none (no val shards)'}")
-        try:
-            state, start, resumed = self._initial_state()
+        state, start, resumed = self._initial_state()
+        if state is not None:
             # Drop what a killed run logged after its last checkpoint (everything when
             # starting over), so metrics.jsonl reads as one history.
-            self.writer.truncate_after(start if resumed is not None else -1)
+            with interrupt.critical():
+                self.writer.truncate_after(start if resumed is not None else -1)
             self._compile()
-        except BaseException:
-            self.reporter.close()
-            self.checkpointer.close()
-            raise
+        return state, start, resumed
+
+    def _prepare_run_dir(self) -> None:
+        """Create the run directory and write the resolved config (whole or not at all)."""
+        if not self.is_main:
+            return
+        try:
+            with interrupt.critical():
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(self.run_dir / "config.yaml", self.config.to_yaml().encode())
+        except OSError as e:
+            raise RunError(f"run_dir: {self.run_dir}: {e.strerror or e}") from None
+
+    def _train(self, state: step_lib.State, start: int, resumed: int | None) -> RunSummary:
+        """The training loop from `start`, with the stop handlers installed."""
         self.reporter.step(start)
         self.reporter.message(
             (f"lemur-train: resumed from step {resumed}" if resumed is not None else
-             "lemur-train: from " + (config.model.init_from or "a random init"))
+             "lemur-train: from " + (self.config.model.init_from or "a random init"))
             + f"; compiled in {self.compile_s:.1f}s")
         previous_handlers = self._install_stop_handlers()
-        evals: dict[str, float] = {}
-        last_loss: float | None = None
-        step = start
+        interrupt.disarm()  # from here on a signal checkpoints and stops
         try:
             with jax.set_mesh(self.mesh):
-                if config.eval.at_start and self.eval_step is not None and start == 0:
-                    evals = self._eval_record(0, state["params"])
-                window = _Window(time.perf_counter())
-                pending: tuple[int, Any] | None = None
-                while step < config.steps:
-                    # Time blocked waiting for the loader's next batch: the "data wait".
-                    # (Assembling the global arrays is timed apart: on CPU it competes
-                    # with the running step for the cores rather than stalling it.)
-                    t_data = time.perf_counter()
-                    local = next(self.loader)
-                    t_put = time.perf_counter()
-                    window.data_wait += t_put - t_data
-                    batch = mesh_lib.global_batch(local, self.batch_sharding, self.batch_shape)
-                    window.put_time += time.perf_counter() - t_put
-                    state, metrics = self.train_step(state, batch)
-                    step += 1
-                    # Read step n-1's metrics only now that step n is queued behind it.
-                    if pending is not None:
-                        last_loss = self._consume(*pending, window)
-                    pending = (step, metrics)
-                    stop = self._should_stop(step)
-                    at_end = step == config.steps or stop
-                    do_eval = self.eval_step is not None and (
-                        at_end or (config.eval.every and step % config.eval.every == 0))
-                    do_save = at_end or (config.checkpoint.every
-                                         and step % config.checkpoint.every == 0)
-                    if do_eval or do_save:
-                        # Check this step's numbers before saving its state.
-                        last_loss = self._consume(*pending, window)
-                        pending = None
-                        if do_save:
-                            self._save(step, state)
-                        if do_eval:
-                            evals = self._eval_record(step, state["params"])
-                            window.restart_clock(time.perf_counter())
-                    if stop:
-                        self.reporter.message(f"lemur-train: stopped at step {step} "
-                                              "(signal); checkpoint saved, rerun to resume")
-                        break
-                if pending is not None:
-                    last_loss = self._consume(*pending, window)
+                step, last_loss, evals = self._loop(state, start)
         except TrainingDiverged as e:
             self.checkpointer.wait()
             latest = self.checkpointer.latest_step()
@@ -373,11 +476,68 @@ class Trainer:
         finally:
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
-            self.reporter.close()
-            self.checkpointer.close()
-            self.writer.close()
         return RunSummary(step=step, loss=last_loss, evals=evals, resumed_from=resumed,
-                          stopped_early=step < config.steps, run_dir=str(self.run_dir))
+                          stopped_early=step < self.config.steps, run_dir=str(self.run_dir))
+
+    def _loop(self, state: step_lib.State, start: int
+              ) -> tuple[int, float | None, dict[str, float]]:
+        """Steps from `start` to the end or a stop: (last step, its loss, last evals)."""
+        config = self.config
+        evals: dict[str, float] = {}
+        last_loss: float | None = None
+        if config.eval.at_start and self.eval_step is not None and start == 0:
+            evals = self._eval_record(0, state["params"])
+        window = _Window(time.perf_counter(), self.resumed_window)
+        pending: tuple[int, Any] | None = None
+        step = start
+        while step < config.steps:
+            batch = self._next_batch(window, step)
+            state, metrics = self.train_step(state, batch)
+            step += 1
+            # Read step n-1's metrics only now that step n is queued behind it.
+            if pending is not None:
+                last_loss = self._consume(*pending, window)
+            pending = (step, metrics)
+            stop = self._should_stop(step)
+            at_end = step == config.steps
+            # A stop (preemption) saves but does not evaluate: the resumed run evaluates
+            # where an uninterrupted one would, and the grace period goes to the save.
+            do_eval = self.eval_step is not None and (
+                at_end or (config.eval.every and step % config.eval.every == 0))
+            do_save = at_end or stop or (config.checkpoint.every
+                                         and step % config.checkpoint.every == 0)
+            if do_eval or do_save:
+                # Check this step's numbers before saving its state.
+                last_loss = self._consume(*pending, window)
+                pending = None
+                if do_eval:  # before the save: a checkpoint implies its step's eval record
+                    evals = self._eval_record(step, state["params"])
+                    window.restart_clock(time.perf_counter())
+                if do_save:
+                    self._save(step, state, window)
+            if stop:
+                self.reporter.message(f"lemur-train: stopped at step {step} "
+                                      "(signal); checkpoint saved, rerun to resume")
+                break
+        if pending is not None:
+            last_loss = self._consume(*pending, window)
+        return step, last_loss, evals
+
+    def _next_batch(self, window: _Window, step: int) -> Any:
+        """The next global batch; loader time is counted as data wait and transfer."""
+        # Time blocked waiting for the loader's next batch: the "data wait". (Assembling
+        # the global arrays is timed apart: on CPU it competes with the running step for
+        # the cores rather than stalling it.)
+        t_data = time.perf_counter()
+        try:
+            local = next(self.loader)
+        except ShardFormatError as e:  # an id outside the vocabulary, found on reading
+            raise RunError(f"step {step + 1}: {str(e).splitlines()[0]}") from None
+        t_put = time.perf_counter()
+        window.data_wait += t_put - t_data
+        batch = mesh_lib.global_batch(local, self.batch_sharding, self.batch_shape)
+        window.put_time += time.perf_counter() - t_put
+        return batch
 
     def _consume(self, step: int, metrics: Any, window: _Window) -> float:
         """Fetch one step's metrics, stop on non-finite numbers, log every `log.every`."""
@@ -407,8 +567,9 @@ class Trainer:
 class _Window:
     """Losses and tokens since the last log record, for averages and tokens/s."""
 
-    def __init__(self, start: float) -> None:
+    def __init__(self, start: float, losses: list[float] | None = None) -> None:
         self.restart(start)
+        self.losses.extend(losses or [])  # carried over from the checkpoint on resume
 
     def restart(self, start: float) -> None:
         """A new window: no losses, clock from `start`."""

@@ -18,6 +18,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from lemur.data.shards import atomic_write_bytes
+
 # Dense bf16 peak TFLOP/s per JAX device, by a substring of `device.device_kind` (first
 # match wins, so longer names come first). Vendor datasheets; MFU is quoted against bf16
 # peak whatever the compute dtype, as MaxText and PaLM do.
@@ -76,15 +78,25 @@ class MetricsWriter:
             enabled and tensorboard) else None
 
     def truncate_after(self, step: int) -> None:
-        """Drop records past `step` (left by a run that died after its last checkpoint)."""
+        """Drop records past `step` and torn lines (a killed run's), rewriting atomically.
+
+        A torn last line must go too: the next record would be appended to it, and both
+        would be lost to every reader.
+        """
         if not self.enabled or not self.path.exists():
             return
-        records = read_records(self.path)
-        kept = [r for r in records if r.get("step", 0) <= step]
-        if len(kept) != len(records):
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-            os.replace(tmp, self.path)
+        raw = self.path.read_text(errors="replace")
+        kept = []
+        for line in raw.splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and record.get("step", 0) <= step:
+                kept.append(line + "\n")
+        text = "".join(kept)
+        if text != raw:
+            atomic_write_bytes(self.path, text.encode())
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record (flushed at once: a killed run keeps what it logged)."""

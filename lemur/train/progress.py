@@ -28,15 +28,22 @@ class Reporter:
         self.enabled = enabled
         self.console = Console(file=sys.stderr)
         self.progress: Progress | None = None
-        if enabled and bar and self.console.is_terminal:
-            self.progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]}  {task.fields[tps]} tok/s  "
-                           "MFU {task.fields[mfu]}"),
-                TimeRemainingColumn(), console=self.console)
-            self.task = self.progress.add_task("train", total=total, completed=start,
-                                               loss="-", tps="-", mfu="-")
-            self.progress.start()
+        # The live bar starts with the first step, not during set-up: an interrupted
+        # set-up ends the process at once (lemur.train.interrupt), and must not leave the
+        # terminal with a hidden cursor.
+        self._bar = enabled and bar and self.console.is_terminal
+        self._total = total
+
+    def _start_bar(self, start: int) -> None:
+        self._bar = False
+        self.progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}  {task.fields[tps]} tok/s  "
+                       "MFU {task.fields[mfu]}"),
+            TimeRemainingColumn(), console=self.console)
+        self.task = self.progress.add_task("train", total=self._total, completed=start,
+                                           loss="-", tps="-", mfu="-")
+        self.progress.start()
 
     def message(self, text: str) -> None:
         """Print a line (above the bar)."""
@@ -44,7 +51,9 @@ class Reporter:
             self.console.print(text, highlight=False, soft_wrap=True)
 
     def step(self, step: int) -> None:
-        """Advance the bar to `step` optimizer steps done."""
+        """Advance the bar to `step` optimizer steps done (starting it the first time)."""
+        if self._bar:
+            self._start_bar(step)
         if self.progress is not None:
             self.progress.update(self.task, completed=step)
 
