@@ -3,7 +3,10 @@ file trees (.gitignore, vendored, binary), and a source that yields nothing."""
 
 from __future__ import annotations
 
+import codecs
+import gzip
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -274,3 +277,243 @@ def test_jsonl_bad_streams_lines_and_paths(tmp_path):
     from_trunc = [d for d in docs_read if d.metadata["path"] == "trunc.jsonl.zst"]
     assert 0 < len(from_trunc) < 79  # the readable part of the truncated stream is kept
     assert [d.text for d in from_trunc] == [d["text"] for d in docs[: len(from_trunc)]]
+
+
+# ------------------------------------------------------------------ bad input (issue 12)
+
+
+def _errors(reader: SourcesReader) -> list[tuple[str, str, int | None]]:
+    return sorted((Path(e["file"]).name, e["kind"], e.get("line")) for e in reader._errors)
+
+
+@pytest.mark.parametrize(
+    "nb, message",
+    [
+        ({"nbformat": 4, "metadata": "x", "cells": []}, "'metadata' is not a mapping"),
+        (
+            {"nbformat": 4, "metadata": {"kernelspec": "py"}, "cells": []},
+            "'metadata.kernelspec' is not a mapping",
+        ),
+        (
+            {"nbformat": 4, "metadata": {"kernelspec": {"language": 3}}, "cells": []},
+            "'metadata.kernelspec.language' is not a string",
+        ),
+        ({"nbformat": 4, "cells": [{"cell_type": "code", "source": [1, 2]}]}, "cell 0: 'source'"),
+        ({"nbformat": 4, "cells": [{"cell_type": "code", "source": None}]}, "cell 0: 'source'"),
+        ({"nbformat": 4, "cells": ["x"]}, "cell 0 is not a mapping"),
+        ('{"nbformat": 4, "cells": []' + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "JSON"),
+    ],
+)
+def test_malformed_notebook_is_a_notebook_error(nb, message):
+    with pytest.raises(NotebookError, match=message):
+        notebook_to_script(nb if isinstance(nb, str) else json.dumps(nb))
+
+
+def test_malformed_notebooks_skip_only_their_document(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "good.ipynb").write_text(json.dumps(NOTEBOOK))
+    (repo / "meta.ipynb").write_text(json.dumps(dict(NOTEBOOK, metadata="x")))
+    (repo / "deep.ipynb").write_text('{"cells": [], "nbformat": 4, "x": ' + "[" * 50_000 + "}")
+    bad_cell = dict(NOTEBOOK, cells=[{"cell_type": "code", "source": [1]}])
+    write_jsonl(
+        tmp_path / "nb.jsonl",
+        [
+            {"content": json.dumps(bad_cell)},
+            {"content": json.dumps(NOTEBOOK)},
+            {"content": json.dumps(dict(NOTEBOOK, metadata={"kernelspec": [1]}))},
+        ],
+    )
+    sources = [
+        {"name": "repo", "domain": "code", "format": "files", "paths": [str(repo)]},
+        {
+            "name": "rows",
+            "domain": "code",
+            "format": "jsonl",
+            "paths": [str(tmp_path / "nb.jsonl")],
+            "text_key": "content",
+        },
+    ]
+    docs, reader = read_all(recipe(tmp_path, sources))
+    assert [d.text for d in docs] == [SCRIPT, SCRIPT]
+    assert _errors(reader) == [
+        ("deep.ipynb", "invalid_notebook", None),
+        ("meta.ipynb", "invalid_notebook", None),
+        ("nb.jsonl", "invalid_notebook", 1),
+        ("nb.jsonl", "invalid_notebook", 3),
+    ]
+
+
+@pytest.mark.parametrize("skip_vendored", [True, False])
+def test_non_utf8_file_name_is_kept_with_an_escaped_id(tmp_path, skip_vendored):
+    from lemur.data.build import sample_texts
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "ok.py").write_text("x = 1\n")
+    with open(os.path.join(os.fsencode(repo), b"caf\xe9_name.py"), "w") as fh:
+        fh.write("print('caf\u00e9')\n")
+    source = {"name": "repo", "domain": "code", "format": "files", "paths": [str(repo)]}
+    raw = recipe(tmp_path, [dict(source, skip_vendored=skip_vendored)])
+    docs, reader = read_all(raw)
+    assert sorted(d.id for d in docs) == ["repo/caf\\xe9_name.py", "repo/ok.py"]
+    for d in docs:  # what the tokenize step and the manifest do with names
+        d.id.encode()
+        json.dumps(d.metadata["path"]).encode()
+    assert "print('caf\u00e9')\n" in [d.text for d in docs] and not reader._errors
+    r = recipe_from_dict(raw)
+    assert len(list(sample_texts(r, list_inputs(r).files, 1000))) == 2
+
+
+def test_non_utf8_name_with_a_backslash_is_escaped_losslessly():
+    from lemur.data.readers import display_name
+
+    raw = b"a\\x\xff.py"
+    shown = display_name(os.fsdecode(raw))
+    assert shown == "a\\\\x\\xff.py"
+    assert shown.encode().decode("unicode_escape").encode("latin-1") == raw
+    assert display_name("plain/caf\u00e9.py") == "plain/caf\u00e9.py"
+
+
+def test_invalid_gitignore_lines_are_skipped_with_one_warning(tmp_path, capsys):
+    repo = tmp_path / "repo"
+    (repo / "build").mkdir(parents=True)
+    (repo / ".gitignore").write_text("build/\n!\n[z-a]\n*.log\n")
+    (repo / "main.py").write_text("x = 1\n")
+    (repo / "debug.log").write_text("log\n")
+    (repo / "build" / "gen.py").write_text("x = 2\n")
+    r = recipe_from_dict(
+        recipe(tmp_path, [{"name": "r", "domain": "code", "format": "files", "paths": [str(repo)]}])
+    )
+    for _ in range(2):
+        listing = list_inputs(r)
+        assert [f.rel for f in listing.files] == ["main.py"]
+        assert listing.skipped["r"] == {"gitignored": 2}
+    warnings = capsys.readouterr().err.strip().splitlines()
+    gitignore = repo / ".gitignore"
+    assert len(warnings) == 2
+    assert warnings[0].startswith(f"lemur-data: warning: {gitignore}:2: invalid .gitignore pattern")
+    assert warnings[1].startswith(f"lemur-data: warning: {gitignore}:3: invalid .gitignore pattern")
+
+
+def test_unreadable_subdirectory_is_counted_and_named(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "secret").mkdir(parents=True)
+    (repo / "secret" / "a.py").write_text("x = 1\n")
+    (repo / "main.py").write_text("x = 2\n")
+    scandir = os.scandir
+
+    def denied(path="."):
+        # We run as root in CI, where chmod 000 does not stop reading: fail like EACCES.
+        if str(path) == str(repo / "secret"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", denied)
+    docs, reader = read_all(
+        recipe(tmp_path, [{"name": "r", "domain": "code", "format": "files", "paths": [str(repo)]}])
+    )
+    assert [d.metadata["path"] for d in docs] == ["main.py"]
+    assert [(e["file"], e["kind"]) for e in reader._errors] == [
+        (str(repo / "secret"), "unreadable")
+    ]
+    assert "Permission denied" in reader._errors[0]["error"]
+
+
+def _text_source(tmp_path: Path, pattern: str, fmt: str = "jsonl") -> dict:
+    return recipe(
+        tmp_path,
+        [{"name": "t", "domain": "text", "format": fmt, "paths": [str(tmp_path / pattern)]}],
+    )
+
+
+def test_bom_xz_and_utf16_jsonl(tmp_path):
+    import lzma
+
+    rows = real_text_docs(3)
+    body = "".join(json.dumps(r) + "\n" for r in rows)
+    (tmp_path / "bom.jsonl").write_bytes(codecs.BOM_UTF8 + body.encode())
+    (tmp_path / "data.jsonl.xz").write_bytes(lzma.compress(body.encode()))
+    (tmp_path / "utf16.jsonl").write_bytes(body.encode("utf-16"))
+    (tmp_path / "utf16le.jsonl").write_bytes(body.encode("utf-16-le"))
+    (tmp_path / "gzip-named-plain.jsonl").write_bytes(gzip.compress(body.encode()))
+    docs, reader = read_all(_text_source(tmp_path, "*.jsonl*"))
+    assert [d.text for d in docs] == [r["text"] for r in rows] * 2  # bom.jsonl, gzip-named...
+    assert _errors(reader) == [
+        ("data.jsonl.xz", "unsupported_format", None),
+        ("utf16.jsonl", "unsupported_format", None),
+        ("utf16le.jsonl", "unsupported_format", None),
+    ]
+    messages = {Path(e["file"]).name: e["error"] for e in reader._errors}
+    assert messages["utf16.jsonl"].startswith("UTF-16 text is not supported")
+    assert messages["utf16le.jsonl"].startswith("UTF-16 or UTF-32 text is not supported")
+    assert messages["data.jsonl.xz"].startswith("xz compression is not supported")
+
+
+def test_damaged_zstd_frames_keep_the_readable_ones(tmp_path):
+    import zstandard
+
+    rows = real_text_docs(40)
+    frames = [rows[i : i + 10] for i in range(0, 40, 10)]
+    blobs = [
+        zstandard.ZstdCompressor(write_checksum=True).compress(
+            "".join(json.dumps(r) + "\n" for r in frame).encode()
+        )
+        for frame in frames
+    ]
+    damaged = bytearray(blobs[1])
+    for i in range(len(damaged) // 2, len(damaged) // 2 + 64):
+        damaged[i] ^= 0xFF
+    (tmp_path / "multi.jsonl.zst").write_bytes(blobs[0] + bytes(damaged) + blobs[2] + blobs[3])
+    # One frame damaged near its end: everything before the damage is still read.
+    single = zstandard.ZstdCompressor(write_checksum=True).compress(
+        "".join(json.dumps(r) + "\n" for r in rows).encode()
+    )
+    single = bytearray(single)
+    single[-200] ^= 0xFF
+    (tmp_path / "single.jsonl.zst").write_bytes(bytes(single))
+    docs, reader = read_all(_text_source(tmp_path, "*.zst"))
+    from_multi = [d.text for d in docs if d.metadata["path"] == "multi.jsonl.zst"]
+    for frame in (frames[0], frames[2], frames[3]):
+        assert all(r["text"] in from_multi for r in frame)
+    damage = [e for e in reader._errors if e["kind"] == "corrupt_file"]
+    assert [Path(e["file"]).name for e in damage] == ["multi.jsonl.zst", "single.jsonl.zst"]
+    assert f"zstd frame at byte {len(blobs[0])} is damaged" in damage[0]["error"]
+    assert "resumed at byte" in damage[0]["error"]
+    from_single = [d.text for d in docs if d.metadata["path"] == "single.jsonl.zst"]
+    assert len(from_single) >= 20 and from_single == [r["text"] for r in rows[: len(from_single)]]
+
+
+def test_damaged_parquet_row_group_keeps_the_others(tmp_path):
+    texts = [f"row {i} " + "text " * 200 for i in range(30)]
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=10, compression="zstd")
+    column = pq.ParquetFile(path).metadata.row_group(1).column(0)
+    data = bytearray(path.read_bytes())
+    start = column.dictionary_page_offset if column.has_dictionary_page else column.data_page_offset
+    for i in range(start + 8, start + 40):  # the first page's header
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    docs, reader = read_all(_text_source(tmp_path, "t.parquet", "parquet"))
+    assert [d.text for d in docs] == texts[:10] + texts[20:]
+    assert _errors(reader) == [("t.parquet", "corrupt_file", 11)]
+    assert "row group 1 (rows 11-20) unreadable" in reader._errors[0]["error"]
+
+
+def test_per_file_error_totals_survive_the_error_list_cap(tmp_path):
+    from lemur.data.build import collect_counts
+    from lemur.data.readers import MAX_ERRORS_PER_TASK
+
+    n = MAX_ERRORS_PER_TASK + 200
+    (tmp_path / "a.jsonl").write_text("{bad\n" * n)
+    (tmp_path / "b.jsonl").write_text('{"text": "ok"}\n{bad\n{bad\n')
+    r = recipe_from_dict(_text_source(tmp_path, "*.jsonl"))
+    listing = list_inputs(r)
+    work = tmp_path / "work"
+    reader = SourcesReader(listing.files, r.sources, errors_dir=str(work / "errors"))
+    assert len(list(reader.run())) == 1
+    (work / "logs" / "stats").mkdir(parents=True)
+    (work / "logs" / "stats" / "00000.json").write_text("[]")
+    counts = collect_counts(work, r, 1, listing)
+    assert len(counts["errors"]) == MAX_ERRORS_PER_TASK  # b.jsonl's errors are past the cap
+    assert counts["errors_by_file"] == {str(tmp_path / "a.jsonl"): n, str(tmp_path / "b.jsonl"): 2}

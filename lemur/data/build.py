@@ -156,6 +156,12 @@ def collect_counts(work: Path, recipe: Recipe, n_tasks: int, listing: Listing) -
         for line in path.read_text().splitlines():
             if len(errors) < MAX_MANIFEST_ERRORS:
                 errors.append(json.loads(line))
+    # Every file's error total, past the caps on the lists above (none in older work dirs).
+    by_file: Counter[str] = Counter()
+    for rank in range(n_tasks):
+        totals = work / "errors" / f"{rank:05d}.files.json"
+        if totals.is_file():
+            by_file.update(json.loads(totals.read_text()))
     for s in sources.values():
         s["kept"] = s["read"] - sum(s["dropped"].values())
     read = sum(s["read"] for s in sources.values())
@@ -168,6 +174,7 @@ def collect_counts(work: Path, recipe: Recipe, n_tasks: int, listing: Listing) -
         "skipped_files": _merge_skipped(listing),
         "errors": errors,
         "errors_total": sum(error_kinds.values()),
+        "errors_by_file": dict(sorted(by_file.items())),
         "error_kinds": dict(sorted(error_kinds.items())),
         "sources": sources,
     }
