@@ -96,10 +96,35 @@ def test_two_processes_with_jax_distributed_train_and_checkpoint(
     config = tiny_config(corpus, run, f"steps={STEPS}", "mesh.data=2", "mesh.fsdp=1",
                          "mesh.tensor=2", "checkpoint.every=3", cache=cache)
     config_file = write_config(config, tmp_path / "config.yaml")
+    outputs = _two_processes([sys.executable, str(HERE), "run", str(config_file)])
+    assert "4 cpu device(s), 2 process(es)" in outputs[0]
+    assert "lemur-train:" not in outputs[1]  # only process 0 reports
+    ckpt = Checkpointer(run / "checkpoints")
+    assert ckpt.all_steps() == [3, 6]
+    ckpt.close()
+    # Each host read half of every global batch; together the same records as one host
+    # (summed in another order, hence not bitwise).
+    diff = rel_diff(train_losses(run), reference, range(1, 6))
+    assert diff <= 1e-4, diff
+    losses = train_losses(run)
+
+    # Process 1's part of checkpoint 6 truncated: both processes skip it, agree on 3.
+    files = sorted((run / "checkpoints/6/state").glob("ocdbt.process_1/d/*"),
+                   key=lambda f: f.stat().st_size)
+    os.truncate(files[-1], files[-1].stat().st_size // 2)
+    outputs = _two_processes([sys.executable, "-m", "lemur.train.cli", str(config_file)])
+    assert "skipped checkpoint 6" in outputs[0] and "resumed from step 3" in outputs[0]
+    assert "Traceback" not in outputs[0] + outputs[1]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["3", "6", "6.damaged"]
+    assert train_losses(run) == losses
+
+
+def _two_processes(command: list[str]) -> list[str]:
+    """Run `command` as processes 0 and 1 of a jax.distributed job; their outputs."""
     port = _free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, str(HERE), "run", str(config_file)],
+            command,
             env={**os.environ, "JAX_PLATFORMS": "cpu",
                  "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
                  "JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2",
@@ -110,15 +135,7 @@ def test_two_processes_with_jax_distributed_train_and_checkpoint(
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out
-    assert "4 cpu device(s), 2 process(es)" in outputs[0]
-    assert "lemur-train:" not in outputs[1]  # only process 0 reports
-    ckpt = Checkpointer(run / "checkpoints")
-    assert ckpt.all_steps() == [3, 6]
-    ckpt.close()
-    # Each host read half of every global batch; together the same records as one host
-    # (summed in another order, hence not bitwise).
-    diff = rel_diff(train_losses(run), reference, range(1, 6))
-    assert diff <= 1e-4, diff
+    return outputs
 
 
 def _script(argv: list[str]) -> None:
