@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -159,3 +160,49 @@ def test_shipped_recipes_parse():
     assert files, "no example recipes shipped"
     for f in files:
         load_recipe(f, check_paths=False)
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("mix.max_repeats=.nan", "mix.max_repeats"),
+        ("mix.max_repeats=.inf", "mix.max_repeats"),
+        ("mix.ratio.code=.nan", "mix.ratio.code"),
+        ("mix.ratio.text=.inf", "mix.ratio.text"),
+        ("mix.total_tokens=.nan", "mix.total_tokens"),
+        ("mix.total_tokens=.inf", "mix.total_tokens"),
+        ("mix.shares.code.Python=.nan", "mix.shares.code.Python"),
+        ("val_fraction=.nan", "val_fraction"),
+        ("dedup.min_similarity=.nan", "dedup.min_similarity"),
+        ("executor.mem_per_cpu_gb=.inf", "executor.mem_per_cpu_gb"),
+        ("tokenizer.train.character_coverage=.nan", "tokenizer.train.character_coverage"),
+        ("filters.code.min_alnum_fraction=.nan", "filters.code.min_alnum_fraction"),
+        ("seq_len=.inf", "seq_len"),
+    ],
+)
+def test_nan_and_inf_are_refused_naming_the_key(tmp_path, override, key):
+    # Every comparison with NaN is false, so NaN would pass a range check such as
+    # `max_repeats < 1` and remove the repeat cap; inf breaks the mix plan's arithmetic.
+    with pytest.raises(RecipeError, match=rf"^recipe: {re.escape(key)} must be"):
+        recipe_from_dict(apply_overrides(_recipe(tmp_path), [override]))
+
+
+@pytest.mark.parametrize(
+    "train, message",
+    [
+        ({"vocab_size": 10}, "tokenizer.train.vocab_size must be > 256, got 10"),
+        ({"character_coverage": 0.5}, "tokenizer.train.character_coverage must be in [0.98, 1]"),
+        ({"max_sentence_length": 5}, "tokenizer.train.max_sentence_length must be in [10, 2^30]"),
+        ({"sample_bytes": 0}, "tokenizer.train.sample_bytes must be >= 1"),
+    ],
+)
+def test_tokenizer_train_settings_sentencepiece_refuses(tmp_path, train, message):
+    with pytest.raises(RecipeError, match=re.escape(message)):
+        recipe_from_dict(_recipe(tmp_path, tokenizer={"train": train}))
+
+
+def test_empty_output_is_refused(tmp_path):
+    # `--set output=` would otherwise build into the current directory.
+    for check_paths in (True, False):
+        with pytest.raises(RecipeError, match="^recipe: output is empty$"):
+            recipe_from_dict(apply_overrides(_recipe(tmp_path), ["output="]), check_paths)

@@ -19,7 +19,8 @@ def _die(message: str, code: int = EXIT_USAGE) -> None:
     raise SystemExit(code)
 
 
-def _load(args: argparse.Namespace, check_paths: bool = True):
+def _load(args: argparse.Namespace, check_paths: bool = True, write: bool = True):
+    """The recipe of the command line, or the demo's; `write=False` creates no file."""
     from lemur.data import demo
     from lemur.data.recipe import apply_overrides, load_recipe, recipe_from_dict
 
@@ -28,13 +29,18 @@ def _load(args: argparse.Namespace, check_paths: bool = True):
     # The demo's text file lives under its output, so resolve `output` first.
     raw = apply_overrides(demo.demo_recipe(), list(args.set))
     output = raw.get("output", "out/demo")
+    if not isinstance(output, str) or not output.strip():
+        recipe_from_dict(raw, check_paths=False)  # the one-line error naming `output`
     raw = apply_overrides(demo.demo_recipe(str(output)), list(args.set))
-    if check_paths:
+    text_dir = Path(str(output)).expanduser() / ".work" / "demo-sources"
+    if check_paths and write:
         print(
             "demo: gathering text from man pages, /usr/share/doc and pydoc topics ...",
             file=sys.stderr,
         )
-        demo.materialize_text(Path(str(output)).expanduser() / ".work" / "demo-sources")
+        demo.materialize_text(text_dir)
+    elif not (text_dir / "text.jsonl.zst").is_file():
+        check_paths = False  # a dry run shows the recipe without gathering its text
     return recipe_from_dict(raw, check_paths=check_paths)
 
 
@@ -127,9 +133,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     """Build a corpus from a recipe (or the demo)."""
     from lemur.data.build import BuildError, build
     from lemur.data.pack import PackError
-    from lemur.data.tokenizer import TokenizerError
+    from lemur.data.tokenizer import TokenizerError, TokenizerSettingsError
 
-    recipe = _load(args, check_paths=True)
+    recipe = _load(args, check_paths=True, write=not args.dry_run)
     if args.dry_run:
         print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
         return 0
@@ -142,10 +148,12 @@ def cmd_build(args: argparse.Namespace) -> int:
                 plan_only=args.plan_only,
                 on_plan=lambda plan: print_plan(plan, progress.progress.console),
             )
-    except PackError as e:
+    except (PackError, TokenizerSettingsError) as e:
         _die(str(e), EXIT_USAGE)
     except (BuildError, TokenizerError) as e:
         _die(str(e), 1)
+    except OSError as e:  # anything the up-front checks could not foresee, named
+        _die(f"{e.filename or recipe.output}: {e.strerror or e}", 1)
     if args.plan_only:
         return 0
     counts = manifest["counts"]
@@ -160,22 +168,51 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tokenizer_out(out: str) -> Path:
+    """The model file `--out` names: `DIR/tokenizer.model` for a directory; checked up front."""
+    from lemur.data.recipe import output_problem
+
+    path = Path(out).expanduser()
+    if path.is_dir():
+        path = path / "tokenizer.model"
+        if path.is_dir():
+            _die(f"--out {out}: {path} is a directory")
+    problem = output_problem(str(path.parent))
+    if problem:
+        _die(f"--out {out}: {path.parent} {problem}")
+    return path
+
+
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     """Train only the tokenizer of a recipe and write it to --out."""
     from lemur.data.build import sample_texts
     from lemur.data.readers import list_inputs
-    from lemur.data.recipe import RecipeError, TokenizerTrainConfig
-    from lemur.data.tokenizer import tokenizer_info, train_tokenizer
+    from lemur.data.recipe import TokenizerTrainConfig
+    from lemur.data.tokenizer import (
+        TokenizerError,
+        TokenizerSettingsError,
+        tokenizer_info,
+        train_tokenizer,
+    )
 
     recipe = _load(args)
     config = recipe.tokenizer.train or TokenizerTrainConfig()
-    if args.vocab_size:
+    if args.vocab_size is not None:
+        if not 256 < args.vocab_size <= 2**32:
+            _die(f"--vocab-size {args.vocab_size}: must be > 256 and <= 2^32")
         config = TokenizerTrainConfig(**{**config.__dict__, "vocab_size": args.vocab_size})
+    target = _tokenizer_out(args.out)
     inputs = list_inputs(recipe).files
-    if not inputs:
-        raise RecipeError("recipe: no input files")
-    out = train_tokenizer(sample_texts(recipe, inputs, config.sample_bytes), config, args.out)
-    info = tokenizer_info(out)
+    try:
+        texts = sample_texts(recipe, inputs, config.sample_bytes)
+        out = train_tokenizer(texts, config, target)
+        info = tokenizer_info(out)
+    except TokenizerSettingsError as e:
+        _die(str(e))
+    except TokenizerError as e:
+        _die(str(e), 1)
+    except OSError as e:
+        _die(f"{e.filename or target}: {e.strerror or e}", 1)
     print(f"wrote {out}: vocab {info['vocab_size']}, sha256 {info['sha256'][:16]}...")
     return 0
 
@@ -187,12 +224,17 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
     try:
         stats = compute_stats(args.directory)
-    except (ShardFormatError, FileNotFoundError) as e:
+    except (ShardFormatError, OSError) as e:
         _die(str(e))
-    if args.json:
-        print(json.dumps(stats, indent=2, sort_keys=True))
-    else:
-        print_stats(stats)
+    try:
+        if args.json:
+            print(json.dumps(stats, indent=2, sort_keys=True))
+        else:
+            print_stats(stats)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        # Fields beyond the checked core (mix, counts) written by something else.
+        manifest = Path(args.directory) / "manifest.json"
+        _die(f"{manifest}: unexpected content ({type(e).__name__}: {e}); run `lemur-data verify`")
     if args.plots:
         for p in write_plots(stats, args.plots, args.directory):
             print(f"wrote {p}", file=sys.stderr)

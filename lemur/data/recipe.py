@@ -210,7 +210,49 @@ def expand_paths(source: SourceConfig) -> list[str]:
     return out
 
 
+def output_problem(path: str) -> str | None:
+    """Why `path` cannot be a directory we create or write into; None when it can."""
+    p = Path(path).expanduser()
+    if os.path.exists(p) and not os.path.isdir(p):
+        return "exists and is not a directory"
+    parent = p
+    while not os.path.exists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not os.path.isdir(parent):
+        return f"cannot be created: '{parent}' is a file"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be written: '{parent}' is not writable"
+    return None
+
+
+def _validate_output(recipe: Recipe, check_paths: bool) -> None:
+    """Output directories: never empty (that would be the current directory), and writable."""
+    for key, value in (("output", recipe.output), ("rejects", recipe.rejects)):
+        if value is None:
+            continue
+        if not value.strip():
+            raise RecipeError(f"recipe: {key} is empty")
+        problem = output_problem(value) if check_paths else None
+        if problem:
+            raise RecipeError(f"recipe: {key} '{value}' {problem}")
+
+
+def check_train_settings(train: TokenizerTrainConfig, key: str = "tokenizer.train") -> None:
+    """SentencePiece's own limits on the training settings, checked before reading anything."""
+    if not 256 < train.vocab_size <= 2**32:
+        raise RecipeError(f"recipe: {key}.vocab_size must be > 256, got {train.vocab_size}")
+    if not 0.98 <= train.character_coverage <= 1:
+        raise RecipeError(
+            f"recipe: {key}.character_coverage must be in [0.98, 1], got {train.character_coverage}"
+        )
+    if not 10 <= train.max_sentence_length <= 2**30:
+        raise RecipeError(f"recipe: {key}.max_sentence_length must be in [10, 2^30]")
+    if train.sample_bytes < 1 or train.input_sentence_size < 0:
+        raise RecipeError(f"recipe: {key}.sample_bytes must be >= 1, input_sentence_size >= 0")
+
+
 def _validate(recipe: Recipe, check_paths: bool) -> None:
+    _validate_output(recipe, check_paths)
     if not recipe.sources:
         raise RecipeError("recipe: 'sources' is empty")
     names = set()
@@ -236,16 +278,16 @@ def _validate(recipe: Recipe, check_paths: bool) -> None:
     domains = recipe.domains()
     ratio = recipe.mix.ratio
     for d, r in ratio.items():
-        if r <= 0:
+        if not r > 0:  # written so that NaN fails too (every comparison with NaN is false)
             raise RecipeError(f"recipe: mix.ratio.{d} must be > 0, got {r}")
         if d not in domains:
             raise RecipeError(f"recipe: mix.ratio.{d}: no source has domain '{d}'")
     for d in domains:
         if d not in ratio:
             raise RecipeError(f"recipe: mix.ratio has no entry for domain '{d}'")
-    if recipe.mix.total_tokens is not None and recipe.mix.total_tokens <= 0:
+    if recipe.mix.total_tokens is not None and not recipe.mix.total_tokens > 0:
         raise RecipeError("recipe: mix.total_tokens must be > 0")
-    if recipe.mix.max_repeats < 1:
+    if not recipe.mix.max_repeats >= 1:
         raise RecipeError("recipe: mix.max_repeats must be >= 1")
     for d, per in (recipe.mix.shares or {}).items():
         if d not in domains:
@@ -282,8 +324,8 @@ def _validate(recipe: Recipe, check_paths: bool) -> None:
     tok = recipe.tokenizer
     if tok.model is not None and check_paths and not Path(tok.model).expanduser().is_file():
         raise RecipeError(f"recipe: tokenizer.model '{tok.model}' is not a file")
-    if tok.train is not None and not 256 < tok.train.vocab_size <= 2**32:
-        raise RecipeError("recipe: tokenizer.train.vocab_size must be > 256")
+    if tok.train is not None:
+        check_train_settings(tok.train)
 
 
 def _apply_presets(raw: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from lemur.data.shards import open_index, read_manifest
+from lemur.data.shards import MANIFEST, ShardFormatError, open_index, read_manifest
+from lemur.data.verify import manifest_problems, structure_problem
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
 
@@ -23,12 +24,45 @@ def document_lengths(directory: Path, manifest: dict[str, Any]) -> dict[str, np.
     return {k: np.concatenate(v) for k, v in out.items()}
 
 
+def check_readable(root: Path) -> dict[str, Any]:
+    """The manifest, once a cheap check (no checksums) finds it and every shard sound.
+
+    A damaged directory raises ShardFormatError naming the first problem and pointing to
+    `verify`, so that `stats` never shows figures of missing shards or a broken index.
+    """
+    manifest = read_manifest(root)
+    problems = manifest_problems(manifest, root / MANIFEST)
+    if not problems:
+        itemsize = np.dtype(manifest["dtype"]).itemsize
+        found = (structure_problem(root, s, itemsize) for s in manifest["shards"])
+        problems = [p for p in found if p][:1]
+    if problems:
+        raise ShardFormatError(
+            f"{root}: damaged shard directory: {problems[0]}; "
+            f"run `lemur-data verify {root}` for every problem"
+        )
+    return manifest
+
+
+def _extra_stats(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The build's `stats.json` (groups by source and language); none is fine, bad is not."""
+    path = root / str(manifest.get("stats", "stats.json"))
+    if not path.is_file():
+        return {"groups": []}
+    try:
+        extra = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ShardFormatError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(extra, dict) or not isinstance(extra.get("groups", []), list):
+        raise ShardFormatError(f"{path}: 'groups' must be a list")
+    return extra
+
+
 def compute_stats(directory: str | Path) -> dict[str, Any]:
     """All figures `stats` shows, as plain data (the `--json` output)."""
     root = Path(directory)
-    manifest = read_manifest(root)
-    extra_path = root / str(manifest.get("stats", "stats.json"))
-    extra = json.loads(extra_path.read_text()) if extra_path.is_file() else {"groups": []}
+    manifest = check_readable(root)
+    extra = _extra_stats(root, manifest)
     splits: dict[str, dict[str, int]] = defaultdict(
         lambda: {"documents": 0, "tokens": 0, "shards": 0}
     )

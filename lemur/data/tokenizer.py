@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from itertools import chain
 from pathlib import Path
@@ -32,6 +33,26 @@ DOC_RECORD = np.dtype(
 
 class TokenizerError(ValueError):
     """A tokenizer model that cannot be used (missing, corrupt, wrong special ids)."""
+
+
+class TokenizerSettingsError(TokenizerError):
+    """Training settings that SentencePiece refuses for this corpus (a recipe mistake)."""
+
+
+def _training_error(error: RuntimeError, vocab_size: int) -> TokenizerSettingsError:
+    """A one-line message for SentencePiece's `INTERNAL: file(line) [check] text` errors."""
+    text = str(error).strip()
+    short = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", text)
+    if short:
+        return TokenizerSettingsError(
+            f"recipe: tokenizer.train.vocab_size {vocab_size} is too small for this corpus: its "
+            f"characters alone need {short.group(2)} pieces (raise vocab_size or lower "
+            "character_coverage)"
+        )
+    if "sentences_.empty()" in text:
+        return TokenizerSettingsError("recipe: tokenizer.train: the sample holds no text")
+    detail = re.sub(r"^INTERNAL: \S+ ", "", text).replace("\n", " ")
+    return TokenizerSettingsError(f"recipe: tokenizer.train: SentencePiece refused: {detail}")
 
 
 def load_tokenizer(path: str | os.PathLike) -> spm.SentencePieceProcessor:
@@ -79,6 +100,16 @@ def train_tokenizer(
     (except for the literal character U+2581, SentencePiece's own space marker).
     """
     model = io.BytesIO()
+    try:
+        _train(texts, config, model)
+    except RuntimeError as e:
+        raise _training_error(e, config.vocab_size) from None
+    out = Path(out_path)
+    atomic_write_bytes(out, model.getvalue())
+    return out
+
+
+def _train(texts: Iterable[str], config: TokenizerTrainConfig, model: io.BytesIO) -> None:
     spm.SentencePieceTrainer.train(
         sentence_iterator=_lines(texts),
         model_writer=model,
@@ -104,9 +135,6 @@ def train_tokenizer(
         num_threads=1,  # single-threaded BPE training is deterministic run to run
         minloglevel=2,
     )
-    out = Path(out_path)
-    atomic_write_bytes(out, model.getvalue())
-    return out
 
 
 class TokenizeWriter(PipelineStep):

@@ -9,9 +9,83 @@ from typing import Any
 
 import numpy as np
 
-from lemur.data.shards import INDEX_DTYPE, ShardFormatError, read_manifest, sha256_file
+from lemur.data.shards import INDEX_DTYPE, MANIFEST, ShardFormatError, read_manifest, sha256_file
 
 CHUNK_TOKENS = 1 << 24
+# Manifest fields every reader relies on, with their JSON types.
+TOKENIZER_FIELDS = {"file": str, "sha256": str, "vocab_size": int, "bos_id": int, "eos_id": int}
+SHARD_FIELDS = {
+    "file": str,
+    "index": str,
+    "split": str,
+    "domain": str,
+    "tokens": int,
+    "documents": int,
+    "sha256": str,
+}
+TYPE_NAMES = {str: "a string", int: "an integer"}
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _inside(rel: str) -> bool:
+    """A relative path that stays inside the shard directory."""
+    parts = Path(rel).parts
+    return bool(parts) and not Path(rel).is_absolute() and ".." not in parts
+
+
+def _field_problem(entry: Any, fields: dict[str, type], where: str) -> str | None:
+    """The first missing or mistyped field of one manifest entry (integers must be >= 0)."""
+    if not isinstance(entry, dict):
+        return f"{where} must be a mapping, got {_short(entry)}"
+    for name, tp in fields.items():
+        value = entry.get(name)
+        if not isinstance(value, tp) or isinstance(value, bool) or (tp is int and value < 0):
+            bound = " >= 0" if tp is int else ""
+            return f"{where}.{name} must be {TYPE_NAMES[tp]}{bound}, got {_short(value)}"
+    for name in ("file", "index", "mask"):
+        if name in entry and not (isinstance(entry[name], str) and _inside(entry[name])):
+            return f"{where}.{name} {_short(entry[name])} is not a path inside the directory"
+    return None
+
+
+def manifest_problems(manifest: dict[str, Any], path: Path) -> list[str]:
+    """Fields of a manifest with a wrong type, each a one-line message naming the field."""
+    found = [_field_problem(manifest, {"seq_len": int}, "manifest")]
+    found.append(_field_problem(manifest.get("tokenizer"), TOKENIZER_FIELDS, "tokenizer"))
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        found.append(f"shards must be a list, got {_short(shards)}")
+    else:
+        found += [_field_problem(s, SHARD_FIELDS, f"shards[{i}]") for i, s in enumerate(shards)]
+    for key in ("mix", "counts"):
+        if not isinstance(manifest.get(key, {}), dict):
+            found.append(f"{key} must be a mapping, got {_short(manifest[key])}")
+    mix = manifest.get("mix")
+    tokens = mix.get("tokens", {}) if isinstance(mix, dict) else {}
+    if not isinstance(tokens, dict) or not all(type(v) is int for v in tokens.values()):
+        found.append(f"mix.tokens must map domains to integers, got {_short(tokens)}")
+    return [f"{path}: {p}" for p in found if p]
+
+
+def structure_problem(root: Path, shard: dict[str, Any], itemsize: int) -> str | None:
+    """A cheap check of one shard (no checksum): both files there, sizes and index agree."""
+    bin_path, idx_path = root / shard["file"], root / shard["index"]
+    for f in (bin_path, idx_path):
+        if not f.is_file():
+            return f"{f}: missing"
+    if bin_path.stat().st_size != shard["tokens"] * itemsize:
+        return f"{bin_path}: size does not match the manifest's {shard['tokens']} tokens"
+    if idx_path.stat().st_size != shard["documents"] * INDEX_DTYPE.itemsize:
+        return f"{idx_path}: size does not match the manifest's {shard['documents']} documents"
+    if shard["documents"]:
+        ends = np.memmap(idx_path, dtype=INDEX_DTYPE, mode="r")
+        if ends[0] == 0 or np.any(ends[1:] <= ends[:-1]) or int(ends[-1]) != shard["tokens"]:
+            return f"{idx_path}: document ends are not increasing up to the shard's size"
+    return None
 
 
 def _check_tokens(path: Path, dtype: np.dtype, vocab: int, expected_sha: str) -> str | None:
@@ -77,7 +151,9 @@ def verify(directory: str | Path, progress: Callable[[int, int], None] | None = 
         manifest = read_manifest(root)
     except ShardFormatError as e:
         return [str(e)]
-    problems: list[str] = []
+    problems = manifest_problems(manifest, root / MANIFEST)
+    if problems:  # the checks below read these fields
+        return problems
     tok_file = root / manifest["tokenizer"]["file"]
     if not tok_file.is_file():
         problems.append(f"{tok_file}: missing")
