@@ -120,3 +120,28 @@ def check(code: int, err: str, in_setup: bool) -> None:
         return
     assert code == 130, (code, in_setup, err)
     assert err.strip().splitlines()[-1] == "lemur-train: interrupted before training started", err
+
+
+def test_jax_cache_writes_are_not_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """JAX writes a persistent-cache entry in place: while armed, an exit waits for it."""
+    from jax._src import compilation_cache as cache
+
+    from lemur.train import interrupt
+
+    seen: list[int] = []
+
+    def put(*args: object) -> str:
+        seen.append(interrupt._depth())  # inside `critical()` when guarded
+        return "written"
+
+    monkeypatch.setattr(cache, "put_executable_and_time", put)
+    interrupt.guard_jax_cache_writes()
+    assert cache.put_executable_and_time is put  # not armed (library use): untouched
+    assert interrupt.arm()
+    try:
+        interrupt.guard_jax_cache_writes()
+        assert cache.put_executable_and_time("key") == "written"
+    finally:
+        interrupt.restore()
+    assert cache.put_executable_and_time is put and seen == [1]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # Exit codes: 128 + the signal number, as a shell reports a process the signal killed.
@@ -30,10 +30,11 @@ EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 MESSAGES = {signal.SIGINT: "interrupted before training started",
             signal.SIGTERM: "terminated (SIGTERM) before training started"}
 
-_lock = threading.Lock()  # held by the main thread while it writes a file (`critical`)
+_lock = threading.RLock()  # held by any thread while it writes a file (`critical`)
+_local = threading.local()  # per thread: nesting of `critical()`
 _exiting = threading.Lock()  # taken once by whoever ends the process
-_depth = 0  # nesting of `critical()` in the main thread
-_pending: int | None = None  # a signal that arrived inside `critical()`
+_pending: int | None = None  # a signal that arrived inside the main thread's `critical()`
+_unpatch: list[Callable[[], None]] = []
 _armed = False
 _prefix = ""
 _previous: dict[int, Any] = {}
@@ -42,9 +43,10 @@ _wakeup: dict[str, int] = {}  # the pipe the watcher thread reads (made once per
 
 def arm(prefix: str = "lemur-train: ") -> bool:
     """Until `disarm()`, SIGINT/SIGTERM print one line and exit 130/143 (main thread only)."""
-    global _armed, _prefix
+    global _armed, _prefix, _pending
     if threading.current_thread() is not threading.main_thread() or _armed:
         return False
+    _pending = None
     if not _wakeup:
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)  # the C-level handler must never block
@@ -60,12 +62,15 @@ def arm(prefix: str = "lemur-train: ") -> bool:
 
 def disarm() -> None:
     """The training loop owns the signals from now on (call from the main thread)."""
-    global _armed
+    global _armed, _pending
     if not _armed:
         return
     with critical():
         _armed = False
         signal.set_wakeup_fd(_wakeup.pop("saved", -1))
+    if _pending is not None:  # arrived during the block above: the new owner handles it
+        signum, _pending = _pending, None
+        signal.raise_signal(signum)
 
 
 def restore() -> None:
@@ -74,6 +79,32 @@ def restore() -> None:
     while _previous:
         sig, handler = _previous.popitem()
         signal.signal(sig, handler)
+    while _unpatch:
+        _unpatch.pop()()
+
+
+def guard_jax_cache_writes() -> None:
+    """While armed, JAX's persistent compilation-cache writes are `critical` too.
+
+    JAX writes a cache entry in place (no temporary name): an exit in the middle would
+    leave a torn entry that every later run trips over. Only the write waits; compiling
+    does not. A JAX without this internal function is left alone.
+    """
+    if not _armed or _unpatch:
+        return
+    try:
+        from jax._src import compilation_cache as cache
+
+        put = cache.put_executable_and_time
+    except (ImportError, AttributeError):
+        return
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        with critical():
+            return put(*args, **kwargs)
+
+    cache.put_executable_and_time = guarded
+    _unpatch.append(lambda: setattr(cache, "put_executable_and_time", put))
 
 
 def armed() -> bool:
@@ -81,21 +112,22 @@ def armed() -> bool:
     return _armed
 
 
+def _depth() -> int:
+    return getattr(_local, "depth", 0)
+
+
 @contextlib.contextmanager
 def critical() -> Iterator[None]:
     """A file write no signal may cut: an exit it asks for waits until the block ends."""
-    global _depth
-    if _depth == 0:
-        _lock.acquire()
-    _depth += 1
-    try:
-        yield
-    finally:
-        _depth -= 1
-        if _depth == 0:
-            _lock.release()
-            if _pending is not None and _armed:
-                _exit(_pending)
+    with _lock:
+        _local.depth = _depth() + 1
+        try:
+            yield
+        finally:
+            _local.depth -= 1
+    if (_depth() == 0 and _pending is not None and _armed
+            and threading.current_thread() is threading.main_thread()):
+        _exit(_pending)
 
 
 def _handler(signum: int, frame: Any) -> None:
@@ -113,10 +145,11 @@ def _handler(signum: int, frame: Any) -> None:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
         return
-    if _depth:
+    if _depth():
         _pending = signum  # `critical()` exits when the write is done
     else:
-        _exit(signum)
+        with _lock:  # waits for a write in progress on another thread
+            _exit(signum)
 
 
 def _watch(fd: int) -> None:
@@ -128,7 +161,7 @@ def _watch(fd: int) -> None:
             return
         for signum in data:
             if signum in EXIT_CODES:
-                with _lock:  # waits for a write in progress on the main thread
+                with _lock:  # waits for a write in progress on any thread
                     if _armed:
                         _exit(signum)
 

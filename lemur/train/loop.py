@@ -121,6 +121,7 @@ class Trainer:
                  on_metrics: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.config = config
         self.on_metrics = on_metrics
+        interrupt.guard_jax_cache_writes()
         self.distributed = mesh_lib.initialize_distributed(config.mesh.distributed)
         if config.compile_cache_dir and not jax.config.jax_compilation_cache_dir:
             jax.config.update("jax_compilation_cache_dir",
