@@ -281,7 +281,8 @@ class ZstdFrames(io.RawIOBase):
         self._chunk = chunk
         self._on_damage = on_damage
         self._d = zstandard.ZstdDecompressor().decompressobj()
-        self._pending = b""  # compressed bytes read, not yet fed; they start at `_offset`
+        self._pending = b""  # compressed bytes read; `_pending[0]` is at byte `_offset`
+        self._pos = 0  # the next byte of `_pending` to feed
         self._offset = 0
         self._frame_start = 0
         self._started = False
@@ -298,51 +299,52 @@ class ZstdFrames(io.RawIOBase):
 
     def _feed(self) -> bytes:
         """Decompressed bytes of the next piece of input (b"" may just mean 'none yet')."""
-        if not self._pending:
-            self._pending = self._fh.read(self._chunk)
+        if self._pos >= len(self._pending):
+            self._offset += len(self._pending)
+            self._pending, self._pos = self._fh.read(self._chunk), 0
             if not self._pending:
                 self._done = True
                 if self._started and not self._d.eof:
                     raise EOFError("zstd stream ends in the middle of a frame (truncated file)")
                 return b""
-        piece, self._pending = self._pending[:ZSTD_FEED], self._pending[ZSTD_FEED:]
-        start, self._offset = self._offset, self._offset + len(piece)
+        start = self._pos
+        piece = self._pending[start : start + ZSTD_FEED]
+        self._pos += len(piece)
         if self._d.eof:  # the previous frame ended exactly at the previous piece's end
-            self._new_frame(start)
+            self._new_frame(self._offset + start)
         self._started = True
         out: list[bytes] = []
         try:
             out.append(self._d.decompress(piece))
             while self._d.eof and self._d.unused_data:
                 rest = self._d.unused_data
-                self._new_frame(self._offset - len(rest))
+                self._new_frame(self._offset + self._pos - len(rest))
                 out.append(self._d.decompress(rest))
         except zstandard.ZstdError as e:
             if self._on_damage is None:
                 raise
-            self._pending = piece + self._pending
-            self._offset = start
-            out.append(self._resync(start, e))
+            out.append(self._resync(self._offset + start, e))
         return b"".join(out)
 
     def _resync(self, start: int, error: Exception) -> bytes:
-        """Skip to the next frame after a damaged one; b"\\n" when found, b"" at the end."""
+        """Skip to the frame after a damaged one; b"\\n" when there is one, b"" at the end."""
         damaged = self._frame_start
-        at = max(start, damaged + 1) - self._offset  # search position in `_pending`
+        at = max(start, damaged + 1) - self._offset  # where to search in `_pending`
         while (found := self._pending.find(ZSTD_MAGIC, at)) < 0:
-            keep = self._pending[-(len(ZSTD_MAGIC) - 1) :]
+            # Keep a tail that may hold the start of a magic number cut by the read.
+            keep = self._pending[max(at, len(self._pending) - len(ZSTD_MAGIC) + 1) :]
             self._offset += len(self._pending) - len(keep)
             more = self._fh.read(self._chunk)
             if not more:
-                self._pending, self._done = b"", True
+                self._pending, self._pos, self._done = b"", 0, True
                 self._report(f"zstd frame at byte {damaged} is damaged ({error}); no frame follows")
                 return b""
             self._pending, at = keep + more, 0
-        self._offset += found
-        self._pending = self._pending[found:]
-        self._new_frame(self._offset)
+        self._pos = found
+        self._new_frame(self._offset + found)
         self._report(
-            f"zstd frame at byte {damaged} is damaged ({error}); resumed at byte {self._offset}"
+            f"zstd frame at byte {damaged} is damaged ({error}); "
+            f"resumed at byte {self._frame_start}"
         )
         return b"\n"
 
