@@ -318,9 +318,9 @@ def attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array,
     return call(implementation=impl)
 
 
-def block(x_BxLxD: jax.Array, layer: Params, config: LlamaConfig, cos_BxLxK2: jax.Array,
-          sin_BxLxK2: jax.Array, mask_Bx1xLxL: jax.Array | None) -> jax.Array:
-    """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+def attention_qkv(x_BxLxD: jax.Array, layer: Params, config: LlamaConfig, cos_BxLxK2: jax.Array,
+                  sin_BxLxK2: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """q (BxLxHxK), k and v (BxLxGxK) of the pre-normed input, rotary applied to q and k."""
     dt = config.compute_dtype
     h_BxLxD = rms_norm(x_BxLxD, layer["attn_norm"], config.norm_eps)
     q_BxLxHxK = constrain(jnp.einsum("bld,dhk->blhk", h_BxLxD, layer["wq"].astype(dt)), "BLHK")
@@ -328,16 +328,36 @@ def block(x_BxLxD: jax.Array, layer: Params, config: LlamaConfig, cos_BxLxK2: ja
     v_BxLxGxK = constrain(jnp.einsum("bld,dgk->blgk", h_BxLxD, layer["wv"].astype(dt)), "BLHK")
     q_BxLxHxK = apply_rope(q_BxLxHxK, cos_BxLxK2, sin_BxLxK2)
     k_BxLxGxK = apply_rope(k_BxLxGxK, cos_BxLxK2, sin_BxLxK2)
-    o_BxLxHxK = attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask_Bx1xLxL, config)
-    x_BxLxD = x_BxLxD + jnp.einsum("blhk,hkd->bld", o_BxLxHxK, layer["wo"].astype(dt))
-    x_BxLxD = constrain(x_BxLxD, "BLD")
+    return q_BxLxHxK, k_BxLxGxK, v_BxLxGxK
 
+
+def attention_residual(x_BxLxD: jax.Array, o_BxLxHxK: jax.Array, layer: Params,
+                       config: LlamaConfig) -> jax.Array:
+    """x + the output projection of the attention heads."""
+    x_BxLxD = x_BxLxD + jnp.einsum("blhk,hkd->bld", o_BxLxHxK,
+                                   layer["wo"].astype(config.compute_dtype))
+    return constrain(x_BxLxD, "BLD")
+
+
+def mlp_residual(x_BxLxD: jax.Array, layer: Params, config: LlamaConfig) -> jax.Array:
+    """x + SwiGLU(norm(x))."""
+    dt = config.compute_dtype
     h_BxLxD = rms_norm(x_BxLxD, layer["mlp_norm"], config.norm_eps)
     gate_BxLxF = jnp.einsum("bld,df->blf", h_BxLxD, layer["w_gate"].astype(dt))
     up_BxLxF = jnp.einsum("bld,df->blf", h_BxLxD, layer["w_up"].astype(dt))
     hidden_BxLxF = constrain(jax.nn.silu(gate_BxLxF) * up_BxLxF, "BLF")
     x_BxLxD = x_BxLxD + jnp.einsum("blf,fd->bld", hidden_BxLxF, layer["w_down"].astype(dt))
     return constrain(x_BxLxD, "BLD")
+
+
+def block(x_BxLxD: jax.Array, layer: Params, config: LlamaConfig, cos_BxLxK2: jax.Array,
+          sin_BxLxK2: jax.Array, mask_Bx1xLxL: jax.Array | None) -> jax.Array:
+    """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = attention_qkv(x_BxLxD, layer, config, cos_BxLxK2,
+                                                    sin_BxLxK2)
+    o_BxLxHxK = attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask_Bx1xLxL, config)
+    x_BxLxD = attention_residual(x_BxLxD, o_BxLxHxK, layer, config)
+    return mlp_residual(x_BxLxD, layer, config)
 
 
 def embed_tokens(params: Params, tokens_BxL: jax.Array, config: LlamaConfig) -> jax.Array:

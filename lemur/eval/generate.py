@@ -1,0 +1,346 @@
+"""Text generation over the KV-cache path: greedy or sampled, batched, with stop strings.
+
+Prompts of different lengths share a batch by left padding (lemur.model.decode). Shapes
+come from buckets, so compilation happens once per (batch, prompt bucket, cache bucket)
+and sampling setting, never per prompt or output length: the prompt slots P are the
+next power of two of the longest prompt (at least 16), the cache slots S the next power
+of two of P plus the new tokens. Decoding runs `chunk` steps per device call (a
+`lax.scan` with the cache donated, so it is updated in place); between calls the host
+checks end-of-sequence and stop strings, and stops as soon as every row is done.
+
+Sampling follows transformers' order: temperature, then top-k, then top-p (the smallest
+set of most likely tokens whose probability reaches p). Temperature 0 is greedy. The
+random stream is `jax.random.key(seed)` folded with the batch's index, so a run is
+reproducible for a given seed, prompt list and batch size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lemur.model import decode
+from lemur.model.llama import LlamaConfig, Params
+
+CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
+
+
+class Tokenizer(Protocol):
+    """What generation needs from a tokenizer (lemur.eval.load.SentencePieceTokenizer)."""
+
+    bos_id: int
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`, without <s> or </s>."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of `ids` (control ids dropped)."""
+        ...
+
+    def piece_id(self, piece: str) -> int | None:
+        """The id of a single-piece string, or None when it is not one piece."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen: temperature 0 is greedy; top_k 0 and top_p 1 are off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    """Length, sampling, stop conditions and seed of one generation call."""
+
+    max_new_tokens: int = 256
+    sampling: Sampling = Sampling()
+    stop: tuple[str, ...] = ()
+    stop_at_eos: bool = True
+    seed: int = 0
+    batch_size: int = 8
+    chunk: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "batch_size", "chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class Completion:
+    """One prompt's output: generated ids and text (cut at the stop), and why it ended."""
+
+    prompt_tokens: int
+    tokens: list[int]
+    text: str
+    finish: str  # "stop" (a stop string), "eos", or "length"
+
+
+def sample(logits_BxV: jax.Array, key: jax.Array, sampling: Sampling) -> jax.Array:
+    """Next token ids (B, int32) from fp32 logits."""
+    if sampling.temperature == 0:
+        return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+    logits_BxV = logits_BxV.astype(jnp.float32) / sampling.temperature
+    if 0 < sampling.top_k < logits_BxV.shape[-1]:
+        kth_Bx1 = jax.lax.top_k(logits_BxV, sampling.top_k)[0][:, -1:]
+        logits_BxV = jnp.where(logits_BxV < kth_Bx1, -jnp.inf, logits_BxV)
+    if sampling.top_p < 1:
+        sorted_BxV = jnp.sort(logits_BxV, axis=-1)[:, ::-1]
+        probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
+        # Keep a token while the probability of the more likely ones is still below p.
+        before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
+        kept_B = jnp.maximum(jnp.sum(before_BxV < sampling.top_p, axis=-1), 1)
+        cutoff_Bx1 = jnp.take_along_axis(sorted_BxV, kept_B[:, None] - 1, axis=-1)
+        logits_BxV = jnp.where(logits_BxV < cutoff_Bx1, -jnp.inf, logits_BxV)
+    return jax.random.categorical(key, logits_BxV, axis=-1).astype(jnp.int32)
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+    """The next power of two >= n (at least `minimum`)."""
+    return max(minimum, 1 << max(0, n - 1).bit_length())
+
+
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "cache_len"))
+def _start(
+    params: Params,
+    tokens_BxP: jax.Array,
+    pad_B: jax.Array,
+    key: jax.Array,
+    *,
+    config: LlamaConfig,
+    sampling: Sampling,
+    cache_len: int,
+) -> tuple[jax.Array, decode.KVCache, jax.Array]:
+    """Prefill, then sample each row's first new token: (tokens B, cache, key)."""
+    cache = decode.init_cache(config, tokens_BxP.shape[0], cache_len)
+    logits_BxV, cache = decode.prefill(params, tokens_BxP, pad_B, cache, config, last_only=True)
+    key, sub = jax.random.split(key)
+    return sample(logits_BxV, sub, sampling), cache, key
+
+
+@functools.partial(
+    jax.jit, static_argnames=("config", "sampling", "steps", "eos_id"), donate_argnums=1
+)
+def _continue(
+    params: Params,
+    cache: decode.KVCache,
+    token_B: jax.Array,
+    slot: jax.Array,
+    pad_B: jax.Array,
+    key: jax.Array,
+    done_B: jax.Array,
+    *,
+    config: LlamaConfig,
+    sampling: Sampling,
+    steps: int,
+    eos_id: int,
+) -> tuple[Any, ...]:
+    """`steps` decode steps: feed token_B at `slot`, sample, repeat. Done rows emit eos_id."""
+
+    def body(carry: tuple[Any, ...], _: None) -> tuple[tuple[Any, ...], jax.Array]:
+        cache, token_B, slot, key, done_B = carry
+        logits_BxV, cache = decode.decode_step(params, token_B, slot, pad_B, cache, config)
+        key, sub = jax.random.split(key)
+        done_B = done_B | (token_B == eos_id)
+        next_B = jnp.where(done_B, eos_id, sample(logits_BxV, sub, sampling))
+        return (cache, next_B, slot + 1, key, done_B), next_B
+
+    carry, out_TxB = jax.lax.scan(body, (cache, token_B, slot, key, done_B), None, length=steps)
+    return (*carry, out_TxB.T)
+
+
+@dataclasses.dataclass
+class _Row:
+    """Host-side state of one prompt while its batch decodes."""
+
+    prompt: list[int]
+    head: str | None = None  # decode(prompt), for continuation text
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    text: str = ""
+    finish: str | None = None
+
+
+def continuation_text(
+    tokenizer: Tokenizer, prompt: Sequence[int], ids: Sequence[int], head: str | None = None
+) -> str:
+    """Text that `ids` add after `prompt`.
+
+    Decoded together with the prompt: a tokenizer with a dummy prefix (Llama-2's) drops the
+    leading space of the first piece it decodes, which would eat the space of a completion
+    decoded alone.
+    """
+    head = tokenizer.decode(list(prompt)) if head is None else head
+    full = tokenizer.decode([*prompt, *ids])
+    return full[len(head) :] if full.startswith(head) else tokenizer.decode(list(ids))
+
+
+def _find_stop(text: str, stop: Sequence[str]) -> int:
+    """Index of the earliest stop string in text, or -1."""
+    hits = [i for s in stop if s and (i := text.find(s)) >= 0]
+    return min(hits) if hits else -1
+
+
+def _update(
+    row: _Row, new: Sequence[int], gen: GenerationConfig, eos_id: int, tokenizer: Tokenizer | None
+) -> None:
+    """Append a chunk's tokens to a row; cut and set `finish` at eos, a stop string or length."""
+    before = len(row.tokens)
+    row.tokens.extend(int(t) for t in new)
+    if gen.stop_at_eos and eos_id in row.tokens[before:]:
+        row.tokens = row.tokens[: row.tokens.index(eos_id, before)]
+        row.finish = "eos"
+    if len(row.tokens) >= gen.max_new_tokens:
+        row.tokens, row.finish = row.tokens[: gen.max_new_tokens], row.finish or "length"
+    if tokenizer is None:
+        return
+    if row.head is None:
+        row.head = tokenizer.decode(row.prompt)
+    row.text = continuation_text(tokenizer, row.prompt, row.tokens, row.head)
+    if gen.stop and _find_stop(row.text, gen.stop) >= 0:
+        # The shortest prefix holding a stop: only tokens of this chunk can have completed it.
+        for k in range(max(before, 1), len(row.tokens) + 1):
+            text = continuation_text(tokenizer, row.prompt, row.tokens[:k], row.head)
+            if (i := _find_stop(text, gen.stop)) >= 0:
+                row.tokens, row.text, row.finish = row.tokens[:k], text[:i], "stop"
+                break
+
+
+def _run_batch(
+    params: Params,
+    config: LlamaConfig,
+    rows: list[_Row],
+    gen: GenerationConfig,
+    eos_id: int,
+    key: jax.Array,
+    tokenizer: Tokenizer | None,
+) -> None:
+    """Generate for one batch of rows (left-padded into one prefill), filling the rows."""
+    B, longest = len(rows), max(len(r.prompt) for r in rows)
+    P = bucket(longest)
+    chunks = -(-(gen.max_new_tokens - 1) // gen.chunk)
+    tokens_BxP = np.zeros((B, P), np.int32)
+    pad_B = np.array([P - len(r.prompt) for r in rows], np.int32)
+    for b, r in enumerate(rows):
+        tokens_BxP[b, pad_B[b] :] = r.prompt
+    token_B, cache, key = _start(
+        params,
+        tokens_BxP,
+        pad_B,
+        key,
+        config=config,
+        sampling=gen.sampling,
+        cache_len=bucket(P + chunks * gen.chunk, 32),
+    )
+    first_B = np.asarray(token_B)
+    for b, r in enumerate(rows):
+        _update(r, [first_B[b]], gen, eos_id, tokenizer)
+    slot = jnp.asarray(P, jnp.int32)
+    while any(r.finish is None for r in rows):
+        done_B = np.array([r.finish is not None for r in rows])
+        cache, token_B, slot, key, _, new_BxT = _continue(
+            params,
+            cache,
+            token_B,
+            slot,
+            pad_B,
+            key,
+            done_B,
+            config=config,
+            sampling=gen.sampling,
+            steps=gen.chunk,
+            eos_id=eos_id,
+        )
+        new_BxT = np.asarray(new_BxT)
+        for b, r in enumerate(rows):
+            if r.finish is None:
+                _update(r, new_BxT[b], gen, eos_id, tokenizer)
+
+
+def generate_ids(
+    params: Params,
+    config: LlamaConfig,
+    prompts: Sequence[Sequence[int]],
+    gen: GenerationConfig,
+    *,
+    eos_id: int | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> list[Completion]:
+    """Complete token-id prompts (each already holding its <s>), in the given order.
+
+    Prompts are sorted by length and batched `gen.batch_size` at a time, so rows of a batch
+    need little padding. `eos_id` None never stops at eos. Stop strings need `tokenizer`.
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    if (longest := max(len(p) for p in prompts)) > config.max_seq_len:
+        raise ValueError(f"a prompt of {longest} tokens exceeds max_seq_len {config.max_seq_len}")
+    if gen.stop and tokenizer is None:
+        raise ValueError("stop strings need a tokenizer")
+    if eos_id is None:
+        gen = dataclasses.replace(gen, stop_at_eos=False)
+    rows = [_Row(prompt=[int(t) for t in p]) for p in prompts]
+    order = sorted(range(len(rows)), key=lambda i: -len(rows[i].prompt))
+    base = jax.random.key(gen.seed)
+    for n, start in enumerate(range(0, len(order), gen.batch_size)):
+        batch = [rows[i] for i in order[start : start + gen.batch_size]]
+        _run_batch(
+            params,
+            config,
+            batch,
+            gen,
+            -1 if eos_id is None else eos_id,
+            jax.random.fold_in(base, n),
+            tokenizer,
+        )
+    return [Completion(len(r.prompt), r.tokens, r.text, r.finish or "length") for r in rows]
+
+
+def chat_prompt(tokenizer: Tokenizer, user: str, system: str | None = None) -> str:
+    """A ChatML prompt ending where the assistant's answer starts; refuses a tokenizer
+    without the ChatML pieces."""
+    missing = [p for p in (CHATML_START, CHATML_END) if tokenizer.piece_id(p) is None]
+    if missing:
+        raise ValueError(
+            f"the tokenizer has no {' / '.join(missing)} piece (--chat needs "
+            "a ChatML tokenizer, e.g. one a Lemur-Chat build extended)"
+        )
+    turns = ([("system", system)] if system else []) + [("user", user)]
+    text = "".join(f"{CHATML_START}{role}\n{content}{CHATML_END}\n" for role, content in turns)
+    return text + f"{CHATML_START}assistant\n"
+
+
+def generate(
+    params: Params,
+    config: LlamaConfig,
+    tokenizer: Tokenizer,
+    prompts: Sequence[str],
+    gen: GenerationConfig,
+    *,
+    chat: bool = False,
+) -> list[Completion]:
+    """Complete text prompts (<s> prepended; ChatML-wrapped with `chat`)."""
+    if chat:
+        prompts = [chat_prompt(tokenizer, p) for p in prompts]
+        gen = dataclasses.replace(gen, stop=(*gen.stop, CHATML_END))
+    ids = [[tokenizer.bos_id, *tokenizer.encode(p)] for p in prompts]
+    return generate_ids(params, config, ids, gen, eos_id=tokenizer.eos_id, tokenizer=tokenizer)

@@ -1,0 +1,223 @@
+"""Anything `lemur-eval` scores -> (LlamaConfig, params, tokenizer).
+
+Accepted, told apart by the files inside:
+- a run directory of `lemur-train` (`config.yaml` and `checkpoints/<step>/`): its latest
+  complete checkpoint, or `step`;
+- one orbax step of a run (`<step>/state` + `<step>/meta`);
+- a lemur model checkpoint (`config.json` + `params/`, what tools/convert_hf_llama.py writes);
+- a Hugging Face Llama folder (`config.json` + safetensors), converted on the fly with
+  lemur.model.hf, so Llama-2 itself can be scored as the baseline.
+
+Only the params are read from a run's train state (orbax partial restore: the optimizer
+moments, twice the params' size, stay on disk). The tokenizer is the SentencePiece model
+beside HF weights (`tokenizer.model`), or the one of the run's first data directory, or
+the one given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import sentencepiece as spm
+
+from lemur.model import checkpoint as model_checkpoint
+from lemur.model import hf
+from lemur.model.llama import LlamaConfig, Params
+
+
+class LoadError(ValueError):
+    """A path that is no model lemur-eval can read (one line, naming it)."""
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece model with the few calls evaluation needs."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        except (OSError, RuntimeError) as e:
+            raise LoadError(f"{self.path}: not a SentencePiece model ({e})") from None
+        self.bos_id, self.eos_id = int(self.sp.bos_id()), int(self.sp.eos_id())
+        self.vocab_size = int(self.sp.vocab_size())
+        self.sha256 = hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`, without <s> or </s>."""
+        return list(self.sp.encode(text))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of `ids`."""
+        return self.sp.decode([int(i) for i in ids])
+
+    def piece_id(self, piece: str) -> int | None:
+        """The id of `piece` when it is one piece of the vocabulary, else None."""
+        i = int(self.sp.piece_to_id(piece))
+        return i if self.sp.id_to_piece(i) == piece and not self.sp.is_unknown(i) else None
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """A model ready to run: config, params on the default device, tokenizer, provenance."""
+
+    config: LlamaConfig
+    params: Params
+    tokenizer: SentencePieceTokenizer | None
+    kind: str  # "run", "lemur", "hf"
+    source: str
+
+
+def detect_kind(path: Path) -> str:
+    """The kind of model in `path` ("run", "step", "lemur" or "hf"); LoadError otherwise."""
+    if (path / "config.json").is_file() and (path / "params").is_dir():
+        return "lemur"
+    if (path / "config.json").is_file() and any(
+        (path / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")
+    ):
+        return "hf"
+    if (path / "state").is_dir() and (path / "meta").is_dir():
+        return "step"
+    if (path / "config.yaml").is_file() or (path / "checkpoints").is_dir():
+        return "run"
+    raise LoadError(
+        f"{path}: not a lemur run directory, orbax step, lemur model checkpoint "
+        "or Hugging Face Llama folder"
+    )
+
+
+def _latest_step(run_dir: Path) -> Path:
+    """The newest complete step directory under a run's checkpoint directory."""
+    ckpt = run_dir / "checkpoints"
+    if (run_dir / "config.yaml").is_file():
+        import yaml
+
+        raw = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        ckpt = Path((raw.get("checkpoint") or {}).get("dir") or ckpt)
+    steps = sorted(
+        (int(p.name), p)
+        for p in ckpt.glob("*")
+        if p.name.isdigit() and (p / "state").is_dir() and (p / "meta").is_dir()
+    )
+    if not steps:
+        raise LoadError(f"{run_dir}: no complete checkpoint under {ckpt}")
+    return steps[-1][1]
+
+
+def _run_config(step_dir: Path) -> tuple[LlamaConfig, dict[str, Any]]:
+    """The model config of a run checkpoint, from its `meta` item (the resolved config)."""
+    from lemur.train.config import config_from_dict
+
+    try:
+        meta = json.loads((step_dir / "meta" / "metadata").read_text())
+    except (OSError, ValueError) as e:
+        raise LoadError(f"{step_dir}/meta/metadata: unreadable ({e})") from None
+    config = config_from_dict(meta["config"]).model.llama(meta.get("vocab_size"))
+    return config, meta
+
+
+def _run_params(step_dir: Path) -> Params:
+    """Only the `params` subtree of a run's train state (host numpy arrays)."""
+    handler = ocp.StandardCheckpointHandler()
+    try:
+        tree = handler.metadata(step_dir / "state")
+    finally:
+        handler.close()
+    abstract = dict(tree)["params"]
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
+    item = jax.tree.map(lambda m: np.empty(0), abstract)  # structure only
+    restored = ocp.PyTreeCheckpointer().restore(
+        step_dir / "state",
+        args=ocp.args.PyTreeRestore(
+            item={"params": item}, restore_args={"params": restore_args}, partial_restore=True
+        ),
+    )
+    return restored["params"]
+
+
+def _run_tokenizer(meta: dict[str, Any]) -> Path | None:
+    """The tokenizer of a run's first data directory, if that directory is still there."""
+    dirs = (meta.get("config", {}).get("data") or {}).get("dirs") or []
+    if not dirs:
+        return None
+    manifest = Path(dirs[0]) / "manifest.json"
+    try:
+        entry = json.loads(manifest.read_text())["tokenizer"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return Path(dirs[0]) / entry.get("file", "tokenizer.model")
+
+
+def _load_hf(path: Path) -> tuple[LlamaConfig, Params]:
+    """Config and numpy params of an HF Llama folder (lemur.model.hf, one tensor at a time)."""
+    with hf.open_hf_checkpoint(path) as (hf_config, get_tensor):
+        try:
+            config = hf.config_from_hf(hf_config)
+        except (ValueError, KeyError) as e:
+            raise LoadError(f"{path}: {e}") from None
+        return config, hf.params_from_hf(get_tensor, config)
+
+
+def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Path | None, str]:
+    """(config, host params, tokenizer path or None, kind) of any accepted path."""
+    kind = detect_kind(path)
+    if kind == "hf":
+        config, params = _load_hf(path)
+        tok = path / "tokenizer.model"
+        return config, params, tok if tok.is_file() else None, kind
+    if kind == "lemur":
+        params, config = model_checkpoint.load_params(path)
+        tok = path / "tokenizer.model"
+        return config, params, tok if tok.is_file() else None, kind
+    step_dir = (
+        path
+        if kind == "step"
+        else (_latest_step(path) if step is None else path / "checkpoints" / str(step))
+    )
+    if not (step_dir / "state").is_dir():
+        raise LoadError(f"{step_dir}: no such checkpoint")
+    config, meta = _run_config(step_dir)
+    return config, _run_params(step_dir), _run_tokenizer(meta), "run"
+
+
+def resolve_dtype(dtype: str | None) -> str | None:
+    """'auto' -> float32 on CPU (XLA's CPU bf16 matmuls are slow), the model's own elsewhere."""
+    if dtype == "auto":
+        return "float32" if jax.default_backend() == "cpu" else None
+    return dtype
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    *,
+    step: int | None = None,
+    tokenizer: str | os.PathLike[str] | None = None,
+    dtype: str | None = "auto",
+) -> LoadedModel:
+    """Read any accepted model path; params go to the default device.
+
+    `dtype` sets the compute dtype (None: the checkpoint's; "auto": see `resolve_dtype`).
+    `tokenizer` overrides the tokenizer found beside the model.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise LoadError(f"{root}: no such directory")
+    config, params, tok_path, kind = _read(root, step)
+    if (dtype := resolve_dtype(dtype)) is not None:
+        config = dataclasses.replace(config, dtype=dtype)
+    tok_path = Path(tokenizer) if tokenizer is not None else tok_path
+    tok = SentencePieceTokenizer(tok_path) if tok_path is not None and tok_path.is_file() else None
+    if tok is not None and tok.vocab_size > config.vocab_size:
+        raise LoadError(
+            f"{tok_path}: tokenizer of {tok.vocab_size} pieces for a model of "
+            f"vocab_size {config.vocab_size}"
+        )
+    return LoadedModel(config, jax.device_put(params), tok, kind, str(root))

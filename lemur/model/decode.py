@@ -1,0 +1,147 @@
+"""KV-cache inference for lemur's Llama: prefill a left-padded batch, then one token at a time.
+
+A batch of prompts of different lengths is left-padded to a common length P: row b's
+prompt fills cache slots `pad[b] .. P-1`, and every later token of every row goes to the
+same slot, so one `dynamic_update_slice` per layer writes the whole batch. Rotary
+positions are `slot - pad[b]` (each prompt starts at position 0, as if it stood alone),
+and a key slot is visible to a query when it is at or before the query's slot and not
+padding. The cache holds keys and values after the rotation, n_kv_heads of them (GQA),
+in the compute dtype, one array per layer: a decode step updates each layer's array in
+place (when donated) instead of slicing a stacked cache.
+
+Everything here is shape-polymorphic in nothing: callers pick P and the cache length S
+from a few buckets (lemur.eval.generate), so a prefill compiles once per (B, P, S) and a
+decode step once per (B, S), whatever the prompt and output lengths.
+
+Shape letters as in llama.py, plus P prompt slots and S cache slots.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from lemur.model.llama import (
+    LlamaConfig,
+    Params,
+    attention,
+    attention_qkv,
+    attention_residual,
+    embed_tokens,
+    mlp_residual,
+    output_head,
+    rms_norm,
+    rope_angles,
+    rope_inv_freq,
+)
+
+
+class KVCache(NamedTuple):
+    """Rotated keys and values, one B x S x G x K array per layer."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+    @property
+    def length(self) -> int:
+        """Number of slots S."""
+        return self.k[0].shape[1]
+
+
+def init_cache(config: LlamaConfig, batch: int, length: int) -> KVCache:
+    """An all-zero cache of `length` slots for `batch` rows."""
+    shape = (batch, length, config.n_kv_heads, config.head_dim)
+    zeros = tuple(jnp.zeros(shape, config.compute_dtype) for _ in range(config.n_layers))
+    return KVCache(k=zeros, v=tuple(jnp.zeros_like(z) for z in zeros))
+
+
+def _layers(params: Params, config: LlamaConfig) -> list[Params]:
+    """Per-layer param dicts sliced from the stacked layout."""
+    unstacked = {name: jnp.unstack(w) for name, w in params["layers"].items()}
+    return [{name: ws[i] for name, ws in unstacked.items()} for i in range(config.n_layers)]
+
+
+def _write(cache_BxSxGxK: jax.Array, new_BxTxGxK: jax.Array, slot: jax.Array) -> jax.Array:
+    """The cache with `new` written at slots slot .. slot + T - 1."""
+    zero = jnp.zeros((), jnp.int32)
+    return jax.lax.dynamic_update_slice(
+        cache_BxSxGxK,
+        new_BxTxGxK.astype(cache_BxSxGxK.dtype),
+        (zero, slot.astype(jnp.int32), zero, zero),
+    )
+
+
+def prefill(
+    params: Params,
+    tokens_BxP: jax.Array,
+    pad_B: jax.Array,
+    cache: KVCache,
+    config: LlamaConfig,
+    *,
+    last_only: bool = False,
+) -> tuple[jax.Array, KVCache]:
+    """Run left-padded prompts (row b's tokens in slots pad[b]..P-1) and fill cache slots 0..P-1.
+
+    Returns fp32 logits B x P x V (B x V of the last slot with `last_only`) and the cache.
+    Padding slots get position 0 and attend only to themselves, so nothing is undefined;
+    no real token ever attends to them.
+    """
+    B, P = tokens_BxP.shape
+    slot_P = jnp.arange(P, dtype=jnp.int32)
+    positions_BxP = jnp.maximum(slot_P[None, :] - pad_B[:, None], 0)
+    cos_BxPxK2, sin_BxPxK2 = rope_angles(positions_BxP, rope_inv_freq(config))
+    real_BxP = slot_P[None, :] >= pad_B[:, None]
+    # Causality comes from attention's is_causal; this mask removes padding keys.
+    mask_Bx1xPxP = real_BxP[:, None, None, :] | (slot_P[:, None] == slot_P[None, :])
+    x_BxPxD = embed_tokens(params, tokens_BxP, config)
+    ks, vs = list(cache.k), list(cache.v)
+    zero = jnp.zeros((), jnp.int32)
+    for i, layer in enumerate(_layers(params, config)):
+        q_BxPxHxK, k_BxPxGxK, v_BxPxGxK = attention_qkv(
+            x_BxPxD, layer, config, cos_BxPxK2, sin_BxPxK2
+        )
+        ks[i], vs[i] = _write(ks[i], k_BxPxGxK, zero), _write(vs[i], v_BxPxGxK, zero)
+        o_BxPxHxK = attention(q_BxPxHxK, k_BxPxGxK, v_BxPxGxK, mask_Bx1xPxP, config)
+        x_BxPxD = mlp_residual(attention_residual(x_BxPxD, o_BxPxHxK, layer, config), layer, config)
+    if last_only:  # the head over one slot instead of P: P times less of the largest matmul
+        x_BxPxD = x_BxPxD[:, -1:]
+    x_BxPxD = rms_norm(x_BxPxD, params["final_norm"], config.norm_eps)
+    logits = output_head(params, x_BxPxD, config)
+    return (logits[:, 0] if last_only else logits), KVCache(tuple(ks), tuple(vs))
+
+
+def decode_step(
+    params: Params,
+    tokens_B: jax.Array,
+    slot: jax.Array,
+    pad_B: jax.Array,
+    cache: KVCache,
+    config: LlamaConfig,
+) -> tuple[jax.Array, KVCache]:
+    """Feed one token per row at cache slot `slot` (a traced int): fp32 logits B x V, cache.
+
+    Row b's token gets rotary position slot - pad[b] and attends to slots pad[b]..slot.
+    """
+    S = cache.length
+    slot = jnp.asarray(slot, jnp.int32)
+    positions_Bx1 = (slot - pad_B)[:, None]
+    cos_Bx1xK2, sin_Bx1xK2 = rope_angles(positions_Bx1, rope_inv_freq(config))
+    slot_S = jnp.arange(S, dtype=jnp.int32)
+    visible_BxS = (slot_S[None, :] >= pad_B[:, None]) & (slot_S[None, :] <= slot)
+    mask_Bx1x1xS = visible_BxS[:, None, None, :]
+    x_Bx1xD = embed_tokens(params, tokens_B[:, None], config)
+    ks, vs = list(cache.k), list(cache.v)
+    for i, layer in enumerate(_layers(params, config)):
+        q_Bx1xHxK, k_Bx1xGxK, v_Bx1xGxK = attention_qkv(
+            x_Bx1xD, layer, config, cos_Bx1xK2, sin_Bx1xK2
+        )
+        ks[i], vs[i] = _write(ks[i], k_Bx1xGxK, slot), _write(vs[i], v_Bx1xGxK, slot)
+        # One query against S keys: XLA's attention (cuDNN's fused kernels target long q).
+        o_Bx1xHxK = jax.nn.dot_product_attention(
+            q_Bx1xHxK, ks[i], vs[i], mask=mask_Bx1x1xS, implementation="xla"
+        )
+        x_Bx1xD = mlp_residual(attention_residual(x_Bx1xD, o_Bx1xHxK, layer, config), layer, config)
+    x_Bx1xD = rms_norm(x_Bx1xD, params["final_norm"], config.norm_eps)
+    return output_head(params, x_Bx1xD, config)[:, 0], KVCache(tuple(ks), tuple(vs))

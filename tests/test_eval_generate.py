@@ -1,0 +1,172 @@
+"""lemur.eval.generate: parity with transformers' greedy generate, sampling, stops, buckets."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from lemur.eval import generate as gen_lib  # noqa: E402
+from lemur.eval.load import SentencePieceTokenizer, load_model  # noqa: E402
+from lemur.model import hf, llama  # noqa: E402
+
+VOCAB = 256
+GREEDY = gen_lib.GenerationConfig(max_new_tokens=48, batch_size=8)
+
+
+def random_params(config: llama.LlamaConfig, seed: int) -> llama.Params:
+    """Numpy params: N(0, init_std) matrices and norms of 1 +- 0.2, so logits spread out
+    (numpy instead of init_params: nothing to compile)."""
+    rng = np.random.default_rng(seed)
+
+    def leaf(path: tuple, shape: tuple[int, ...]) -> np.ndarray:
+        if "norm" in jax.tree_util.keystr(path):
+            return (1 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
+        return (config.init_std * rng.standard_normal(shape)).astype(np.float32)
+
+    return jax.tree_util.tree_map_with_path(
+        leaf, llama.param_shapes(config), is_leaf=lambda x: isinstance(x, tuple)
+    )
+
+
+@functools.cache
+def _model(vocab: int = VOCAB) -> tuple[llama.LlamaConfig, llama.Params]:
+    """A random GQA Llama: 4 query heads sharing 2 kv heads."""
+    config = llama.LlamaConfig(
+        vocab_size=vocab,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=128,
+        dtype="float32",
+        init_std=0.1,
+        max_seq_len=512,
+    )
+    return config, random_params(config, 7)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random model exported to an HF folder with lemur.model.hf."""
+    config, params = _model()
+    out = tmp_path_factory.mktemp("hf")
+    hf.write_hf_checkpoint(out, config, hf.params_to_hf(params, config, "float32"), dtype="float32")
+    return out
+
+
+def _prompts() -> list[list[int]]:
+    rng = np.random.default_rng(1)
+    return [[1, *rng.integers(3, VOCAB, n).tolist()] for n in (5, 17, 31)]
+
+
+def test_greedy_equals_transformers_generate(hf_dir: Path) -> None:
+    """48 greedy tokens for 3 prompts of different lengths, batched (left-padded) here and
+    one prompt at a time in transformers: token for token."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # a random model: never stop early
+    loaded = load_model(hf_dir, dtype="float32")  # converted back on the fly
+    assert loaded.kind == "hf" and loaded.config.n_kv_heads == 2
+    ours = gen_lib.generate_ids(loaded.params, loaded.config, _prompts(), GREEDY, eos_id=None)
+    for prompt, completion in zip(_prompts(), ours, strict=True):
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([prompt]),
+                do_sample=False,
+                max_new_tokens=48,
+                min_new_tokens=48,
+                pad_token_id=0,
+            )
+        theirs = out[0, len(prompt) :].tolist()
+        assert completion.tokens == theirs
+        assert completion.finish == "length" and len(theirs) == 48
+
+
+def test_batch_size_does_not_change_greedy_output() -> None:
+    config, params = _model()
+    batched = gen_lib.generate_ids(params, config, _prompts(), GREEDY, eos_id=None)
+    single = gen_lib.generate_ids(
+        params, config, _prompts(), dataclasses.replace(GREEDY, batch_size=1), eos_id=None
+    )
+    assert [c.tokens for c in batched] == [c.tokens for c in single]
+
+
+def test_one_compilation_per_bucket() -> None:
+    """Prompt lengths 3..15 and 20..40 new tokens share one prefill and one decode program."""
+    config, params = _model()
+    gen_lib.generate_ids(params, config, [[1, 5, 6]], GREEDY, eos_id=None)
+    start, cont = gen_lib._start._cache_size(), gen_lib._continue._cache_size()
+    for n, new in ((9, 20), (15, 40), (4, 33)):
+        gen = dataclasses.replace(GREEDY, max_new_tokens=new)
+        gen_lib.generate_ids(params, config, [[1] + [7] * (n - 1)], gen, eos_id=None)
+    assert (gen_lib._start._cache_size(), gen_lib._continue._cache_size()) == (start, cont)
+
+
+def test_sampling_is_seeded_and_respects_top_k() -> None:
+    config, params = _model()
+    sampled = dataclasses.replace(
+        GREEDY, max_new_tokens=24, sampling=gen_lib.Sampling(temperature=1.0, top_k=5), seed=3
+    )
+    a = gen_lib.generate_ids(params, config, _prompts(), sampled, eos_id=None)
+    b = gen_lib.generate_ids(params, config, _prompts(), sampled, eos_id=None)
+    c = gen_lib.generate_ids(
+        params, config, _prompts(), dataclasses.replace(sampled, seed=4), eos_id=None
+    )
+    assert [x.tokens for x in a] == [x.tokens for x in b] != [x.tokens for x in c]
+    # Every sampled token is among the 5 most likely under the full forward.
+    prompt, tokens = _prompts()[0], a[0].tokens
+    logits = np.asarray(llama.forward(params, np.array([prompt + tokens]), config))[0]
+    for i, t in enumerate(tokens):
+        top5 = np.argsort(logits[len(prompt) - 1 + i])[-5:]
+        assert t in top5
+
+
+def test_sample_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], np.float32))
+    keys = jax.random.split(jax.random.key(0), 400)
+    draw = jax.vmap(lambda k: gen_lib.sample(logits, k, gen_lib.Sampling(1.0, 0, 0.7)))(keys)
+    assert set(np.asarray(draw).ravel().tolist()) == {0, 1}  # 0.5 < 0.7 <= 0.5 + 0.3
+    greedy = gen_lib.sample(logits, keys[0], gen_lib.Sampling())
+    assert np.asarray(greedy).tolist() == [0]
+
+
+def test_eos_ends_a_row_and_others_go_on() -> None:
+    config, params = _model()
+    free = gen_lib.generate_ids(params, config, _prompts(), GREEDY, eos_id=None)
+    eos = free[1].tokens[10]  # pretend the 11th token of prompt 1 is </s>
+    ended = gen_lib.generate_ids(params, config, _prompts(), GREEDY, eos_id=eos)
+    assert ended[1].finish == "eos" and len(ended[1].tokens) <= 10
+    for f, e in zip(free, ended, strict=True):
+        cut = f.tokens.index(eos) if eos in f.tokens else len(f.tokens)
+        assert e.tokens == f.tokens[:cut]
+
+
+def test_stop_strings_cut_text_and_tokens(tokenizer_model: Path) -> None:
+    tok = SentencePieceTokenizer(tokenizer_model)
+    config, params = _model(tok.vocab_size)
+    prompts = ["def add(a, b):\n    return", "The quick brown fox"]
+    free = gen_lib.generate(params, config, tok, prompts, GREEDY)
+    text = free[0].text
+    stop = text[5:8]  # a stop string that certainly occurs in the free completion
+    cut = gen_lib.generate(params, config, tok, prompts, dataclasses.replace(GREEDY, stop=(stop,)))
+    assert cut[0].finish == "stop"
+    assert cut[0].text == text[: text.find(stop)]
+    assert stop in gen_lib.continuation_text(tok, [1, *tok.encode(prompts[0])], cut[0].tokens)
+    assert stop not in gen_lib.continuation_text(
+        tok, [1, *tok.encode(prompts[0])], cut[0].tokens[:-1]
+    )
+
+
+def test_chat_needs_chatml_pieces(tokenizer_model: Path) -> None:
+    tok = SentencePieceTokenizer(tokenizer_model)
+    with pytest.raises(ValueError, match="ChatML"):
+        gen_lib.chat_prompt(tok, "hi")
