@@ -89,10 +89,15 @@ def damaged_copy(shard_dir: Path, tmp_path: Path) -> tuple[Path, dict]:
     return d, json.loads((d / "manifest.json").read_text())
 
 
-def test_stats_is_sound_on_a_sound_directory(run, shard_dir):
+def test_stats_is_sound_on_a_sound_directory(run, shard_dir, tmp_path):
     res = run("stats", str(shard_dir), "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["lengths"]["train/mixed"]["p0"] == 7
+    (tmp_path / "afile").write_text("x")
+    line = one_line_error(
+        run("stats", str(shard_dir), "--json", "--plots", str(tmp_path / "afile"))
+    )
+    assert line.startswith(f"lemur-data: error: --plots {tmp_path / 'afile'}: ")
 
 
 @pytest.mark.parametrize("damage", ["missing_bin", "odd_idx", "decreasing_idx", "short_bin"])

@@ -236,7 +236,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
         manifest = Path(args.directory) / "manifest.json"
         _die(f"{manifest}: unexpected content ({type(e).__name__}: {e}); run `lemur-data verify`")
     if args.plots:
-        for p in write_plots(stats, args.plots, args.directory):
+        try:
+            written = write_plots(stats, args.plots, args.directory)
+        except OSError as e:
+            _die(f"--plots {args.plots}: {e.strerror or e}")
+        for p in written:
             print(f"wrote {p}", file=sys.stderr)
     return 0
 
@@ -245,7 +249,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Recompute checksums and check invariants; exit 1 naming each bad file."""
     from lemur.data.verify import verify
 
-    problems = verify(args.directory)
+    try:
+        problems = verify(args.directory)
+    except OSError as e:  # a file that exists but cannot be read
+        _die(f"{e.filename or args.directory}: {e.strerror or e}", 1)
     for p in problems:
         print(f"lemur-data verify: {p}", file=sys.stderr)
     if problems:
