@@ -29,6 +29,19 @@ DOC_DIR = Path("/usr/share/doc")
 MAX_MAN_PAGES = 400
 MAX_DOC_BYTES = 6_000_000
 MAX_DOC_FILE = 200_000
+# The text filters' reference settings are tuned for web pages; man pages and READMEs are
+# hard-wrapped, list options one per line and quote code, so the demo departs from them
+# (measured in docs/filters.md): C4 as FineWeb ran it (no terminal-punctuation line rule),
+# keeping documents whole and code examples in; FineWeb's line thresholds relaxed.
+DEMO_TEXT_FILTERS: dict[str, dict[str, Any]] = {
+    "c4": {"terminal_punct": False, "remove_lines": False, "curly_bracket": False},
+    "fineweb": {
+        "line_punct_thr": 0.0,
+        "short_line_thr": 0.8,
+        "char_duplicates_ratio": 0.1,
+        "new_line_ratio": 0.5,
+    },
+}
 
 
 def _render_man(path: Path) -> str | None:
@@ -158,5 +171,6 @@ def demo_recipe(output: str = "out/demo") -> dict[str, Any]:
         "executor": {"kind": "local", "tasks": 4, "workers": 2},
         "val_fraction": 0.01,
         "shard_tokens": 4_000_000,
+        "filters": {"text": {k: dict(v) for k, v in DEMO_TEXT_FILTERS.items()}},
         "sources": sources,
     }

@@ -1,16 +1,21 @@
 """Natural-language quality filters: Gopher quality and repetition, C4 and FineWeb rules.
 
-The rules and reason strings follow datatrove's implementations (themselves after Gopher,
-Rae et al. 2021, Table A1; C4, Raffel et al. 2020; FineWeb, Penedo et al. 2024), but
-re-implemented for speed and for technical prose:
-- words are whitespace-separated tokens with surrounding punctuation stripped (datatrove
-  splits with spaCy, which makes every punctuation mark a "word" and so rejects most
-  technical prose for its alphabetic-word ratio);
-- repeated n-grams are found by hashing word ids with numpy instead of joining strings
-  (datatrove's repetition filter was 96% of a Gopher chain's time on this machine).
-The duplicated n-gram character fraction counts the characters of words covered by any
-n-gram that occurred earlier in the document (Gopher's definition) rather than datatrove's
-greedy left-to-right skipping; both agree on clearly repetitive text.
+At default settings every rule decides exactly as datatrove's filter of the same name
+(GopherQualityFilter, GopherRepetitionFilter, C4QualityFilter, FineWebQualityFilter;
+datatrove 0.10), with the same reason strings and, for C4, the same line removal, given the
+same word and sentence splitters (tests/test_data_filter_conformance.py checks this on real
+documents). Those follow the papers: Gopher (Rae et al. 2021, Table A1), C4 (Raffel et al.
+2020; datatrove's defaults, which docs/filters.md compares with the paper's) and FineWeb
+(Penedo et al. 2024). Two things differ by design:
+- words are whitespace-separated tokens (`str.split`); datatrove splits with spaCy for
+  English, which makes every punctuation mark a word (and so rejects most technical prose
+  for its alphabetic-word ratio) and needs spaCy installed;
+- C4 counts sentences per kept line with a small punctuation rule (`sentence_spans`)
+  instead of spaCy's or NLTK's sentence splitter.
+Repeated n-grams are found by hashing word ids with numpy rather than joining strings
+(datatrove's repetition filter was 96% of a Gopher chain's time on this machine).
+Each behaviour that departs from the reference is a named option, off by default
+(docs/filters.md lists them).
 """
 
 from __future__ import annotations
@@ -21,25 +26,46 @@ from typing import Any
 
 import numpy as np
 from datatrove.data import Document
+from datatrove.utils.text import PUNCTUATION_SET, TERMINAL_PUNCTUATION
 
 from lemur.data.filters import DomainFilter
 
 STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
-TERMINAL_PUNCT = (".", "!", "?", '"', "'", ":", ";", ")", "”", "’", "…", "。", "！", "？")
-_PUNCT_STRIP = "\"'()[]{}<>.,;:!?`*_~-–—“”‘’«»…/\\|"
+GOPHER_BULLETS = ("•", "-")
+# FineWeb's terminal punctuation: `.`, `!`, `?` and their counterparts in other scripts.
+FINEWEB_STOP_CHARS = tuple(sorted(TERMINAL_PUNCTUATION))
+C4_END_PUNCT = (".", "?", "!", '"', "'")
+C4_POLICY = (
+    "terms of use",
+    "privacy policy",
+    "cookie policy",
+    "uses cookies",
+    "use of cookies",
+    "use cookies",
+)
+_C4_CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
+# A word is a "symbol" when every character is punctuation: stripping them all leaves "".
+_PUNCT = "".join(sorted(PUNCTUATION_SET))
 _PARAGRAPHS = re.compile(r"\n{2,}")
 _LINES = re.compile(r"\n+")
+_SENTENCE_END = re.compile(r"[.!?…]+[\"'”’»)\]]*(?=\s|$)|[。！？]+")
 _M = np.uint64(0x9E3779B97F4A7C15)
 
 
-def words_of(text: str) -> list[str]:
-    """Whitespace-separated words with leading/trailing punctuation stripped (empties dropped)."""
-    out = []
-    for w in text.split():
-        s = w.strip(_PUNCT_STRIP)
-        if s:
-            out.append(s)
-    return out
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each sentence: runs ending in `. ! ? …` before a space, and the rest."""
+    spans, start = [], 0
+    for m in _SENTENCE_END.finditer(text):
+        spans.append((start, m.end()))
+        start = m.end()
+    if text[start:].strip():
+        spans.append((start, len(text)))
+    return spans
+
+
+def count_sentences(text: str) -> int:
+    """Sentences in a line, as datatrove counts pieces: at least one, even for a blank line."""
+    return max(1, len(sentence_spans(text)))
 
 
 def _duplicates(items: list[str]) -> tuple[int, int]:
@@ -74,7 +100,7 @@ class TextRule(DomainFilter):
 
 @dataclass(frozen=True)
 class GopherQualityConfig:
-    """Gopher quality thresholds (None disables a rule); defaults tuned for technical prose."""
+    """Gopher quality thresholds (Rae et al. 2021); None disables a rule."""
 
     enabled: bool = True
 
@@ -87,6 +113,10 @@ class GopherQualityConfig:
     max_ellipsis_lines_ratio: float | None = 0.3
     min_alpha_words_ratio: float | None = 0.8
     min_stop_words: int | None = 2
+    # Non-reference options (reference values as defaults).
+    bullet_markers: list[str] | None = None  # None: Gopher's `•` and `-`
+    skip_blank_lines: bool = False
+    stop_words_ignore_case: bool = False
 
 
 class GopherQualityFilter(TextRule):
@@ -95,46 +125,58 @@ class GopherQualityFilter(TextRule):
     name = "🥇 gopher quality"
 
     def check(self, doc: Document) -> bool | tuple[bool, str]:
-        """Apply the rules in Gopher's order; the first failing rule names the reason."""
+        """Apply the rules in datatrove's order; the first failing rule names the reason."""
         c, text = self.c, doc.text
-        raw = text.split()
-        words = words_of(text)
-        n = len(words)
+        words = text.split()
+        # length rules ignore words made only of punctuation, as datatrove does
+        non_symbol = [w for w in words if w.strip(_PUNCT)]
+        n = len(non_symbol)
         if c.min_doc_words and n < c.min_doc_words:
             return False, "gopher_short_doc"
         if c.max_doc_words and n > c.max_doc_words:
             return False, "gopher_long_doc"
         if n:
-            avg = sum(map(len, words)) / n
+            avg = sum(map(len, non_symbol)) / n
             if c.min_avg_word_length and avg < c.min_avg_word_length:
                 return False, "gopher_below_avg_threshold"
             if c.max_avg_word_length and avg > c.max_avg_word_length:
                 return False, "gopher_above_avg_threshold"
-        n_raw = max(len(raw), 1)
-        if c.max_symbol_word_ratio is not None:
-            if text.count("#") / n_raw > c.max_symbol_word_ratio:
+        if words and c.max_symbol_word_ratio is not None:
+            if text.count("#") / len(words) > c.max_symbol_word_ratio:
                 return False, "gopher_too_many_hashes"
-            if (text.count("...") + text.count("…")) / n_raw > c.max_symbol_word_ratio:
+            if (text.count("...") + text.count("…")) / len(words) > c.max_symbol_word_ratio:
                 return False, "gopher_too_many_ellipsis"
-        lines = [line for line in text.splitlines() if line.strip()]
-        if lines:
-            if c.max_bullet_lines_ratio is not None:
-                bullets = sum(line.lstrip().startswith(("•", "-", "*")) for line in lines)
-                if bullets / len(lines) > c.max_bullet_lines_ratio:
-                    return False, "gopher_too_many_bullets"
-            if c.max_ellipsis_lines_ratio is not None:
-                ell = sum(line.rstrip().endswith(("...", "…")) for line in lines)
-                if ell / len(lines) > c.max_ellipsis_lines_ratio:
-                    return False, "gopher_too_many_end_ellipsis"
-        if c.min_alpha_words_ratio is not None and raw:
-            alpha = sum(any(ch.isalpha() for ch in w) for w in raw)
-            if alpha / len(raw) < c.min_alpha_words_ratio:
+        reason = self._line_rules(text)
+        if reason:
+            return False, reason
+        if words and c.min_alpha_words_ratio is not None:
+            alpha = sum(any(map(str.isalpha, w)) for w in words)
+            if alpha / len(words) < c.min_alpha_words_ratio:
                 return False, "gopher_below_alpha_threshold"
         if c.min_stop_words:
-            found = STOP_WORDS.intersection(w.lower() for w in words)
-            if len(found) < c.min_stop_words:
+            found = {w.lower() for w in words} if c.stop_words_ignore_case else set(words)
+            if len(STOP_WORDS.intersection(found)) < c.min_stop_words:
                 return False, "gopher_enough_stop_words"
         return True
+
+    def _line_rules(self, text: str) -> str | None:
+        """The bullet and end-ellipsis rules over lines (blank ones too, unless skipped)."""
+        c = self.c
+        lines = text.splitlines()
+        if c.skip_blank_lines:
+            lines = [line for line in lines if line.strip()]
+        if not lines:
+            return None
+        if c.max_bullet_lines_ratio is not None:
+            marks = tuple(c.bullet_markers) if c.bullet_markers is not None else GOPHER_BULLETS
+            bullets = sum(line.lstrip().startswith(marks) for line in lines)
+            if bullets / len(lines) > c.max_bullet_lines_ratio:
+                return "gopher_too_many_bullets"
+        if c.max_ellipsis_lines_ratio is not None:
+            ell = sum(line.rstrip().endswith(("...", "…")) for line in lines)
+            if ell / len(lines) > c.max_ellipsis_lines_ratio:
+                return "gopher_too_many_end_ellipsis"
+        return None
 
 
 @dataclass(frozen=True)
@@ -156,6 +198,45 @@ class GopherRepetitionConfig:
     dup_8_gram: float | None = 0.12
     dup_9_gram: float | None = 0.11
     dup_10_gram: float | None = 0.10
+    # Non-reference option: 2 applies the top n-gram rules only to n-grams that repeat.
+    top_ngram_min_count: int = 1
+
+
+def _top_ngram_chars(h: np.ndarray, lengths: np.ndarray, n: int, min_count: int) -> int:
+    """Characters of the most common n-gram times its count (ties: the earliest), or 0."""
+    _, first, counts = np.unique(h, return_index=True, return_counts=True)
+    top = counts.max()
+    if top < min_count:
+        return 0
+    start = int(first[counts == top].min())
+    # the n-gram as datatrove joins it: its words and the n - 1 spaces between them
+    return (int(lengths[start : start + n].sum()) + n - 1) * int(top)
+
+
+def _greedy_dup_chars(h: np.ndarray, cum: np.ndarray, n: int) -> int:
+    """Characters in repeated n-grams, scanning left to right and skipping past each repeat.
+
+    datatrove's walk: an n-gram seen earlier at a visited position counts its characters
+    and the scan jumps n words ahead, else it is remembered and the scan moves one word.
+    Only n-grams occurring more than once can repeat, so the walk visits just those.
+    """
+    _, inverse, counts = np.unique(h, return_inverse=True, return_counts=True)
+    candidates = np.flatnonzero(counts[inverse] > 1).tolist()
+    if not candidates:
+        return 0
+    keys = inverse.tolist()
+    seen: set[int] = set()
+    chars = idx = 0
+    for pos in candidates:
+        if pos < idx:
+            continue  # skipped over by an earlier repeat
+        if keys[pos] in seen:
+            chars += int(cum[pos + n] - cum[pos])
+            idx = pos + n
+        else:
+            seen.add(keys[pos])
+            idx = pos + 1
+    return chars
 
 
 class GopherRepetitionFilter(TextRule):
@@ -166,21 +247,13 @@ class GopherRepetitionFilter(TextRule):
     def check(self, doc: Document) -> bool | tuple[bool, str]:
         """Apply paragraph, line, top n-gram and duplicated n-gram rules in that order."""
         c, text = self.c, doc.text
-        size = len(text)
-        paragraphs = _PARAGRAPHS.split(text.strip())
-        n_dup, chars = _duplicates(paragraphs)
-        if c.dup_para_frac is not None and n_dup / len(paragraphs) > c.dup_para_frac:
-            return False, "dup_para_frac"
-        if c.dup_para_char_frac is not None and chars / size > c.dup_para_char_frac:
-            return False, "dup_para_char_frac"
-        lines = _LINES.split(text)
-        n_dup, chars = _duplicates(lines)
-        if c.dup_line_frac is not None and n_dup / len(lines) > c.dup_line_frac:
-            return False, "dup_line_frac"
-        if c.dup_line_char_frac is not None and chars / size > c.dup_line_char_frac:
-            return False, "dup_line_char_frac"
+        if not text:
+            return False, "empty"
+        reason = self._paragraph_and_line_rules(text)
+        if reason:
+            return False, reason
         words = text.split()
-        if len(words) < 2:
+        if not words:
             return True
         vocab: dict[str, int] = {}
         ids = np.fromiter(
@@ -191,92 +264,120 @@ class GopherRepetitionFilter(TextRule):
             limit = getattr(c, f"top_{n}_gram")
             if limit is None or len(words) < n:
                 continue
-            h = _ngram_hashes(ids, n)
-            uniq, first, counts = np.unique(h, return_index=True, return_counts=True)
-            top = int(np.argmax(counts))
-            if counts[top] < 2:
-                continue
-            start = int(first[top])
-            gram_chars = int(lengths[start : start + n].sum()) + n - 1
-            if gram_chars * int(counts[top]) / size > limit:
+            chars = _top_ngram_chars(_ngram_hashes(ids, n), lengths, n, c.top_ngram_min_count)
+            if chars / len(text) > limit:
                 return False, f"top_{n}_gram"
+        cum = np.concatenate(([0], np.cumsum(lengths)))
         for n in range(5, 11):
             limit = getattr(c, f"dup_{n}_gram")
             if limit is None or len(words) < n:
                 continue
-            h = _ngram_hashes(ids, n)
-            _, first = np.unique(h, return_index=True)
-            repeated = np.ones(len(h), bool)
-            repeated[first] = False
-            if not repeated.any():
-                continue
-            # words covered by any repeated n-gram: +1 at its start, -1 after its end
-            cover = np.zeros(len(words) + 1, np.int64)
-            starts = np.flatnonzero(repeated)
-            np.add.at(cover, starts, 1)
-            np.add.at(cover, starts + n, -1)
-            covered = np.cumsum(cover[:-1]) > 0
-            if int(lengths[covered].sum()) / size > limit:
+            if _greedy_dup_chars(_ngram_hashes(ids, n), cum, n) / len(text) > limit:
                 return False, f"duplicated_{n}_n_grams"
         return True
+
+    def _paragraph_and_line_rules(self, text: str) -> str | None:
+        """Duplicate paragraph and line fractions (by count and by characters)."""
+        c, size = self.c, len(text)
+        paragraphs = _PARAGRAPHS.split(text.strip())
+        n_dup, chars = _duplicates(paragraphs)
+        if c.dup_para_frac is not None and n_dup / len(paragraphs) > c.dup_para_frac:
+            return "dup_para_frac"
+        if c.dup_para_char_frac is not None and chars / size > c.dup_para_char_frac:
+            return "dup_para_char_frac"
+        lines = _LINES.split(text)
+        n_dup, chars = _duplicates(lines)
+        if c.dup_line_frac is not None and n_dup / len(lines) > c.dup_line_frac:
+            return "dup_line_frac"
+        if c.dup_line_char_frac is not None and chars / size > c.dup_line_char_frac:
+            return "dup_line_char_frac"
+        return None
 
 
 @dataclass(frozen=True)
 class C4Config:
-    """C4's document-level rules (line removal is not applied: it guts wrapped prose)."""
+    """C4's line and document rules (Raffel et al. 2020) at datatrove's defaults."""
 
     enabled: bool = True
 
-    min_sentences: int | None = 3
+    min_sentences: int | None = 5
+    min_words_per_line: int | None = 3
+    max_word_length: int | None = 1000
+    terminal_punct: bool = True
+    remove_citations: bool = True
     lorem_ipsum: bool = True
-    javascript: bool = False
-    curly_bracket: bool = False
-    policy: bool = False
-
-
-_POLICY = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies")
-_SENTENCE_END = re.compile(r"[.!?。！？](?:\s|$)")
+    javascript: bool = True
+    curly_bracket: bool = True
+    policy: bool = True
+    # Non-reference option: false keeps the text whole (line rules only pick the lines
+    # whose sentences count), for hard-wrapped prose where removing lines guts documents.
+    remove_lines: bool = True
 
 
 class C4Filter(TextRule):
-    """C4 rules: too few sentences, lorem ipsum, and optionally javascript/curly/policy text."""
+    """C4 rules: drop lines that fail the line rules, then drop documents with too few sentences."""
 
     name = "⛰ c4"
 
     def check(self, doc: Document) -> bool | tuple[bool, str]:
-        """Apply C4's document rules; reasons as in datatrove's C4QualityFilter."""
-        c, text = self.c, doc.text
-        lower = text.lower()
-        if c.lorem_ipsum and "lorem ipsum" in lower:
-            return False, "lorem_ipsum"
-        if c.curly_bracket and "{" in text:
-            return False, "curly_bracket"
-        if c.javascript and "javascript" in lower:
-            return False, "javascript"
-        if c.policy and any(p in lower for p in _POLICY):
-            return False, "policy"
-        if c.min_sentences and len(_SENTENCE_END.findall(text)) < c.min_sentences:
+        """Apply C4's rules line by line; keep the surviving lines (reasons as datatrove's)."""
+        c = self.c
+        kept: list[str] = []
+        sentences = 0
+        for raw in doc.text.splitlines():
+            line = self._clean_line(raw.strip())
+            if line is None:
+                continue
+            lower = line.lower()
+            if c.lorem_ipsum and "lorem ipsum" in lower:
+                return False, "lorem_ipsum"
+            if c.javascript and "javascript" in lower:
+                continue
+            if c.curly_bracket and "{" in line:
+                return False, "curly_bracket"
+            if c.policy and any(p in lower for p in C4_POLICY):
+                continue
+            if c.min_sentences:
+                sentences += count_sentences(line)
+            kept.append(line)
+        if c.min_sentences and sentences < c.min_sentences:
             return False, "too_few_sentences"
+        if c.remove_lines:
+            doc.text = "\n".join(kept).strip()
         return True
+
+    def _clean_line(self, line: str) -> str | None:
+        """The line without citations, or None if a long word, no end mark or few words."""
+        c = self.c
+        words = line.split()
+        if c.max_word_length is not None and any(len(w) > c.max_word_length for w in words):
+            return None
+        if c.remove_citations:
+            line = _C4_CITATION.sub("", line)
+        if c.terminal_punct and (not line.endswith(C4_END_PUNCT) or line.endswith("...")):
+            return None
+        # datatrove counts the words before citations are removed
+        if c.min_words_per_line is not None and len(words) < c.min_words_per_line:
+            return None
+        return line
 
 
 @dataclass(frozen=True)
 class FineWebConfig:
-    """FineWeb quality thresholds (Penedo et al. 2024); None disables a rule.
-
-    Defaults differ from FineWeb's web-tuned ones (0.12, 0.67, 0.01, 0.3) where technical
-    prose (man pages, READMEs: hard-wrapped lines, option lists) would be thrown away
-    wholesale: the line punctuation rule is off, and the short-line, duplicate-line and
-    newline ratios are relaxed; see docs/filters.md for the measured effect.
-    """
+    """FineWeb quality thresholds (Penedo et al. 2024); None disables a rule."""
 
     enabled: bool = True
 
-    line_punct_thr: float | None = None
-    short_line_thr: float | None = 0.8
+    line_punct_thr: float | None = 0.12
+    line_punct_exclude_zero: bool = False
+    short_line_thr: float | None = 0.67
     short_line_length: int = 30
-    char_duplicates_ratio: float | None = 0.1
-    new_line_ratio: float | None = 0.5
+    char_duplicates_ratio: float | None = 0.01
+    new_line_ratio: float | None = 0.3
+    # Non-reference options: the line endings that count as punctuation (None: FineWeb's
+    # `. ! ?` and their other-script forms), and judging lines with whitespace stripped.
+    stop_chars: list[str] | None = None
+    strip_lines: bool = False
 
 
 class FineWebFilter(TextRule):
@@ -284,26 +385,32 @@ class FineWebFilter(TextRule):
 
     name = "🍷 fineweb"
 
+    def __init__(self, config: FineWebConfig, domains: tuple[str, ...] = ("text",)) -> None:
+        super().__init__(config, domains)
+        stop = config.stop_chars
+        self.stop_chars = tuple(stop) if stop is not None else FINEWEB_STOP_CHARS
+
     def check(self, doc: Document) -> bool | tuple[bool, str]:
         """Apply the punctuation, short-line, duplicate-line and newline rules."""
         c, text = self.c, doc.text
         lines = [line for line in text.split("\n") if line.strip()]
         if not lines:
             return False, "empty"
+        if c.strip_lines:
+            lines = [line.strip() for line in lines]
         if c.line_punct_thr is not None:
-            ratio = sum(line.rstrip().endswith(TERMINAL_PUNCT) for line in lines) / len(lines)
-            if ratio < c.line_punct_thr:
+            ratio = sum(line.endswith(self.stop_chars) for line in lines) / len(lines)
+            if ratio < c.line_punct_thr and not (ratio == 0 and c.line_punct_exclude_zero):
                 return False, "line_punct_ratio"
         if c.short_line_thr is not None:
-            short = sum(len(line.strip()) <= c.short_line_length for line in lines)
+            short = sum(len(line) <= c.short_line_length for line in lines)
             if short / len(lines) > c.short_line_thr:
                 return False, "short_line_ratio"
         if c.char_duplicates_ratio is not None:
-            _, chars = _duplicates([line.strip() for line in lines])
-            if chars / max(len(text.replace("\n", "")), 1) > c.char_duplicates_ratio:
+            _, chars = _duplicates(lines)
+            if chars / len(text.replace("\n", "")) > c.char_duplicates_ratio:
                 return False, "char_dup_ratio"
         if c.new_line_ratio is not None:
-            n_words = len(text.split())
-            if n_words and text.count("\n") / n_words > c.new_line_ratio:
+            if text.count("\n") / len(text.split()) > c.new_line_ratio:
                 return False, "list_ratio"
         return True
