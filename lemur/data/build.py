@@ -26,6 +26,8 @@ from lemur.data import logs as _logs  # noqa: F401  (quiets datatrove before it 
 from lemur.data.code_filters import code_filters
 from lemur.data.dedup import DedupSigner
 from lemur.data.executors import make_executor
+from lemur.data.filter.decontaminate import decontamination_filter
+from lemur.data.filter.pii import PiiRedactor
 from lemur.data.filters import EmptyDocumentFilter, LanguageFilter, LemurFilter
 from lemur.data.lock import DirectoryLock, LockedError
 from lemur.data.pack import Packer
@@ -137,6 +139,7 @@ def collect_counts(work: Path, recipe: Recipe, n_tasks: int, listing: Listing) -
     }
     dropped: Counter[str] = Counter()
     error_kinds: Counter[str] = Counter()
+    pii: Counter[str] = Counter()  # redactions by kind (email, ip, key)
     for label, n in sorted(labels.items()):
         if label.startswith("read:"):
             sources[label[5:]]["read"] += n
@@ -146,6 +149,11 @@ def collect_counts(work: Path, recipe: Recipe, n_tasks: int, listing: Listing) -
             dropped[reason] += n
         elif label.startswith("language_disagreement:"):
             sources[label.split(":", 1)[1]]["language_disagreements"] += n
+        elif label.startswith("pii:"):
+            _, src, kind = label.split(":", 2)
+            per = sources[src].setdefault("pii", {})
+            per[kind] = per.get(kind, 0) + n
+            pii[kind] += n
         elif label.startswith("error_") and ":" in label:
             kind, src = label[6:].split(":", 1)
             sources[src]["errors"] += n
@@ -176,6 +184,12 @@ def collect_counts(work: Path, recipe: Recipe, n_tasks: int, listing: Listing) -
         "errors_total": sum(error_kinds.values()),
         "errors_by_file": dict(sorted(by_file.items())),
         "error_kinds": dict(sorted(error_kinds.items())),
+        "decontaminated": {
+            reason.removeprefix("contaminated:"): n
+            for reason, n in sorted(dropped.items())
+            if reason.startswith("contaminated:")
+        },
+        "pii": dict(sorted(pii.items())),
         "sources": sources,
     }
 
@@ -258,6 +272,9 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
     ):
         if config.enabled:
             filters.append(cls(config))
+    if recipe.decontaminate.benchmarks:  # builds the benchmark indexes, once per build
+        work = Path(recipe.output).expanduser() / ".work"
+        filters.append(decontamination_filter(recipe.decontaminate, work))
     if recipe.rejects:
         from datatrove.pipeline.writers import JsonlWriter
 
@@ -278,6 +295,7 @@ def tokenize_stage(
         SourcesReader(inputs, recipe.sources, errors_dir=str(work / "errors")),
         LanguageTagger(),
         *make_filters(recipe),
+        *([PiiRedactor(recipe.pii)] if recipe.pii.enabled and recipe.pii.kinds else []),
         *(
             [DedupSigner(recipe.dedup, str(work / "tokens"))]
             if recipe.dedup.exact or recipe.dedup.near
@@ -339,6 +357,11 @@ def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
                 recipe.dedup.seed,
             ),
             "rejects": recipe.rejects,
+            "decontaminate": (
+                recipe.decontaminate,
+                [_stat(b.path) for b in recipe.decontaminate.benchmarks if b.path],
+            ),
+            "pii": recipe.pii,
             "tasks": recipe.executor.tasks,
             "batch": recipe.tokenize_batch_docs,
         }

@@ -77,12 +77,21 @@ def shingles(text: str, n: int) -> np.ndarray:
     ids = [vocab.setdefault(w, len(vocab)) for w in words]
     word_hash = np.fromiter((xxhash.xxh3_64_intdigest(w) for w in vocab), np.uint64, len(vocab))
     h = word_hash[np.asarray(ids, np.int64)]
-    k = min(n, len(h))
+    return np.unique(combine_ngrams(h, min(n, len(h))))
+
+
+def combine_ngrams(word_hash: np.ndarray, n: int) -> np.ndarray:
+    """A uint64 hash per run of `n` consecutive word hashes (polynomial, overflow wraps).
+
+    Vectorized (`n` numpy passes); shared by dedup shingles and benchmark decontamination.
+    """
+    if len(word_hash) < n:
+        return np.zeros(0, np.uint64)
     with np.errstate(over="ignore"):
-        out = np.zeros(len(h) - k + 1, np.uint64)
-        for j in range(k):
-            out = out * _M64 + h[j : len(h) - k + 1 + j]
-    return np.unique(out)
+        out = np.zeros(len(word_hash) - n + 1, np.uint64)
+        for j in range(n):
+            out = out * _M64 + word_hash[j : len(word_hash) - n + 1 + j]
+    return out
 
 
 def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

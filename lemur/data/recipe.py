@@ -147,6 +147,38 @@ class FiltersConfig:
     text: TextFiltersConfig = field(default_factory=TextFiltersConfig)
 
 
+BUILTIN_BENCHMARKS = ("humaneval",)
+PII_KINDS = ("email", "ip", "key")
+
+
+@dataclass(frozen=True)
+class BenchmarkConfig:
+    """A benchmark to decontaminate against: built in (`humaneval`) or JSONL `fields`."""
+
+    name: str
+    path: str | None = None
+    fields: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class DecontaminateConfig:
+    """Drop documents sharing a word `ngram` with a benchmark (`min_matches` distinct ones)."""
+
+    benchmarks: list[BenchmarkConfig] = field(default_factory=list)
+    ngram: int = 12
+    min_matches: int = 1
+
+
+@dataclass(frozen=True)
+class PiiConfig:
+    """Redact e-mail addresses, global IPs and secrets in documents of `domains`."""
+
+    enabled: bool = True
+    domains: list[str] = field(default_factory=lambda: ["code"])
+    kinds: list[str] = field(default_factory=lambda: list(PII_KINDS))
+    report: str | None = None
+
+
 @dataclass(frozen=True)
 class Recipe:
     """A whole `lemur-data build` recipe."""
@@ -160,6 +192,8 @@ class Recipe:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     filters: FiltersConfig = field(default_factory=FiltersConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
+    decontaminate: DecontaminateConfig = field(default_factory=DecontaminateConfig)
+    pii: PiiConfig = field(default_factory=PiiConfig)
     rejects: str | None = None
     val_fraction: float = 0.005
     shard_tokens: int = 1 << 27
@@ -328,6 +362,50 @@ def _validate(recipe: Recipe, check_paths: bool) -> None:
         check_train_settings(tok.train)
 
 
+def _validate_decontaminate(dc: DecontaminateConfig, check_paths: bool) -> None:
+    """Benchmarks: unique names, built-in ones without a path, JSONL ones with path and fields."""
+    if dc.ngram < 4:
+        raise RecipeError(f"recipe: decontaminate.ngram must be >= 4, got {dc.ngram}")
+    if dc.min_matches < 1:
+        raise RecipeError(f"recipe: decontaminate.min_matches must be >= 1, got {dc.min_matches}")
+    names: set[str] = set()
+    for i, b in enumerate(dc.benchmarks):
+        key = f"decontaminate.benchmarks[{i}]"
+        if not _NAME_RE.match(b.name) or b.name in names:
+            raise RecipeError(f"recipe: {key}.name {b.name!r} must be unique: letters, digits, _.-")
+        names.add(b.name)
+        if b.path is None:
+            if b.name not in BUILTIN_BENCHMARKS:
+                raise RecipeError(
+                    f"recipe: {key}: '{b.name}' is not built in ({', '.join(BUILTIN_BENCHMARKS)}); "
+                    f"give a JSONL 'path' and 'fields'"
+                )
+            continue
+        if not b.fields:
+            raise RecipeError(f"recipe: {key}.fields must list the JSONL keys to index")
+        if check_paths and not Path(b.path).expanduser().is_file():
+            raise RecipeError(f"recipe: {key}.path '{b.path}' is not a file")
+
+
+def _validate_pii(pii: PiiConfig) -> None:
+    """Known redaction kinds and well-formed domain names."""
+    for kind in pii.kinds:
+        if kind not in PII_KINDS:
+            raise RecipeError(f"recipe: pii.kinds: {kind!r} is not one of {', '.join(PII_KINDS)}")
+    for d in pii.domains:
+        if not _NAME_RE.match(d):
+            raise RecipeError(f"recipe: pii.domains: {d!r} must be letters, digits, _ . -")
+
+
+def _apply_benchmark_names(raw: dict[str, Any]) -> dict[str, Any]:
+    """`benchmarks: [humaneval]` is short for `[{name: humaneval}]`."""
+    dc = raw.get("decontaminate")
+    if not isinstance(dc, dict) or not isinstance(dc.get("benchmarks"), list):
+        return raw
+    items = [{"name": b} if isinstance(b, str) else b for b in dc["benchmarks"]]
+    return {**raw, "decontaminate": {**dc, "benchmarks": items}}
+
+
 def _apply_presets(raw: dict[str, Any]) -> dict[str, Any]:
     sources = raw.get("sources")
     if not isinstance(sources, list):
@@ -364,9 +442,11 @@ def recipe_from_dict(raw: dict[str, Any], check_paths: bool = True) -> Recipe:
     """Build and validate a Recipe from plain data."""
     if not isinstance(raw, dict):
         raise RecipeError("recipe: top level must be a mapping")
-    raw = _apply_mix_preset(_apply_presets(raw))
+    raw = _apply_benchmark_names(_apply_mix_preset(_apply_presets(raw)))
     recipe = _LOADER.build(Recipe, raw)
     _validate(recipe, check_paths)
+    _validate_decontaminate(recipe.decontaminate, check_paths)
+    _validate_pii(recipe.pii)
     return recipe
 
 

@@ -1,0 +1,1 @@
+"""Filters and redactors of the build: benchmark decontamination and PII redaction."""
