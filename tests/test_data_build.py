@@ -16,6 +16,7 @@ import sentencepiece as spm
 from conftest import NO_FILTERS, base_recipe, real_text_docs, write_jsonl
 
 from lemur.data.build import build
+from lemur.data.demo import DEMO_TEXT_FILTERS
 from lemur.data.recipe import recipe_from_dict
 from lemur.data.stats import compute_stats
 from lemur.data.verify import verify
@@ -192,6 +193,8 @@ def test_bad_inputs_are_skipped_counted_and_named(tmp_path, corpus_dir):
         [tmp_path / "t.jsonl", tmp_path / "trunc.jsonl.gz", tmp_path / "ok.jsonl.zst"],
         val_fraction=0.0,
         mix={"ratio": {"code": 1, "text": 1}},
+        # help-topic prose: the reference (web-tuned) C4 rules would drop it all
+        filters={"text": DEMO_TEXT_FILTERS},
     )
     raw["sources"][0]["max_file_bytes"] = 10_000
     m = build(recipe_from_dict(raw))

@@ -14,6 +14,7 @@ import yaml
 from conftest import real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.build import build
+from lemur.data.demo import DEMO_TEXT_FILTERS
 from lemur.data.recipe import recipe_from_dict
 
 # Runs a build in a child process that SIGKILLs itself when the build reports `stage`
@@ -62,6 +63,8 @@ def recipe(src: Path, out: Path, **kw) -> dict:
         "tokenizer": {"train": {"vocab_size": 600, "sample_bytes": 300_000}},
         "mix": {"ratio": {"code": 10, "text": 1}},
         "executor": {"tasks": 4, "workers": 1},
+        # help-topic prose: the reference (web-tuned) C4 rules would drop it all
+        "filters": {"text": DEMO_TEXT_FILTERS},
         "sources": [
             {"name": "py", "domain": "code", "format": "files", "paths": [str(src / "code")]},
             {
