@@ -400,9 +400,10 @@ def _validate_pii(pii: PiiConfig) -> None:
 def _apply_benchmark_names(raw: dict[str, Any]) -> dict[str, Any]:
     """`benchmarks: [humaneval]` is short for `[{name: humaneval}]`."""
     dc = raw.get("decontaminate")
-    if not isinstance(dc, dict) or not isinstance(dc.get("benchmarks"), list):
+    if not isinstance(dc, dict) or not isinstance(dc.get("benchmarks"), list | str):
         return raw
-    items = [{"name": b} if isinstance(b, str) else b for b in dc["benchmarks"]]
+    given = dc["benchmarks"] if isinstance(dc["benchmarks"], list) else [dc["benchmarks"]]
+    items = [{"name": b} if isinstance(b, str) else b for b in given]
     return {**raw, "decontaminate": {**dc, "benchmarks": items}}
 
 

@@ -120,7 +120,8 @@ def _is_global_ip(value: str, line: str) -> bool:
     return True
 
 
-def _replacement_ip(doc_id: str, value: str) -> str:
+def replacement_ip(doc_id: str, value: str) -> str:
+    """The private address that replaces `value` in document `doc_id` (fixed per pair)."""
     choices = PRIVATE_IPV4 if "." in value else PRIVATE_IPV6
     digest = hashlib.blake2b(f"{doc_id}\0{value}".encode(), digest_size=8).digest()
     return choices[int.from_bytes(digest, "little") % len(choices)]
@@ -151,7 +152,7 @@ def find_ips(text: str, doc_id: str) -> list[Redaction]:
     for start, end in spans:
         value = text[start:end]
         if _is_global_ip(value, _line_of(text, start, end)):
-            out.append(Redaction(start, end, IP, _replacement_ip(doc_id, value)))
+            out.append(Redaction(start, end, IP, replacement_ip(doc_id, value)))
     return out
 
 

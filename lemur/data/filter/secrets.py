@@ -1,22 +1,25 @@
 """Secrets in code: detect-secrets with StarCoder's plugins, run only on candidate lines.
 
 detect-secrets costs ~85 us per line with these plugins (0.4 MB/s on Python code), and
-almost no line of code holds a secret. A cheap whole-document regex marks candidate
-lines: a token of 16 or more `[A-Za-z0-9+/=_-]` characters with a letter and a digit, or a
-known key prefix (AWS `AKIA`..., GitHub `ghp_`..., Slack `xox?-`, Stripe `sk_live_`,
-SendGrid `SG.`, JWT `eyJ`, Azure `AccountKey`, Artifactory `AKC`, npm `_authToken`,
-Cloudant). Only those lines go through detect-secrets, line by line as its `scan_file`
-does (quoted strings only for the entropy plugins), so a finding needs detect-secrets to
-agree. What the prefilter cannot see: high-entropy strings without a digit, or shorter than
-16 characters (detect-secrets' hex rule accepts 9+), Artifactory `AP...` passwords under
-16 characters, Cloudant's 24-letter passwords without the word "cloudant" on the line.
+almost no line of code holds a secret: `candidates.candidate_lines` picks the few lines
+worth scanning, and detect-secrets scans them as its `scan_file` does (line by line; the
+entropy plugins read quoted strings only), so every finding is one detect-secrets made.
 
-Plugins and filters are StarCoder's (bigcode-dataset `pii/utils/keys_detection.py`): all
-high-signal detectors, no keyword/basic-auth/private-key plugin; we add what its
-post-filters did without a model: a 32/40/64-character value on a line that mentions a hash
-(`sha`, `md5`, `hash`, `digest`, `checksum`) is a checksum, not a key. PEM private key
-blocks, which detect-secrets reports only by their header line, are found by a regex.
-Verification (network calls) is never enabled: its filter is not in the list.
+Plugins and filters are StarCoder's (bigcode-dataset `pii/utils/keys_detection.py`): the
+high-signal detectors, no keyword, basic-auth or private-key plugin. StarCoder then dropped
+findings with a gibberish model trained on a text corpus and two hash rules; without the
+model we keep the hash rules and a cheap randomness test:
+- a 32/40/64-character value on a line naming a hash (`sha`, `md5`, `hash`, `digest`,
+  `checksum`) is a checksum (StarCoder's `is_hash`);
+- a hex string in a document that names hashes on 2% of its lines is a test vector
+  (StarCoder's `file_has_hashes`, which skipped every key of such a file);
+- an entropy finding with 5 ascending characters (`...0123456789abcdef`) is an alphabet,
+  and a base64 one must change character class (upper, lower, digit, other) at least 0.4
+  times per character: random base64 does ~0.6, identifiers like
+  `HEXAGON_V6_vgathermhwq_128B` ~0.3.
+PEM private key blocks, which detect-secrets reports only by their header line, are found
+by a regex and their body replaced. Verification (network calls) is never enabled: its
+filter is not in the list.
 """
 
 from __future__ import annotations
