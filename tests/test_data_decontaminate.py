@@ -162,7 +162,7 @@ def test_runs_of_zeros_and_counting_are_not_flagged(tmp_path, host):
 
 
 def test_user_benchmark_fields_and_min_matches(tmp_path, host):
-    q = "Write a function that returns the longest palindromic substring of a given string"
+    q = "Write a function that returns the longest palindromic substring of a given string (Größe)"
     a = "def longest_palindrome(text): return max(candidates(text), key=len) if text else None"
     bench = tmp_path / "mine.jsonl"
     bench.write_text(json.dumps({"question": q, "answer": a, "id": 3}) + "\n")
@@ -170,6 +170,7 @@ def test_user_benchmark_fields_and_min_matches(tmp_path, host):
     build_indexes(cfg, tmp_path)
     one = DecontaminationFilter(str(tmp_path), ["mine"], 12, 1)
     assert reason(one, plant(host, a)) == "contaminated:mine"
+    assert reason(one, plant(host, "# " + q)) == "contaminated:mine"  # non-ASCII both sides
     assert reason(one, plant(host, q.split(" of ")[0] + " of it")) is None  # 11 words shared
     # the answer alone shares few distinct 12-grams: min_matches counts them
     words = len(re.findall(r"\w+", a))
@@ -244,7 +245,11 @@ def test_datatrove_filter_reads_our_index_with_identical_decisions(index_dir, de
     texts = [p.read_text() for p in real_python_files(120)]
     texts += [plant(host, docstring(p["prompt"])) for p in problems[:60]]
     texts += [plant(host, p["canonical_solution"]) for p in problems[60:]]
-    texts.append("naïve café: " + problems[5]["prompt"])  # a non-ASCII document
+    # non-ASCII documents: accented, Greek, CJK words, some glued to benchmark words
+    texts.append("naïve café: " + problems[5]["prompt"])
+    texts.append(problems[6]["prompt"].replace("list", "lïst").replace("the", "τhe"))
+    texts.append(problems[7]["prompt"].replace(" ", " 日本語 ", 3) + "İstanbul ŞEHİR ǅ")
+    texts.append(plant(host, problems[8]["canonical_solution"]).replace("def ", "déf "))
     ours = [decont.filter(Document(text=t, id=str(i))) is True for i, t in enumerate(texts)]
     their = [theirs.filter(Document(text=t, id=str(i))) is True for i, t in enumerate(texts)]
     assert ours == their

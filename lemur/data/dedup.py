@@ -87,10 +87,12 @@ def combine_ngrams(word_hash: np.ndarray, n: int) -> np.ndarray:
     """
     if len(word_hash) < n:
         return np.zeros(0, np.uint64)
+    m = len(word_hash) - n + 1
+    out = word_hash[:m].copy()
     with np.errstate(over="ignore"):
-        out = np.zeros(len(word_hash) - n + 1, np.uint64)
-        for j in range(n):
-            out = out * _M64 + word_hash[j : len(word_hash) - n + 1 + j]
+        for j in range(1, n):  # in place: the same values as out = out * M + h[j:], no copies
+            np.multiply(out, _M64, out=out)
+            np.add(out, word_hash[j : m + j], out=out)
     return out
 
 

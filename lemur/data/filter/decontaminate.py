@@ -80,7 +80,7 @@ def text_keys(text: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     ngrams = text_ngrams(text, n)
     if len(ngrams.hashes) == 0:
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-    words = ngrams.data.tobytes().decode("utf-8", "surrogatepass").split()
+    words = ngrams.span(0, len(ngrams.data)).split()
     keep = np.flatnonzero(distinct_counts(words, n) >= MIN_DISTINCT_WORDS)
     return exact_hashes(ngrams, keep, n), ngrams.hashes[keep]
 

@@ -1,17 +1,18 @@
-"""Word n-grams of a text, hashed with numpy (no Python call per word or per n-gram).
+r"""Word n-grams of a text, hashed with numpy (no Python call per word or per n-gram).
 
-Words are runs of letters, digits and `_` (`\\w+`) of the lowercased text, as datatrove's
-n-gram decontamination sees them when given that word splitter. A text becomes its words'
-UTF-8 bytes separated by spaces: for ASCII text (most code) one `bytes.translate`, else a
-regex pass and a join. Each word's hash is a polynomial over its bytes, computed for all
-words at once from a prefix sum (`P^(end-1) * (S[end] - S[start])` with `S` the running
-sum of `byte * P^-j`, all mod 2^64, P odd so invertible); n-gram hashes combine word
-hashes as dedup shingles do (`dedup.combine_ngrams`).
+Words are runs of letters, digits and `_` (`\w+`) of the lowercased text, as datatrove's
+n-gram decontamination sees them when given that word splitter. A text becomes an array of
+its characters with every non-word character replaced by a space: ASCII text (most code) as
+bytes through one `bytes.translate`, other text as code points (UTF-32) through a table of
+`\w` over all of Unicode (`str.isalnum()` or `_`, exactly what `re` uses; built once per
+process). Each word's hash is a polynomial over its characters, computed for all words at
+once from a prefix sum (`P^(end-1) * (S[end] - S[start])` with `S` the running sum of
+`char * P^-j`, all mod 2^64, P odd so invertible); an ASCII word hashes the same either way.
+n-gram hashes combine word hashes as dedup shingles do (`dedup.combine_ngrams`).
 """
 
 from __future__ import annotations
 
-import re
 import string
 from dataclasses import dataclass
 
@@ -25,18 +26,27 @@ _WORD_CHARS = frozenset(string.ascii_letters + string.digits + "_")
 _ASCII_TABLE = bytes(
     (ord(chr(c).lower()) if chr(c) in _WORD_CHARS else _SPACE) if c < 128 else c for c in range(256)
 )
-_WORD = re.compile(r"\w+")
 _P = 0x100000001B3  # FNV prime (odd: invertible mod 2^64)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
 _POWERS: dict[str, np.ndarray] = {}
+_TABLES: dict[str, np.ndarray] = {}
 
 
-def word_bytes(text: str) -> np.ndarray:
-    """The text's lowercased `\\w+` words as UTF-8 bytes separated by spaces (uint8)."""
+def word_chars(text: str) -> np.ndarray:
+    """The lowercased text with non-word characters as spaces: uint8 if ASCII, else uint32."""
     if text.isascii():
         return np.frombuffer(text.encode("ascii").translate(_ASCII_TABLE), np.uint8)
-    joined = " ".join(_WORD.findall(text.lower()))
-    return np.frombuffer(joined.encode("utf-8", "surrogatepass"), np.uint8)
+    points = np.frombuffer(text.lower().encode("utf-32-le", "surrogatepass"), np.uint32)
+    return np.where(_unicode_words()[points], points, np.uint32(_SPACE))
+
+
+def _unicode_words() -> np.ndarray:
+    r"""`\w` for every code point (what `re` matches: alphanumeric or `_`), built on first use."""
+    if "w" not in _TABLES:
+        table = np.fromiter((chr(c).isalnum() for c in range(0x110000)), bool, 0x110000)
+        table[ord("_")] = True
+        _TABLES["w"] = table
+    return _TABLES["w"]
 
 
 def _powers(length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -61,13 +71,19 @@ class Ngrams:
 
     def text(self, i: int, n: int) -> str:
         """The words of the n-gram at word `i`, joined by single spaces."""
-        raw = self.data[self.starts[i] : self.ends[i + n - 1]].tobytes()
-        return " ".join(raw.decode("utf-8", "surrogatepass").split())
+        return " ".join(self.span(self.starts[i], self.ends[i + n - 1]).split())
+
+    def span(self, start: int, end: int) -> str:
+        """Characters `start:end` of `data` as text."""
+        raw = self.data[start:end].tobytes()
+        return raw.decode("ascii" if self.data.dtype == np.uint8 else "utf-32-le", "surrogatepass")
 
 
 def word_hashes(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(starts, ends, hash) of every space-separated word of `data`, vectorized."""
-    edges = np.diff((data != _SPACE).astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+    word = np.zeros(len(data) + 2, np.int8)
+    word[1:-1] = data != _SPACE
+    edges = word[1:] - word[:-1]
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     p, q = _powers(len(data))
     with np.errstate(over="ignore"):
@@ -83,6 +99,6 @@ def word_hashes(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def text_ngrams(text: str, n: int) -> Ngrams:
     """The word n-grams of a text (no n-gram when it has fewer than `n` words)."""
-    data = word_bytes(text)
+    data = word_chars(text)
     starts, ends, h = word_hashes(data)
     return Ngrams(data, starts, ends, combine_ngrams(h, n))
