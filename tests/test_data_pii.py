@@ -170,6 +170,9 @@ def test_ip_replacement_is_private_and_fixed_per_document():
     assert first == second == replacement_ip("doc-1", "93.184.216.34") and first in PRIVATE_IPV4
     assert v6 in PRIVATE_IPV6
     assert redact(text, "doc-1", ("ip",))[0] == out
+    assert redact('for k, v in hosts: v = "93.184.216.34"', "d")[1]  # `v` is no version
+    # keys are found without an open `secret_settings` too
+    assert [r.kind for r in redact('t = "ghp_' + "a1B2c3D4" * 4 + 'e5F6"', "d")[1]] == ["key"]
     others = {replacement_ip(f"doc-{i}", "93.184.216.34") for i in range(40)}
     assert len(others) > 1  # documents get different ones
 

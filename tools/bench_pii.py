@@ -1,7 +1,7 @@
 """Benchmark: the PII and decontamination stages against their reference tools, one core.
 
 Documents are real code files of this machine (stdlib sources, /usr/include), in sorted
-order up to --mb megabytes; into 2% of them (chosen with --seed) we plant one secret each
+order up to --mb megabytes; into 10% of them (chosen with --seed) we plant one secret each
 (AWS key id and secret, GitHub, Slack, Stripe, SendGrid, JWT, high-entropy base64 and hex,
 a PEM private key), and into another 2% a HumanEval problem (whole, docstring only,
 solution only, or with its whitespace changed).
@@ -139,14 +139,14 @@ def corpus(budget: int, seed: int) -> tuple[list[Document], list[tuple[int, str,
         for p, t in real_code(budget)
     ]
     order = rng.sample(range(len(docs)), len(docs))
-    n = max(len(KINDS), len(docs) // 50)
+    n, m = max(len(KINDS), len(docs) // 10), max(4, len(docs) // 50)
     planted, problems = [], humaneval()
     for j, i in enumerate(order[:n]):
         line, value = secret(KINDS[j % len(KINDS)], rng)
         docs[i].text = insert(docs[i].text, line, rng)
         planted.append((i, KINDS[j % len(KINDS)], value))
-    contaminated = set(order[n : 2 * n])
-    for j, i in enumerate(order[n : 2 * n]):
+    contaminated = set(order[n : n + m])
+    for j, i in enumerate(order[n : n + m]):
         docs[i].text = insert(docs[i].text, benchmark_part(problems[j % len(problems)], j), rng)
     return docs, planted, contaminated
 

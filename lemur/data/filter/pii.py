@@ -61,7 +61,7 @@ _RESERVED_DOMAIN = re.compile(
 _IPV4_TAIL = re.compile(r"\.\d{1,3}\.\d{1,3}\.\d{1,3}(?!\w|\.\d)")
 _IPV6 = re.compile(r"[23][0-9A-Fa-f]{3}(?::[0-9A-Fa-f]{0,4}){2,7}(?![\w:])")
 _VERSION_CONTEXT = re.compile(
-    r"(?i)version|(?<![a-z])(?:ver|rev|v)(?![a-z])|release|revision|"
+    r"(?i)version|(?<![a-z])(?:ver|rev)(?![a-z])|release|revision|"
     r"(?<![a-z])oids?(?![a-z])|object_?identifier|asn\.?1|(?<![a-z])mib(?![a-z])|snmp"
 )
 _SERVER_CONTEXT = re.compile(
@@ -157,7 +157,7 @@ def find_ips(text: str, doc_id: str) -> list[Redaction]:
 
 
 def find_keys(text: str) -> list[Redaction]:
-    """Secrets (detect-secrets on candidate lines, private keys); inside `secret_settings`."""
+    """Secrets: detect-secrets on candidate lines, and private keys."""
     return [Redaction(s.start, s.end, KEY, "<KEY>", s.detector) for s in find_secrets(text)]
 
 
@@ -178,7 +178,7 @@ def apply(text: str, found: list[Redaction]) -> tuple[str, list[Redaction]]:
 def redact(
     text: str, doc_id: str, kinds: tuple[str, ...] = (EMAIL, IP, KEY)
 ) -> tuple[str, list[Redaction]]:
-    """(redacted text, applied redactions) of one document; inside `secret_settings` for keys."""
+    """(redacted text, applied redactions) of one document (for many, open `secret_settings`)."""
     found: list[Redaction] = []
     if EMAIL in kinds and "@" in text:
         found += find_emails(text)
