@@ -1,0 +1,44 @@
+"""Evaluation (`lemur-eval`): bits per byte, generation with a KV cache, HumanEval in a sandbox.
+
+| module | what it holds |
+|---|---|
+| `bpb` | `TokenBytes` (bytes per token id), `bits_per_byte`, `score_directory` over val shards |
+| `generate` | `Sampling`, `GenerationConfig`, `generate` / `generate_ids` (batched, stop strings) |
+| `humaneval` | `Task`, `humaneval_tasks`, `load_tasks`, `check`, `pass_at_k`, `summarize` |
+| `sandbox` | `run_python`, `Limits`, `probe` (what this machine can contain) |
+| `jail` | the script that enters the sandbox before exec (run by path, stdlib only) |
+| `load` | `load_model`: a run dir, orbax step, lemur checkpoint or HF Llama folder |
+| `cli` | the `lemur-eval` command |
+
+The names below are importable from `lemur.eval` directly; each loads its module on first
+use, so `lemur.eval.sandbox` does not pull in JAX. See docs/eval.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "TokenBytes": "bpb",
+    "bits_per_byte": "bpb",
+    "score_directory": "bpb",
+    "Sampling": "generate",
+    "GenerationConfig": "generate",
+    "generate": "generate",
+    "generate_ids": "generate",
+    "humaneval_tasks": "humaneval",
+    "load_tasks": "humaneval",
+    "pass_at_k": "humaneval",
+    "run_python": "sandbox",
+    "Limits": "sandbox",
+    "load_model": "load",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module that defines `name` on first access."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'lemur.eval' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"lemur.eval.{_EXPORTS[name]}"), name)

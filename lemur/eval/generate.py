@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -284,6 +284,7 @@ def generate_ids(
     *,
     eos_id: int | None = None,
     tokenizer: Tokenizer | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Completion]:
     """Complete token-id prompts (each already holding its <s>), in the given order.
 
@@ -312,6 +313,8 @@ def generate_ids(
             jax.random.fold_in(base, n),
             tokenizer,
         )
+        if progress is not None:
+            progress(min(start + gen.batch_size, len(order)), len(order))
     return [Completion(len(r.prompt), r.tokens, r.text, r.finish or "length") for r in rows]
 
 
@@ -337,10 +340,13 @@ def generate(
     gen: GenerationConfig,
     *,
     chat: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Completion]:
     """Complete text prompts (<s> prepended; ChatML-wrapped with `chat`)."""
     if chat:
         prompts = [chat_prompt(tokenizer, p) for p in prompts]
         gen = dataclasses.replace(gen, stop=(*gen.stop, CHATML_END))
     ids = [[tokenizer.bos_id, *tokenizer.encode(p)] for p in prompts]
-    return generate_ids(params, config, ids, gen, eos_id=tokenizer.eos_id, tokenizer=tokenizer)
+    return generate_ids(
+        params, config, ids, gen, eos_id=tokenizer.eos_id, tokenizer=tokenizer, progress=progress
+    )

@@ -184,12 +184,13 @@ def complete(
     tasks: Sequence[Task],
     n: int,
     gen: Any,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[tuple[str, str]]:
     """n completions per task from the model, cut at the usual stop strings."""
     from lemur.eval.generate import generate
 
     gen = dataclasses.replace(gen, stop=(*STOP, *gen.stop))
     prompts = [t.prompt for t in tasks for _ in range(n)]
-    completions = generate(params, config, tokenizer, prompts, gen)
+    completions = generate(params, config, tokenizer, prompts, gen, progress=progress)
     ids = [t.task_id for t in tasks for _ in range(n)]
     return [(i, truncate(c.text)) for i, c in zip(ids, completions, strict=True)]

@@ -1,0 +1,354 @@
+"""Bits per byte: the loss in a unit that does not depend on the tokenizer.
+
+    bits per byte = (sum of the NLL of the predicted tokens, in nats) / ln 2
+                    / (UTF-8 bytes of the text those tokens decode to)
+
+Nats per token change with the vocabulary (a bigger vocabulary packs more text into a
+token, so each token is harder to predict); bits per byte compare a 32k-vocabulary Llama-2
+with any other model on the same text. The NLL includes the prediction of `</s>` (a
+document's end is part of its probability), which decodes to no bytes.
+
+Bytes are counted per token from a table (`TokenBytes`), so the trainer can count them
+for any window without decoding: a SentencePiece piece decodes to its text with `▁` as
+one space, a byte-fallback piece `<0xNN>` to one byte, a control piece (`<s>`, `</s>`) to
+nothing. One context rule makes the sum exact: a tokenizer with a dummy prefix
+(Llama-2's) drops the leading space of a document's first piece when decoding, so the
+token right after `<s>` counts one byte less when its piece starts with `▁`. With these,
+the bytes of a document's tokens equal `len(decode(ids).encode())`, which the tests check
+on real code and text. The one case a per-token count cannot follow is a run of byte
+pieces that is not valid UTF-8 (decode turns it into U+FFFD, 3 bytes); real text, which
+the tokenizer encoded, never contains one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sentencepiece as spm
+
+from lemur.model import llama
+
+SPACE = "\u2581"  # SentencePiece's whitespace marker
+
+
+class TokenBytes:
+    """UTF-8 bytes each token id decodes to (the table behind bits per byte)."""
+
+    def __init__(self, sp: spm.SentencePieceProcessor) -> None:
+        V = sp.vocab_size()
+        self.bos_id = int(sp.bos_id())
+        self.table = np.array([_piece_bytes(sp, i) for i in range(V)], np.int64)
+        self.space_first = np.array([sp.id_to_piece(i).startswith(SPACE) for i in range(V)])
+        self.space_first &= ~np.array([sp.is_control(i) or sp.is_byte(i) for i in range(V)])
+        self.strips_first_space = _strips_first_space(sp, self.table, self.space_first)
+
+    @classmethod
+    def from_model_file(cls, path: str | os.PathLike[str]) -> TokenBytes:
+        """The table of a SentencePiece model file."""
+        return cls(spm.SentencePieceProcessor(model_file=str(path)))
+
+    @classmethod
+    def for_shards(cls, directory: str | os.PathLike[str]) -> TokenBytes:
+        """The table of a shard directory's tokenizer (the copy its manifest names)."""
+        from lemur.data.shards import read_manifest
+
+        manifest = read_manifest(directory)
+        return cls.from_model_file(Path(directory) / manifest["tokenizer"]["file"])
+
+    def target_bytes(self, inputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """Bytes of each target token (any shape), given the token before it (`inputs`)."""
+        targets = np.asarray(targets, np.int64)
+        n = self.table[targets]
+        if self.strips_first_space:
+            n = n - ((np.asarray(inputs) == self.bos_id) & self.space_first[targets])
+        return n
+
+    def batch_bytes(self, batch: Mapping[str, np.ndarray]) -> int:
+        """Bytes of the scored targets of a loader batch (`inputs`, `targets`, `loss_mask`)."""
+        n = self.target_bytes(batch["inputs"], batch["targets"])
+        return int((n * np.asarray(batch["loss_mask"])).sum())
+
+    def document_bytes(self, ids: np.ndarray) -> int:
+        """Bytes of one document's ids (`<s> ... </s>` or bare), as decode would give them."""
+        ids = np.asarray(ids, np.int64)
+        before = np.concatenate(([self.bos_id], ids[:-1]))  # a bare document starts fresh
+        return int(self.target_bytes(before, ids).sum())
+
+
+def _piece_bytes(sp: spm.SentencePieceProcessor, i: int) -> int:
+    """UTF-8 bytes piece i decodes to in the middle of a text."""
+    if sp.is_control(i):
+        return 0
+    if sp.is_byte(i):
+        return 1
+    if sp.is_unknown(i):
+        return len(sp.decode([i]).encode())  # the " ⁇ " surface
+    return len(sp.id_to_piece(i).replace(SPACE, " ").encode())
+
+
+def _strips_first_space(
+    sp: spm.SentencePieceProcessor, table: np.ndarray, space_first: np.ndarray
+) -> bool:
+    """Whether decode drops the leading space of a text's first piece (dummy prefix)."""
+    ids = np.flatnonzero(space_first)
+    if ids.size == 0:
+        return False
+    i = int(ids[0])
+    return len(sp.decode([i]).encode()) == table[i] - 1
+
+
+def bits_per_byte(nll_nats: float, n_bytes: int) -> float:
+    """Summed NLL in nats over the bytes it predicted, in bits per byte (nan without bytes)."""
+    return nll_nats / math.log(2) / n_bytes if n_bytes else math.nan
+
+
+@dataclasses.dataclass
+class Score:
+    """Summed NLL, scored tokens and their bytes of one domain or language."""
+
+    tokens: int = 0
+    nll: float = 0.0
+    bytes: int = 0
+
+    def add(self, tokens: int, nll: float, n_bytes: int) -> None:
+        """Accumulate one window's (or part's) numbers."""
+        self.tokens += tokens
+        self.nll += nll
+        self.bytes += n_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        """Counts plus nats/token and bits/byte."""
+        return {
+            "tokens": self.tokens,
+            "bytes": self.bytes,
+            "nll_nats": self.nll,
+            "nats_per_token": self.nll / self.tokens if self.tokens else math.nan,
+            "bits_per_byte": bits_per_byte(self.nll, self.bytes),
+        }
+
+
+@functools.partial(jax.jit, static_argnames=("config", "document_attention"))
+def token_nll(
+    params: llama.Params,
+    batch: Mapping[str, jax.Array],
+    config: llama.LlamaConfig,
+    document_attention: bool = False,
+) -> jax.Array:
+    """Per-target NLL in nats (B x L, fp32), 0 where `loss_mask` is 0."""
+    kwargs = {}
+    if document_attention:
+        kwargs = {"segment_ids": batch["segment_ids"], "positions": batch["positions"]}
+    logits_BxLxV = llama.forward(params, batch["inputs"], config, **kwargs)
+    picked_BxL = jnp.take_along_axis(logits_BxLxV, batch["targets"][..., None], axis=-1)[..., 0]
+    nll_BxL = jax.nn.logsumexp(logits_BxLxV, axis=-1) - picked_BxL
+    return nll_BxL * batch["loss_mask"].astype(jnp.float32)
+
+
+# Magika's labels -> the Linguist names lemur's build uses (lemur.data.tagging).
+MAGIKA_NAMES = {
+    "python": "Python",
+    "javascript": "JavaScript",
+    "typescript": "TypeScript",
+    "c": "C",
+    "cpp": "C++",
+    "cs": "C#",
+    "java": "Java",
+    "go": "Go",
+    "rust": "Rust",
+    "ruby": "Ruby",
+    "php": "PHP",
+    "sql": "SQL",
+    "shell": "Shell",
+    "perl": "Perl",
+    "lua": "Lua",
+    "r": "R",
+    "scala": "Scala",
+    "kotlin": "Kotlin",
+    "swift": "Swift",
+    "haskell": "Haskell",
+    "html": "HTML",
+    "css": "CSS",
+    "markdown": "Markdown",
+    "json": "JSON",
+    "yaml": "YAML",
+    "ipynb": "Jupyter Notebook",
+    "makefile": "Makefile",
+    "dockerfile": "Dockerfile",
+}
+
+
+class LanguageTagger:
+    """Language of a decoded val document: Magika for code, fastText for everything else.
+
+    Shards keep no per-document language, so per-language scores re-tag the documents
+    they touch. Code has no file name here, so lemur's build-time tagger (enry, which
+    leans on the name) cannot be used; Magika classifies from the content alone.
+    """
+
+    def __init__(self) -> None:
+        self._code: Any = None
+        self._text: Any = None
+
+    def __call__(self, domain: str, text: str) -> str:
+        """A Linguist name for code, an ISO 639-1 code for text, or "unknown"."""
+        if domain == "code":
+            if self._code is None:
+                from magika import Magika
+
+                self._code = Magika()
+            label = str(self._code.identify_bytes(text.encode("utf-8", "replace")).output.label)
+            return MAGIKA_NAMES.get(label, label if label not in ("txt", "unknown") else "unknown")
+        if self._text is None:
+            from lemur.data.tagging import TextLanguageID
+
+            self._text = TextLanguageID()
+        return self._text(text)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class BpbSettings:
+    """How val windows are cut and scored."""
+
+    seq_len: int = 2048
+    batch_size: int = 8
+    max_windows: int | None = None  # per domain: the first windows, in order
+    document_attention: bool = True  # score each document alone (segment mask, positions)
+    languages: bool = True
+
+
+def _stack(records: list[dict[str, np.ndarray]], rows: int) -> dict[str, np.ndarray]:
+    """A fixed-shape batch; missing rows are zeros (loss_mask 0, so they count nothing)."""
+    batch = {k: np.stack([r[k] for r in records]) for k in records[0]}
+    pad = rows - len(records)
+    return {k: np.pad(v, ((0, pad), (0, 0))) for k, v in batch.items()} if pad else batch
+
+
+class _Documents:
+    """Which document each target of a window belongs to, and that document's language."""
+
+    def __init__(
+        self,
+        source: Any,
+        tokenizer: spm.SentencePieceProcessor,
+        domain: str,
+        tagger: LanguageTagger,
+    ) -> None:
+        from lemur.data.shards import open_index, open_tokens
+
+        self.source, self.sp, self.domain, self.tagger = source, tokenizer, domain, tagger
+        d, dtype = source.directory, source.dtype.name
+        self.ends = [np.asarray(open_index(d, s), np.int64) for s in source.shards]
+        self.tokens = [open_tokens(d, s, dtype) for s in source.shards]
+        self.cache: dict[tuple[int, int], str] = {}
+
+    def split(self, index: int) -> tuple[np.ndarray, list[str]]:
+        """(document number of each target of window `index`, language of each number)."""
+        shard, start = self.source.locate(index)
+        positions = start + 1 + np.arange(self.source.seq_len)
+        docs = np.searchsorted(self.ends[shard], positions, side="right")
+        uniq, inverse = np.unique(docs, return_inverse=True)
+        return inverse, [self.language(shard, int(j)) for j in uniq]
+
+    def language(self, shard: int, doc: int) -> str:
+        """The (cached) language of one document."""
+        key = (shard, doc)
+        if key not in self.cache:
+            lo = int(self.ends[shard][doc - 1]) if doc else 0
+            ids = np.asarray(self.tokens[shard][lo : int(self.ends[shard][doc])], np.int64)
+            text = self.sp.decode(
+                [int(t) for t in ids if t not in (self.sp.bos_id(), self.sp.eos_id())]
+            )
+            self.cache[key] = self.tagger(self.domain, text)
+        return self.cache[key]
+
+
+def _score_domain(
+    params: llama.Params,
+    config: llama.LlamaConfig,
+    source: Any,
+    token_bytes: TokenBytes,
+    settings: BpbSettings,
+    docs: _Documents | None,
+) -> dict[str, Any]:
+    """Score the first windows of one val domain: totals and, with `docs`, per language."""
+    n = len(source) if settings.max_windows is None else min(len(source), settings.max_windows)
+    total, by_language = Score(), {}
+    for first in range(0, n, settings.batch_size):
+        index = list(range(first, min(n, first + settings.batch_size)))
+        batch = _stack([source[i] for i in index], settings.batch_size)
+        nll = np.asarray(
+            token_nll(params, batch, config=config, document_attention=settings.document_attention),
+            np.float64,
+        )
+        mask = batch["loss_mask"].astype(np.int64)
+        nbytes = token_bytes.target_bytes(batch["inputs"], batch["targets"]) * mask
+        for row, i in enumerate(index):
+            total.add(int(mask[row].sum()), float(nll[row].sum()), int(nbytes[row].sum()))
+            if docs is not None:
+                inverse, names = docs.split(i)
+                for k, name in enumerate(names):
+                    part = inverse == k
+                    by_language.setdefault(name, Score()).add(
+                        int(mask[row][part].sum()),
+                        float(nll[row][part].sum()),
+                        int(nbytes[row][part].sum()),
+                    )
+    return {
+        **total.to_json(),
+        "windows": n,
+        "languages": {k: v.to_json() for k, v in sorted(by_language.items()) if v.tokens},
+    }
+
+
+def score_directory(
+    params: llama.Params,
+    config: llama.LlamaConfig,
+    directory: str | os.PathLike[str],
+    settings: BpbSettings,
+    tagger: LanguageTagger | None = None,
+) -> dict[str, Any]:
+    """Bits per byte and nats per token of every val domain of a shard directory."""
+    from lemur.data.shards import ShardFormatError, read_manifest
+    from lemur.train.data import ShardSource
+
+    manifest = read_manifest(directory)
+    tok_path = Path(directory) / manifest["tokenizer"]["file"]
+    sp = spm.SentencePieceProcessor(model_file=str(tok_path))
+    if sp.vocab_size() > config.vocab_size:
+        raise ValueError(
+            f"{directory}: tokenizer of {sp.vocab_size()} pieces, the model has "
+            f"vocab_size {config.vocab_size} (built with another tokenizer?)"
+        )
+    token_bytes = TokenBytes(sp)
+    tagger = tagger or LanguageTagger()
+    domains: dict[str, Any] = {}
+    for domain in sorted({s["domain"] for s in manifest["shards"] if s["split"] == "val"}):
+        try:
+            source = ShardSource(
+                directory,
+                settings.seq_len,
+                split="val",
+                domain=domain,
+                vocab_size=config.vocab_size,
+            )
+        except ShardFormatError as e:
+            domains[domain] = {"skipped": str(e)}
+            continue
+        docs = _Documents(source, sp, domain, tagger) if settings.languages else None
+        domains[domain] = _score_domain(params, config, source, token_bytes, settings, docs)
+    return {
+        "directory": str(directory),
+        "tokenizer_sha256": manifest["tokenizer"].get("sha256"),
+        "seq_len": settings.seq_len,
+        "document_attention": settings.document_attention,
+        "domains": domains,
+    }

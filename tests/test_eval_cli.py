@@ -1,0 +1,146 @@
+"""lemur-eval end to end on a tiny run checkpoint, and lemur.eval.load's model kinds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from conftest import real_python_files, real_text_docs
+from test_eval_bpb import UNICODE, _write_shards
+
+from lemur.eval import cli
+from lemur.eval.load import LoadError, detect_kind, load_model
+from lemur.model import checkpoint as model_checkpoint
+from lemur.train.checkpoint import Checkpointer
+from lemur.train.config import load_config
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory, tokenizer_model: Path) -> Path:
+    docs = {
+        "code": [p.read_text()[:800] for p in real_python_files(3)],
+        "text": [UNICODE, real_text_docs(1)[0]["text"][:600]],
+    }
+    return _write_shards(tmp_path_factory.mktemp("eval") / "shards", tokenizer_model, docs)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory, shards: Path) -> Path:
+    """A run directory as lemur-train leaves it: config.yaml and one orbax checkpoint."""
+    run = tmp_path_factory.mktemp("run")
+    config = load_config("tiny", [f"data.dirs=[{shards}]", f"run_dir={run}"])
+    vocab = json.loads((shards / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    model = config.model.llama(vocab)
+    params = jax.jit(llama_init, static_argnums=0)(model, jax.random.key(0, impl="rbg"))
+    state = {
+        "step": np.int32(7),
+        "params": params,
+        "opt_state": {"mu": params},
+        "rng": np.zeros(2, np.uint32),
+    }
+    ckpt = Checkpointer(run / "checkpoints", async_save=False)
+    ckpt.save(7, state, {"next": 0}, {"config": config.to_dict(), "vocab_size": vocab})
+    ckpt.close()
+    (run / "config.yaml").write_text(config.to_yaml())
+    return run
+
+
+def llama_init(config, key):  # noqa: ANN001, ANN201 - jitted with a static config
+    from lemur.model import llama
+
+    return llama.init_params(config, key)
+
+
+def test_run_dir_loads_params_only(run_dir: Path, shards: Path, tmp_path: Path) -> None:
+    loaded = load_model(run_dir)
+    assert loaded.kind == "run" and loaded.config.d_model == 64
+    assert loaded.tokenizer is not None and loaded.tokenizer.vocab_size == loaded.config.vocab_size
+    step = load_model(run_dir / "checkpoints" / "7")
+    np.testing.assert_array_equal(
+        np.asarray(step.params["embed"]), np.asarray(loaded.params["embed"])
+    )
+    # The same weights as a lemur model checkpoint (what tools/convert_hf_llama.py writes).
+    model_checkpoint.save_params(tmp_path / "ckpt", jax.device_get(loaded.params), loaded.config)
+    assert detect_kind(tmp_path / "ckpt") == "lemur"
+    again = load_model(tmp_path / "ckpt", tokenizer=loaded.tokenizer.path)
+    np.testing.assert_array_equal(
+        np.asarray(again.params["final_norm"]), np.asarray(loaded.params["final_norm"])
+    )
+    with pytest.raises(LoadError, match="not a lemur run"):
+        load_model(shards)
+
+
+def test_bpb_command(
+    run_dir: Path, shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bpb.json"
+    assert cli.main(["bpb", str(run_dir), str(shards), "--seq-len", "32", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())["results"][0]
+    assert set(result["domains"]) == {"code", "text"}
+    for score in result["domains"].values():
+        assert 0 < score["bits_per_byte"] < 20 and score["tokens"] > 0
+    assert "bits per byte" in capsys.readouterr().out
+
+
+def test_generate_command(run_dir: Path, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt": "def add(a, b):"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    argv = [
+        "generate",
+        str(run_dir),
+        "--prompts",
+        str(prompts),
+        "--prompt",
+        "Hello",
+        "--max-new-tokens",
+        "6",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--out",
+        str(out),
+    ]
+    assert cli.main(argv) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == ["Hello", "def add(a, b):"]
+    assert rows[1]["id"] == "a" and all(0 < r["new_tokens"] <= 6 for r in rows)
+    assert cli.main(["generate", str(run_dir), "--prompt", "x", "--chat"]) == 2  # no ChatML
+
+
+def test_humaneval_command(run_dir: Path, tmp_path: Path) -> None:
+    argv = [
+        "humaneval",
+        str(run_dir),
+        "--limit",
+        "2",
+        "--n",
+        "2",
+        "--k",
+        "1",
+        "--k",
+        "2",
+        "--temperature",
+        "1.0",
+        "--max-new-tokens",
+        "8",
+        "--timeout",
+        "5",
+        "--out",
+        str(tmp_path / "he"),
+    ]
+    assert cli.main(argv) == 0
+    summary = json.loads((tmp_path / "he" / "summary.json").read_text())
+    assert summary["samples"] == 4 and "pass@2" in summary and summary["sandbox"]
+    assert len((tmp_path / "he" / "samples.jsonl").read_text().splitlines()) == 4
+
+
+def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bpb", str(tmp_path / "missing"), str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such directory" in err[0]
+    assert cli.main(["humaneval"]) == 2
