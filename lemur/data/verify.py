@@ -92,17 +92,18 @@ def _check_tokens(path: Path, dtype: np.dtype, vocab: int, expected_sha: str) ->
     """Stream a shard once: sha256 and the largest token id; return a problem or None."""
     h = hashlib.sha256()
     itemsize = dtype.itemsize
+    top = -1
     with open(path, "rb") as f:
         while block := f.read(CHUNK_TOKENS * itemsize):
             h.update(block)
             if len(block) % itemsize:
                 return f"{path}: size is not a multiple of {itemsize} bytes"
             arr = np.frombuffer(block, dtype=dtype)
-            if arr.size and int(arr.max()) >= vocab:
-                return f"{path}: token id {int(arr.max())} >= vocab size {vocab}"
-    if h.hexdigest() != expected_sha:
-        return f"{path}: sha256 mismatch (corrupted or modified)"
-    return None
+            top = max(top, int(arr.max()) if arr.size else -1)
+    bad_id = f"token id {top} >= vocab size {vocab}" if top >= vocab else ""
+    if h.hexdigest() != expected_sha:  # the root cause; a bad id is then its symptom
+        return f"{path}: sha256 mismatch (corrupted or modified{'; ' + bad_id if bad_id else ''})"
+    return f"{path}: {bad_id}" if bad_id else None
 
 
 def verify_shard(root: Path, shard: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
