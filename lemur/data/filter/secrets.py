@@ -9,10 +9,11 @@ Plugins and filters are StarCoder's (bigcode-dataset `pii/utils/keys_detection.p
 high-signal detectors, no keyword, basic-auth or private-key plugin. StarCoder then dropped
 findings with a gibberish model trained on a text corpus and two hash rules; without the
 model we keep the hash rules and a cheap randomness test:
-- a 32/40/64-character value on a line naming a hash (`sha`, `md5`, `hash`, `digest`,
-  `checksum`) is a checksum (StarCoder's `is_hash`);
-- a hex string in a document that names hashes on 2% of its lines is a test vector
-  (StarCoder's `file_has_hashes`, which skipped every key of such a file);
+- a 32/40/64-character value on a line naming a hash (`sha`, `sha256`, `md5`, `hash`,
+  `digest`, `checksum`) is a checksum (StarCoder's `is_hash`);
+- a hex string in a document that names hashes at least 3 times and as often as 2% of its
+  lines is a test vector (StarCoder's `file_has_hashes`, which skipped every key of such a
+  file);
 - an entropy finding with 5 ascending characters (`...0123456789abcdef`) is an alphabet,
   and a base64 one must change character class (upper, lower, digit, other) at least 0.4
   times per character: random base64 does ~0.6, identifiers like
@@ -65,7 +66,9 @@ FILTERS = [
         "is_sequential_string",
     )
 ]
-_HASH_WORDS = ("sha", "md5", "hash", "digest", "checksum")
+# `sha` only as a word or with digits (`sha256`): StarCoder's substring count took `shared`
+# and `shape` for hashes.
+_HASH_MENTION = re.compile(r"(?<![a-z])sha(?![a-z])|md5|hash|digest|checksum")
 _PRIVATE_KEY = re.compile(
     r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY-----(.+?)-----END \1PRIVATE KEY-----", re.DOTALL
 )
@@ -145,16 +148,15 @@ def looks_random(value: str, detector: str) -> bool:
 
 
 def about_hashes(text: str) -> bool:
-    """A document naming hashes on 2% of its lines or more: its hex strings are checksums
-    (StarCoder's `file_has_hashes`, applied here to hex strings only)."""
-    low = text.lower()
-    mentions = sum(low.count(w) for w in _HASH_WORDS)
-    return mentions >= max(1, 0.02 * (text.count("\n") + 1))
+    """A document naming hashes 3 times and as often as 2% of its lines: its hex strings are
+    checksums (StarCoder's `file_has_hashes`, applied here to hex strings only)."""
+    mentions = len(_HASH_MENTION.findall(text.lower()))
+    return mentions >= max(3, 0.02 * (text.count("\n") + 1))
 
 
 def is_checksum(value: str, line: str) -> bool:
     """A hash-length value on a line about hashes (StarCoder's `is_hash`)."""
-    return len(value) in (32, 40, 64) and any(w in line.lower() for w in _HASH_WORDS)
+    return len(value) in (32, 40, 64) and bool(_HASH_MENTION.search(line.lower()))
 
 
 def scan_lines(lines: list[tuple[int, str]]) -> Iterator[tuple[int, str, str]]:
