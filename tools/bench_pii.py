@@ -1,10 +1,10 @@
 """Benchmark: the PII and decontamination stages against their reference tools, one core.
 
-Documents are real code files of this machine (stdlib sources, /usr/include), in sorted
-order up to --mb megabytes; into 10% of them (chosen with --seed) we plant one secret each
-(AWS key id and secret, GitHub, Slack, Stripe, SendGrid, JWT, high-entropy base64 and hex,
-a PEM private key), and into another 2% a HumanEval problem (whole, docstring only,
-solution only, or with its whitespace changed).
+Documents are real code files of this machine, stdlib sources and /usr/include headers in
+turn (each in sorted order), up to --mb megabytes. Into 10% of them (chosen with --seed) we
+plant one secret each (AWS key id and secret, GitHub, Slack, Stripe, SendGrid, JWT,
+high-entropy base64 and hex, a PEM private key), into another 2% a HumanEval problem
+(whole, docstring only, solution only, or with its whitespace changed).
 
 PII: our stage (candidate lines -> detect-secrets, plus e-mails and IPs) against
 detect-secrets with the same plugins and filters run over every line of the same
@@ -40,15 +40,26 @@ B64 = string.ascii_letters + string.digits + "+/"
 ALNUM = string.ascii_letters + string.digits
 
 
+def code_files(root: Path) -> list[Path]:
+    """Readable code files under `root`, sorted."""
+    keep = (".py", ".h", ".hpp", ".c", ".cc", "")
+    return [
+        p
+        for p in sorted(root.rglob("*"))
+        if "site-packages" not in p.parts
+        and p.is_file()
+        and not p.is_symlink()
+        and p.suffix in keep
+        and p.stat().st_size <= 2e6
+    ]
+
+
 def real_code(budget: int) -> list[tuple[str, str]]:
-    """(path, text) of real code files in sorted order, up to `budget` bytes."""
+    """(path, text) of real code files, taken in turn from each root, up to `budget` bytes."""
     out, total = [], 0
-    for root in ROOTS:
-        for p in sorted(root.rglob("*")):
-            if "site-packages" in p.parts or not p.is_file() or p.is_symlink():
-                continue
-            if p.suffix not in (".py", ".h", ".hpp", ".c", ".cc", "") or p.stat().st_size > 2e6:
-                continue
+    lists = [code_files(root) for root in ROOTS]
+    for group in zip(*lists, strict=False):
+        for p in group:
             try:
                 text = p.read_text(encoding="utf-8")
             except (UnicodeDecodeError, OSError):
