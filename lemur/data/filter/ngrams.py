@@ -36,8 +36,8 @@ def word_chars(text: str) -> np.ndarray:
     """The lowercased text with non-word characters as spaces: uint8 if ASCII, else uint32."""
     if text.isascii():
         return np.frombuffer(text.encode("ascii").translate(_ASCII_TABLE), np.uint8)
-    points = np.frombuffer(text.lower().encode("utf-32-le", "surrogatepass"), np.uint32)
-    return np.where(_unicode_words()[points], points, np.uint32(_SPACE))
+    points = np.frombuffer(text.lower().encode("utf-32-le", "surrogatepass"), "<u4")
+    return np.where(_unicode_words()[points], points, np.uint32(_SPACE)).astype("<u4")
 
 
 def _unicode_words() -> np.ndarray:
