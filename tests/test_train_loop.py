@@ -227,3 +227,32 @@ def test_init_from_a_converted_checkpoint(corpus: Path, cache: Path, tmp_path: P
     with pytest.raises(RunError, match="has d_model 48, the config gives 32"):
         Trainer(tiny_config(corpus, tmp_path / "run2",
                             f"model.init_from={tmp_path / 'other'}", cache=cache))
+
+
+def test_evals_report_bits_per_byte_by_hand(finished_run: tuple[Path, list[dict]],
+                                            corpus: Path) -> None:
+    """eval/<domain>/bpb = summed NLL / ln 2 / UTF-8 bytes of the scored target text."""
+    import sentencepiece as spm
+
+    from lemur.train.data import make_eval_iterators
+
+    run, _ = finished_run
+    config = tiny_config(corpus, run)
+    last = [r for r in read_records(run / "metrics.jsonl") if "eval/code/loss" in r][-1]
+    manifest = json.loads((corpus / "manifest.json").read_text())
+    sp = spm.SentencePieceProcessor(model_file=str(corpus / manifest["tokenizer"]["file"]))
+    streams = make_eval_iterators(corpus, seq_len=config.batch.seq_len,
+                                  batch_size=config.eval_batch_size,
+                                  max_batches=config.eval.batches)
+    for domain, stream in streams.items():
+        n_tokens = n_bytes = 0
+        for batch in stream:
+            for targets, mask in zip(batch["targets"], batch["loss_mask"], strict=True):
+                scored = targets[mask.astype(bool)]
+                n_tokens += scored.size
+                # lemur's tokenizer has no dummy prefix: the decoded pieces are the text
+                n_bytes += len(sp.decode(scored.tolist()).encode())
+        loss = last[f"eval/{domain}/loss"]
+        expected = loss * n_tokens / math.log(2) / n_bytes
+        assert last[f"eval/{domain}/bpb"] == pytest.approx(expected, rel=1e-9), domain
+        assert 0 < expected < loss / math.log(2)  # more than one byte per token

@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lemur.data.shards import ShardFormatError, atomic_write_bytes, read_manifest
+from lemur.eval.bpb import TokenBytes, bits_per_byte
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import llama
 from lemur.train import interrupt
@@ -150,6 +151,9 @@ class Trainer:
         check_writable_dir(config.checkpoint_dir, "checkpoint.dir")
         self.loader = self._make_loader()
         self.evals = self._make_evals()
+        # Bytes per token of the run's tokenizer (every directory has the same one), so
+        # that evals report bits per byte, comparable across tokenizers.
+        self.token_bytes = (TokenBytes.for_shards(config.data.dirs[0]) if self.evals else None)
         try:
             self.checkpointer = Checkpointer(config.checkpoint_dir, keep=config.checkpoint.keep,
                                              async_save=config.checkpoint.async_save)
@@ -345,17 +349,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop pieces
 
-    def evaluate(self, params: Any) -> dict[str, float]:
-        """Mean loss per valid token of each val domain."""
+    def evaluate(self, params: Any) -> dict[str, tuple[float, float]]:
+        """(mean loss per valid token, bits per byte) of each val domain."""
         results = {}
         for name, stream in self.evals.items():
+            parts, n_bytes = [], 0
             try:
-                parts = [self.eval_step(params, mesh_lib.global_batch(
-                    local, self.eval_sharding, self.eval_shape)) for local in stream]
+                for local in stream:
+                    n_bytes += self.token_bytes.batch_bytes(local)  # this host's rows
+                    parts.append(self.eval_step(params, mesh_lib.global_batch(
+                        local, self.eval_sharding, self.eval_shape)))
             except ShardFormatError as e:  # an id outside the vocabulary, found on reading
                 raise RunError(f"eval {name}: {str(e).splitlines()[0]}") from None
             sums = np.asarray(jax.device_get(parts), np.float64).reshape(-1, 2).sum(0)
-            results[name] = float(sums[0] / max(sums[1], 1.0))
+            n_bytes = _sum_over_processes(n_bytes)
+            results[name] = (float(sums[0] / max(sums[1], 1.0)),
+                             bits_per_byte(float(sums[0]), n_bytes))
         return results
 
     def _emit(self, record: dict[str, Any]) -> None:
@@ -368,12 +377,13 @@ class Trainer:
         t = time.perf_counter()
         evals = self.evaluate(params)
         record: dict[str, Any] = {"step": step}
-        for name, loss in evals.items():
+        for name, (loss, bpb) in evals.items():
             record[f"eval/{name}/loss"] = loss
             record[f"eval/{name}/ppl"] = math.exp(min(loss, 80.0))
+            record[f"eval/{name}/bpb"] = bpb
         record["eval_s"] = time.perf_counter() - t
         self._emit(record)
-        return evals
+        return {name: loss for name, (loss, _) in evals.items()}
 
     def _save(self, step: int, state: step_lib.State, window: _Window) -> None:
         meta = {"step": step, "tokens_seen": step * self.config.tokens_per_step,
@@ -599,3 +609,11 @@ def train(config: TrainConfig,
     """Run `config` to the end (resuming from its latest checkpoint); see Trainer."""
     return Trainer(config, on_metrics=on_metrics).run()
 
+
+def _sum_over_processes(value: int) -> int:
+    """The sum of an integer over every JAX process (itself with one process)."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return int(np.asarray(multihost_utils.process_allgather(np.int64(value))).sum())
