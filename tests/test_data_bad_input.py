@@ -17,8 +17,8 @@ from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.cli import main
 from lemur.data.recipe import RecipeError, recipe_from_dict
-from lemur.data.shards import FORMAT, ShardWriter, atomic_write_json, sha256_file
 from lemur.data.tokenizer import BOS_ID, EOS_ID
+from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, sha256_file
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -19,7 +19,7 @@ from lemur.data.build import build
 from lemur.data.demo import DEMO_TEXT_FILTERS
 from lemur.data.recipe import recipe_from_dict
 from lemur.data.stats import compute_stats
-from lemur.data.verify import verify
+from lemur.shards.verify import verify
 
 
 def decode_directory(directory: Path) -> dict[str, list[str]]:

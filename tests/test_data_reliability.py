@@ -26,8 +26,8 @@ from test_data_resume import KILLER
 from lemur.data.build import BuildError, build
 from lemur.data.lock import DirectoryLock
 from lemur.data.recipe import recipe_from_dict
-from lemur.data.verify import verify
-from lemur.train.data import check_compatible
+from lemur.shards.check import check_compatible
+from lemur.shards.verify import verify
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +214,7 @@ class _FullDisk:
         self.fh.close()
 
 
-@pytest.mark.parametrize("module", ["lemur.data.shuffle", "lemur.data.shards"])
+@pytest.mark.parametrize("module", ["lemur.data.shuffle", "lemur.shards.format"])
 def test_full_disk_is_one_line_and_leaves_no_temporary_file(sources, tmp_path, monkeypatch,
                                                             module):
     import importlib

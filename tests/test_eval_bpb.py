@@ -15,9 +15,9 @@ import pytest
 import sentencepiece as spm
 from conftest import real_python_files, real_text_docs
 
-from lemur.data.shards import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
 from lemur.eval import bpb
 from lemur.model import llama
+from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
 
 SEQ = 32
 UNICODE = "Ünïcödé: 漢字かな, emoji 🦎🐍, math ∑∫, tabs\tand  double  spaces \n trailing "

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lemur.data.shards import (
+from lemur.shards.check import ShardCompatibilityError, check_compatible
+from lemur.shards.format import (
     FORMAT,
     ShardFormatError,
     ShardWriter,
@@ -23,9 +24,7 @@ from lemur.data.shards import (
 )
 from lemur.train.data import (
     BATCH_KEYS,
-    ShardCompatibilityError,
     ShardSource,
-    check_compatible,
     make_eval_iterators,
     make_train_iterator,
     window_record,
@@ -425,7 +424,7 @@ def test_state_round_trips_through_an_orbax_checkpoint(tmp_path: Path, corpus: P
 
 
 def test_index_check_finds_a_corrupt_middle_entry_fast(tmp_path: Path) -> None:
-    from lemur.train.data import check_index
+    from lemur.shards.check import check_index
 
     # 8M documents (64 MB of index, a ~16B-token shard's worth at 2k tokens a document).
     n = 8_000_000

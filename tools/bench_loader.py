@@ -31,7 +31,7 @@ import grain
 import numpy as np
 import psutil
 
-from lemur.data.shards import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
+from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
 from lemur.train.data import ShardSource, _derived_seed, make_train_iterator
 
 VOCAB = 32000

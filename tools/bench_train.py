@@ -42,8 +42,8 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lemur.data.shards import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
 from lemur.model import llama
+from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
 from lemur.train import mesh as mesh_lib
 from lemur.train import step as step_lib
 from lemur.train.config import MeshConfig, OptimizerConfig, ScheduleConfig, config_from_dict

@@ -33,14 +33,6 @@ from lemur.data.lock import DirectoryLock, LockedError
 from lemur.data.pack import Packer
 from lemur.data.readers import InputFile, Listing, SourcesReader, list_inputs
 from lemur.data.recipe import Recipe
-from lemur.data.shards import (
-    FORMAT,
-    MANIFEST,
-    atomic_write_bytes,
-    atomic_write_json,
-    dtype_name,
-    token_dtype,
-)
 from lemur.data.shuffle import ShuffleError
 from lemur.data.tagging import LanguageTagger
 from lemur.data.text_filters import (
@@ -50,6 +42,14 @@ from lemur.data.text_filters import (
     GopherRepetitionFilter,
 )
 from lemur.data.tokenizer import TokenizeWriter, tokenizer_info, train_tokenizer
+from lemur.shards.format import (
+    FORMAT,
+    MANIFEST,
+    atomic_write_bytes,
+    atomic_write_json,
+    dtype_name,
+    token_dtype,
+)
 
 WORK_VERSION = 2  # 2: records carry mix language families
 MAX_MANIFEST_ERRORS = 1000

@@ -219,8 +219,8 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """Print what a shard directory holds."""
-    from lemur.data.shards import ShardFormatError
     from lemur.data.stats import compute_stats, print_stats, write_plots
+    from lemur.shards.format import ShardFormatError
 
     try:
         stats = compute_stats(args.directory)
@@ -247,7 +247,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Recompute checksums and check invariants; exit 1 naming each bad file."""
-    from lemur.data.verify import verify
+    from lemur.shards.verify import verify
 
     try:
         problems = verify(args.directory)

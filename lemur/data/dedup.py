@@ -34,7 +34,7 @@ import xxhash
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
-from lemur.data.shards import atomic_write_bytes
+from lemur.shards.format import atomic_write_bytes
 
 _WORD = re.compile(r"\w+")
 _M64 = np.uint64(0x9E3779B97F4A7C15)

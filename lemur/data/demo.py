@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 import zstandard
 
-from lemur.data.shards import atomic_write_bytes
+from lemur.shards.format import atomic_write_bytes
 
 MAN_DIR = Path("/usr/share/man/man1")
 DOC_DIR = Path("/usr/share/doc")

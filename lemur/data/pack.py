@@ -17,9 +17,9 @@ import numpy as np
 from lemur.data.dedup import DedupResult, cluster_sizes, find_duplicates, write_duplicates
 from lemur.data.mix import MixInfeasible, MixPlan, plan_mix, seeded_hash, select_repeats
 from lemur.data.recipe import Recipe
-from lemur.data.shards import ShardInfo, ShardWriter, token_dtype
 from lemur.data.shuffle import external_shuffle
 from lemur.data.tokenizer import DOC_RECORD
+from lemur.shards.format import ShardInfo, ShardWriter, token_dtype
 
 
 @dataclass

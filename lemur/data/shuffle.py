@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lemur.data.shards import INDEX_DTYPE, ShardInfo, atomic_write_bytes, atomic_write_json
+from lemur.shards.format import INDEX_DTYPE, ShardInfo, atomic_write_bytes, atomic_write_json
 
 __all__ = ["ShuffleError", "bucket_of", "external_shuffle"]
 

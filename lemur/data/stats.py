@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from lemur.data.shards import MANIFEST, ShardFormatError, open_index, read_manifest
-from lemur.data.verify import manifest_problems, structure_problem
+from lemur.shards.format import MANIFEST, ShardFormatError, open_index, read_manifest
+from lemur.shards.verify import manifest_problems, structure_problem
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
 

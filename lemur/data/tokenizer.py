@@ -21,8 +21,8 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
 from lemur.data.recipe import TokenizerTrainConfig
-from lemur.data.shards import atomic_write_bytes, token_dtype
 from lemur.data.tagging import mix_language
+from lemur.shards.format import atomic_write_bytes, token_dtype
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 # The task-local record of every tokenized document; the pack stage reads these.

@@ -59,7 +59,7 @@ class TokenBytes:
     @classmethod
     def for_shards(cls, directory: str | os.PathLike[str]) -> TokenBytes:
         """The table of a shard directory's tokenizer (the copy its manifest names)."""
-        from lemur.data.shards import read_manifest
+        from lemur.shards.format import read_manifest
 
         manifest = read_manifest(directory)
         return cls.from_model_file(Path(directory) / manifest["tokenizer"]["file"])
@@ -242,7 +242,7 @@ class _Documents:
         domain: str,
         tagger: LanguageTagger,
     ) -> None:
-        from lemur.data.shards import open_index, open_tokens
+        from lemur.shards.format import open_index, open_tokens
 
         self.source, self.sp, self.domain, self.tagger = source, tokenizer, domain, tagger
         d, dtype = source.directory, source.dtype.name
@@ -317,7 +317,7 @@ def score_directory(
     tagger: LanguageTagger | None = None,
 ) -> dict[str, Any]:
     """Bits per byte and nats per token of every val domain of a shard directory."""
-    from lemur.data.shards import ShardFormatError, read_manifest
+    from lemur.shards.format import ShardFormatError, read_manifest
     from lemur.train.data import ShardSource
 
     manifest = read_manifest(directory)

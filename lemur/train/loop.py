@@ -22,10 +22,11 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lemur.data.shards import ShardFormatError, atomic_write_bytes, read_manifest
 from lemur.eval.bpb import TokenBytes, bits_per_byte
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import llama
+from lemur.shards.check import check_compatible
+from lemur.shards.format import ShardFormatError, atomic_write_bytes, read_manifest
 from lemur.train import interrupt
 from lemur.train import mesh as mesh_lib
 from lemur.train import step as step_lib
@@ -35,7 +36,6 @@ from lemur.train.data import (
     BATCH_KEYS,
     EvalStream,
     LoaderStateMismatch,
-    check_compatible,
     make_eval_iterators,
     make_train_iterator,
 )

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lemur.data.shards import atomic_write_bytes
+from lemur.shards.format import atomic_write_bytes
 
 # Dense bf16 peak TFLOP/s per JAX device, by a substring of `device.device_kind` (first
 # match wins, so longer names come first). Vendor datasheets; MFU is quoted against bf16

@@ -28,7 +28,7 @@ from lemur.data.filter.benchmarks import benchmark_texts
 from lemur.data.filter.ngrams import Ngrams, text_ngrams
 from lemur.data.filters import LemurFilter
 from lemur.data.recipe import BenchmarkConfig, DecontaminateConfig
-from lemur.data.shards import atomic_write_bytes
+from lemur.shards.format import atomic_write_bytes
 
 INDEX_SUFFIX = ".index.hashes"
 FAST_SUFFIX = ".fast.hashes"

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from lemur.data.shards import INDEX_DTYPE, MANIFEST, ShardFormatError, read_manifest, sha256_file
+from lemur.shards.format import INDEX_DTYPE, MANIFEST, ShardFormatError, read_manifest, sha256_file
 
 CHUNK_TOKENS = 1 << 24
 # Manifest fields every reader relies on, with their JSON types.
