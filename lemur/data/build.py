@@ -22,17 +22,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from lemur.data import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
 from lemur.data.code_filters import code_filters
 from lemur.data.dedup import DedupSigner
-from lemur.data.executors import make_executor
 from lemur.data.filter.decontaminate import decontamination_filter
 from lemur.data.filter.pii import PiiRedactor
 from lemur.data.filters import EmptyDocumentFilter, LanguageFilter, LemurFilter
-from lemur.data.lock import DirectoryLock, LockedError
 from lemur.data.pack import Packer
 from lemur.data.readers import InputFile, Listing, SourcesReader, list_inputs
 from lemur.data.recipe import Recipe
+from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
+from lemur.data.run.executors import make_executor
+from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.shuffle import ShuffleError
 from lemur.data.tagging import LanguageTagger
 from lemur.data.text_filters import (

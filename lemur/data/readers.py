@@ -29,9 +29,9 @@ import zstandard
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
-from lemur.data import logs as _logs  # noqa: F401  (quiets datatrove in worker processes)
 from lemur.data.notebooks import NotebookError, looks_like_notebook, notebook_to_script
 from lemur.data.recipe import Recipe, RecipeError, SourceConfig, expand_paths
+from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove in worker processes)
 from lemur.shards.format import atomic_write_bytes
 
 # Directories that hold vendored, generated or tool data rather than authored source.
