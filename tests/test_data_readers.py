@@ -15,8 +15,9 @@ import pytest
 from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.build import BuildError, build
-from lemur.data.notebooks import NotebookError, notebook_to_script
-from lemur.data.readers import SourcesReader, list_inputs
+from lemur.data.read.listing import list_inputs
+from lemur.data.read.notebooks import NotebookError, notebook_to_script
+from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import recipe_from_dict
 
 NOTEBOOK = {
@@ -366,7 +367,7 @@ def test_non_utf8_file_name_is_kept_with_an_escaped_id(tmp_path, skip_vendored):
 
 
 def test_non_utf8_name_with_a_backslash_is_escaped_losslessly():
-    from lemur.data.readers import display_name
+    from lemur.data.read.listing import display_name
 
     raw = b"a\\x\xff.py"
     shown = display_name(os.fsdecode(raw))
@@ -502,7 +503,7 @@ def test_damaged_parquet_row_group_keeps_the_others(tmp_path):
 
 def test_per_file_error_totals_survive_the_error_list_cap(tmp_path):
     from lemur.data.build import collect_counts
-    from lemur.data.readers import MAX_ERRORS_PER_TASK
+    from lemur.data.read.sources import MAX_ERRORS_PER_TASK
 
     n = MAX_ERRORS_PER_TASK + 200
     (tmp_path / "a.jsonl").write_text("{bad\n" * n)

@@ -72,7 +72,7 @@ def prepare_tokenizer(data: Path) -> tuple[Path, Path]:
     from transformers import LlamaTokenizerFast
 
     from lemur.data.build import sample_texts
-    from lemur.data.readers import list_inputs
+    from lemur.data.read.listing import list_inputs
     from lemur.data.recipe import TokenizerTrainConfig, recipe_from_dict
     from lemur.data.tokenizer import train_tokenizer
 

@@ -101,7 +101,8 @@ def build_data(work: Path, mb: float) -> tuple[Path, Path]:
 def lemur_chain(code: Path, text: Path):
     """Run lemur's read -> tag -> filter steps in-process; return (docs in, docs kept)."""
     from lemur.data.build import make_filters
-    from lemur.data.readers import SourcesReader, list_inputs
+    from lemur.data.read.listing import list_inputs
+    from lemur.data.read.sources import SourcesReader
     from lemur.data.recipe import recipe_from_dict
     from lemur.data.tagging import LanguageTagger
 

@@ -28,7 +28,8 @@ from lemur.data.filter.decontaminate import decontamination_filter
 from lemur.data.filter.pii import PiiRedactor
 from lemur.data.filters import EmptyDocumentFilter, LanguageFilter, LemurFilter
 from lemur.data.pack import Packer
-from lemur.data.readers import InputFile, Listing, SourcesReader, list_inputs
+from lemur.data.read.listing import InputFile, Listing, list_inputs
+from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
 from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
 from lemur.data.run.executors import make_executor

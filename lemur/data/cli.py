@@ -186,7 +186,7 @@ def _tokenizer_out(out: str) -> Path:
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     """Train only the tokenizer of a recipe and write it to --out."""
     from lemur.data.build import sample_texts
-    from lemur.data.readers import list_inputs
+    from lemur.data.read.listing import list_inputs
     from lemur.data.recipe import TokenizerTrainConfig
     from lemur.data.tokenizer import (
         TokenizerError,

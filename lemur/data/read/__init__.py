@@ -1,0 +1,23 @@
+"""Reading the build's inputs: listing files, opening compressed streams, one reader step.
+
+`list_inputs` lists a recipe's files; `SourcesReader` turns them into documents (jsonl,
+parquet, file trees and notebooks), counting and recording every bad input.
+"""
+
+from lemur.data.read.listing import InputFile, Listing, display_name, list_inputs
+from lemur.data.read.notebooks import NotebookError, looks_like_notebook, notebook_to_script
+from lemur.data.read.sources import SourcesReader
+from lemur.data.read.streams import UnsupportedInput, open_maybe_compressed
+
+__all__ = [
+    "InputFile",
+    "Listing",
+    "NotebookError",
+    "SourcesReader",
+    "UnsupportedInput",
+    "display_name",
+    "list_inputs",
+    "looks_like_notebook",
+    "notebook_to_script",
+    "open_maybe_compressed",
+]
