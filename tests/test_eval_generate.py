@@ -101,14 +101,26 @@ def test_batch_size_does_not_change_greedy_output() -> None:
 
 
 def test_one_compilation_per_bucket() -> None:
-    """Prompt lengths 3..15 and 20..40 new tokens share one prefill and one decode program."""
+    """Prompt lengths 3..16 and 40..48 new tokens share one prefill and one decode program."""
     config, params = _model()
     gen_lib.generate_ids(params, config, [[1, 5, 6]], GREEDY, eos_id=None)
-    start, cont = gen_lib._start._cache_size(), gen_lib._continue._cache_size()
-    for n, new in ((9, 20), (15, 40), (4, 33)):
+    start, cont = gen_lib._prefill_row._cache_size(), gen_lib._continue._cache_size()
+    for n, new in ((9, 40), (16, 41), (4, 47)):
         gen = dataclasses.replace(GREEDY, max_new_tokens=new)
         gen_lib.generate_ids(params, config, [[1] + [7] * (n - 1)], gen, eos_id=None)
-    assert (gen_lib._start._cache_size(), gen_lib._continue._cache_size()) == (start, cont)
+    assert (gen_lib._prefill_row._cache_size(), gen_lib._continue._cache_size()) == (start, cont)
+    assert [gen_lib.bucket(n) for n in (1, 16, 17, 24, 25, 33, 49, 65, 97, 129)] == [
+        16,
+        16,
+        24,
+        24,
+        32,
+        48,
+        64,
+        96,
+        128,
+        192,
+    ]
 
 
 def test_sampling_is_seeded_and_respects_top_k() -> None:

@@ -73,7 +73,8 @@ def test_cache_logits_equal_forward_at_every_position(name: str) -> None:
     for b, r in enumerate(rows):
         tokens[b, pad[b] :] = r[: prefix[b]]
     cache = decode.init_cache(config, 3, S)
-    logits, cache = _prefill(params, tokens, pad, cache, config=config)
+    split = decode.split_layers(params)  # what generation decodes from
+    logits, cache = _prefill(split, tokens, pad, cache, config=config)
     logits = np.asarray(logits)
     worst = max(np.abs(logits[b, pad[b] :] - refs[b][: prefix[b]]).max() for b in range(3))
     for t in range(max(lengths) - min(prefix)):
@@ -82,7 +83,7 @@ def test_cache_logits_equal_forward_at_every_position(name: str) -> None:
             [r[p + t] if p + t < len(r) else 0 for r, p in zip(rows, prefix, strict=True)]
         )
         step_logits, cache = _step(
-            params, jnp.asarray(fed, jnp.int32), P + t, pad, cache, config=config
+            split, jnp.asarray(fed, jnp.int32), P + t, pad, cache, config=config
         )
         step_logits = np.asarray(step_logits)
         for b, (r, p) in enumerate(zip(rows, prefix, strict=True)):
@@ -102,7 +103,7 @@ def test_prefill_last_only_is_the_last_slot() -> None:
     )
     np.testing.assert_allclose(np.asarray(last), np.asarray(full)[:, -1], atol=1e-6)
     assert len(cache.k) == config.n_layers
-    assert cache.k[0].shape == (2, 16, config.n_kv_heads, config.head_dim)  # GQA: kv heads only
+    assert cache.k[0].shape == (2, config.n_kv_heads, 16, config.head_dim)  # GQA: kv heads only
 
 
 def test_padding_does_not_change_a_row() -> None:

@@ -115,11 +115,14 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _load(args: argparse.Namespace) -> Any:
-    """The model named on the command line."""
+def _load(args: argparse.Namespace, for_decoding: bool = False) -> Any:
+    """The model named on the command line (per-layer weights when it will decode)."""
     from lemur.eval.load import load_model
+    from lemur.model.decode import split_layers
 
     model = load_model(args.checkpoint, step=args.step, tokenizer=args.tokenizer, dtype=args.dtype)
+    if for_decoding:
+        model.params = split_layers(model.params)  # the stacked arrays are dropped
     from lemur.model.llama import param_count
 
     _say(
@@ -145,7 +148,7 @@ def _sampling(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> Any:
 
 def _check_tokenizer(model: Any, directory: str) -> None:
     """Refuse shards tokenized with another tokenizer than the model's (when it is known)."""
-    from lemur.data.shards import read_manifest
+    from lemur.shards.format import read_manifest
 
     want = read_manifest(directory)["tokenizer"].get("sha256")
     if model.tokenizer is not None and want and model.tokenizer.sha256 != want:
@@ -235,7 +238,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from lemur.eval.generate import generate
 
     rows = _read_prompts(args)
-    model = _load(args)
+    model = _load(args, for_decoding=True)
     if model.tokenizer is None:
         raise UsageError(f"{args.checkpoint}: no tokenizer found; give --tokenizer")
     completions = generate(
@@ -276,7 +279,7 @@ def _humaneval_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list
         return [(t.task_id, t.canonical_solution) for t in tasks], {"model": "canonical"}
     if args.checkpoint is None:
         raise UsageError("humaneval needs a CHECKPOINT (or --canonical)")
-    model = _load(args)
+    model = _load(args, for_decoding=True)
     if model.tokenizer is None:
         raise UsageError(f"{args.checkpoint}: no tokenizer found; give --tokenizer")
     if args.n > 1 and args.temperature == 0:
@@ -343,9 +346,9 @@ COMMANDS = {"bpb": cmd_bpb, "generate": cmd_generate, "humaneval": cmd_humaneval
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `lemur-eval`."""
-    from lemur.data.shards import ShardFormatError
     from lemur.eval.load import LoadError
     from lemur.eval.sandbox import SandboxUnavailable
+    from lemur.shards.format import ShardFormatError
 
     args = parser().parse_args(argv)
     try:

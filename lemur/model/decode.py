@@ -39,7 +39,7 @@ from lemur.model.llama import (
 
 
 class KVCache(NamedTuple):
-    """Rotated keys and values, one B x S x G x K array per layer."""
+    """Rotated keys and values, one B x G x S x K array per layer."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
@@ -47,30 +47,72 @@ class KVCache(NamedTuple):
     @property
     def length(self) -> int:
         """Number of slots S."""
-        return self.k[0].shape[1]
+        return self.k[0].shape[2]
 
 
 def init_cache(config: LlamaConfig, batch: int, length: int) -> KVCache:
     """An all-zero cache of `length` slots for `batch` rows."""
-    shape = (batch, length, config.n_kv_heads, config.head_dim)
+    shape = (batch, config.n_kv_heads, length, config.head_dim)
     zeros = tuple(jnp.zeros(shape, config.compute_dtype) for _ in range(config.n_layers))
     return KVCache(k=zeros, v=tuple(jnp.zeros_like(z) for z in zeros))
 
 
+def split_layers(params: Params) -> Params:
+    """The params with `layers` as a tuple of per-layer dicts (a copy of the layer weights).
+
+    Decoding reads every weight once per token, so the layout matters there: from the
+    stacked N x ... arrays, XLA copies each layer's slice out at every step (measured: most
+    of a CPU decode step). Split once, drop the stacked tree, and decode from this.
+    """
+    if isinstance(params["layers"], tuple | list):
+        return params
+    layers: list[Params] = []
+    for name, w in params["layers"].items():
+        for i, w_i in enumerate(jnp.unstack(jnp.asarray(w))):
+            if i == len(layers):
+                layers.append({})
+            layers[i][name] = w_i
+    return {**params, "layers": tuple(layers)}
+
+
 def _layers(params: Params, config: LlamaConfig) -> list[Params]:
-    """Per-layer param dicts sliced from the stacked layout."""
+    """Per-layer param dicts: given (split_layers), or sliced from the stacked layout."""
+    if isinstance(params["layers"], tuple | list):
+        return list(params["layers"])
     unstacked = {name: jnp.unstack(w) for name, w in params["layers"].items()}
     return [{name: ws[i] for name, ws in unstacked.items()} for i in range(config.n_layers)]
 
 
-def _write(cache_BxSxGxK: jax.Array, new_BxTxGxK: jax.Array, slot: jax.Array) -> jax.Array:
+def _write(cache_BxGxSxK: jax.Array, new_BxTxGxK: jax.Array, slot: jax.Array) -> jax.Array:
     """The cache with `new` written at slots slot .. slot + T - 1."""
     zero = jnp.zeros((), jnp.int32)
+    new_BxGxTxK = jnp.swapaxes(new_BxTxGxK, 1, 2).astype(cache_BxGxSxK.dtype)
     return jax.lax.dynamic_update_slice(
-        cache_BxSxGxK,
-        new_BxTxGxK.astype(cache_BxSxGxK.dtype),
-        (zero, slot.astype(jnp.int32), zero, zero),
+        cache_BxGxSxK, new_BxGxTxK, (zero, zero, slot.astype(jnp.int32), zero)
     )
+
+
+def cached_attention(
+    q_Bx1xHxK: jax.Array, k_BxGxSxK: jax.Array, v_BxGxSxK: jax.Array, visible_BxS: jax.Array
+) -> jax.Array:
+    """One query per row against the cache, grouped-query, with the numerics of
+    jax.nn.dot_product_attention's XLA path (fp32 logits and softmax, its mask constant).
+
+    Written out because the layout matters: with G before S the batch dims (B, G) lead
+    both products and XLA reads the cache in place; through dot_product_attention on a
+    B x S x G x K cache it copied a transpose of every layer's whole cache at every step.
+    """
+    B, _, H, K = q_Bx1xHxK.shape
+    G = k_BxGxSxK.shape[1]
+    q_BxGxRxK = q_Bx1xHxK.reshape(B, G, H // G, K)  # head h = g * (H / G) + r, as HF repeats kv
+    logits_BxGxRxS = jnp.einsum(
+        "bgrk,bgsk->bgrs", q_BxGxRxK, k_BxGxSxK, preferred_element_type=jnp.float32
+    ) * jnp.float32(K**-0.5)
+    large_negative = jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max))
+    logits_BxGxRxS = jnp.where(visible_BxS[:, None, None, :], logits_BxGxRxS, large_negative)
+    probs_BxGxRxS = jax.nn.softmax(logits_BxGxRxS, axis=-1).astype(v_BxGxSxK.dtype)
+    o_BxGxRxK = jnp.einsum("bgrs,bgsk->bgrk", probs_BxGxRxS, v_BxGxSxK)
+    return o_BxGxRxK.reshape(B, 1, H, K)
 
 
 def prefill(
@@ -130,7 +172,6 @@ def decode_step(
     cos_Bx1xK2, sin_Bx1xK2 = rope_angles(positions_Bx1, rope_inv_freq(config))
     slot_S = jnp.arange(S, dtype=jnp.int32)
     visible_BxS = (slot_S[None, :] >= pad_B[:, None]) & (slot_S[None, :] <= slot)
-    mask_Bx1x1xS = visible_BxS[:, None, None, :]
     x_Bx1xD = embed_tokens(params, tokens_B[:, None], config)
     ks, vs = list(cache.k), list(cache.v)
     for i, layer in enumerate(_layers(params, config)):
@@ -138,10 +179,7 @@ def decode_step(
             x_Bx1xD, layer, config, cos_Bx1xK2, sin_Bx1xK2
         )
         ks[i], vs[i] = _write(ks[i], k_Bx1xGxK, slot), _write(vs[i], v_Bx1xGxK, slot)
-        # One query against S keys: XLA's attention (cuDNN's fused kernels target long q).
-        o_Bx1xHxK = jax.nn.dot_product_attention(
-            q_Bx1xHxK, ks[i], vs[i], mask=mask_Bx1x1xS, implementation="xla"
-        )
+        o_Bx1xHxK = cached_attention(q_Bx1xHxK, ks[i], vs[i], visible_BxS)
         x_Bx1xD = mlp_residual(attention_residual(x_Bx1xD, o_Bx1xHxK, layer, config), layer, config)
     x_Bx1xD = rms_norm(x_Bx1xD, params["final_norm"], config.norm_eps)
     return output_head(params, x_Bx1xD, config)[:, 0], KVCache(tuple(ks), tuple(vs))
