@@ -24,7 +24,8 @@ from lemur.data.filter.decontaminate import (
     DecontaminationFilter,
     build_indexes,
 )
-from lemur.data.recipe import BenchmarkConfig, DecontaminateConfig, RecipeError, recipe_from_dict
+from lemur.data.load import recipe_from_dict
+from lemur.data.recipe import BenchmarkConfig, DecontaminateConfig, RecipeError
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 INCLUDE = Path("/usr/include")

@@ -13,14 +13,14 @@ from datatrove.data import Document
 
 from lemur.data.build import build
 from lemur.data.dedup import (
-    DedupConfig,
     DedupSigner,
     connected_roots,
     find_duplicates,
     normalized_hash,
     shingles,
 )
-from lemur.data.recipe import recipe_from_dict
+from lemur.data.load import recipe_from_dict
+from lemur.data.recipe import DedupConfig
 
 
 def jaccard(a: str, b: str, n: int = 5) -> float:

@@ -12,7 +12,8 @@ import pytest
 from conftest import real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.build import build
-from lemur.data.recipe import RecipeError, recipe_from_dict
+from lemur.data.load import recipe_from_dict
+from lemur.data.recipe import RecipeError
 from lemur.data.run.executors import make_executor
 
 

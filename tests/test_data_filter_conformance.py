@@ -28,7 +28,8 @@ from datatrove.pipeline.filters import (
 from datatrove.utils.word_tokenizers import WordTokenizer
 
 from lemur.data import demo
-from lemur.data import text_filters as lf
+from lemur.data.filter import text as lf
+from lemur.data.recipe import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
 
 # Sizes keep the test near 10 s: rendering a man page and parsing a module are the costs.
 MAN_PAGES = 40
@@ -172,27 +173,27 @@ WS = WhitespaceTokenizer()
 # tools' defaults (the reference); the others are settings both tools offer.
 CASES = {
     "gopher_quality": (
-        lf.GopherQualityFilter(lf.GopherQualityConfig()),
+        lf.GopherQualityFilter(GopherQualityConfig()),
         GopherQualityFilter(language=WS),
     ),
     "gopher_repetition": (
-        lf.GopherRepetitionFilter(lf.GopherRepetitionConfig()),
+        lf.GopherRepetitionFilter(GopherRepetitionConfig()),
         GopherRepetitionFilter(language=WS),
     ),
-    "c4": (lf.C4Filter(lf.C4Config()), C4QualityFilter(language=WS)),
-    "fineweb": (lf.FineWebFilter(lf.FineWebConfig()), FineWebQualityFilter(language=WS)),
+    "c4": (lf.C4Filter(C4Config()), C4QualityFilter(language=WS)),
+    "fineweb": (lf.FineWebFilter(FineWebConfig()), FineWebQualityFilter(language=WS)),
     # the C4 paper's counts (3 sentences, 5 words per line)
     "c4_paper_counts": (
-        lf.C4Filter(lf.C4Config(min_sentences=3, min_words_per_line=5)),
+        lf.C4Filter(C4Config(min_sentences=3, min_words_per_line=5)),
         C4QualityFilter(min_num_sentences=3, min_words_per_line=5, language=WS),
     ),
     # C4 as FineWeb ran it: no terminal punctuation line rule
     "c4_no_terminal_punct": (
-        lf.C4Filter(lf.C4Config(terminal_punct=False)),
+        lf.C4Filter(C4Config(terminal_punct=False)),
         C4QualityFilter(filter_no_terminal_punct=False, language=WS),
     ),
     "fineweb_exclude_zero": (
-        lf.FineWebFilter(lf.FineWebConfig(line_punct_exclude_zero=True)),
+        lf.FineWebFilter(FineWebConfig(line_punct_exclude_zero=True)),
         FineWebQualityFilter(line_punct_exclude_zero=True, language=WS),
     ),
 }

@@ -111,7 +111,7 @@ def test_sql_dialects_count_as_sql_in_the_mix(tmp_path):
     import enry
 
     from lemur.data.build import build
-    from lemur.data.recipe import recipe_from_dict
+    from lemur.data.load import recipe_from_dict
 
     code = tmp_path / "code"
     code.mkdir()
@@ -138,7 +138,7 @@ def test_sql_dialects_count_as_sql_in_the_mix(tmp_path):
 
 
 def test_mix_language_maps_dialects_to_families():
-    from lemur.data.tagging import mix_language
+    from lemur.data.filter.tagging import mix_language
 
     assert [mix_language(x) for x in ("TSQL", "PLpgSQL", "PLSQL", "SQLPL", "SQL", "Python")] == [
         "SQL", "SQL", "SQL", "SQL", "SQL", "Python"]

@@ -23,7 +23,8 @@ from lemur.data.filter.pii import (
     replacement_ip,
 )
 from lemur.data.filter.secrets import about_hashes, secret_settings
-from lemur.data.recipe import PiiConfig, RecipeError, recipe_from_dict
+from lemur.data.load import recipe_from_dict
+from lemur.data.recipe import PiiConfig, RecipeError
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 B64 = string.ascii_letters + string.digits + "+/"

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lemur.data.recipe import RecipeError, apply_overrides, load_recipe, recipe_from_dict
+from lemur.data.load import apply_overrides, load_recipe, recipe_from_dict
+from lemur.data.recipe import RecipeError
 
 
 def _recipe(tmp_path: Path, **changes) -> dict:

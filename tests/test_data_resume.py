@@ -15,7 +15,7 @@ from conftest import real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.build import build
 from lemur.data.demo import DEMO_TEXT_FILTERS
-from lemur.data.recipe import recipe_from_dict
+from lemur.data.load import recipe_from_dict
 
 # Runs a build in a child process that SIGKILLs itself when the build reports `stage`
 # at progress >= `at`: a real kill at a precise point, with no hook in lemur itself.
@@ -23,7 +23,7 @@ KILLER = """
 import os, signal, sys
 from lemur.data import tokenizer
 from lemur.data.build import build
-from lemur.data.recipe import load_recipe
+from lemur.data.load import load_recipe
 stage, at = sys.argv[2], int(sys.argv[3])
 def report(s, done, total):
     if s == stage and done >= at:

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from lemur.data.labelled import labelled_code, labelled_paragraphs
-from lemur.data.tagging import (
+from lemur.data.filter.tagging import (
     LanguageTagger,
     TextLanguageID,
     code_language,
     normalize_code_language,
 )
+from lemur.data.labelled import labelled_code, labelled_paragraphs
 
 
 def test_code_tagging_accuracy_on_real_files():

@@ -93,7 +93,7 @@ def test_json_blocks_parse(where: str, line: int, code: str) -> None:
 def test_yaml_blocks_are_valid_recipe_fragments(where: str, line: int, code: str,
                                                tmp_path: Path) -> None:
     from lemur.data.demo import demo_recipe
-    from lemur.data.recipe import recipe_from_dict
+    from lemur.data.load import recipe_from_dict
 
     fragment = yaml.safe_load(code)
     raw = {**demo_recipe(str(tmp_path / "out")), **fragment}

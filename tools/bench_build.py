@@ -72,8 +72,9 @@ def prepare_tokenizer(data: Path) -> tuple[Path, Path]:
     from transformers import LlamaTokenizerFast
 
     from lemur.data.build import sample_texts
+    from lemur.data.load import recipe_from_dict
     from lemur.data.read.listing import list_inputs
-    from lemur.data.recipe import TokenizerTrainConfig, recipe_from_dict
+    from lemur.data.recipe import TokenizerTrainConfig
     from lemur.data.tokenizer import train_tokenizer
 
     model = WORK / "tokenizer.model"

@@ -95,7 +95,8 @@ def run_lemur(docs) -> dict:
     """Signatures + clusters with lemur; CPU seconds and documents removed."""
     from datatrove.data import Document
 
-    from lemur.data.dedup import DedupConfig, DedupSigner, find_duplicates
+    from lemur.data.dedup import DedupSigner, find_duplicates
+    from lemur.data.recipe import DedupConfig
 
     cfg = DedupConfig()
     tmp = Path(tempfile.mkdtemp(prefix="lemur-dedup-"))
@@ -170,7 +171,7 @@ def child(side: str, n: int) -> None:
 
 def curve() -> None:
     """Share of planted copies removed, by share of words edited, on 2,000 real windows."""
-    from lemur.data.dedup import DedupConfig
+    from lemur.data.recipe import DedupConfig
 
     rng = random.Random(3)
     base = make_docs(20000)[:2000]

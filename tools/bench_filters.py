@@ -23,16 +23,13 @@ import zstandard
 from datatrove.data import Document
 
 from lemur.data.demo import materialize_text
-from lemur.data.text_filters import (
-    C4Config,
+from lemur.data.filter.text import (
     C4Filter,
-    FineWebConfig,
     FineWebFilter,
-    GopherQualityConfig,
     GopherQualityFilter,
-    GopherRepetitionConfig,
     GopherRepetitionFilter,
 )
+from lemur.data.recipe import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
 
 KINDS = ("man", "doc", "pydoc")
 

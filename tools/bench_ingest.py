@@ -101,10 +101,10 @@ def build_data(work: Path, mb: float) -> tuple[Path, Path]:
 def lemur_chain(code: Path, text: Path):
     """Run lemur's read -> tag -> filter steps in-process; return (docs in, docs kept)."""
     from lemur.data.build import make_filters
+    from lemur.data.filter.tagging import LanguageTagger
+    from lemur.data.load import recipe_from_dict
     from lemur.data.read.listing import list_inputs
     from lemur.data.read.sources import SourcesReader
-    from lemur.data.recipe import recipe_from_dict
-    from lemur.data.tagging import LanguageTagger
 
     recipe = recipe_from_dict(
         {
@@ -151,7 +151,7 @@ def datatrove_chain(code: Path, text: Path):
     )
     from datatrove.pipeline.readers import JsonlReader
 
-    from lemur.data.tagging import TextLanguageID
+    from lemur.data.filter.tagging import TextLanguageID
 
     lid = TextLanguageID()
     lang = LambdaFilter(lambda doc: lid(doc.text)[0] == "en")

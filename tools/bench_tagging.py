@@ -14,8 +14,8 @@ import sys
 import time
 from collections import Counter, defaultdict
 
+from lemur.data.filter.tagging import TextLanguageID, code_language
 from lemur.data.labelled import labelled_code, labelled_paragraphs
-from lemur.data.tagging import TextLanguageID, code_language
 
 
 def main() -> int:

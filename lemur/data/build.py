@@ -22,11 +22,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from lemur.data.code_filters import code_filters
 from lemur.data.dedup import DedupSigner
+from lemur.data.filter.base import EmptyDocumentFilter, LanguageFilter, LemurFilter
+from lemur.data.filter.code import code_filters
 from lemur.data.filter.decontaminate import decontamination_filter
 from lemur.data.filter.pii import PiiRedactor
-from lemur.data.filters import EmptyDocumentFilter, LanguageFilter, LemurFilter
+from lemur.data.filter.tagging import LanguageTagger
+from lemur.data.filter.text import (
+    C4Filter,
+    FineWebFilter,
+    GopherQualityFilter,
+    GopherRepetitionFilter,
+)
 from lemur.data.pack import Packer
 from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.sources import SourcesReader
@@ -35,13 +42,6 @@ from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before
 from lemur.data.run.executors import make_executor
 from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.shuffle import ShuffleError
-from lemur.data.tagging import LanguageTagger
-from lemur.data.text_filters import (
-    C4Filter,
-    FineWebFilter,
-    GopherQualityFilter,
-    GopherRepetitionFilter,
-)
 from lemur.data.tokenizer import TokenizeWriter, tokenizer_info, train_tokenizer
 from lemur.shards.format import (
     FORMAT,

@@ -22,7 +22,7 @@ def _die(message: str, code: int = EXIT_USAGE) -> None:
 def _load(args: argparse.Namespace, check_paths: bool = True, write: bool = True):
     """The recipe of the command line, or the demo's; `write=False` creates no file."""
     from lemur.data import demo
-    from lemur.data.recipe import apply_overrides, load_recipe, recipe_from_dict
+    from lemur.data.load import apply_overrides, load_recipe, recipe_from_dict
 
     if args.recipe:
         return load_recipe(args.recipe, args.set, check_paths=check_paths)
@@ -170,7 +170,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def _tokenizer_out(out: str) -> Path:
     """The model file `--out` names: `DIR/tokenizer.model` for a directory; checked up front."""
-    from lemur.data.recipe import output_problem
+    from lemur.data.load import output_problem
 
     path = Path(out).expanduser()
     if path.is_dir():

@@ -34,31 +34,13 @@ import xxhash
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
+from lemur.data.recipe import DedupConfig
 from lemur.shards.format import atomic_write_bytes
 
 _WORD = re.compile(r"\w+")
 _M64 = np.uint64(0x9E3779B97F4A7C15)
 _BLOCK = 4096  # shingles per block when computing MinHash (bounds memory per document)
 _PAIR_CHUNK = 65536  # records or pairs per block in the cluster stage
-
-
-@dataclass(frozen=True)
-class DedupConfig:
-    """Deduplication settings (recipe `dedup:`); defaults after The Stack's near-dedup."""
-
-    exact: bool = True
-    near: bool = True
-    ngram: int = 5
-    bands: int = 16
-    rows: int = 8
-    min_similarity: float = 0.75
-    seed: int = 42
-    write_duplicates: bool = False
-
-    @property
-    def num_perm(self) -> int:
-        """Number of MinHash permutations (bands x rows)."""
-        return self.bands * self.rows
 
 
 def normalized_hash(text: str) -> int:

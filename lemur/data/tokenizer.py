@@ -20,8 +20,8 @@ from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
+from lemur.data.filter.tagging import mix_language
 from lemur.data.recipe import TokenizerTrainConfig
-from lemur.data.tagging import mix_language
 from lemur.shards.format import atomic_write_bytes, token_dtype
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2

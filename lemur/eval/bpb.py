@@ -153,7 +153,7 @@ def token_nll(
     return nll_BxL * batch["loss_mask"].astype(jnp.float32)
 
 
-# Magika's labels -> the Linguist names lemur's build uses (lemur.data.tagging).
+# Magika's labels -> the Linguist names lemur's build uses (lemur.data.filter.tagging).
 MAGIKA_NAMES = {
     "python": "Python",
     "javascript": "JavaScript",
@@ -208,7 +208,7 @@ class LanguageTagger:
             label = str(self._code.identify_bytes(text.encode("utf-8", "replace")).output.label)
             return MAGIKA_NAMES.get(label, label if label not in ("txt", "unknown") else "unknown")
         if self._text is None:
-            from lemur.data.tagging import TextLanguageID
+            from lemur.data.filter.tagging import TextLanguageID
 
             self._text = TextLanguageID()
         return self._text(text)[0]

@@ -24,9 +24,9 @@ import numpy as np
 import xxhash
 from datatrove.data import Document
 
+from lemur.data.filter.base import LemurFilter
 from lemur.data.filter.benchmarks import benchmark_texts
 from lemur.data.filter.ngrams import Ngrams, text_ngrams
-from lemur.data.filters import LemurFilter
 from lemur.data.recipe import BenchmarkConfig, DecontaminateConfig
 from lemur.shards.format import atomic_write_bytes
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lemur.data.recipe import Recipe, RecipeError, SourceConfig, expand_paths
+from lemur.data.load import expand_paths
+from lemur.data.recipe import Recipe, RecipeError, SourceConfig
 
 # Directories that hold vendored, generated or tool data rather than authored source.
 SKIP_DIRS = frozenset(

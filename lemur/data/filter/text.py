@@ -21,14 +21,14 @@ Each behaviour that departs from the reference is a named option, off by default
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from datatrove.data import Document
 from datatrove.utils.text import PUNCTUATION_SET, TERMINAL_PUNCTUATION
 
-from lemur.data.filters import DomainFilter
+from lemur.data.filter.base import DomainFilter
+from lemur.data.recipe import FineWebConfig
 
 STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
 GOPHER_BULLETS = ("•", "-")
@@ -98,27 +98,6 @@ class TextRule(DomainFilter):
         self.c = config
 
 
-@dataclass(frozen=True)
-class GopherQualityConfig:
-    """Gopher quality thresholds (Rae et al. 2021); None disables a rule."""
-
-    enabled: bool = True
-
-    min_doc_words: int | None = 50
-    max_doc_words: int | None = 100_000
-    min_avg_word_length: float | None = 3
-    max_avg_word_length: float | None = 10
-    max_symbol_word_ratio: float | None = 0.1
-    max_bullet_lines_ratio: float | None = 0.9
-    max_ellipsis_lines_ratio: float | None = 0.3
-    min_alpha_words_ratio: float | None = 0.8
-    min_stop_words: int | None = 2
-    # Non-reference options (reference values as defaults).
-    bullet_markers: list[str] | None = None  # None: Gopher's `•` and `-`
-    skip_blank_lines: bool = False
-    stop_words_ignore_case: bool = False
-
-
 class GopherQualityFilter(TextRule):
     """Gopher's document quality rules; reasons `gopher_*` as in datatrove."""
 
@@ -177,29 +156,6 @@ class GopherQualityFilter(TextRule):
             if ell / len(lines) > c.max_ellipsis_lines_ratio:
                 return "gopher_too_many_end_ellipsis"
         return None
-
-
-@dataclass(frozen=True)
-class GopherRepetitionConfig:
-    """Gopher repetition thresholds (Rae et al. 2021, Table A1); None disables a rule."""
-
-    enabled: bool = True
-
-    dup_line_frac: float | None = 0.3
-    dup_para_frac: float | None = 0.3
-    dup_line_char_frac: float | None = 0.2
-    dup_para_char_frac: float | None = 0.2
-    top_2_gram: float | None = 0.2
-    top_3_gram: float | None = 0.18
-    top_4_gram: float | None = 0.16
-    dup_5_gram: float | None = 0.15
-    dup_6_gram: float | None = 0.14
-    dup_7_gram: float | None = 0.13
-    dup_8_gram: float | None = 0.12
-    dup_9_gram: float | None = 0.11
-    dup_10_gram: float | None = 0.10
-    # Non-reference option: 2 applies the top n-gram rules only to n-grams that repeat.
-    top_ngram_min_count: int = 1
 
 
 def _top_ngram_chars(h: np.ndarray, lengths: np.ndarray, n: int, min_count: int) -> int:
@@ -294,26 +250,6 @@ class GopherRepetitionFilter(TextRule):
         return None
 
 
-@dataclass(frozen=True)
-class C4Config:
-    """C4's line and document rules (Raffel et al. 2020) at datatrove's defaults."""
-
-    enabled: bool = True
-
-    min_sentences: int | None = 5
-    min_words_per_line: int | None = 3
-    max_word_length: int | None = 1000
-    terminal_punct: bool = True
-    remove_citations: bool = True
-    lorem_ipsum: bool = True
-    javascript: bool = True
-    curly_bracket: bool = True
-    policy: bool = True
-    # Non-reference option: false keeps the text whole (line rules only pick the lines
-    # whose sentences count), for hard-wrapped prose where removing lines guts documents.
-    remove_lines: bool = True
-
-
 class C4Filter(TextRule):
     """C4 rules: drop lines that fail the line rules, then drop documents with too few sentences."""
 
@@ -360,24 +296,6 @@ class C4Filter(TextRule):
         if c.min_words_per_line is not None and len(words) < c.min_words_per_line:
             return None
         return line
-
-
-@dataclass(frozen=True)
-class FineWebConfig:
-    """FineWeb quality thresholds (Penedo et al. 2024); None disables a rule."""
-
-    enabled: bool = True
-
-    line_punct_thr: float | None = 0.12
-    line_punct_exclude_zero: bool = False
-    short_line_thr: float | None = 0.67
-    short_line_length: int = 30
-    char_duplicates_ratio: float | None = 0.01
-    new_line_ratio: float | None = 0.3
-    # Non-reference options: the line endings that count as punctuation (None: FineWeb's
-    # `. ! ?` and their other-script forms), and judging lines with whitespace stripped.
-    stop_chars: list[str] | None = None
-    strip_lines: bool = False
 
 
 class FineWebFilter(TextRule):
