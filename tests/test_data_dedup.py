@@ -12,13 +12,8 @@ from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
 from datatrove.data import Document
 
 from lemur.data.build import build
-from lemur.data.dedup import (
-    DedupSigner,
-    connected_roots,
-    find_duplicates,
-    normalized_hash,
-    shingles,
-)
+from lemur.data.dedup.cluster import connected_roots, find_duplicates
+from lemur.data.dedup.signer import DedupSigner, normalized_hash, shingles
 from lemur.data.load import recipe_from_dict
 from lemur.data.recipe import DedupConfig
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import NO_FILTERS, base_recipe, real_python_files, real_text_docs, write_jsonl
 
-from lemur.data.mix import (
+from lemur.data.pack.mix import (
     LEMUR_CODE_TOKENS,
     MIX_PRESETS,
     MixInfeasible,

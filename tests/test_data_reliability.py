@@ -214,7 +214,7 @@ class _FullDisk:
         self.fh.close()
 
 
-@pytest.mark.parametrize("module", ["lemur.data.shuffle", "lemur.shards.format"])
+@pytest.mark.parametrize("module", ["lemur.data.pack.shuffle", "lemur.shards.format"])
 def test_full_disk_is_one_line_and_leaves_no_temporary_file(sources, tmp_path, monkeypatch,
                                                             module):
     import importlib

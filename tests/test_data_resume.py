@@ -21,7 +21,7 @@ from lemur.data.load import recipe_from_dict
 # at progress >= `at`: a real kill at a precise point, with no hook in lemur itself.
 KILLER = """
 import os, signal, sys
-from lemur.data import tokenizer
+from lemur.data.tokenize import step as tokenizer
 from lemur.data.build import build
 from lemur.data.load import load_recipe
 stage, at = sys.argv[2], int(sys.argv[3])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lemur.data.tokenizer import TokenizerError, load_tokenizer, tokenizer_info
+from lemur.data.tokenize.tokenizer import TokenizerError, load_tokenizer, tokenizer_info
 
 TRICKY = [
     "def f(x):\n\treturn x  \n\n\n",

@@ -75,7 +75,7 @@ def prepare_tokenizer(data: Path) -> tuple[Path, Path]:
     from lemur.data.load import recipe_from_dict
     from lemur.data.read.listing import list_inputs
     from lemur.data.recipe import TokenizerTrainConfig
-    from lemur.data.tokenizer import train_tokenizer
+    from lemur.data.tokenize.tokenizer import train_tokenizer
 
     model = WORK / "tokenizer.model"
     hf = WORK / "hf-tokenizer"

@@ -95,7 +95,8 @@ def run_lemur(docs) -> dict:
     """Signatures + clusters with lemur; CPU seconds and documents removed."""
     from datatrove.data import Document
 
-    from lemur.data.dedup import DedupSigner, find_duplicates
+    from lemur.data.dedup.cluster import find_duplicates
+    from lemur.data.dedup.signer import DedupSigner
     from lemur.data.recipe import DedupConfig
 
     cfg = DedupConfig()

@@ -22,7 +22,8 @@ from datatrove.data import Document
 
 from lemur.data.demo import doc_files, pydoc_topics
 from lemur.data.recipe import TokenizerTrainConfig
-from lemur.data.tokenizer import TokenizeWriter, load_tokenizer, train_tokenizer
+from lemur.data.tokenize.step import TokenizeWriter
+from lemur.data.tokenize.tokenizer import load_tokenizer, train_tokenizer
 
 
 def real_documents(max_bytes: int) -> list[str]:

@@ -5,7 +5,7 @@ Stages:
 2. read, tag, filter, sign for dedup, tokenize: a datatrove pipeline over all input files,
    one run of tokens per task under `<output>/.work/tokens-<key>/` (datatrove's completion
    markers make reruns skip finished tasks);
-3. pack (pack.py): dedup clusters, per-domain val split, mix plan, external shuffle,
+3. pack (pack/): dedup clusters, per-domain val split, mix plan, external shuffle,
    shards, then the manifest.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from lemur.data.dedup import DedupSigner
+from lemur.data.dedup.signer import DedupSigner
 from lemur.data.filter.base import EmptyDocumentFilter, LanguageFilter, LemurFilter
 from lemur.data.filter.code import code_filters
 from lemur.data.filter.decontaminate import decontamination_filter
@@ -34,15 +34,16 @@ from lemur.data.filter.text import (
     GopherQualityFilter,
     GopherRepetitionFilter,
 )
-from lemur.data.pack import Packer
+from lemur.data.pack.shuffle import ShuffleError
+from lemur.data.pack.write import Packer
 from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
 from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
 from lemur.data.run.executors import make_executor
 from lemur.data.run.lock import DirectoryLock, LockedError
-from lemur.data.shuffle import ShuffleError
-from lemur.data.tokenizer import TokenizeWriter, tokenizer_info, train_tokenizer
+from lemur.data.tokenize.step import TokenizeWriter
+from lemur.data.tokenize.tokenizer import tokenizer_info, train_tokenizer
 from lemur.shards.format import (
     FORMAT,
     MANIFEST,

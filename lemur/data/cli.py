@@ -132,8 +132,8 @@ def print_summary(manifest: dict[str, Any]) -> None:
 def cmd_build(args: argparse.Namespace) -> int:
     """Build a corpus from a recipe (or the demo)."""
     from lemur.data.build import BuildError, build
-    from lemur.data.pack import PackError
-    from lemur.data.tokenizer import TokenizerError, TokenizerSettingsError
+    from lemur.data.pack.write import PackError
+    from lemur.data.tokenize.tokenizer import TokenizerError, TokenizerSettingsError
 
     recipe = _load(args, check_paths=True, write=not args.dry_run)
     if args.dry_run:
@@ -188,7 +188,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     from lemur.data.build import sample_texts
     from lemur.data.read.listing import list_inputs
     from lemur.data.recipe import TokenizerTrainConfig
-    from lemur.data.tokenizer import (
+    from lemur.data.tokenize.tokenizer import (
         TokenizerError,
         TokenizerSettingsError,
         tokenizer_info,

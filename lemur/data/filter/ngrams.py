@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lemur.data.dedup import combine_ngrams
+from lemur.data.dedup.signer import combine_ngrams
 
 _SPACE = 32
 _WORD_CHARS = frozenset(string.ascii_letters + string.digits + "_")

@@ -27,6 +27,7 @@ import numpy as np
 from datatrove.data import Document
 from datatrove.utils.text import PUNCTUATION_SET, TERMINAL_PUNCTUATION
 
+from lemur.data.dedup.signer import combine_ngrams
 from lemur.data.filter.base import DomainFilter
 from lemur.data.recipe import FineWebConfig
 
@@ -49,7 +50,6 @@ _PUNCT = "".join(sorted(PUNCTUATION_SET))
 _PARAGRAPHS = re.compile(r"\n{2,}")
 _LINES = re.compile(r"\n+")
 _SENTENCE_END = re.compile(r"[.!?…]+[\"'”’»)\]]*(?=\s|$)|[。！？]+")
-_M = np.uint64(0x9E3779B97F4A7C15)
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
@@ -79,15 +79,6 @@ def _duplicates(items: list[str]) -> tuple[int, int]:
         else:
             seen.add(x)
     return n, chars
-
-
-def _ngram_hashes(ids: np.ndarray, n: int) -> np.ndarray:
-    """A uint64 hash per n-gram of word ids (polynomial, overflow wraps)."""
-    with np.errstate(over="ignore"):
-        h = np.zeros(len(ids) - n + 1, np.uint64)
-        for k in range(n):
-            h = h * _M + ids[k : len(ids) - n + 1 + k]
-    return h
 
 
 class TextRule(DomainFilter):
@@ -220,7 +211,7 @@ class GopherRepetitionFilter(TextRule):
             limit = getattr(c, f"top_{n}_gram")
             if limit is None or len(words) < n:
                 continue
-            chars = _top_ngram_chars(_ngram_hashes(ids, n), lengths, n, c.top_ngram_min_count)
+            chars = _top_ngram_chars(combine_ngrams(ids, n), lengths, n, c.top_ngram_min_count)
             if chars / len(text) > limit:
                 return False, f"top_{n}_gram"
         cum = np.concatenate(([0], np.cumsum(lengths)))
@@ -228,7 +219,7 @@ class GopherRepetitionFilter(TextRule):
             limit = getattr(c, f"dup_{n}_gram")
             if limit is None or len(words) < n:
                 continue
-            if _greedy_dup_chars(_ngram_hashes(ids, n), cum, n) / len(text) > limit:
+            if _greedy_dup_chars(combine_ngrams(ids, n), cum, n) / len(text) > limit:
                 return False, f"duplicated_{n}_n_grams"
         return True
 

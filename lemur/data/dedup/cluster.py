@@ -1,138 +1,20 @@
-"""Deduplication: exact (normalized content hash) and near (MinHash + LSH) within each domain.
-
-Two stages, like datatrove's multi-stage MinHash, but sharing the build's single read:
-1. `DedupSigner` (a pipeline step in every tokenize task) writes, per task, a uint64
-   normalized content hash and a MinHash signature (uint32 x `num_perm`) per document;
-2. `find_duplicates` (after all tasks) hashes signature bands into LSH buckets band by
-   band, verifies candidate pairs by their estimated Jaccard, joins pairs into clusters and
-   keeps one document per cluster: the one from the source listed first in the recipe,
-   then the longest, then the smallest id hash. It marks the others removed.
-
-Shingles are word n-grams of the lowercased text (words: runs of letters, digits and `_`).
-Shingle and MinHash hashing are vectorized with numpy (datatrove hashes each shingle with
-a Python call), which is where the speed-up comes from.
-
-Memory: the signer holds one document at a time (shingles are processed in blocks). The
-cluster stage holds 8 x (bands + 6) bytes per document of the corpus (bucket keys of every
-band, ranks, parents, content hashes: 176 bytes with 16 bands) plus the confirmed pairs,
-like datatrove's in-memory cluster stage (~610 bytes per document measured at 1M
-documents); signatures stay on disk, memory-mapped, read in blocks and released.
-"""
+"""Dedup clusters: LSH buckets over MinHash bands, verified pairs joined into clusters."""
 
 from __future__ import annotations
 
 import json
 import mmap as mmap_module
-import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import xxhash
-from datatrove.data import DocumentsPipeline
-from datatrove.pipeline.base import PipelineStep
 
+from lemur.data.dedup.signer import GOLDEN64
 from lemur.data.recipe import DedupConfig
 from lemur.shards.format import atomic_write_bytes
 
-_WORD = re.compile(r"\w+")
-_M64 = np.uint64(0x9E3779B97F4A7C15)
-_BLOCK = 4096  # shingles per block when computing MinHash (bounds memory per document)
 _PAIR_CHUNK = 65536  # records or pairs per block in the cluster stage
-
-
-def normalized_hash(text: str) -> int:
-    """uint64 hash of a text with line endings, trailing spaces and outer blank lines normalized."""
-    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    norm = "\n".join(line.rstrip() for line in lines).strip("\n")
-    return xxhash.xxh3_64_intdigest(norm)
-
-
-def shingles(text: str, n: int) -> np.ndarray:
-    """Unique uint64 hashes of the word n-grams of a lowercased text (one n-gram if shorter)."""
-    words = _WORD.findall(text.lower())
-    if not words:
-        return np.zeros(0, np.uint64)
-    vocab: dict[str, int] = {}
-    ids = [vocab.setdefault(w, len(vocab)) for w in words]
-    word_hash = np.fromiter((xxhash.xxh3_64_intdigest(w) for w in vocab), np.uint64, len(vocab))
-    h = word_hash[np.asarray(ids, np.int64)]
-    return np.unique(combine_ngrams(h, min(n, len(h))))
-
-
-def combine_ngrams(word_hash: np.ndarray, n: int) -> np.ndarray:
-    """A uint64 hash per run of `n` consecutive word hashes (polynomial, overflow wraps).
-
-    Vectorized (`n` numpy passes); shared by dedup shingles and benchmark decontamination.
-    """
-    if len(word_hash) < n:
-        return np.zeros(0, np.uint64)
-    m = len(word_hash) - n + 1
-    out = word_hash[:m].copy()
-    with np.errstate(over="ignore"):
-        for j in range(1, n):  # in place: the same values as out = out * M + h[j:], no copies
-            np.multiply(out, _M64, out=out)
-            np.add(out, word_hash[j : m + j], out=out)
-    return out
-
-
-def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-permutation (xor key, odd multiplier) for multiply-shift hashing."""
-    rng = np.random.default_rng(seed)
-    keys = rng.integers(0, 2**63, num_perm, dtype=np.uint64) * np.uint64(2)
-    mults = rng.integers(0, 2**63, num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-    return keys, mults
-
-
-def minhash(shingle_hashes: np.ndarray, keys: np.ndarray, mults: np.ndarray) -> np.ndarray:
-    """MinHash signature (uint32 per permutation): min over shingles of ((x ^ k) * m) >> 32."""
-    sig = np.full(len(keys), np.iinfo(np.uint32).max, np.uint32)
-    with np.errstate(over="ignore"):
-        for start in range(0, len(shingle_hashes), _BLOCK):
-            x = shingle_hashes[start : start + _BLOCK, None]
-            h = (((x ^ keys[None, :]) * mults[None, :]) >> np.uint64(32)).astype(np.uint32)
-            np.minimum(sig, h.min(axis=0), out=sig)
-    return sig
-
-
-class DedupSigner(PipelineStep):
-    """Writes each document's content hash and MinHash signature for this task.
-
-    Sits right before the tokenize step, so its rows line up one to one with the task's
-    token records. Files appear atomically when the task's documents are exhausted.
-    """
-
-    name = "🫆 dedup signatures"
-    type = "🫂 - DEDUP"
-
-    def __init__(self, config: DedupConfig, out_dir: str) -> None:
-        super().__init__()
-        self.config = config
-        self.out_dir = out_dir
-
-    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
-        """Sign each document and pass it on; the task's files appear when it ends.
-
-        Rows are appended to temporary files as documents stream by, so a task's memory
-        does not grow with its number of documents.
-        """
-        keys, mults = permutations(self.config.num_perm, self.config.seed)
-        out = Path(self.out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        final = [out / f"{rank:05d}.chash.bin", out / f"{rank:05d}.minhash.bin"]
-        tmp = [p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in final]
-        with open(tmp[0], "wb") as fh_hash, open(tmp[1], "wb") as fh_sig:
-            for doc in data or []:
-                with self.track_time():
-                    fh_hash.write(np.uint64(normalized_hash(doc.text)).tobytes())
-                    if self.config.near:
-                        sig = minhash(shingles(doc.text, self.config.ngram), keys, mults)
-                        fh_sig.write(sig.tobytes())
-                yield doc
-        for t, f in zip(tmp, final, strict=True):
-            os.replace(t, f)
 
 
 def load_signatures(sig_dir: Path, rank: int, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
@@ -271,9 +153,9 @@ def _band_keys(
                 block = np.asarray(mm[local[r]], np.uint64).reshape(
                     len(r), config.bands, config.rows
                 )
-                h = (dom[r] * _M64)[:, None] + np.uint64(1)
+                h = (dom[r] * GOLDEN64)[:, None] + np.uint64(1)
                 for c in range(config.rows):
-                    h = (h ^ block[:, :, c]) * _M64 + np.uint64(c + 1)
+                    h = (h ^ block[:, :, c]) * GOLDEN64 + np.uint64(c + 1)
                 keys[r] = h
                 release_pages(mm)
     return keys
@@ -281,7 +163,7 @@ def _band_keys(
 
 def _mix(x: np.ndarray, dom: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
-        return x ^ (dom * _M64 + np.uint64(0x632BE59BD9B4E019))
+        return x ^ (dom * GOLDEN64 + np.uint64(0x632BE59BD9B4E019))
 
 
 def _pairs_in_buckets(keys: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

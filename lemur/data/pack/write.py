@@ -7,58 +7,18 @@ on disk (see shuffle.py).
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lemur.data.dedup import DedupResult, cluster_sizes, find_duplicates, write_duplicates
-from lemur.data.mix import MixInfeasible, MixPlan, plan_mix, seeded_hash, select_repeats
+from lemur.data.dedup.cluster import DedupResult, cluster_sizes, find_duplicates, write_duplicates
+from lemur.data.dedup.signer import GOLDEN64
+from lemur.data.pack.mix import MixInfeasible, MixPlan, plan_mix, seeded_hash, select_repeats
+from lemur.data.pack.records import load_records
+from lemur.data.pack.shuffle import external_shuffle
 from lemur.data.recipe import Recipe
-from lemur.data.shuffle import external_shuffle
-from lemur.data.tokenizer import DOC_RECORD
 from lemur.shards.format import ShardInfo, ShardWriter, token_dtype
-
-
-@dataclass
-class Records:
-    """Every tokenized document as columns (one row per document)."""
-
-    task: np.ndarray
-    local: np.ndarray
-    start: np.ndarray
-    end: np.ndarray
-    source: np.ndarray
-    language: np.ndarray
-    tokens: np.ndarray
-    id_hash: np.ndarray
-    languages: list[str]
-
-
-def load_records(tok_dir: Path, n_tasks: int) -> Records:
-    """Concatenate the per-task document records, mapping languages to one global table."""
-    cols: dict[str, list[np.ndarray]] = {
-        k: [] for k in ("task", "local", "start", "end", "source", "language", "tokens", "id_hash")
-    }
-    languages: dict[str, int] = {}
-    for rank in range(n_tasks):
-        rec = np.load(tok_dir / f"{rank:05d}.docs.npy")
-        assert rec.dtype == DOC_RECORD
-        table = json.loads((tok_dir / f"{rank:05d}.json").read_text())["languages"]
-        remap = np.array([languages.setdefault(x, len(languages)) for x in table] or [0], np.uint16)
-        end = rec["end"].astype(np.int64)
-        cols["task"].append(np.full(len(rec), rank, np.int32))
-        cols["local"].append(np.arange(len(rec), dtype=np.int64))
-        cols["start"].append(end - rec["tokens"].astype(np.int64))
-        cols["end"].append(end)
-        cols["source"].append(rec["source"].astype(np.int32))
-        cols["language"].append(remap[rec["language"]] if len(rec) else np.zeros(0, np.uint16))
-        cols["tokens"].append(rec["tokens"].astype(np.int64))
-        cols["id_hash"].append(rec["id_hash"])
-    arrays = {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.items()}
-    return Records(**arrays, languages=list(languages))
 
 
 def _join(prefix: str, rel: str) -> str:
@@ -210,7 +170,7 @@ class Packer:
         first = np.repeat(np.cumsum(copies) - copies, copies)
         copy_no = np.arange(len(entry)) - first
         with np.errstate(over="ignore"):
-            salted = r.id_hash[entry] ^ (copy_no.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+            salted = r.id_hash[entry] ^ (copy_no.astype(np.uint64) * GOLDEN64)
         keys = seeded_hash(salted, recipe.seed, "shuffle")
         shards = external_shuffle(
             r.task[entry],

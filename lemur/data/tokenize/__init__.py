@@ -1,0 +1,20 @@
+"""Tokenizing: train or load the SentencePiece model, and the step that writes token runs."""
+
+from lemur.data.tokenize.step import DOC_RECORD, TokenizeWriter
+from lemur.data.tokenize.tokenizer import (
+    TokenizerError,
+    TokenizerSettingsError,
+    load_tokenizer,
+    tokenizer_info,
+    train_tokenizer,
+)
+
+__all__ = [
+    "DOC_RECORD",
+    "TokenizeWriter",
+    "TokenizerError",
+    "TokenizerSettingsError",
+    "load_tokenizer",
+    "tokenizer_info",
+    "train_tokenizer",
+]
