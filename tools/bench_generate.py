@@ -152,8 +152,8 @@ def load_hf(path: Path, device: str, dtype: str) -> Any:
     return model
 
 
-def main() -> int:
-    """Run the comparison and print a markdown table."""
+def parse_args() -> argparse.Namespace:
+    """Model size, run length and device."""
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -167,58 +167,39 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", help="torch device (JAX uses its default)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    import torch
+    return ap.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        config = make_model(Path(tmp), args)
-        ours_model = load_model(tmp, dtype=args.dtype)
-        ours_model.params = split_layers(ours_model.params)  # as lemur-eval does
-        hf_model = load_hf(Path(tmp), args.device, args.dtype)
+
+def compare(ours: Any, theirs: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One row per batch size: both implementations' figures and greedy agreement."""
     all_prompts = prompts(8)
-    setups = {1: [[p] for p in all_prompts[:3]], 8: [all_prompts]}
     rows = []
-    for batch, batches in setups.items():
-        timed = measure(ours_model, hf_model, batches, args.new, args.rounds, args.device)
-        ours, theirs = timed["lemur"], timed["transformers"]
+    for batch, batches in {1: [[p] for p in all_prompts[:3]], 8: [all_prompts]}.items():
+        timed = measure(ours, theirs, batches, args.new, args.rounds, args.device)
         agree = sum(
             same_tokens(
-                lemur_runner(ours_model, b, args.new),
-                hf_runner(hf_model, b, args.new, args.device),
-                b,
+                lemur_runner(ours, b, args.new), hf_runner(theirs, b, args.new, args.device), b
             )
             for b in batches
         )
         rows.append(
-            {
-                "batch": batch,
-                "lemur": ours,
-                "transformers": theirs,
-                "greedy_rows_equal": f"{agree}/{sum(map(len, batches))}",
-            }
+            {"batch": batch, **timed, "greedy_rows_equal": f"{agree}/{sum(map(len, batches))}"}
         )
-    report = {
-        "params": llama.param_count(config),
-        "config": dataclasses.asdict(config),
-        "new_tokens": args.new,
-        "device": f"jax {jax.devices()[0].platform}, torch "
-        f"{args.device} ({torch.get_num_threads()} threads)",
-        "dtype": args.dtype,
-        "jax": jax.__version__,
-        "torch": torch.__version__,
-        "load_average": os.getloadavg(),
-        "rows": rows,
-    }
+    return rows
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """The markdown table of docs/benchmarks.md."""
     print(
-        f"{report['params'] / 1e6:.1f}M params, {args.new} new tokens, {report['device']}, "
-        f"load {report['load_average'][0]:.1f}"
+        f"{report['params'] / 1e6:.1f}M params, {report['new_tokens']} new tokens, "
+        f"{report['device']}, load {report['load_average'][0]:.1f}"
     )
     print(
         "| batch | prefill tok/s lemur | transformers | ratio | decode tok/s lemur | "
         "transformers | ratio | greedy rows equal |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
+    for r in report["rows"]:
         o, t = r["lemur"], r["transformers"]
         print(
             f"| {r['batch']} | {o['prefill_tok_s']:,.0f} | {t['prefill_tok_s']:,.0f} | "
@@ -226,6 +207,31 @@ def main() -> int:
             f"{t['decode_tok_s']:,.1f} | {o['decode_tok_s'] / t['decode_tok_s']:.2f}x | "
             f"{r['greedy_rows_equal']} |"
         )
+
+
+def main() -> int:
+    """Run the comparison, print a markdown table, optionally write JSON."""
+    args = parse_args()
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = make_model(Path(tmp), args)
+        ours = load_model(tmp, dtype=args.dtype)
+        ours.params = split_layers(ours.params)  # as lemur-eval does
+        theirs = load_hf(Path(tmp), args.device, args.dtype)
+    report = {
+        "params": llama.param_count(config),
+        "config": dataclasses.asdict(config),
+        "new_tokens": args.new,
+        "device": f"jax {jax.devices()[0].platform}, torch {args.device} "
+        f"({torch.get_num_threads()} threads)",
+        "dtype": args.dtype,
+        "jax": jax.__version__,
+        "torch": torch.__version__,
+        "rows": compare(ours, theirs, args),
+        "load_average": os.getloadavg(),
+    }
+    print_table(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0
