@@ -1,4 +1,5 @@
-"""Tests for lemur.train.data: windows, shuffling, host sharding, resume, mixtures, checks."""
+"""Tests for lemur.train (windows, train_stream, eval_stream): windows, shuffling, host sharding,
+resume, mixtures, checks."""
 
 from __future__ import annotations
 
@@ -22,13 +23,9 @@ from lemur.shards.format import (
     open_tokens,
     token_dtype,
 )
-from lemur.train.data import (
-    BATCH_KEYS,
-    ShardSource,
-    make_eval_iterators,
-    make_train_iterator,
-    window_record,
-)
+from lemur.train.eval_stream import make_eval_iterators
+from lemur.train.train_stream import make_train_iterator
+from lemur.train.windows import BATCH_KEYS, ShardSource, window_record
 
 VOCAB = 1000
 SEQ = 32

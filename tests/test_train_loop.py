@@ -234,7 +234,7 @@ def test_evals_report_bits_per_byte_by_hand(finished_run: tuple[Path, list[dict]
     """eval/<domain>/bpb = summed NLL / ln 2 / UTF-8 bytes of the scored target text."""
     import sentencepiece as spm
 
-    from lemur.train.data import make_eval_iterators
+    from lemur.train.eval_stream import make_eval_iterators
 
     run, _ = finished_run
     config = tiny_config(corpus, run)

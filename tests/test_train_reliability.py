@@ -234,7 +234,7 @@ def test_token_ids_beyond_the_vocab_are_refused_at_start(corpus: Path, cache: Pa
 
 def test_token_ids_the_sample_missed_stop_the_run_naming_the_shard(
         corpus: Path, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from lemur.train import data
+    from lemur.shards import check as data
 
     bad = tmp_path / "bad"
     shutil.copytree(corpus, bad)

@@ -318,7 +318,7 @@ def score_directory(
 ) -> dict[str, Any]:
     """Bits per byte and nats per token of every val domain of a shard directory."""
     from lemur.shards.format import ShardFormatError, read_manifest
-    from lemur.train.data import ShardSource
+    from lemur.train.windows import ShardSource
 
     manifest = read_manifest(directory)
     tok_path = Path(directory) / manifest["tokenizer"]["file"]

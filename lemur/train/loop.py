@@ -32,15 +32,11 @@ from lemur.train import mesh as mesh_lib
 from lemur.train import step as step_lib
 from lemur.train.checkpoint import CheckpointDamaged, Checkpointer
 from lemur.train.config import ConfigError, TrainConfig
-from lemur.train.data import (
-    BATCH_KEYS,
-    EvalStream,
-    LoaderStateMismatch,
-    make_eval_iterators,
-    make_train_iterator,
-)
+from lemur.train.eval_stream import EvalStream, make_eval_iterators
 from lemur.train.metrics import MetricsWriter, peak_tflops_per_device
 from lemur.train.progress import Reporter
+from lemur.train.train_stream import LoaderStateMismatch, make_train_iterator
+from lemur.train.windows import BATCH_KEYS
 
 # LlamaConfig fields that define the parameter shapes: a pretrained checkpoint must match.
 # (tie_embeddings decides whether there is an lm_head at all.)

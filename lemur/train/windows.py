@@ -1,4 +1,4 @@
-"""Grain loader over lemur shard directories: windows, shuffling, host sharding, mixtures.
+"""Training windows over one shard directory: `window_record` and the random-access `ShardSource`.
 
 A record is one training window of a shard's packed token stream: `seq_len + 1` tokens
 starting at `k * seq_len` (stride `seq_len`), giving `inputs = w[:-1]` and
@@ -18,7 +18,6 @@ import mmap
 import operator
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,28 +26,24 @@ import numpy as np
 
 from lemur.process_guard import guard_if_child
 from lemur.shards.check import (
-    ShardCompatibilityError,
-    check_compatible,
     check_structure,
     shards_of,
     token_error,
 )
-from lemur.shards.format import FORMAT, ShardFormatError, read_manifest
+from lemur.shards.format import ShardFormatError, read_manifest
 
 # Keys of every record and batch, all int32 of shape [seq_len] ([batch, seq_len] batched).
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
-# Version of the iterator state layout; bump when `get_state()` changes shape.
-STATE_VERSION = 1
+
+
 # Bytes of mapped pages a source may make resident before it drops them (see `_release`).
 DEFAULT_RELEASE_BYTES = 128 << 20
+
+
 # One page fault maps more than the page: 64 KiB of fault-around, or a whole page-cache
 # folio of up to 2 MiB on kernels with large folios (measured here: 1.1 MiB resident per
 # random 8 KiB window read). Budget each read for the worst case.
 _FAULT_BYTES = 2 << 20
-
-
-class LoaderStateMismatch(ValueError):
-    """A saved loader state that comes from another data pipeline."""
 
 
 _LOOP_MAX_DOCS = 24  # below this many documents a window, slice assignment beats vectorizing
@@ -272,237 +267,3 @@ class ShardSource(grain.sources.RandomAccessDataSource):
     def close(self) -> None:
         """Forget the mappings (they unmap once no array refers to them)."""
         self._init_process_state()
-
-
-def _derived_seed(*parts: int | str) -> int:
-    """A 32-bit seed hashed from several parts."""
-    # Grain seeds epoch e with seed + e, so user seeds s and s + 1 would share
-    # permutations one epoch apart if we passed them through: hash them instead.
-    data = json.dumps([str(p) for p in parts]).encode()
-    return int.from_bytes(hashlib.sha256(data).digest()[:4], "little")
-
-
-def _process_index_and_count(process_index: int | None, process_count: int | None
-                             ) -> tuple[int, int]:
-    if process_index is None or process_count is None:
-        import jax  # only when asked to discover the processes: importing jax is slow
-
-        process_index = jax.process_index() if process_index is None else process_index
-        process_count = jax.process_count() if process_count is None else process_count
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index {process_index} not in [0, {process_count})")
-    return process_index, process_count
-
-
-def _mark_absl_flags_parsed() -> None:
-    # Grain's process prefetch reads absl flags, which fails outside `absl.app.run`
-    # (google/grain#1355, unfixed in 0.2.18).
-    from absl import flags
-
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
-
-
-def _normalize_sources(dirs_and_weights: list[tuple[str, float]] | str
-                       ) -> list[tuple[str, float]]:
-    if isinstance(dirs_and_weights, str | os.PathLike):
-        return [(str(dirs_and_weights), 1.0)]
-    pairs = [(str(d), float(w)) for d, w in dirs_and_weights]
-    if not pairs:
-        raise ValueError("no shard directories given")
-    for d, w in pairs:
-        if not w > 0:
-            raise ValueError(f"{d}: mixture weight must be positive, got {w}")
-    return pairs
-
-
-class TrainIterator(grain.DatasetIterator):
-    """Batches of the training stream; `get_state()` is the same on every process.
-
-    The state is the number of records the whole job has consumed plus a fingerprint
-    of the pipeline (the directories' contents, weights, seed, seq_len). It restores into a fresh
-    iterator with any process count and per-host batch size (Grain's `ElasticIterator`
-    slices the stream from that global position). A state from another pipeline is
-    refused unless the iterator was made with `strict_state=False`.
-    """
-
-    def __init__(self, inner: grain.DatasetIterator, fingerprint: str, strict_state: bool,
-                 sources: list[ShardSource]) -> None:
-        super().__init__(inner)
-        self._inner = inner
-        self.fingerprint = fingerprint
-        self.strict_state = strict_state
-        self.sources = sources
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        return next(self._inner)
-
-    def get_state(self) -> dict[str, Any]:
-        """JSON-able state: `{"version", "global_next_index", "fingerprint"}`."""
-        state = self._inner.get_state()
-        return {
-            "version": STATE_VERSION,
-            "global_next_index": int(state["global_next_index"]),
-            "fingerprint": self.fingerprint,
-        }
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Continue from a state saved by any process of a job with the same pipeline."""
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"loader state version {state.get('version')} != {STATE_VERSION}")
-        if self.strict_state and state.get("fingerprint") != self.fingerprint:
-            raise LoaderStateMismatch(
-                "loader state comes from another pipeline (directories, weights, seed or "
-                "seq_len differ); pass strict_state=False to continue from its position anyway"
-            )
-        self._inner.set_state({"global_next_index": int(state["global_next_index"])})
-
-
-def make_train_iterator(
-    dirs_and_weights: list[tuple[str, float]] | str,
-    *,
-    seq_len: int,
-    batch_size: int,
-    seed: int,
-    process_index: int | None = None,
-    process_count: int | None = None,
-    num_workers: int = 0,
-    num_threads: int = 1,
-    prefetch: int = 8,
-    vocab_size: int | None = None,
-    tokenizer_sha256: str | None = None,
-    strict_state: bool = True,
-    release_bytes: int = DEFAULT_RELEASE_BYTES,
-) -> TrainIterator:
-    """An endless iterator of per-host batches from one directory or a weighted mixture.
-
-    Each directory's train windows are shuffled with a seed derived from `seed`, anew
-    each epoch, and repeated forever; several directories are interleaved in
-    proportion to their weights (`grain.MapDataset.mix`). The global stream is cut
-    into global batches of `batch_size * process_count` records; process `p` takes
-    records `p, p + process_count, ...` of each. Batches are dicts of int32
-    [batch_size, seq_len] arrays (`BATCH_KEYS`). `num_workers > 0` reads in that many
-    processes; `num_threads`/`prefetch` read ahead in threads of this process. Given
-    `vocab_size`, each directory is checked with `check_compatible` first.
-    """
-    pairs = _normalize_sources(dirs_and_weights)
-    pid, pcount = _process_index_and_count(process_index, process_count)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    if vocab_size is not None:
-        for d, _ in pairs:
-            check_compatible(d, vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256,
-                             seq_len=seq_len)
-    sources = [ShardSource(d, seq_len, release_bytes=release_bytes, vocab_size=vocab_size)
-               for d, _ in pairs]
-    for src in sources:
-        if len(src) >= 2**32:  # Grain's index shuffle works on 32-bit indices
-            raise ValueError(f"{src!r}: {len(src)} windows, more than a shuffle can permute")
-    sha = {s.tokenizer.get("sha256") for s in sources}
-    if len(sha) > 1:
-        raise ShardCompatibilityError(
-            "mixture of shard directories built with different tokenizers: "
-            + ", ".join(f"{s.directory} ({str(s.tokenizer.get('sha256'))[:12]})"
-                        for s in sources)
-        )
-    parts = [
-        grain.MapDataset.source(src)
-        # Shuffle before repeat: a new lazy global permutation every epoch.
-        .shuffle(seed=_derived_seed(seed, i, src.content_id))
-        .repeat(None)
-        for i, src in enumerate(sources)
-    ]
-    ds = parts[0] if len(parts) == 1 else grain.MapDataset.mix(parts, [w for _, w in pairs])
-    mp_options = None
-    if num_workers > 0:
-        _mark_absl_flags_parsed()
-        mp_options = grain.MultiprocessingOptions(num_workers=num_workers,
-                                                  per_worker_buffer_size=max(1, prefetch))
-    elastic = grain.experimental.ElasticIterator(
-        ds,
-        global_batch_size=batch_size * pcount,
-        shard_options=grain.sharding.ShardOptions(shard_index=pid, shard_count=pcount),
-        read_options=grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch),
-        multiprocessing_options=mp_options,
-    )
-    fingerprint = hashlib.sha256(
-        json.dumps(
-            {"format": FORMAT, "seq_len": seq_len, "seed": seed,
-             "sources": [[s.content_id, w, len(s)]
-                         for s, (_, w) in zip(sources, pairs, strict=True)]},
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()[:16]
-    return TrainIterator(iter(elastic), fingerprint, strict_state, sources)
-
-
-class _PaddedEvalSource(grain.sources.RandomAccessDataSource):
-    """This host's windows of an eval source (`index * count + host`), then padding."""
-
-    def __init__(self, source: ShardSource, host: int, count: int, length: int) -> None:
-        self.source, self.host, self.count, self.length = source, host, count, length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __repr__(self) -> str:
-        return f"_PaddedEvalSource({self.source!r}, host={self.host}/{self.count})"
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        window = index * self.count + self.host
-        if window < len(self.source):
-            return self.source[window]
-        # Padding rows: segment 0 and no loss, so they change no metric.
-        zeros = np.zeros(self.source.seq_len, np.int32)
-        return dict.fromkeys(BATCH_KEYS, zeros)
-
-
-class EvalStream:
-    """One domain's val windows in order, as fixed-shape batches; iterable many times.
-
-    Every process yields the same number of batches (padded with `loss_mask == 0`,
-    `segment_ids == 0` rows), so SPMD eval steps stay in lockstep.
-    """
-
-    def __init__(self, source: ShardSource, batch_size: int, process_index: int,
-                 process_count: int, max_batches: int | None) -> None:
-        self.source = source
-        self.batch_size = batch_size
-        per_host = -(-len(source) // process_count)
-        n = -(-per_host // batch_size)
-        self.num_batches = n if max_batches is None else min(n, max_batches)
-        self._padded = _PaddedEvalSource(source, process_index, process_count,
-                                         self.num_batches * batch_size)
-
-    def __len__(self) -> int:
-        return self.num_batches
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        ds = grain.MapDataset.source(self._padded).batch(self.batch_size)
-        return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
-
-
-def make_eval_iterators(
-    directory: str | os.PathLike,
-    *,
-    seq_len: int,
-    batch_size: int,
-    max_batches: int | None = None,
-    process_index: int | None = None,
-    process_count: int | None = None,
-    vocab_size: int | None = None,
-) -> dict[str, EvalStream]:
-    """One `EvalStream` per val domain of a shard directory, each read once in order.
-
-    Process `p` of `n` (JAX's by default) reads windows `p, p + n, ...`, so together the
-    hosts read every window once. `max_batches` keeps the first batches of each domain.
-    Given `vocab_size`, every window is checked for ids outside the vocabulary.
-    """
-    pid, pcount = _process_index_and_count(process_index, process_count)
-    manifest = read_manifest(directory)
-    domains = sorted({s["domain"] for s in shards_of(manifest, "val", None)})
-    return {
-        d: EvalStream(ShardSource(directory, seq_len, split="val", domain=d,
-                                  vocab_size=vocab_size), batch_size, pid, pcount, max_batches)
-        for d in domains
-    }

@@ -1,0 +1,190 @@
+"""The training stream: shuffled, host-sharded, mixed windows with a resumable state (Grain).
+
+See docs/loader.md for the semantics of shuffling, sharding, state and mixtures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+import grain
+import numpy as np
+
+from lemur.shards.check import (
+    ShardCompatibilityError,
+    check_compatible,
+)
+from lemur.shards.format import FORMAT
+from lemur.train.windows import DEFAULT_RELEASE_BYTES, ShardSource
+
+# Version of the iterator state layout; bump when `get_state()` changes shape.
+STATE_VERSION = 1
+
+
+class LoaderStateMismatch(ValueError):
+    """A saved loader state that comes from another data pipeline."""
+
+
+def _derived_seed(*parts: int | str) -> int:
+    """A 32-bit seed hashed from several parts."""
+    # Grain seeds epoch e with seed + e, so user seeds s and s + 1 would share
+    # permutations one epoch apart if we passed them through: hash them instead.
+    data = json.dumps([str(p) for p in parts]).encode()
+    return int.from_bytes(hashlib.sha256(data).digest()[:4], "little")
+
+
+def process_index_and_count(process_index: int | None, process_count: int | None
+                             ) -> tuple[int, int]:
+    if process_index is None or process_count is None:
+        import jax  # only when asked to discover the processes: importing jax is slow
+
+        process_index = jax.process_index() if process_index is None else process_index
+        process_count = jax.process_count() if process_count is None else process_count
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+    return process_index, process_count
+
+
+def _mark_absl_flags_parsed() -> None:
+    # Grain's process prefetch reads absl flags, which fails outside `absl.app.run`
+    # (google/grain#1355, unfixed in 0.2.18).
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+def _normalize_sources(dirs_and_weights: list[tuple[str, float]] | str
+                       ) -> list[tuple[str, float]]:
+    if isinstance(dirs_and_weights, str | os.PathLike):
+        return [(str(dirs_and_weights), 1.0)]
+    pairs = [(str(d), float(w)) for d, w in dirs_and_weights]
+    if not pairs:
+        raise ValueError("no shard directories given")
+    for d, w in pairs:
+        if not w > 0:
+            raise ValueError(f"{d}: mixture weight must be positive, got {w}")
+    return pairs
+
+
+class TrainIterator(grain.DatasetIterator):
+    """Batches of the training stream; `get_state()` is the same on every process.
+
+    The state is the number of records the whole job has consumed plus a fingerprint
+    of the pipeline (the directories' contents, weights, seed, seq_len). It restores into a fresh
+    iterator with any process count and per-host batch size (Grain's `ElasticIterator`
+    slices the stream from that global position). A state from another pipeline is
+    refused unless the iterator was made with `strict_state=False`.
+    """
+
+    def __init__(self, inner: grain.DatasetIterator, fingerprint: str, strict_state: bool,
+                 sources: list[ShardSource]) -> None:
+        super().__init__(inner)
+        self._inner = inner
+        self.fingerprint = fingerprint
+        self.strict_state = strict_state
+        self.sources = sources
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        return next(self._inner)
+
+    def get_state(self) -> dict[str, Any]:
+        """JSON-able state: `{"version", "global_next_index", "fingerprint"}`."""
+        state = self._inner.get_state()
+        return {
+            "version": STATE_VERSION,
+            "global_next_index": int(state["global_next_index"]),
+            "fingerprint": self.fingerprint,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue from a state saved by any process of a job with the same pipeline."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')} != {STATE_VERSION}")
+        if self.strict_state and state.get("fingerprint") != self.fingerprint:
+            raise LoaderStateMismatch(
+                "loader state comes from another pipeline (directories, weights, seed or "
+                "seq_len differ); pass strict_state=False to continue from its position anyway"
+            )
+        self._inner.set_state({"global_next_index": int(state["global_next_index"])})
+
+
+def make_train_iterator(
+    dirs_and_weights: list[tuple[str, float]] | str,
+    *,
+    seq_len: int,
+    batch_size: int,
+    seed: int,
+    process_index: int | None = None,
+    process_count: int | None = None,
+    num_workers: int = 0,
+    num_threads: int = 1,
+    prefetch: int = 8,
+    vocab_size: int | None = None,
+    tokenizer_sha256: str | None = None,
+    strict_state: bool = True,
+    release_bytes: int = DEFAULT_RELEASE_BYTES,
+) -> TrainIterator:
+    """An endless iterator of per-host batches from one directory or a weighted mixture.
+
+    Each directory's train windows are shuffled with a seed derived from `seed`, anew
+    each epoch, and repeated forever; several directories are interleaved in
+    proportion to their weights (`grain.MapDataset.mix`). The global stream is cut
+    into global batches of `batch_size * process_count` records; process `p` takes
+    records `p, p + process_count, ...` of each. Batches are dicts of int32
+    [batch_size, seq_len] arrays (`BATCH_KEYS`). `num_workers > 0` reads in that many
+    processes; `num_threads`/`prefetch` read ahead in threads of this process. Given
+    `vocab_size`, each directory is checked with `check_compatible` first.
+    """
+    pairs = _normalize_sources(dirs_and_weights)
+    pid, pcount = process_index_and_count(process_index, process_count)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if vocab_size is not None:
+        for d, _ in pairs:
+            check_compatible(d, vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256,
+                             seq_len=seq_len)
+    sources = [ShardSource(d, seq_len, release_bytes=release_bytes, vocab_size=vocab_size)
+               for d, _ in pairs]
+    for src in sources:
+        if len(src) >= 2**32:  # Grain's index shuffle works on 32-bit indices
+            raise ValueError(f"{src!r}: {len(src)} windows, more than a shuffle can permute")
+    sha = {s.tokenizer.get("sha256") for s in sources}
+    if len(sha) > 1:
+        raise ShardCompatibilityError(
+            "mixture of shard directories built with different tokenizers: "
+            + ", ".join(f"{s.directory} ({str(s.tokenizer.get('sha256'))[:12]})"
+                        for s in sources)
+        )
+    parts = [
+        grain.MapDataset.source(src)
+        # Shuffle before repeat: a new lazy global permutation every epoch.
+        .shuffle(seed=_derived_seed(seed, i, src.content_id))
+        .repeat(None)
+        for i, src in enumerate(sources)
+    ]
+    ds = parts[0] if len(parts) == 1 else grain.MapDataset.mix(parts, [w for _, w in pairs])
+    mp_options = None
+    if num_workers > 0:
+        _mark_absl_flags_parsed()
+        mp_options = grain.MultiprocessingOptions(num_workers=num_workers,
+                                                  per_worker_buffer_size=max(1, prefetch))
+    elastic = grain.experimental.ElasticIterator(
+        ds,
+        global_batch_size=batch_size * pcount,
+        shard_options=grain.sharding.ShardOptions(shard_index=pid, shard_count=pcount),
+        read_options=grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch),
+        multiprocessing_options=mp_options,
+    )
+    fingerprint = hashlib.sha256(
+        json.dumps(
+            {"format": FORMAT, "seq_len": seq_len, "seed": seed,
+             "sources": [[s.content_id, w, len(s)]
+                         for s, (_, w) in zip(sources, pairs, strict=True)]},
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()[:16]
+    return TrainIterator(iter(elastic), fingerprint, strict_state, sources)
