@@ -32,6 +32,7 @@ test: $(VENV)/.installed-dev
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check lemur tests tools
+	$(BIN)/ruff format --check lemur tests tools
 
 clean:
 	rm -rf $(VENV) out

@@ -55,8 +55,9 @@ def die_with_parent(parent: int | None = None, poll: float = 0.5) -> None:
     _set_parent_death_signal()
     if os.getppid() != expected:  # the parent died before the signal was armed
         os.kill(os.getpid(), signal.SIGKILL)
-    threading.Thread(target=_watch, args=(expected, poll), daemon=True,
-                     name="lemur-parent-watch").start()
+    threading.Thread(
+        target=_watch, args=(expected, poll), daemon=True, name="lemur-parent-watch"
+    ).start()
     _guarded = True
 
 

@@ -141,4 +141,10 @@ def test_mix_language_maps_dialects_to_families():
     from lemur.data.filter.tagging import mix_language
 
     assert [mix_language(x) for x in ("TSQL", "PLpgSQL", "PLSQL", "SQLPL", "SQL", "Python")] == [
-        "SQL", "SQL", "SQL", "SQL", "SQL", "Python"]
+        "SQL",
+        "SQL",
+        "SQL",
+        "SQL",
+        "SQL",
+        "Python",
+    ]

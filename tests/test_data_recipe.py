@@ -66,7 +66,12 @@ def test_valid_recipe_types_and_defaults(tmp_path):
         ({"val_fraction": 0.9}, "val_fraction must be in [0, 0.5)"),
         ({"sources": []}, "'sources' is empty"),
         (
-            {"mix": {"ratio": {"code": 1, "text": 1}, "shares": {"code": {"Python": 0.8, "C": 0.3}}}},
+            {
+                "mix": {
+                    "ratio": {"code": 1, "text": 1},
+                    "shares": {"code": {"Python": 0.8, "C": 0.3}},
+                }
+            },
             "mix.shares.code sum to 1.1000 > 1",
         ),
         (

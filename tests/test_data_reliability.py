@@ -41,15 +41,22 @@ def sources(tmp_path_factory) -> Path:
 
 
 def raw_recipe(src: Path, out: Path, **kw) -> dict:
-    raw = base_recipe(src, src / "code", [src / "text.jsonl"], filters=NO_FILTERS,
-                      output=str(out), shard_tokens=20_000)
+    raw = base_recipe(
+        src,
+        src / "code",
+        [src / "text.jsonl"],
+        filters=NO_FILTERS,
+        output=str(out),
+        shard_tokens=20_000,
+    )
     raw.update(kw)
     return raw
 
 
 def cli(args: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lemur.data.cli", *args], capture_output=True,
-                          text=True, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "lemur.data.cli", *args], capture_output=True, text=True, **kw
+    )
 
 
 def write_recipe(raw: dict, path: Path) -> Path:
@@ -69,8 +76,12 @@ def assert_valid(out: Path, before: dict[str, bytes]) -> None:
     assert snapshot(out) == before
     assert verify(out) == []
     m = json.loads((out / "manifest.json").read_text())
-    check_compatible(out, vocab_size=m["tokenizer"]["vocab_size"],
-                     tokenizer_sha256=m["tokenizer"]["sha256"], seq_len=64)
+    check_compatible(
+        out,
+        vocab_size=m["tokenizer"]["vocab_size"],
+        tokenizer_sha256=m["tokenizer"]["sha256"],
+        seq_len=64,
+    )
 
 
 @pytest.fixture
@@ -84,8 +95,16 @@ def built(sources, tmp_path) -> tuple[Path, Path, dict[str, bytes]]:
 
 def test_failed_rebuild_keeps_the_previous_build(built):
     out, recipe, before = built
-    res = cli(["build", str(recipe), "--set", "tokenizer.train.vocab_size=700",
-               "--set", "mix.total_tokens=1e12"])
+    res = cli(
+        [
+            "build",
+            str(recipe),
+            "--set",
+            "tokenizer.train.vocab_size=700",
+            "--set",
+            "mix.total_tokens=1e12",
+        ]
+    )
     assert res.returncode == 2 and "mix infeasible" in res.stderr, res.stderr
     assert_valid(out, before)
 
@@ -105,10 +124,12 @@ def test_bad_tokenizer_model_is_refused_before_any_copy(built, sources, tmp_path
 def test_killed_rebuild_keeps_the_previous_build(built, sources, tmp_path, stage, at):
     out, _, before = built
     # another seed, and another tokenize batch so that the tokenize tasks rerun too
-    other = write_recipe(raw_recipe(sources, out, seed=99, tokenize_batch_docs=7),
-                         tmp_path / "seed99.yaml")
-    res = subprocess.run([sys.executable, "-c", KILLER, str(other), stage, str(at)],
-                         capture_output=True, text=True)
+    other = write_recipe(
+        raw_recipe(sources, out, seed=99, tokenize_batch_docs=7), tmp_path / "seed99.yaml"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", KILLER, str(other), stage, str(at)], capture_output=True, text=True
+    )
     assert res.returncode == -9, res.stderr[-2000:]
     assert_valid(out, before)
     # and the rerun completes the new build, removing the old one's files
@@ -120,7 +141,8 @@ def test_killed_rebuild_keeps_the_previous_build(built, sources, tmp_path, stage
     old_only = set(before) - set(after)
     assert old_only and not any((out / f).exists() for f in old_only)
     assert sorted(p.name for p in out.glob("build-*")) == [
-        json.loads(after["manifest.json"])["tokenizer"]["file"].split("/")[0]]
+        json.loads(after["manifest.json"])["tokenizer"]["file"].split("/")[0]
+    ]
 
 
 def test_a_second_build_into_the_same_directory_is_refused(sources, tmp_path):
@@ -140,9 +162,14 @@ def test_concurrent_builds_one_wins_one_is_refused(sources, tmp_path):
     procs = []
     for seed in (1, 2):
         recipe = write_recipe(raw_recipe(sources, out, seed=seed), tmp_path / f"r{seed}.yaml")
-        procs.append(subprocess.Popen([sys.executable, "-m", "lemur.data.cli", "build",
-                                       str(recipe)], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "lemur.data.cli", "build", str(recipe)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
         time.sleep(0.2)
     results = [(p.wait(), p.stderr.read()) for p in procs]
     codes = sorted(rc for rc, _ in results)
@@ -165,8 +192,11 @@ def test_stale_lock_file_of_a_dead_build_is_taken_over(sources, tmp_path):
 def test_missing_shuffle_bucket_is_an_error(sources, tmp_path):
     out = tmp_path / "out"
     recipe = write_recipe(raw_recipe(sources, out), tmp_path / "recipe.yaml")
-    res = subprocess.run([sys.executable, "-c", KILLER, str(recipe), "shuffle: write", "1"],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-c", KILLER, str(recipe), "shuffle: write", "1"],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == -9, res.stderr[-2000:]
     buckets = sorted(out.glob(".work/shuffle-*/bucket-*.bin"))
     assert buckets
@@ -215,8 +245,7 @@ class _FullDisk:
 
 
 @pytest.mark.parametrize("module", ["lemur.data.pack.shuffle", "lemur.shards.format"])
-def test_full_disk_is_one_line_and_leaves_no_temporary_file(sources, tmp_path, monkeypatch,
-                                                            module):
+def test_full_disk_is_one_line_and_leaves_no_temporary_file(sources, tmp_path, monkeypatch, module):
     import importlib
 
     target = importlib.import_module(module)

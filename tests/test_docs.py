@@ -90,8 +90,9 @@ def test_json_blocks_parse(where: str, line: int, code: str) -> None:
 
 
 @pytest.mark.parametrize("where, line, code", blocks("yaml"), ids=lambda x: str(x)[:30])
-def test_yaml_blocks_are_valid_recipe_fragments(where: str, line: int, code: str,
-                                               tmp_path: Path) -> None:
+def test_yaml_blocks_are_valid_recipe_fragments(
+    where: str, line: int, code: str, tmp_path: Path
+) -> None:
     from lemur.data.demo import demo_recipe
     from lemur.data.load import recipe_from_dict
 
@@ -120,4 +121,5 @@ def test_shell_commands_parse(where: str, line: int, argv: list[str]) -> None:
         return
     args = train_parser().parse_args(argv[1:])
     assert args.config in shipped_configs() or args.config.endswith(".yaml"), (
-        f"{where}:{line}: {args.config} is neither a shipped config nor a YAML file")
+        f"{where}:{line}: {args.config} is neither a shipped config nor a YAML file"
+    )

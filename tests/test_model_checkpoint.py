@@ -17,8 +17,11 @@ CONFIG = llama.config_from_preset("tiny", n_layers=1, remat="dots")
 def _params(seed: int = 0) -> llama.Params:
     """Random numpy params of CONFIG's shapes."""
     rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda s: rng.standard_normal(s).astype(np.float32),
-                        llama.param_shapes(CONFIG), is_leaf=lambda x: isinstance(x, tuple))
+    return jax.tree.map(
+        lambda s: rng.standard_normal(s).astype(np.float32),
+        llama.param_shapes(CONFIG),
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
 
 
 def test_save_and_load_round_trip(tmp_path: Path) -> None:
@@ -41,9 +44,11 @@ def test_jax_arrays_restore_to_host_or_to_a_target(tmp_path: Path) -> None:
     host, _ = checkpoint.load_params(tmp_path / "ckpt")  # saved from devices, read as numpy
     assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(host))
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16, sharding=device),
-                          params)
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16, sharding=device), params
+    )
     on_device, _ = checkpoint.load_params(tmp_path / "ckpt", target)
-    assert all(isinstance(x, jax.Array) and x.dtype == jnp.bfloat16
-               for x in jax.tree.leaves(on_device))
+    assert all(
+        isinstance(x, jax.Array) and x.dtype == jnp.bfloat16 for x in jax.tree.leaves(on_device)
+    )
     np.testing.assert_array_equal(on_device["embed"], params["embed"].astype(jnp.bfloat16))

@@ -40,18 +40,31 @@ def _llama3_rope(factor: float) -> dict:
     one interpolated and the rest divided by factor: all three branches, and angles that
     differ by radians within the SEQ test positions.
     """
-    return {"rope_type": "llama3", "rope_theta": 500000.0, "factor": factor,
-            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64}
+    return {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": factor,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
 
 
-def _hf_model(n_kv_heads: int, seed: int, rope: dict | None = None,
-              tied: bool = False) -> transformers.LlamaForCausalLM:
+def _hf_model(
+    n_kv_heads: int, seed: int, rope: dict | None = None, tied: bool = False
+) -> transformers.LlamaForCausalLM:
     """A random fp32 HF Llama (norm weights randomised too, so a mix-up would show)."""
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=n_kv_heads, max_position_embeddings=256,
-        rms_norm_eps=1e-5, initializer_range=0.1, rope_parameters=dict(rope or DEFAULT_ROPE),
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=n_kv_heads,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        initializer_range=0.1,
+        rope_parameters=dict(rope or DEFAULT_ROPE),
         tie_word_embeddings=tied,
     )
     torch.manual_seed(seed)
@@ -70,15 +83,19 @@ def hf_model(request: pytest.FixtureRequest) -> transformers.LlamaForCausalLM:
 
 
 # Llama-3.2 style (tied head, factor 32, 4:1 GQA) and Llama-3.1 style (untied, factor 8).
-LLAMA3_STYLES = {"llama3.2-tied": dict(n_kv_heads=1, rope=_llama3_rope(32.0), tied=True),
-                 "llama3.1-untied": dict(n_kv_heads=2, rope=_llama3_rope(8.0), tied=False)}
+LLAMA3_STYLES = {
+    "llama3.2-tied": dict(n_kv_heads=1, rope=_llama3_rope(32.0), tied=True),
+    "llama3.1-untied": dict(n_kv_heads=2, rope=_llama3_rope(8.0), tied=False),
+}
 
 
 @pytest.fixture(scope="module", params=list(LLAMA3_STYLES))
 def llama3_model(request: pytest.FixtureRequest) -> transformers.LlamaForCausalLM:
     """Tiny random Llama-3-style HF models."""
     model = _hf_model(seed=11, **LLAMA3_STYLES[request.param])
-    assert (model.lm_head.weight is model.model.embed_tokens.weight) == model.config.tie_word_embeddings
+    assert (
+        model.lm_head.weight is model.model.embed_tokens.weight
+    ) == model.config.tie_word_embeddings
     return model
 
 
@@ -129,9 +146,12 @@ def test_rotary_permutation_is_needed(hf_model: transformers.LlamaForCausalLM) -
     for name in ("wq", "wk"):
         hf_name = hf.HF_LAYER_NAMES[name]
         n = config.n_heads if name == "wq" else config.n_kv_heads
-        params["layers"][name] = np.stack([
-            state[f"model.layers.{i}.{hf_name}"].T.reshape(config.d_model, n, config.head_dim)
-            for i in range(config.n_layers)])
+        params["layers"][name] = np.stack(
+            [
+                state[f"model.layers.{i}.{hf_name}"].T.reshape(config.d_model, n, config.head_dim)
+                for i in range(config.n_layers)
+            ]
+        )
     out = np.asarray(_forward(params, jnp.asarray(_tokens()), config))
     assert np.abs(out - _hf_logits(hf_model, _tokens())).max() > 1e-2
 
@@ -149,8 +169,9 @@ def test_state_dict_round_trip_is_identical(hf_model: transformers.LlamaForCausa
 
 def _load_tool() -> ModuleType:
     """tools/convert_hf_llama.py as a module (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("convert_hf_llama",
-                                                  REPO / "tools" / "convert_hf_llama.py")
+    spec = importlib.util.spec_from_file_location(
+        "convert_hf_llama", REPO / "tools" / "convert_hf_llama.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -176,8 +197,7 @@ def test_convert_tool_round_trip(tmp_path: Path) -> None:
     assert tool.main(["to-lemur", str(src), str(tmp_path / "lemur")]) == 0
     params, config = checkpoint.load_params(tmp_path / "lemur")
     assert config == hf.config_from_hf(model.config.to_dict())
-    assert all(isinstance(x, np.ndarray) and x.dtype == np.float32
-               for x in jax.tree.leaves(params))
+    assert all(isinstance(x, np.ndarray) and x.dtype == np.float32 for x in jax.tree.leaves(params))
     assert jax.tree.map(np.shape, params) == llama.param_shapes(config)
 
     # The converted model gives the same logits as transformers.
@@ -188,8 +208,15 @@ def test_convert_tool_round_trip(tmp_path: Path) -> None:
 
     # lemur -> HF: identical tensors in fp32, both sharded and single-file.
     original = _state_dict(model)
-    argv = ["to-hf", str(tmp_path / "lemur"), str(tmp_path / "out"), "--dtype", "float32",
-            "--shard-gb", str(60e3 / 2**30)]
+    argv = [
+        "to-hf",
+        str(tmp_path / "lemur"),
+        str(tmp_path / "out"),
+        "--dtype",
+        "float32",
+        "--shard-gb",
+        str(60e3 / 2**30),
+    ]
     assert tool.main(argv) == 0
     index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) == set(original)
@@ -200,8 +227,10 @@ def test_convert_tool_round_trip(tmp_path: Path) -> None:
         np.testing.assert_array_equal(back[name], w, err_msg=name)
 
     assert tool.main(["to-hf", str(tmp_path / "lemur"), str(tmp_path / "one")]) == 0
-    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["config.json",
-                                                                  "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == [
+        "config.json",
+        "model.safetensors",
+    ]
     back16 = load_file(tmp_path / "one" / "model.safetensors")  # default: bf16
     for name, w in original.items():
         assert back16[name].dtype == jnp.bfloat16
@@ -227,18 +256,21 @@ def test_convert_tool_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "no model.safetensors" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"attention_bias": True}, "attention_bias"),
-    ({"mlp_bias": True}, "mlp_bias"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_type='linear'"),
-    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
-    ({"rope_parameters": {"rope_type": "longrope"}}, "rope_type='longrope'"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "without factor"),
-    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
-    ({"model_type": "mistral"}, "not a Llama"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"attention_bias": True}, "attention_bias"),
+        ({"mlp_bias": True}, "mlp_bias"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_type='linear'"),
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
+        ({"rope_parameters": {"rope_type": "longrope"}}, "rope_type='longrope'"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "without factor"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+        ({"model_type": "mistral"}, "not a Llama"),
+    ],
+)
 def test_config_from_hf_refuses_other_architectures(change: dict, message: str) -> None:
     base = hf.config_to_hf(llama.PRESETS["tiny"])
     with pytest.raises(ValueError, match=message):
@@ -251,11 +283,22 @@ def test_config_round_trip_and_llama2_70b_hf_config() -> None:
         back = hf.config_from_hf(hf.config_to_hf(config))
         assert back == dataclasses.replace(config, dtype="bfloat16")
     # meta-llama/Llama-2-70b-hf config.json (transformers 4.x style: rope_theta at top level).
-    published = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                 "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
-                 "num_hidden_layers": 80, "num_key_value_heads": 8, "vocab_size": 32000,
-                 "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "hidden_act": "silu",
-                 "rope_scaling": None, "tie_word_embeddings": False, "torch_dtype": "float16"}
+    published = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_attention_heads": 64,
+        "num_hidden_layers": 80,
+        "num_key_value_heads": 8,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-05,
+        "hidden_act": "silu",
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+    }
     assert hf.config_from_hf(published) == llama.PRESETS["llama2-70b"]
     # transformers itself reads our config.json back to the same shapes.
     ours = transformers.LlamaConfig(**hf.config_to_hf(llama.PRESETS["llama2-70b"]))
@@ -263,8 +306,7 @@ def test_config_round_trip_and_llama2_70b_hf_config() -> None:
     assert ours.rope_parameters["rope_theta"] == 10000.0
 
 
-def _lemur_params(model: transformers.LlamaForCausalLM,
-                  config: llama.LlamaConfig) -> llama.Params:
+def _lemur_params(model: transformers.LlamaForCausalLM, config: llama.LlamaConfig) -> llama.Params:
     """lemur params from an HF model's state dict (which holds lm_head.weight even when tied)."""
     return hf.params_from_hf(_state_dict(model).__getitem__, config)
 
@@ -272,7 +314,10 @@ def _lemur_params(model: transformers.LlamaForCausalLM,
 def test_llama3_logits_match_transformers(llama3_model: transformers.LlamaForCausalLM) -> None:
     config = _lemur_config(llama3_model)
     assert (config.rope_type, config.rope_theta, config.rope_original_max_seq_len) == (
-        "llama3", 500000.0, 64)
+        "llama3",
+        500000.0,
+        64,
+    )
     assert config.tie_embeddings == llama3_model.config.tie_word_embeddings
     params = _lemur_params(llama3_model, config)
     assert ("lm_head" in params) != config.tie_embeddings  # tied: no separate head matrix
@@ -280,14 +325,17 @@ def test_llama3_logits_match_transformers(llama3_model: transformers.LlamaForCau
     ref = _hf_logits(llama3_model, tokens)
     out = np.asarray(_forward(params, jnp.asarray(tokens), config))
     diff = float(np.abs(out - ref).max())
-    print(f"llama3 parity ({config.tie_embeddings=}): max |logit diff| {diff:.2e}, "
-          f"max |logit| {np.abs(ref).max():.2f}")
+    print(
+        f"llama3 parity ({config.tie_embeddings=}): max |logit diff| {diff:.2e}, "
+        f"max |logit| {np.abs(ref).max():.2f}"
+    )
     assert diff <= 1e-4, diff
     assert np.abs(ref).max() > 1.0
 
 
 def test_llama3_inv_freq_matches_transformers_and_is_scaled(
-        llama3_model: transformers.LlamaForCausalLM) -> None:
+    llama3_model: transformers.LlamaForCausalLM,
+) -> None:
     config = _lemur_config(llama3_model)
     ours = np.asarray(llama.rope_inv_freq(config))
     np.testing.assert_allclose(ours, llama3_model.model.rotary_emb.inv_freq.numpy(), rtol=1e-6)
@@ -301,8 +349,9 @@ def test_llama3_inv_freq_matches_transformers_and_is_scaled(
 
 def _without_scaling(config: llama.LlamaConfig) -> llama.LlamaConfig:
     """The same config with plain theta^(-2i/K) rotary frequencies."""
-    return dataclasses.replace(config, rope_type="default", **dict.fromkeys(
-        llama.LLAMA3_ROPE_FIELDS))
+    return dataclasses.replace(
+        config, rope_type="default", **dict.fromkeys(llama.LLAMA3_ROPE_FIELDS)
+    )
 
 
 def test_llama3_rope_scaling_is_needed(llama3_model: transformers.LlamaForCausalLM) -> None:
@@ -315,7 +364,8 @@ def test_llama3_rope_scaling_is_needed(llama3_model: transformers.LlamaForCausal
 
 
 def test_llama3_state_dict_round_trip_is_identical(
-        llama3_model: transformers.LlamaForCausalLM) -> None:
+    llama3_model: transformers.LlamaForCausalLM,
+) -> None:
     config = _lemur_config(llama3_model)
     state = _state_dict(llama3_model)
     back = dict(hf.params_to_hf(_lemur_params(llama3_model, config), config, dtype="float32"))
@@ -347,14 +397,17 @@ def test_convert_tool_round_trip_tied_llama3(tmp_path: Path) -> None:
     assert config.tie_embeddings and config.rope_type == "llama3" and "lm_head" not in params
     assert jax.tree.map(np.shape, params) == llama.param_shapes(config)
     tokens = _tokens(3)
-    ours = np.asarray(_forward(params, jnp.asarray(tokens), dataclasses.replace(
-        config, dtype="float32")))
+    ours = np.asarray(
+        _forward(params, jnp.asarray(tokens), dataclasses.replace(config, dtype="float32"))
+    )
     assert np.abs(ours - _hf_logits(model, tokens)).max() <= 1e-4
 
     # lemur -> HF: the same tensors (no lm_head), and a config.json with the same rope
     # scaling and tie_word_embeddings.
-    assert tool.main(["to-hf", str(tmp_path / "lemur"), str(tmp_path / "out"),
-                      "--dtype", "float32"]) == 0
+    assert (
+        tool.main(["to-hf", str(tmp_path / "lemur"), str(tmp_path / "out"), "--dtype", "float32"])
+        == 0
+    )
     back = _read_hf_dir(tmp_path / "out")
     assert set(back) == set(original)
     for name, w in original.items():
@@ -362,8 +415,9 @@ def test_convert_tool_round_trip_tied_llama3(tmp_path: Path) -> None:
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     source = json.loads((src / "config.json").read_text())
     assert written["tie_word_embeddings"] is True
-    assert written["rope_scaling"] == {k: v for k, v in source["rope_parameters"].items()
-                                       if k != "rope_theta"}
+    assert written["rope_scaling"] == {
+        k: v for k, v in source["rope_parameters"].items() if k != "rope_theta"
+    }
     assert hf.config_from_hf(written) == hf.config_from_hf(source)
 
     # transformers reads it as the same tied, llama3-scaled model.
@@ -374,8 +428,10 @@ def test_convert_tool_round_trip_tied_llama3(tmp_path: Path) -> None:
 
     # Export -> import -> export is bit-identical, file for file.
     assert tool.main(["to-lemur", str(tmp_path / "out"), str(tmp_path / "lemur2")]) == 0
-    assert tool.main(["to-hf", str(tmp_path / "lemur2"), str(tmp_path / "out2"),
-                      "--dtype", "float32"]) == 0
+    assert (
+        tool.main(["to-hf", str(tmp_path / "lemur2"), str(tmp_path / "out2"), "--dtype", "float32"])
+        == 0
+    )
     for file in sorted((tmp_path / "out").iterdir()):
         assert file.read_bytes() == (tmp_path / "out2" / file.name).read_bytes(), file.name
 
@@ -390,27 +446,57 @@ def test_default_rope_scaling_means_none(scaling: dict | None) -> None:
 
 # config.json of meta-llama/Llama-3.2-1B and meta-llama/Llama-3.1-8B (transformers 4.x).
 LLAMA3_PUBLISHED = {
-    "llama3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
-                        num_hidden_layers=16, head_dim=64, tie_word_embeddings=True,
-                        rope_scaling={"factor": 32.0, "high_freq_factor": 4.0,
-                                      "low_freq_factor": 1.0, "rope_type": "llama3",
-                                      "original_max_position_embeddings": 8192}),
-    "llama3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-                        num_hidden_layers=32, head_dim=128, tie_word_embeddings=False,
-                        rope_scaling={"factor": 8.0, "high_freq_factor": 4.0,
-                                      "low_freq_factor": 1.0, "rope_type": "llama3",
-                                      "original_max_position_embeddings": 8192}),
+    "llama3.2-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_attention_heads=32,
+        num_hidden_layers=16,
+        head_dim=64,
+        tie_word_embeddings=True,
+        rope_scaling={
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "rope_type": "llama3",
+            "original_max_position_embeddings": 8192,
+        },
+    ),
+    "llama3.1-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_hidden_layers=32,
+        head_dim=128,
+        tie_word_embeddings=False,
+        rope_scaling={
+            "factor": 8.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "rope_type": "llama3",
+            "original_max_position_embeddings": 8192,
+        },
+    ),
 }
 
 
 @pytest.mark.parametrize("name", list(LLAMA3_PUBLISHED))
 def test_published_llama3_configs_give_the_presets(name: str) -> None:
-    published = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                 "attention_bias": False, "mlp_bias": False, "hidden_act": "silu",
-                 "max_position_embeddings": 131072, "num_key_value_heads": 8,
-                 "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "vocab_size": 128256,
-                 "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16",
-                 **LLAMA3_PUBLISHED[name]}
+    published = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0,
+        "vocab_size": 128256,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+        "torch_dtype": "bfloat16",
+        **LLAMA3_PUBLISHED[name],
+    }
     preset = llama.PRESETS[name]
     assert hf.config_from_hf(published) == preset
     ours = hf.config_to_hf(preset)

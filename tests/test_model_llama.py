@@ -14,13 +14,27 @@ from lemur.model import llama
 from lemur.model.llama import LlamaConfig
 
 # d_model 32 / 4 heads / 2 kv heads: GQA in the smallest shape that still means something.
-CONFIG = LlamaConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48,
-                     max_seq_len=64, dtype="float32", init_std=0.1)
+CONFIG = LlamaConfig(
+    vocab_size=97,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=48,
+    max_seq_len=64,
+    dtype="float32",
+    init_std=0.1,
+)
 
 
 # Llama-3.1's scaling shape with a small original context (the tests use short sequences).
-LLAMA3_ROPE = dict(rope_type="llama3", rope_factor=8.0, rope_low_freq_factor=1.0,
-                   rope_high_freq_factor=4.0, rope_original_max_seq_len=64)
+LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    rope_factor=8.0,
+    rope_low_freq_factor=1.0,
+    rope_high_freq_factor=4.0,
+    rope_original_max_seq_len=64,
+)
 
 
 def random_params(config: LlamaConfig, seed: int = 0) -> llama.Params:
@@ -30,8 +44,12 @@ def random_params(config: LlamaConfig, seed: int = 0) -> llama.Params:
     return jax.tree_util.tree_map_with_path(
         lambda path, shape: jnp.asarray(
             (1.0 if "norm" in jax.tree_util.keystr(path) else 0.0)
-            + config.init_std * rng.standard_normal(shape), jnp.float32),
-        shapes, is_leaf=lambda x: isinstance(x, tuple))
+            + config.init_std * rng.standard_normal(shape),
+            jnp.float32,
+        ),
+        shapes,
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,25 +64,28 @@ def _forward(params, tokens, config, segment_ids=None, positions=None):
     return llama.forward(params, tokens, config, segment_ids=segment_ids, positions=positions)
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(n_kv_heads=3), "multiple of n_kv_heads"),
-    (dict(d_model=30), "multiple of n_heads"),
-    (dict(d_model=36, n_heads=4, n_kv_heads=4), "even"),  # head_dim 9
-    (dict(n_layers=0), "n_layers"),
-    (dict(vocab_size=2.5), "vocab_size"),
-    (dict(dtype="fp8"), "dtype"),
-    (dict(param_dtype="int8"), "param_dtype"),
-    (dict(remat="some"), "remat"),
-    (dict(attention_impl="flash"), "attention_impl"),
-    (dict(rope_theta=0.0), "rope_theta"),
-    (dict(scan_layers="yes"), "scan_layers"),
-    (dict(tie_embeddings=1), "tie_embeddings"),
-    (dict(rope_type="yarn"), "rope_type.*'yarn'"),
-    (dict(rope_factor=8.0), "rope_factor is set but rope_type is 'default'"),
-    (dict(LLAMA3_ROPE, rope_factor=None), "rope_factor"),
-    (dict(LLAMA3_ROPE, rope_original_max_seq_len=64.5), "rope_original_max_seq_len"),
-    (dict(LLAMA3_ROPE, rope_high_freq_factor=1.0), "must exceed rope_low_freq_factor"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(n_kv_heads=3), "multiple of n_kv_heads"),
+        (dict(d_model=30), "multiple of n_heads"),
+        (dict(d_model=36, n_heads=4, n_kv_heads=4), "even"),  # head_dim 9
+        (dict(n_layers=0), "n_layers"),
+        (dict(vocab_size=2.5), "vocab_size"),
+        (dict(dtype="fp8"), "dtype"),
+        (dict(param_dtype="int8"), "param_dtype"),
+        (dict(remat="some"), "remat"),
+        (dict(attention_impl="flash"), "attention_impl"),
+        (dict(rope_theta=0.0), "rope_theta"),
+        (dict(scan_layers="yes"), "scan_layers"),
+        (dict(tie_embeddings=1), "tie_embeddings"),
+        (dict(rope_type="yarn"), "rope_type.*'yarn'"),
+        (dict(rope_factor=8.0), "rope_factor is set but rope_type is 'default'"),
+        (dict(LLAMA3_ROPE, rope_factor=None), "rope_factor"),
+        (dict(LLAMA3_ROPE, rope_original_max_seq_len=64.5), "rope_original_max_seq_len"),
+        (dict(LLAMA3_ROPE, rope_high_freq_factor=1.0), "must exceed rope_low_freq_factor"),
+    ],
+)
 def test_bad_configs_raise(bad: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(CONFIG, **bad)
@@ -76,14 +97,17 @@ def test_config_is_frozen_and_hashable() -> None:
     assert hash(CONFIG) == hash(dataclasses.replace(CONFIG))
 
 
-@pytest.mark.parametrize("name, count", [
-    ("llama2-7b", 6_738_415_616),
-    ("llama2-13b", 13_015_864_320),
-    ("llama2-70b", 68_976_648_192),
-    # Llama-3: sum of numel over HF's parameters (the 3.2 head is tied: counted once).
-    ("llama3.1-8b", 8_030_261_248),
-    ("llama3.2-1b", 1_235_814_400),
-])
+@pytest.mark.parametrize(
+    "name, count",
+    [
+        ("llama2-7b", 6_738_415_616),
+        ("llama2-13b", 13_015_864_320),
+        ("llama2-70b", 68_976_648_192),
+        # Llama-3: sum of numel over HF's parameters (the 3.2 head is tied: counted once).
+        ("llama3.1-8b", 8_030_261_248),
+        ("llama3.2-1b", 1_235_814_400),
+    ],
+)
 def test_preset_param_counts_match_published(name: str, count: int) -> None:
     config = llama.PRESETS[name]
     assert llama.param_count(config) == count
@@ -98,11 +122,22 @@ def test_presets_shapes() -> None:
     assert (big.n_kv_heads, big.d_ff, big.head_dim, big.n_layers) == (8, 28672, 128, 80)
     assert llama.PRESETS["llama2-7b"].n_kv_heads == 32
     assert 1.0e9 < llama.param_count(llama.PRESETS["llama-1b"]) < 1.2e9
-    assert set(llama.PRESETS) >= {"llama2-7b", "llama2-13b", "llama2-70b", "tiny", "llama-1b",
-                                  "llama3.1-8b", "llama3.2-1b"}
+    assert set(llama.PRESETS) >= {
+        "llama2-7b",
+        "llama2-13b",
+        "llama2-70b",
+        "tiny",
+        "llama-1b",
+        "llama3.1-8b",
+        "llama3.2-1b",
+    }
     small = llama.PRESETS["llama3.2-1b"]
     assert (small.tie_embeddings, small.rope_type, small.rope_factor, small.head_dim) == (
-        True, "llama3", 32.0, 64)
+        True,
+        "llama3",
+        32.0,
+        64,
+    )
     assert "lm_head" not in llama.param_shapes(small)
 
 
@@ -153,11 +188,13 @@ def test_rope_is_a_rotation_of_interleaved_pairs() -> None:
     np.testing.assert_allclose(y[:, 0], x[:, 0], atol=1e-6)  # position 0: identity
     # Norms of each (2i, 2i+1) pair are kept; pair 0 at position 1 turns by exactly 1 rad.
     pairs = lambda t: t.reshape(1, 3, 2, 4, 2)  # noqa: E731
-    np.testing.assert_allclose(jnp.linalg.norm(pairs(y), axis=-1),
-                               jnp.linalg.norm(pairs(x), axis=-1), rtol=1e-5)
+    np.testing.assert_allclose(
+        jnp.linalg.norm(pairs(y), axis=-1), jnp.linalg.norm(pairs(x), axis=-1), rtol=1e-5
+    )
     a, b = x[0, 1, 0, 0], x[0, 1, 0, 1]
-    np.testing.assert_allclose(y[0, 1, 0, :2], [a * np.cos(1) - b * np.sin(1),
-                                                a * np.sin(1) + b * np.cos(1)], rtol=1e-5)
+    np.testing.assert_allclose(
+        y[0, 1, 0, :2], [a * np.cos(1) - b * np.sin(1), a * np.sin(1) + b * np.cos(1)], rtol=1e-5
+    )
 
 
 def test_forward_shapes_and_dtype(params: llama.Params) -> None:
@@ -204,24 +241,28 @@ def test_packed_documents_equal_each_document_alone(params: llama.Params) -> Non
     docs = [rng.integers(0, CONFIG.vocab_size, n) for n in lengths]
     orders = [(0, 1, 2), (2, 0, 1), (1, 2, 0)]  # each row packs the documents differently
     packed = np.stack([np.concatenate([docs[d] for d in order]) for order in orders])
-    segment_ids = np.stack([np.repeat(np.arange(1, 4), [lengths[d] for d in order])
-                            for order in orders])
-    positions = np.stack([np.concatenate([np.arange(lengths[d]) for d in order])
-                          for order in orders])
-    packed_logits = _forward(params, jnp.asarray(packed), CONFIG, jnp.asarray(segment_ids),
-                             jnp.asarray(positions))
+    segment_ids = np.stack(
+        [np.repeat(np.arange(1, 4), [lengths[d] for d in order]) for order in orders]
+    )
+    positions = np.stack(
+        [np.concatenate([np.arange(lengths[d]) for d in order]) for order in orders]
+    )
+    packed_logits = _forward(
+        params, jnp.asarray(packed), CONFIG, jnp.asarray(segment_ids), jnp.asarray(positions)
+    )
     # Each document alone, left-aligned and padded to L: causal attention never sees the pad.
     alone = np.zeros((3, L), np.int64)
     for d, doc in enumerate(docs):
-        alone[d, :len(doc)] = doc
+        alone[d, : len(doc)] = doc
     arange = jnp.broadcast_to(jnp.arange(L), (3, L))
     alone_logits = _forward(params, jnp.asarray(alone), CONFIG, None, arange)
     for row, order in enumerate(orders):
         start = 0
         for d in order:
             n = lengths[d]
-            np.testing.assert_allclose(packed_logits[row, start:start + n], alone_logits[d, :n],
-                                       atol=1e-5, rtol=1e-5)
+            np.testing.assert_allclose(
+                packed_logits[row, start : start + n], alone_logits[d, :n], atol=1e-5, rtol=1e-5
+            )
             start += n
     # Without the mask, later documents do see earlier ones (same shapes: no new compile).
     unmasked = _forward(params, jnp.asarray(packed), CONFIG, None, jnp.asarray(positions))
@@ -275,17 +316,23 @@ def test_tied_head_is_the_embedding_transposed(params: llama.Params) -> None:
     tokens = jnp.asarray(np.random.default_rng(6).integers(0, CONFIG.vocab_size, (2, 8)))
     # Untied with lm_head = embed.T computes the same function.
     as_untied = {**tied_params, "lm_head": params["embed"].T}
-    np.testing.assert_allclose(_forward(tied_params, tokens, tied),
-                               _forward(as_untied, tokens, CONFIG), atol=1e-6, rtol=1e-6)
+    np.testing.assert_allclose(
+        _forward(tied_params, tokens, tied),
+        _forward(as_untied, tokens, CONFIG),
+        atol=1e-6,
+        rtol=1e-6,
+    )
     # The embedding gets the gradient of both its uses: the lookup and the head.
     _, grads = _loss_and_grads(tied, tied_params, tokens)
     _, untied_grads = _loss_and_grads(CONFIG, as_untied, tokens)
-    np.testing.assert_allclose(grads["embed"], untied_grads["embed"] + untied_grads["lm_head"].T,
-                               atol=1e-6, rtol=1e-4)
+    np.testing.assert_allclose(
+        grads["embed"], untied_grads["embed"] + untied_grads["lm_head"].T, atol=1e-6, rtol=1e-4
+    )
     key = jax.random.key(0, impl="rbg")
     init = jax.eval_shape(functools.partial(llama.init_params, tied), key)
     assert "lm_head" not in init and llama.param_count(tied) == sum(
-        x.size for x in jax.tree.leaves(init))
+        x.size for x in jax.tree.leaves(init)
+    )
 
 
 def test_llama3_rope_keeps_high_and_stretches_low_frequencies() -> None:

@@ -22,14 +22,26 @@ from jax.sharding import PartitionSpec as P
 from lemur.model import llama, sharding
 from lemur.model.sharding import MESH_AXES
 
-MESH_CONFIG = llama.LlamaConfig(vocab_size=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                                d_ff=128, max_seq_len=64, dtype="float32", init_std=0.1)
+MESH_CONFIG = llama.LlamaConfig(
+    vocab_size=128,
+    d_model=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=128,
+    max_seq_len=64,
+    dtype="float32",
+    init_std=0.1,
+)
 
 
 def _abstract(config: llama.LlamaConfig) -> llama.Params:
     """ShapeDtypeStructs of the params (no memory, no compile)."""
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32),
-                        llama.param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
+    return jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s, jnp.float32),
+        llama.param_shapes(config),
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
 
 
 def _mesh(data: int, fsdp: int, tensor: int) -> AbstractMesh:
@@ -48,8 +60,9 @@ def test_every_param_has_a_spec_of_its_rank(name: str) -> None:
     for spec, leaf in zip(flat_specs, flat_params, strict=True):
         assert isinstance(spec, P) and len(spec) == leaf.ndim
     # The layer axis is never split (scan slices it); the big matrices are split both ways.
-    assert all(s[0] is None for s in jax.tree.leaves(
-        specs["layers"], is_leaf=lambda x: isinstance(x, P)))
+    assert all(
+        s[0] is None for s in jax.tree.leaves(specs["layers"], is_leaf=lambda x: isinstance(x, P))
+    )
     assert specs["layers"]["wq"] == P(None, "fsdp", "tensor", None)
     assert specs["layers"]["w_down"] == P(None, "tensor", "fsdp")
     assert specs["embed"] == P("tensor", "fsdp")
@@ -77,7 +90,8 @@ def test_specs_fit_the_mesh() -> None:
     assert specs["layers"]["wk"] == P(None, "fsdp", "tensor", None)
     # The batch spans data x fsdp when it divides, else what divides.
     assert sharding.fit_spec(P(("data", "fsdp"), None), (8, 5), _mesh(2, 2, 2)) == P(
-        ("data", "fsdp"), None)
+        ("data", "fsdp"), None
+    )
     assert sharding.fit_spec(P(("data", "fsdp"), None), (2, 5), _mesh(2, 2, 2)) == P("data", None)
     assert sharding.fit_spec(P("tensor"), (6,), _mesh(1, 1, 4)) == P(None)
 
@@ -99,10 +113,18 @@ def test_make_mesh_single_device() -> None:
 
 
 def test_sharded_forward_and_grads_equal_unsharded_on_8_cpu_devices() -> None:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-           "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--mesh-check"],
-                            env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "JAX_PLATFORMS": "cpu",
+    }
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--mesh-check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "MESH OK" in result.stdout, result.stdout + result.stderr
 
@@ -112,18 +134,29 @@ def _mesh_check() -> None:
     assert jax.device_count() == 8, jax.devices()
     _mesh_check_one(MESH_CONFIG)
     # Llama-3.2 style: the tied head reuses the (tensor, fsdp)-split embedding.
-    _mesh_check_one(dataclasses.replace(
-        MESH_CONFIG, tie_embeddings=True, rope_type="llama3", rope_theta=500000.0,
-        rope_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
-        rope_original_max_seq_len=16))
+    _mesh_check_one(
+        dataclasses.replace(
+            MESH_CONFIG,
+            tie_embeddings=True,
+            rope_type="llama3",
+            rope_theta=500000.0,
+            rope_factor=32.0,
+            rope_low_freq_factor=1.0,
+            rope_high_freq_factor=4.0,
+            rope_original_max_seq_len=16,
+        )
+    )
     print("MESH OK")
 
 
 def _mesh_check_one(config: llama.LlamaConfig) -> None:
     """One config: the sharded loss, logits and gradients equal the single-device ones."""
     rng = np.random.default_rng(0)
-    params = jax.tree.map(lambda s: jnp.asarray(0.1 * rng.standard_normal(s), jnp.float32),
-                          llama.param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
+    params = jax.tree.map(
+        lambda s: jnp.asarray(0.1 * rng.standard_normal(s), jnp.float32),
+        llama.param_shapes(config),
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
     B, L = 4, 16
     tokens = jnp.asarray(rng.integers(0, config.vocab_size, (B, L)), jnp.int32)
     segment_ids = jnp.asarray(np.repeat([[1] * 6 + [2] * 10], B, 0), jnp.int32)

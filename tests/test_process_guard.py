@@ -77,8 +77,9 @@ def build_recipe(tmp_path_factory) -> dict:
     for p in real_python_files(120):
         (code / p.name).write_bytes(p.read_bytes())
     text = write_jsonl(root / "text.jsonl", real_text_docs(80))
-    return base_recipe(root, code, [text], filters=NO_FILTERS,
-                       executor={"kind": "local", "tasks": 8, "workers": 2})
+    return base_recipe(
+        root, code, [text], filters=NO_FILTERS, executor={"kind": "local", "tasks": 8, "workers": 2}
+    )
 
 
 @pytest.mark.parametrize("phase", ["tokenize", "shuffle"])
@@ -89,8 +90,12 @@ def test_killed_build_leaves_no_process(build_recipe: dict, tmp_path: Path, phas
     token, log = uuid.uuid4().hex, tmp_path / "build.log"
     proc = start(["lemur.data.cli", "build", str(path)], token, log)
     if phase == "tokenize":  # workers are alive and tasks are running
-        wait_for(lambda: len(marked_pids(token)) >= 3
-                 and list(out.glob(".work/tokens-*/logs")), 120, proc, log)
+        wait_for(
+            lambda: len(marked_pids(token)) >= 3 and list(out.glob(".work/tokens-*/logs")),
+            120,
+            proc,
+            log,
+        )
     else:
         wait_for(lambda: list(out.glob(".work/shuffle-*")), 180, proc, log)
     kill_and_check(proc, token)
@@ -100,15 +105,20 @@ def test_killed_build_leaves_no_process(build_recipe: dict, tmp_path: Path, phas
 def test_killed_trainer_leaves_no_loader_worker(tmp_path_factory, tmp_path: Path) -> None:
     corpus = build_corpus(tmp_path_factory.mktemp("guard_corpus"))
     run = tmp_path / "run"
-    config = tiny_config(corpus, run, "steps=100000", "data.num_workers=2",
-                         "checkpoint.every=100000")
+    config = tiny_config(
+        corpus, run, "steps=100000", "data.num_workers=2", "checkpoint.every=100000"
+    )
     path = write_config(config, tmp_path / "config.yaml")
     token, log = uuid.uuid4().hex, tmp_path / "train.log"
     proc = start(["lemur.train.cli", str(path)], token, log)
     metrics = run / "metrics.jsonl"
     # Training steps are being logged and the loader's worker processes are up.
-    wait_for(lambda: metrics.is_file() and metrics.stat().st_size > 0
-             and len(marked_pids(token)) >= 2, 240, proc, log)
+    wait_for(
+        lambda: metrics.is_file() and metrics.stat().st_size > 0 and len(marked_pids(token)) >= 2,
+        240,
+        proc,
+        log,
+    )
     kill_and_check(proc, token)
 
 
@@ -118,14 +128,18 @@ def test_guarded_child_dies_with_parent(tmp_path: Path) -> None:
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c",
     "import os, time; from lemur.process_guard import die_with_parent; "
-    "die_with_parent({{ppid}}); open({str(tmp_path / 'ready')!r}, 'w').close(); time.sleep(600)"
+    "die_with_parent({{ppid}}); open({str(tmp_path / "ready")!r}, 'w').close(); time.sleep(600)"
     .replace("{{ppid}}", str(__import__("os").getpid()))])
 print(child.pid, flush=True)
 time.sleep(600)
 """
     token = uuid.uuid4().hex
-    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, MARKER: token},
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        env={**os.environ, MARKER: token},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     child = int(proc.stdout.readline())
     deadline = time.monotonic() + 60
     while not (tmp_path / "ready").exists():
@@ -133,4 +147,3 @@ time.sleep(600)
         time.sleep(0.05)
     assert child in marked_pids(token)
     kill_and_check(proc, token)
-

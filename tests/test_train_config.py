@@ -55,54 +55,70 @@ def test_tiny_preset_is_small() -> None:
 
 
 def test_overrides_types_and_lists() -> None:
-    c = load_config("tiny", ["steps=7", "schedule.peak_lr=4e-5", "data.dirs=some/dir",
-                             "model.overrides.d_model=32", "mesh.fsdp=2", "mesh.data=-1",
-                             "data.weights=[1]", "eval.batches=null"])
+    c = load_config(
+        "tiny",
+        [
+            "steps=7",
+            "schedule.peak_lr=4e-5",
+            "data.dirs=some/dir",
+            "model.overrides.d_model=32",
+            "mesh.fsdp=2",
+            "mesh.data=-1",
+            "data.weights=[1]",
+            "eval.batches=null",
+        ],
+    )
     assert c.steps == 7 and c.schedule.peak_lr == 4e-5  # YAML 1.1 reads 4e-5 as a string
     assert c.data.dirs == ["some/dir"] and c.data.weights == [1.0]
     assert c.model.llama(100).d_model == 32 and c.eval.batches is None
     assert (c.mesh.data, c.mesh.fsdp) == (-1, 2)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["optimizer.b3=1"], "unknown key 'optimizer.b3'"),
-    (["stepz=1"], "unknown key 'stepz'"),
-    (["steps=ten"], "steps must be an integer"),
-    (["steps=1.5"], "steps must be an integer"),
-    (["log.progress=maybe"], "log.progress must be true or false"),
-    (["batch=4"], "batch must be a mapping"),
-    (["schedule.decay=exp"], "schedule.decay must be one of"),
-    (["mesh.data=-1", "mesh.fsdp=-1"], "mesh may use -1 on one axis only"),
-    (["batch.size=6", "batch.microbatches=4"], "batch.microbatches (4) must divide"),
-    (["model.preset=llama9"], "model.preset must be one of"),
-    (["model.overrides.n_heads=3"], "model"),
-    (["model.overrides.vocab_size=8"], "model.overrides.vocab_size"),
-    (["model.overrides.dtype=int8"], "dtype"),
-    (["data.weights=[1, 2]"], "data.weights has 2 entries"),
-    (["batch.seq_len=4096"], "exceeds the model's max_seq_len"),
-    (["optimizer.b2=1"], "optimizer.b2 must be in [0, 1)"),
-    (["steps"], "expected KEY=VALUE"),
-    # Non-finite numbers: refused at validation, naming the key (not an OverflowError later).
-    (["data.dirs=[a, b]", "data.weights=[.inf, 1]"],
-     "data.weights[0] must be a finite number, got inf"),
-    (["schedule.peak_lr=.nan"], "schedule.peak_lr must be a finite number, got nan"),
-    (["optimizer.eps=-.inf"], "optimizer.eps must be a finite number, got -inf"),
-    (["log.peak_tflops=inf"], "log.peak_tflops must be a finite number"),
-    (["steps=inf"], "steps must be an integer, got 'inf'"),
-    (["eval.batches=.nan"], "eval.batches must be an integer"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["optimizer.b3=1"], "unknown key 'optimizer.b3'"),
+        (["stepz=1"], "unknown key 'stepz'"),
+        (["steps=ten"], "steps must be an integer"),
+        (["steps=1.5"], "steps must be an integer"),
+        (["log.progress=maybe"], "log.progress must be true or false"),
+        (["batch=4"], "batch must be a mapping"),
+        (["schedule.decay=exp"], "schedule.decay must be one of"),
+        (["mesh.data=-1", "mesh.fsdp=-1"], "mesh may use -1 on one axis only"),
+        (["batch.size=6", "batch.microbatches=4"], "batch.microbatches (4) must divide"),
+        (["model.preset=llama9"], "model.preset must be one of"),
+        (["model.overrides.n_heads=3"], "model"),
+        (["model.overrides.vocab_size=8"], "model.overrides.vocab_size"),
+        (["model.overrides.dtype=int8"], "dtype"),
+        (["data.weights=[1, 2]"], "data.weights has 2 entries"),
+        (["batch.seq_len=4096"], "exceeds the model's max_seq_len"),
+        (["optimizer.b2=1"], "optimizer.b2 must be in [0, 1)"),
+        (["steps"], "expected KEY=VALUE"),
+        # Non-finite numbers: refused at validation, naming the key (not an OverflowError later).
+        (
+            ["data.dirs=[a, b]", "data.weights=[.inf, 1]"],
+            "data.weights[0] must be a finite number, got inf",
+        ),
+        (["schedule.peak_lr=.nan"], "schedule.peak_lr must be a finite number, got nan"),
+        (["optimizer.eps=-.inf"], "optimizer.eps must be a finite number, got -inf"),
+        (["log.peak_tflops=inf"], "log.peak_tflops must be a finite number"),
+        (["steps=inf"], "steps must be an integer, got 'inf'"),
+        (["eval.batches=.nan"], "eval.batches must be an integer"),
+    ],
+)
 def test_bad_configs_name_the_key(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config("tiny", overrides)
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def test_cli_bad_config_is_one_line_exit_2(tmp_path: Path,
-                                           capsys: pytest.CaptureFixture) -> None:
+def test_cli_bad_config_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["tiny", "--set", "optimizer.b3=1"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == ["lemur-train: config: unknown key 'optimizer.b3' (known: b1, b2, eps, "
-                   "grad_clip, weight_decay)"]
+    assert err == [
+        "lemur-train: config: unknown key 'optimizer.b3' (known: b1, b2, eps, "
+        "grad_clip, weight_decay)"
+    ]
     bad = tmp_path / "bad.yaml"
     bad.write_text("steps: [1\n")
     assert main([str(bad)]) == 2
@@ -110,13 +126,18 @@ def test_cli_bad_config_is_one_line_exit_2(tmp_path: Path,
     assert main(["no-such-config"]) == 2
     assert "no such file or shipped config" in capsys.readouterr().err
     # Through the installed entry point: no traceback.
-    result = subprocess.run([sys.executable, "-m", "lemur.train.cli", "tiny", "--set",
-                             "steps=x"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "lemur.train.cli", "tiny", "--set", "steps=x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip() == "lemur-train: config: steps must be an integer, got 'x'"
     assert main(["tiny", "--set", "data.weights=[.inf]"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "lemur-train: config: data.weights[0] must be a finite number, got inf"]
+        "lemur-train: config: data.weights[0] must be a finite number, got inf"
+    ]
 
 
 def test_dry_run_prints_the_resolved_config(capsys: pytest.CaptureFixture) -> None:

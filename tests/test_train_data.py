@@ -32,8 +32,16 @@ SEQ = 32
 TOKENIZER = b"not a real sentencepiece model, only its bytes matter here"
 
 
-def build_dir(root: Path, *, seed: int, lo: int = 3, hi: int = VOCAB, n_docs: int = 300,
-              dtype: np.dtype | None = None, tokenizer: bytes = TOKENIZER) -> Path:
+def build_dir(
+    root: Path,
+    *,
+    seed: int,
+    lo: int = 3,
+    hi: int = VOCAB,
+    n_docs: int = 300,
+    dtype: np.dtype | None = None,
+    tokenizer: bytes = TOKENIZER,
+) -> Path:
     """Write a small shard directory: ~9 train shards, val shards for code and text."""
     rng = np.random.default_rng(seed)
     dtype = token_dtype(VOCAB) if dtype is None else np.dtype(dtype)
@@ -43,25 +51,45 @@ def build_dir(root: Path, *, seed: int, lo: int = 3, hi: int = VOCAB, n_docs: in
     def doc() -> np.ndarray:
         # Mostly short documents, some of one token, some longer than a window.
         kind = rng.random()
-        n = 1 if kind < 0.1 else int(rng.integers(60, 200)) if kind < 0.3 else int(
-            rng.integers(1, 40))
+        n = (
+            1
+            if kind < 0.1
+            else int(rng.integers(60, 200))
+            if kind < 0.3
+            else int(rng.integers(1, 40))
+        )
         return np.concatenate(([1], rng.integers(lo, hi, n), [2]))
 
     shards = []
-    for prefix, split, domain, count in (("train", "train", "mixed", n_docs),
-                                         ("val/code", "val", "code", 40),
-                                         ("val/text", "val", "text", 25)):
+    for prefix, split, domain, count in (
+        ("train", "train", "mixed", n_docs),
+        ("val/code", "val", "code", 40),
+        ("val/text", "val", "text", 25),
+    ):
         w = ShardWriter(root, prefix, split, domain, dtype, shard_tokens=2000)
         for _ in range(count):
             w.add(doc())
         shards += w.close()
-    atomic_write_json(root / "manifest.json", {
-        "format": FORMAT, "dtype": dtype_name(dtype), "seq_len": 4096,
-        "tokenizer": {"file": "tokenizer.model", "sha256": hashlib.sha256(tokenizer).hexdigest(),
-                      "vocab_size": VOCAB, "bos_id": 1, "eos_id": 2},
-        "shards": [s.to_json() for s in shards],
-        "mix": {}, "counts": {}, "recipe": {}, "recipe_sha256": "",
-    })
+    atomic_write_json(
+        root / "manifest.json",
+        {
+            "format": FORMAT,
+            "dtype": dtype_name(dtype),
+            "seq_len": 4096,
+            "tokenizer": {
+                "file": "tokenizer.model",
+                "sha256": hashlib.sha256(tokenizer).hexdigest(),
+                "vocab_size": VOCAB,
+                "bos_id": 1,
+                "eos_id": 2,
+            },
+            "shards": [s.to_json() for s in shards],
+            "mix": {},
+            "counts": {},
+            "recipe": {},
+            "recipe_sha256": "",
+        },
+    )
     return root
 
 
@@ -85,8 +113,15 @@ def keys(corpus: Path) -> dict[bytes, int]:
 
 
 def it_for(dirs, **kw):
-    kw = {"seq_len": SEQ, "batch_size": 8, "seed": 0, "process_index": 0, "process_count": 1,
-          "num_threads": 0, **kw}
+    kw = {
+        "seq_len": SEQ,
+        "batch_size": 8,
+        "seed": 0,
+        "process_index": 0,
+        "process_count": 1,
+        "num_threads": 0,
+        **kw,
+    }
     return make_train_iterator(dirs, **kw)
 
 
@@ -101,8 +136,10 @@ def rows(batches, keys: dict[bytes, int]) -> list[int]:
 def same(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]]) -> bool:
     if len(a) != len(b):
         return False
-    return all(x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
-               for x, y in zip(a, b, strict=True))
+    return all(
+        x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def reference(tokens: np.ndarray, ends: np.ndarray, start: int, L: int) -> dict[str, np.ndarray]:
@@ -115,8 +152,13 @@ def reference(tokens: np.ndarray, ends: np.ndarray, start: int, L: int) -> dict[
     seg = d[:-1] - d[0] + 1
     positions = np.where(d[:-1] == d[0], np.arange(L), pos[start : start + L])
     w = np.asarray(tokens[start : start + L + 1], np.int64)
-    return {"inputs": w[:-1], "targets": w[1:], "segment_ids": seg, "positions": positions,
-            "loss_mask": (d[1:] == d[:-1]).astype(np.int64)}
+    return {
+        "inputs": w[:-1],
+        "targets": w[1:],
+        "segment_ids": seg,
+        "positions": positions,
+        "loss_mask": (d[1:] == d[:-1]).astype(np.int64),
+    }
 
 
 def assert_record(rec: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> None:
@@ -170,14 +212,20 @@ def test_every_record_once_per_epoch_and_seeds_reorder(corpus: Path, keys) -> No
 def test_processes_read_disjoint_records_covering_all(corpus: Path, keys, pcount: int) -> None:
     n, batch = len(keys), 4
     steps = -(-n // (pcount * batch))
-    per_host = [take(it_for(corpus, batch_size=batch, process_index=p, process_count=pcount),
-                     steps) for p in range(pcount)]
+    per_host = [
+        take(it_for(corpus, batch_size=batch, process_index=p, process_count=pcount), steps)
+        for p in range(pcount)
+    ]
     # Global order: step, then row, then host (host p holds global rows p, p + P, ...).
-    stream = [rows([per_host[p][s]], keys)[m] for s in range(steps) for m in range(batch)
-              for p in range(pcount)]
+    stream = [
+        rows([per_host[p][s]], keys)[m]
+        for s in range(steps)
+        for m in range(batch)
+        for p in range(pcount)
+    ]
     assert sorted(stream[:n]) == list(range(n))
     # Within the epoch, each host's records are its own: no record on two hosts.
-    epoch_of = [stream[p : n : pcount] for p in range(pcount)]
+    epoch_of = [stream[p:n:pcount] for p in range(pcount)]
     assert all(len(set(e)) == len(e) for e in epoch_of)
     assert sum(len(e) for e in epoch_of) == len(set().union(*epoch_of)) == n
     # The global batches equal a single process's batches of pcount * batch records.
@@ -276,15 +324,20 @@ def test_mixture_refuses_different_tokenizers(tmp_path: Path, corpus: Path) -> N
 
 
 def test_eval_streams_read_each_val_window_once_in_order(corpus: Path) -> None:
-    streams = make_eval_iterators(corpus, seq_len=SEQ, batch_size=4, process_index=0,
-                                  process_count=1)
+    streams = make_eval_iterators(
+        corpus, seq_len=SEQ, batch_size=4, process_index=0, process_count=1
+    )
     assert sorted(streams) == ["code", "text"]
     for domain, stream in streams.items():
         src = ShardSource(corpus, SEQ, split="val", domain=domain)
         batches = list(stream)
         assert len(batches) == len(stream) == -(-len(src) // 4)
-        real = [{k: b[k][r] for k in BATCH_KEYS} for b in batches for r in range(4)
-                if b["loss_mask"][r].any() or b["segment_ids"][r].any()]
+        real = [
+            {k: b[k][r] for k in BATCH_KEYS}
+            for b in batches
+            for r in range(4)
+            if b["loss_mask"][r].any() or b["segment_ids"][r].any()
+        ]
         assert len(real) == len(src)
         for i, rec in enumerate(real):
             for k in BATCH_KEYS:
@@ -292,14 +345,36 @@ def test_eval_streams_read_each_val_window_once_in_order(corpus: Path) -> None:
         pad = len(batches) * 4 - len(src)
         assert not batches[-1]["loss_mask"][4 - pad :].any()
         assert same(list(stream), batches)  # deterministic, re-iterable
-    assert len(list(make_eval_iterators(corpus, seq_len=SEQ, batch_size=4, max_batches=1,
-                                        process_index=0, process_count=1)["code"])) == 1
+    assert (
+        len(
+            list(
+                make_eval_iterators(
+                    corpus,
+                    seq_len=SEQ,
+                    batch_size=4,
+                    max_batches=1,
+                    process_index=0,
+                    process_count=1,
+                )["code"]
+            )
+        )
+        == 1
+    )
     # Two hosts: the same number of batches, together every window once.
-    two = [make_eval_iterators(corpus, seq_len=SEQ, batch_size=4, process_index=p,
-                               process_count=2)["text"] for p in range(2)]
+    two = [
+        make_eval_iterators(corpus, seq_len=SEQ, batch_size=4, process_index=p, process_count=2)[
+            "text"
+        ]
+        for p in range(2)
+    ]
     assert len(two[0]) == len(two[1])
-    got = sorted(b["inputs"][r].tobytes() for s in two for b in s for r in range(4)
-                 if b["segment_ids"][r].any())
+    got = sorted(
+        b["inputs"][r].tobytes()
+        for s in two
+        for b in s
+        for r in range(4)
+        if b["segment_ids"][r].any()
+    )
     src = ShardSource(corpus, SEQ, split="val", domain="text")
     assert got == sorted(src[i]["inputs"].tobytes() for i in range(len(src)))
 
@@ -334,8 +409,9 @@ def test_check_compatible_refuses_mismatches(tmp_path: Path, corpus: Path) -> No
     one_line_error(e, "tokenizer.model")
 
 
-@pytest.mark.parametrize("damage", ["truncate_bin", "missing_idx", "short_idx", "wrong_ends",
-                                    "missing_tokenizer"])
+@pytest.mark.parametrize(
+    "damage", ["truncate_bin", "missing_idx", "short_idx", "wrong_ends", "missing_tokenizer"]
+)
 def test_structural_checks_name_the_file(tmp_path: Path, corpus: Path, damage: str) -> None:
     bad = tmp_path / "bad"
     shutil.copytree(corpus, bad)
@@ -360,7 +436,8 @@ def test_structural_checks_name_the_file(tmp_path: Path, corpus: Path, damage: s
         name = "tokenizer.model"
     with pytest.raises(ShardFormatError) as e:
         ShardSource(bad, SEQ) if damage != "missing_tokenizer" else check_compatible(
-            bad, vocab_size=VOCAB)
+            bad, vocab_size=VOCAB
+        )
     one_line_error(e, name)
     with pytest.raises(ShardFormatError):
         check_compatible(bad, vocab_size=VOCAB)
@@ -407,8 +484,12 @@ def test_state_round_trips_through_an_orbax_checkpoint(tmp_path: Path, corpus: P
     mngr = ocp.CheckpointManager(tmp_path / "ckpt", item_names=("data", "data_grain"))
     # JsonSave stores the process-independent state once (restorable with any process
     # count); Grain's own handler writes one file per process (same process count only).
-    mngr.save(3, args=ocp.args.Composite(data=ocp.args.JsonSave(it.get_state()),
-                                         data_grain=grain.checkpoint.CheckpointSave(it)))
+    mngr.save(
+        3,
+        args=ocp.args.Composite(
+            data=ocp.args.JsonSave(it.get_state()), data_grain=grain.checkpoint.CheckpointSave(it)
+        ),
+    )
     mngr.wait_until_finished()
     want = take(it, 2)
     fresh = it_for(corpus)
@@ -457,8 +538,9 @@ def test_token_ids_beyond_the_vocab_name_the_shard(tmp_path: Path, corpus: Path)
     # Without a vocab the source reads it as is; with one, the read names file and offset.
     assert src[window]["inputs"][5] == VOCAB + 3
     checked = ShardSource(bad, SEQ, vocab_size=VOCAB)
-    with pytest.raises(ShardFormatError, match=f"token id {VOCAB + 3} at offset {start + 5} "
-                                               f">= vocab_size {VOCAB}") as e:
+    with pytest.raises(
+        ShardFormatError, match=f"token id {VOCAB + 3} at offset {start + 5} >= vocab_size {VOCAB}"
+    ) as e:
         checked[window]
     one_line_error(e, shard["file"])
     # Through the iterator (Grain's reader threads re-raise it in the consumer).

@@ -27,12 +27,18 @@ STEPS = 6  # compared over the first 5; the schedule is pinned (decay_steps), so
 # steps are the first 6 of the shared 30-step config
 
 
-def run_script(config_file: Path, *args: str, env: dict[str, str] | None = None,
-               timeout: int = 240) -> subprocess.CompletedProcess:
+def run_script(
+    config_file: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 240
+) -> subprocess.CompletedProcess:
     """Train CONFIG in a fresh CPU-only Python (see `_script`)."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
-    return subprocess.run([sys.executable, str(HERE), "run", str(config_file), *args],
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(HERE), "run", str(config_file), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def write_config(config: object, path: Path) -> Path:
@@ -58,8 +64,9 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(corpus: Path, cache: Path, tmp_path_factory: pytest.TempPathFactory
-              ) -> dict[int, float]:
+def reference(
+    corpus: Path, cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[int, float]:
     """Per-step losses of the shared config on one device, in this process."""
     from lemur.train.loop import train
 
@@ -68,12 +75,20 @@ def reference(corpus: Path, cache: Path, tmp_path_factory: pytest.TempPathFactor
     return train_losses(run)
 
 
-def test_mesh_2x2x2_on_8_devices_matches_one_device(corpus: Path, cache: Path,
-                                                     reference: dict[int, float],
-                                                     tmp_path: Path) -> None:
+def test_mesh_2x2x2_on_8_devices_matches_one_device(
+    corpus: Path, cache: Path, reference: dict[int, float], tmp_path: Path
+) -> None:
     run = tmp_path / "run"
-    config = tiny_config(corpus, run, f"steps={STEPS}", "mesh.data=2", "mesh.fsdp=2",
-                         "mesh.tensor=2", "checkpoint.every=0", cache=cache)
+    config = tiny_config(
+        corpus,
+        run,
+        f"steps={STEPS}",
+        "mesh.data=2",
+        "mesh.fsdp=2",
+        "mesh.tensor=2",
+        "checkpoint.every=0",
+        cache=cache,
+    )
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     result = run_script(write_config(config, tmp_path / "config.yaml"), env=env)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -89,12 +104,21 @@ def _free_port() -> int:
 
 
 def test_two_processes_with_jax_distributed_train_and_checkpoint(
-        corpus: Path, cache: Path, reference: dict[int, float], tmp_path: Path) -> None:
+    corpus: Path, cache: Path, reference: dict[int, float], tmp_path: Path
+) -> None:
     run = tmp_path / "run"
     # data across the two hosts, tensor within each: every host reads its own rows, and
     # both of its devices hold the same rows.
-    config = tiny_config(corpus, run, f"steps={STEPS}", "mesh.data=2", "mesh.fsdp=1",
-                         "mesh.tensor=2", "checkpoint.every=3", cache=cache)
+    config = tiny_config(
+        corpus,
+        run,
+        f"steps={STEPS}",
+        "mesh.data=2",
+        "mesh.fsdp=1",
+        "mesh.tensor=2",
+        "checkpoint.every=3",
+        cache=cache,
+    )
     config_file = write_config(config, tmp_path / "config.yaml")
     outputs = _two_processes([sys.executable, str(HERE), "run", str(config_file)])
     assert "4 cpu device(s), 2 process(es)" in outputs[0]
@@ -109,8 +133,9 @@ def test_two_processes_with_jax_distributed_train_and_checkpoint(
     losses = train_losses(run)
 
     # Process 1's part of checkpoint 6 truncated: both processes skip it, agree on 3.
-    files = sorted((run / "checkpoints/6/state").glob("ocdbt.process_1/d/*"),
-                   key=lambda f: f.stat().st_size)
+    files = sorted(
+        (run / "checkpoints/6/state").glob("ocdbt.process_1/d/*"), key=lambda f: f.stat().st_size
+    )
     os.truncate(files[-1], files[-1].stat().st_size // 2)
     outputs = _two_processes([sys.executable, "-m", "lemur.train.cli", str(config_file)])
     assert "skipped checkpoint 6" in outputs[0] and "resumed from step 3" in outputs[0]
@@ -125,11 +150,18 @@ def _two_processes(command: list[str]) -> list[str]:
     procs = [
         subprocess.Popen(
             command,
-            env={**os.environ, "JAX_PLATFORMS": "cpu",
-                 "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-                 "JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2",
-                 "JAX_PROCESS_ID": str(i)},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            env={
+                **os.environ,
+                "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+                "JAX_COORDINATOR_ADDRESS": f"localhost:{port}",
+                "JAX_NUM_PROCESSES": "2",
+                "JAX_PROCESS_ID": str(i),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for i in range(2)
     ]
     outputs = [p.communicate(timeout=300)[0] for p in procs]

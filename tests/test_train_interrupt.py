@@ -38,14 +38,19 @@ def checkpointed(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return run
 
 
-def interrupt(config_file: Path, *, after_start: float | None = None,
-              after_setup_line: float | None = None) -> tuple[int, str, bool]:
+def interrupt(
+    config_file: Path, *, after_start: float | None = None, after_setup_line: float | None = None
+) -> tuple[int, str, bool]:
     """Run lemur-train, SIGINT it at a moment: (exit code, stderr, signal sent in set-up)."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    proc = subprocess.Popen([sys.executable, "-m", "lemur.train.cli", str(config_file)],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                            env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lemur.train.cli", str(config_file)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     lines: list[str] = []
     setup = threading.Event()
 
@@ -78,12 +83,17 @@ def assert_nothing_half_written(run: Path, config_text: str) -> None:
     assert not leftovers, leftovers
 
 
-@pytest.mark.parametrize("moment", [
-    {"after_start": 0.3}, {"after_start": 2.0}, {"after_setup_line": 0.0},
-    {"after_setup_line": 0.4}, {"after_setup_line": 1.0},
-])
-def test_ctrl_c_during_setup_exits_130_cleanly(moment: dict, corpus: Path, tmp_path: Path
-                                               ) -> None:
+@pytest.mark.parametrize(
+    "moment",
+    [
+        {"after_start": 0.3},
+        {"after_start": 2.0},
+        {"after_setup_line": 0.0},
+        {"after_setup_line": 0.4},
+        {"after_setup_line": 1.0},
+    ],
+)
+def test_ctrl_c_during_setup_exits_130_cleanly(moment: dict, corpus: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     config = tiny_config(corpus, run)
     config_file = tmp_path / "config.yaml"
@@ -96,8 +106,9 @@ def test_ctrl_c_during_setup_exits_130_cleanly(moment: dict, corpus: Path, tmp_p
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.5])
-def test_ctrl_c_while_resuming_exits_130_cleanly(delay: float, corpus: Path, checkpointed: Path,
-                                                 tmp_path: Path) -> None:
+def test_ctrl_c_while_resuming_exits_130_cleanly(
+    delay: float, corpus: Path, checkpointed: Path, tmp_path: Path
+) -> None:
     run = tmp_path / "run"
     shutil.copytree(checkpointed, run)
     before = (run / "metrics.jsonl").read_text()

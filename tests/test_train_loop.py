@@ -41,24 +41,39 @@ def build_corpus(root: Path, vocab: int = 600) -> Path:
     raw = conftest.base_recipe(root, code, [text], filters=conftest.NO_FILTERS)
     raw["tokenizer"]["train"]["vocab_size"] = vocab
     recipe.write_text(yaml.safe_dump(raw))
-    result = subprocess.run([sys.executable, "-m", "lemur.data.cli", "build", str(recipe)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "lemur.data.cli", "build", str(recipe)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     return root / "out"
 
 
-def tiny_config(data_dir: Path, run_dir: Path, *overrides: str,
-                cache: Path | None = None) -> TrainConfig:
+def tiny_config(
+    data_dir: Path, run_dir: Path, *overrides: str, cache: Path | None = None
+) -> TrainConfig:
     """A 2-layer d_model 32 model, batch 8 x 32 in 2 microbatches, every step logged.
 
     Tests share this one config where they can: the schedule's constants are compiled into
     the step, so every other steps/lr value costs a compile (seconds on 2 busy cores).
     """
     raw = {
-        "run_dir": str(run_dir), "seed": 0, "steps": 30,
+        "run_dir": str(run_dir),
+        "seed": 0,
+        "steps": 30,
         "compile_cache_dir": None if cache is None else str(cache),
-        "model": {"preset": "tiny", "overrides": {"d_model": 32, "n_heads": 4, "n_kv_heads": 2,
-                                                  "d_ff": 64, "max_seq_len": 64}},
+        "model": {
+            "preset": "tiny",
+            "overrides": {
+                "d_model": 32,
+                "n_heads": 4,
+                "n_kv_heads": 2,
+                "d_ff": 64,
+                "max_seq_len": 64,
+            },
+        },
         "data": {"dirs": [str(data_dir)]},
         "batch": {"size": 8, "seq_len": 32, "microbatches": 2},
         # decay_steps pinned: runs of fewer steps share the schedule (and the compiled step).
@@ -94,8 +109,9 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def finished_run(corpus: Path, cache: Path, tmp_path_factory: pytest.TempPathFactory
-                 ) -> tuple[Path, list[dict]]:
+def finished_run(
+    corpus: Path, cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, list[dict]]:
     """The shared config trained to the end (30 steps), with every record it emitted."""
     run = tmp_path_factory.mktemp("finished") / "run"
     seen: list[dict] = []
@@ -105,7 +121,8 @@ def finished_run(corpus: Path, cache: Path, tmp_path_factory: pytest.TempPathFac
 
 
 def test_loss_falls_on_real_shards_with_evals_metrics_and_plots(
-        finished_run: tuple[Path, list[dict]], corpus: Path, cache: Path) -> None:
+    finished_run: tuple[Path, list[dict]], corpus: Path, cache: Path
+) -> None:
     run, seen = finished_run
     losses = train_losses(run)
     assert sorted(losses) == list(range(1, 31))
@@ -124,8 +141,10 @@ def test_loss_falls_on_real_shards_with_evals_metrics_and_plots(
     ckpt = Checkpointer(run / "checkpoints")
     assert ckpt.all_steps() == [10, 20, 30]
     ckpt.close()
-    assert json.loads((run / "checkpoints/30/data/metadata").read_text())[
-        "global_next_index"] == 30 * 8
+    assert (
+        json.loads((run / "checkpoints/30/data/metadata").read_text())["global_next_index"]
+        == 30 * 8
+    )
     assert (run / "config.yaml").is_file()
     # A finished run resumed does nothing more; with resume off it refuses to overwrite.
     assert train(tiny_config(corpus, run, cache=cache)).step == 30
@@ -138,8 +157,12 @@ def test_loss_falls_on_real_shards_with_evals_metrics_and_plots(
 
 
 def test_divergence_stops_with_last_checkpoint_intact(
-        finished_run: tuple[Path, list[dict]], corpus: Path, cache: Path, tmp_path: Path,
-        capsys: pytest.CaptureFixture) -> None:
+    finished_run: tuple[Path, list[dict]],
+    corpus: Path,
+    cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:
     import shutil
 
     from lemur.train.loop import Trainer
@@ -152,8 +175,11 @@ def test_divergence_stops_with_last_checkpoint_intact(
     ckpt.close()
     # The finished run continued with an absurd learning rate blows up at once.
     bad = ["steps=34", "schedule.peak_lr=1e30", "checkpoint.every=1"]
-    with pytest.raises(TrainingDiverged, match=r"step 31: .* is (nan|inf).*last checkpoint: "
-                                               r"step 30"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"step 31: .* is (nan|inf).*last checkpoint: "
+        r"step 30",
+    ):
         train(tiny_config(corpus, run, *bad, cache=cache))
     ckpt = Checkpointer(run / "checkpoints")
     assert ckpt.latest_step() == 30
@@ -180,8 +206,9 @@ def _leaves(state: object) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(state)]
 
 
-def test_setup_errors_are_one_line(corpus: Path, tmp_path: Path,
-                                   capsys: pytest.CaptureFixture) -> None:
+def test_setup_errors_are_one_line(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     cases = [
         (["data.dirs=" + str(tmp_path / "missing")], "manifest"),
         (["model.vocab_size=1000"], "vocab_size"),
@@ -210,11 +237,17 @@ def test_init_from_a_converted_checkpoint(corpus: Path, cache: Path, tmp_path: P
     config = tiny_config(corpus, tmp_path / "run", cache=cache)
     model = config.model.llama(600)
     rng = np.random.default_rng(3)
-    params = jax.tree.map(lambda s: rng.standard_normal(s).astype(np.float32),
-                          llama.param_shapes(model), is_leaf=lambda x: isinstance(x, tuple))
+    params = jax.tree.map(
+        lambda s: rng.standard_normal(s).astype(np.float32),
+        llama.param_shapes(model),
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
     save_params(tmp_path / "pretrained", params, model)
-    trainer = Trainer(tiny_config(corpus, tmp_path / "run",
-                                  f"model.init_from={tmp_path / 'pretrained'}", cache=cache))
+    trainer = Trainer(
+        tiny_config(
+            corpus, tmp_path / "run", f"model.init_from={tmp_path / 'pretrained'}", cache=cache
+        )
+    )
     state, start, resumed = trainer._initial_state()
     trainer.checkpointer.close()
     assert (start, resumed, int(state["step"])) == (0, None, 0)
@@ -223,14 +256,19 @@ def test_init_from_a_converted_checkpoint(corpus: Path, cache: Path, tmp_path: P
     # A checkpoint of another shape is refused, naming the field.
     save_params(tmp_path / "other", params, model)
     (tmp_path / "other/config.json").write_text(
-        (tmp_path / "other/config.json").read_text().replace('"d_model": 32', '"d_model": 48'))
+        (tmp_path / "other/config.json").read_text().replace('"d_model": 32', '"d_model": 48')
+    )
     with pytest.raises(RunError, match="has d_model 48, the config gives 32"):
-        Trainer(tiny_config(corpus, tmp_path / "run2",
-                            f"model.init_from={tmp_path / 'other'}", cache=cache))
+        Trainer(
+            tiny_config(
+                corpus, tmp_path / "run2", f"model.init_from={tmp_path / 'other'}", cache=cache
+            )
+        )
 
 
-def test_evals_report_bits_per_byte_by_hand(finished_run: tuple[Path, list[dict]],
-                                            corpus: Path) -> None:
+def test_evals_report_bits_per_byte_by_hand(
+    finished_run: tuple[Path, list[dict]], corpus: Path
+) -> None:
     """eval/<domain>/bpb = summed NLL / ln 2 / UTF-8 bytes of the scored target text."""
     import sentencepiece as spm
 
@@ -241,9 +279,12 @@ def test_evals_report_bits_per_byte_by_hand(finished_run: tuple[Path, list[dict]
     last = [r for r in read_records(run / "metrics.jsonl") if "eval/code/loss" in r][-1]
     manifest = json.loads((corpus / "manifest.json").read_text())
     sp = spm.SentencePieceProcessor(model_file=str(corpus / manifest["tokenizer"]["file"]))
-    streams = make_eval_iterators(corpus, seq_len=config.batch.seq_len,
-                                  batch_size=config.eval_batch_size,
-                                  max_batches=config.eval.batches)
+    streams = make_eval_iterators(
+        corpus,
+        seq_len=config.batch.seq_len,
+        batch_size=config.eval_batch_size,
+        max_batches=config.eval.batches,
+    )
     for domain, stream in streams.items():
         n_tokens = n_bytes = 0
         for batch in stream:

@@ -48,8 +48,9 @@ def finished(corpus: Path, cache: Path, tmp_path_factory: pytest.TempPathFactory
     return run
 
 
-def run_cli(capsys: pytest.CaptureFixture, config: TrainConfig, *sets: str
-            ) -> tuple[int, list[str]]:
+def run_cli(
+    capsys: pytest.CaptureFixture, config: TrainConfig, *sets: str
+) -> tuple[int, list[str]]:
     """`lemur-train CONFIG --set ...` in this process: (exit code, stderr lines)."""
     path = Path(config.run_dir).parent / f"{Path(config.run_dir).name}.yaml"
     path.write_text(config.to_yaml())
@@ -91,8 +92,13 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
 
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_damaged_latest_checkpoint_falls_back_to_the_previous(
-        damage: str, finished: Path, corpus: Path, cache: Path, tmp_path: Path,
-        capsys: pytest.CaptureFixture) -> None:
+    damage: str,
+    finished: Path,
+    corpus: Path,
+    cache: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:
     run = copy_run(finished, tmp_path)
     DAMAGE[damage](run / "checkpoints/30")
     code, err = run_cli(capsys, tiny_config(corpus, run, cache=cache))
@@ -110,7 +116,8 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(
 
 
 def test_damaged_checkpoint_through_the_cli_prints_no_traceback(
-        finished: Path, corpus: Path, cache: Path, tmp_path: Path) -> None:
+    finished: Path, corpus: Path, cache: Path, tmp_path: Path
+) -> None:
     run = copy_run(finished, tmp_path)
     _truncate_array(run / "checkpoints/30")
     (run / "checkpoints/999").mkdir()
@@ -118,20 +125,26 @@ def test_damaged_checkpoint_through_the_cli_prints_no_traceback(
     config.write_text(tiny_config(corpus, run, cache=cache).to_yaml())
     # A real process: orbax's leftovers of the failed read (pending coroutines, callbacks
     # into its closed event loop) would print tracebacks at any later moment, exit included.
-    result = subprocess.run([sys.executable, "-m", "lemur.train.cli", str(config)],
-                            capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    result = subprocess.run(
+        [sys.executable, "-m", "lemur.train.cli", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     err = result.stderr.strip().splitlines()
     assert result.returncode == 0, result.stderr
     assert all(line.startswith(("lemur-train: ", "step ")) for line in err), result.stderr
     assert [line.split(" (")[0] for line in err if "skipped" in line] == [
-        "lemur-train: skipped checkpoint 999", "lemur-train: skipped checkpoint 30"]
+        "lemur-train: skipped checkpoint 999",
+        "lemur-train: skipped checkpoint 30",
+    ]
     assert "resumed from step 20" in result.stderr
 
 
-def test_an_empty_step_directory_is_skipped(finished: Path, corpus: Path, cache: Path,
-                                            tmp_path: Path, capsys: pytest.CaptureFixture
-                                            ) -> None:
+def test_an_empty_step_directory_is_skipped(
+    finished: Path, corpus: Path, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     run = copy_run(finished, tmp_path)
     (run / "checkpoints/999").mkdir()
     code, err = run_cli(capsys, tiny_config(corpus, run, cache=cache))
@@ -141,9 +154,9 @@ def test_an_empty_step_directory_is_skipped(finished: Path, corpus: Path, cache:
     assert (run / "checkpoints/999.damaged").is_dir()
 
 
-def test_no_checkpoint_restores_is_one_line_exit_2(finished: Path, corpus: Path, cache: Path,
-                                                   tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture) -> None:
+def test_no_checkpoint_restores_is_one_line_exit_2(
+    finished: Path, corpus: Path, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     run = copy_run(finished, tmp_path)
     for step in (10, 20, 30):
         _truncate_array(run / "checkpoints" / str(step))
@@ -156,9 +169,9 @@ def test_no_checkpoint_restores_is_one_line_exit_2(finished: Path, corpus: Path,
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["10", "20", "30"]
 
 
-def test_resume_on_shards_of_another_vocab_is_one_line(finished: Path, cache: Path,
-                                                       tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture) -> None:
+def test_resume_on_shards_of_another_vocab_is_one_line(
+    finished: Path, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     other = build_corpus(tmp_path / "other", vocab=700)
     run = copy_run(finished, tmp_path)
     code, err = run_cli(capsys, tiny_config(other, run, cache=cache))
@@ -168,8 +181,8 @@ def test_resume_on_shards_of_another_vocab_is_one_line(finished: Path, cache: Pa
 
 
 def test_loader_state_of_another_pipeline_names_the_setting(
-        finished: Path, corpus: Path, cache: Path, tmp_path: Path,
-        capsys: pytest.CaptureFixture) -> None:
+    finished: Path, corpus: Path, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     run = copy_run(finished, tmp_path)
     config = tiny_config(corpus, run, "steps=32", cache=cache)
     code, err = run_cli(capsys, config, "data.seed=5")
@@ -181,9 +194,9 @@ def test_loader_state_of_another_pipeline_names_the_setting(
     assert max(train_losses(run)) == 32
 
 
-def test_steps_below_the_latest_checkpoint(finished: Path, corpus: Path, cache: Path,
-                                           tmp_path: Path, capsys: pytest.CaptureFixture
-                                           ) -> None:
+def test_steps_below_the_latest_checkpoint(
+    finished: Path, corpus: Path, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     run = copy_run(finished, tmp_path)
     code, err = run_cli(capsys, tiny_config(corpus, run, "steps=25", cache=cache))
     line = the_error(err)
@@ -202,9 +215,9 @@ def _train_shard(directory: Path) -> dict:
     return next(s for s in manifest["shards"] if s["split"] == "train")
 
 
-def test_corrupt_middle_index_entry_is_refused_at_start(corpus: Path, cache: Path,
-                                                         tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture) -> None:
+def test_corrupt_middle_index_entry_is_refused_at_start(
+    corpus: Path, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     bad = tmp_path / "bad"
     shutil.copytree(corpus, bad)
     shard = _train_shard(bad)
@@ -217,9 +230,9 @@ def test_corrupt_middle_index_entry_is_refused_at_start(corpus: Path, cache: Pat
     assert not (tmp_path / "run/checkpoints").exists()
 
 
-def test_token_ids_beyond_the_vocab_are_refused_at_start(corpus: Path, cache: Path,
-                                                          tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture) -> None:
+def test_token_ids_beyond_the_vocab_are_refused_at_start(
+    corpus: Path, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     bad = tmp_path / "bad"
     shutil.copytree(corpus, bad)
     shard = _train_shard(bad)
@@ -233,7 +246,8 @@ def test_token_ids_beyond_the_vocab_are_refused_at_start(corpus: Path, cache: Pa
 
 
 def test_token_ids_the_sample_missed_stop_the_run_naming_the_shard(
-        corpus: Path, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    corpus: Path, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     from lemur.shards import check as data
 
     bad = tmp_path / "bad"
@@ -245,8 +259,9 @@ def test_token_ids_the_sample_missed_stop_the_run_naming_the_shard(
         tokens = np.fromfile(bad / shard["file"], manifest["dtype"])
         # Every id outside the blocks the start-up sample reads is out of range.
         sampled = np.zeros(len(tokens), bool)
-        for start in np.linspace(0, max(len(tokens) - data._SAMPLE_LEN, 0),
-                                 data._SAMPLE_BLOCKS).astype(np.int64):
+        for start in np.linspace(
+            0, max(len(tokens) - data._SAMPLE_LEN, 0), data._SAMPLE_BLOCKS
+        ).astype(np.int64):
             sampled[start : start + data._SAMPLE_LEN] = True
         tokens[~sampled] = 60_000
         tokens.tofile(bad / shard["file"])
@@ -265,12 +280,12 @@ def _strip(path: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
 
 
-INTERVALS = ("steps=30", "log.every=4", "checkpoint.every=5", "checkpoint.keep=10",
-             "eval.every=9")
+INTERVALS = ("steps=30", "log.every=4", "checkpoint.every=5", "checkpoint.keep=10", "eval.every=9")
 
 
 def test_resumed_metrics_equal_an_uninterrupted_run_line_for_line(
-        corpus: Path, cache: Path, tmp_path: Path) -> None:
+    corpus: Path, cache: Path, tmp_path: Path
+) -> None:
     reference = tmp_path / "reference"
     train(tiny_config(corpus, reference, *INTERVALS, cache=cache))
     expected = _strip(reference / "metrics.jsonl")

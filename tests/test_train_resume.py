@@ -38,8 +38,9 @@ def reference(corpus: Path, cache: Path, tmp_path_factory: pytest.TempPathFactor
     return run
 
 
-def test_sigkill_then_resume_equals_uninterrupted(corpus: Path, cache: Path, reference: Path,
-                                                  tmp_path: Path) -> None:
+def test_sigkill_then_resume_equals_uninterrupted(
+    corpus: Path, cache: Path, reference: Path, tmp_path: Path
+) -> None:
     run = tmp_path / "run"
     config = tiny_config(corpus, run, cache=cache)
     result = run_script(write_config(config, tmp_path / "config.yaml"), "--kill-at", "24")
@@ -61,11 +62,13 @@ def test_sigkill_then_resume_equals_uninterrupted(corpus: Path, cache: Path, ref
     evals = [r for r in read_records(run / "metrics.jsonl") if "eval/code/loss" in r]
     ref_evals = [r for r in read_records(reference / "metrics.jsonl") if "eval/code/loss" in r]
     assert [(r["step"], r["eval/code/loss"], r["eval/text/loss"]) for r in evals] == [
-        (r["step"], r["eval/code/loss"], r["eval/text/loss"]) for r in ref_evals]
+        (r["step"], r["eval/code/loss"], r["eval/text/loss"]) for r in ref_evals
+    ]
 
 
-def test_sigterm_checkpoints_and_stops_then_resumes(corpus: Path, cache: Path, reference: Path,
-                                                    tmp_path: Path) -> None:
+def test_sigterm_checkpoints_and_stops_then_resumes(
+    corpus: Path, cache: Path, reference: Path, tmp_path: Path
+) -> None:
     run = tmp_path / "run"
     config = tiny_config(corpus, run, cache=cache)
 

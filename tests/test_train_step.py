@@ -15,16 +15,28 @@ from lemur.train import mesh as mesh_lib
 from lemur.train import step as step_lib
 from lemur.train.config import MeshConfig, OptimizerConfig, ScheduleConfig
 
-MODEL = llama.LlamaConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1,
-                          d_ff=32, max_seq_len=32, dtype="float32", init_std=0.1)
+MODEL = llama.LlamaConfig(
+    vocab_size=64,
+    d_model=16,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    d_ff=32,
+    max_seq_len=32,
+    dtype="float32",
+    init_std=0.1,
+)
 B, L = 8, 16
 
 
 def _params() -> llama.Params:
     """Random params from numpy (compiling the threefry init would cost seconds here)."""
     rng = np.random.default_rng(0)
-    return jax.tree.map(lambda shape: jnp.asarray(0.1 * rng.standard_normal(shape), jnp.float32),
-                        llama.param_shapes(MODEL), is_leaf=lambda x: isinstance(x, tuple))
+    return jax.tree.map(
+        lambda shape: jnp.asarray(0.1 * rng.standard_normal(shape), jnp.float32),
+        llama.param_shapes(MODEL),
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
 
 
 def _batch(seed: int = 0) -> dict[str, jax.Array]:
@@ -33,11 +45,13 @@ def _batch(seed: int = 0) -> dict[str, jax.Array]:
     mask = (rng.random((B, L)) > 0.2).astype(np.int32)
     segment_ids = np.repeat([[1] * 5 + [2] * (L - 5)], B, 0)
     positions = np.repeat([list(range(5)) + list(range(L - 5))], B, 0)
-    return {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
-            "targets": jnp.asarray(tokens[:, 1:], jnp.int32),
-            "segment_ids": jnp.asarray(segment_ids, jnp.int32),
-            "positions": jnp.asarray(positions, jnp.int32),
-            "loss_mask": jnp.asarray(mask, jnp.int32)}
+    return {
+        "inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
+        "targets": jnp.asarray(tokens[:, 1:], jnp.int32),
+        "segment_ids": jnp.asarray(segment_ids, jnp.int32),
+        "positions": jnp.asarray(positions, jnp.int32),
+        "loss_mask": jnp.asarray(mask, jnp.int32),
+    }
 
 
 def test_schedule_warmup_cosine_to_ten_percent() -> None:
@@ -51,11 +65,13 @@ def test_schedule_warmup_cosine_to_ten_percent() -> None:
     np.testing.assert_allclose(float(lr(30000)), 4e-6, rtol=1e-5)  # floor after the end
     values = np.asarray(jax.vmap(lr)(jnp.arange(2000, 20001, 500)))
     assert (np.diff(values) <= 0).all()
-    linear = step_lib.make_schedule(ScheduleConfig(peak_lr=1.0, warmup_steps=0, decay="linear",
-                                                   final_lr_ratio=0.0), 10)
+    linear = step_lib.make_schedule(
+        ScheduleConfig(peak_lr=1.0, warmup_steps=0, decay="linear", final_lr_ratio=0.0), 10
+    )
     np.testing.assert_allclose(float(linear(5)), 0.5, rtol=1e-6)
-    const = step_lib.make_schedule(ScheduleConfig(peak_lr=1.0, warmup_steps=4,
-                                                  decay="constant"), 10)
+    const = step_lib.make_schedule(
+        ScheduleConfig(peak_lr=1.0, warmup_steps=4, decay="constant"), 10
+    )
     assert [float(const(s)) for s in (0, 3, 9)] == [0.25, 1.0, 1.0]
 
 
@@ -64,8 +80,7 @@ def test_weight_decay_skips_norms() -> None:
     mask = step_lib._decay_mask(params)
     assert mask["layers"]["wq"] and mask["embed"] and mask["lm_head"]
     assert not mask["final_norm"] and not mask["layers"]["attn_norm"]
-    tx = step_lib.make_optimizer(OptimizerConfig(weight_decay=0.5, grad_clip=0.0),
-                                 lambda s: 0.1)
+    tx = step_lib.make_optimizer(OptimizerConfig(weight_decay=0.5, grad_clip=0.0), lambda s: 0.1)
 
     @jax.jit
     def update(params: llama.Params) -> llama.Params:
@@ -84,11 +99,15 @@ def test_moments_shard_like_their_params() -> None:
     mesh = mesh_lib.make_mesh(MeshConfig())
     sh = step_lib.state_shardings(abstract, MODEL, tx, mesh)
     adam = sh["opt_state"][1][0]
-    assert adam.mu["layers"]["wq"].spec == sh["params"]["layers"]["wq"].spec == P(
-        None, "fsdp", "tensor", None)
+    assert (
+        adam.mu["layers"]["wq"].spec
+        == sh["params"]["layers"]["wq"].spec
+        == P(None, "fsdp", "tensor", None)
+    )
     assert adam.nu["embed"].spec == P("tensor", "fsdp") and adam.count.spec == P()
-    state = jax.jit(lambda k, p: step_lib.init_state(k, MODEL, tx, params=p),
-                    out_shardings=sh)(key, _params())
+    state = jax.jit(lambda k, p: step_lib.init_state(k, MODEL, tx, params=p), out_shardings=sh)(
+        key, _params()
+    )
     assert state["params"]["layers"]["wq"].sharding == sh["params"]["layers"]["wq"]
     assert int(state["step"]) == 0 and state["rng"].dtype == jnp.uint32
 
@@ -98,7 +117,8 @@ def setup() -> tuple:
     lr = step_lib.make_schedule(ScheduleConfig(peak_lr=1e-2, warmup_steps=0), 10)
     tx = step_lib.make_optimizer(OptimizerConfig(), lr)
     state = jax.jit(lambda k, p: step_lib.init_state(k, MODEL, tx, params=p))(
-        jax.random.key(0), _params())
+        jax.random.key(0), _params()
+    )
     one_pass = jax.jit(step_lib.make_train_step(MODEL, tx, lr))
     return tx, lr, state, one_pass
 

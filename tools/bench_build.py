@@ -130,7 +130,12 @@ def _proc_table() -> dict[int, tuple[int, float, float]]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        ppid, utime, stime, rss_pages = int(fields[1]), int(fields[11]), int(fields[12]), int(fields[21])
+        ppid, utime, stime, rss_pages = (
+            int(fields[1]),
+            int(fields[11]),
+            int(fields[12]),
+            int(fields[21]),
+        )
         out[int(d)] = (ppid, (utime + stime) / TICK, rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20)
     return out
 

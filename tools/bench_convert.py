@@ -29,9 +29,15 @@ def make_model(out: Path, params: float) -> int:
     d, vocab = 1024, 32000
     per_layer = 4 * d * d * 0.625 + 3 * d * 2816  # q,o full + k,v at 1/4 + SwiGLU
     layers = max(1, round((params - 2 * vocab * d) / per_layer))
-    config = LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=2816,
-                         num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
-                         torch_dtype="bfloat16")
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=2816,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        torch_dtype="bfloat16",
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(out, max_shard_size="100MB", safe_serialization=True)
@@ -51,15 +57,22 @@ _RUN = (
 def timed(cmd: list[str]) -> tuple[float, float]:
     """Wall seconds and peak RSS (GB) of the converter run as `cmd` (tool path first)."""
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-c", _RUN, *cmd], check=True,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    res = subprocess.run(
+        [sys.executable, "-c", _RUN, *cmd],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     return wall, int(res.stderr.strip().splitlines()[-1]) / 1e6
 
 
 def main() -> int:
     """Convert HF -> lemur -> HF and print a markdown table."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--params", type=float, default=246e6)
     args = ap.parse_args()
     import torch
@@ -70,8 +83,9 @@ def main() -> int:
         n = make_model(tmp / "hf", args.params)
         size = sum(p.stat().st_size for p in (tmp / "hf").glob("*.safetensors")) / 1e6
         wall1, rss1 = timed([str(TOOL), "to-lemur", str(tmp / "hf"), str(tmp / "lemur")])
-        wall2, rss2 = timed([str(TOOL), "to-hf", str(tmp / "lemur"), str(tmp / "back"),
-                             "--shard-gb", "0.1"])
+        wall2, rss2 = timed(
+            [str(TOOL), "to-hf", str(tmp / "lemur"), str(tmp / "back"), "--shard-gb", "0.1"]
+        )
         a, b = {}, {}
         for p in (tmp / "hf").glob("*.safetensors"):
             a.update(load_file(str(p)))

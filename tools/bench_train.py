@@ -349,9 +349,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<44} {tps:>12,.0f} {100 * tps * fpt / peak:>6.1f}% {tps / base:>6.2f}x")
     print(f"lemur step vs reference, median of paired rounds: {results['paired_ratio']:.3f}x")
     if args.loop:
-        print(f"loop data wait (blocked on the loader): "
-              f"{100 * results['loop_data_wait_frac']:.2f}% of step time; global batch "
-              f"assembly {100 * results['loop_batch_put_frac']:.2f}% (overlaps the step)")
+        print(
+            f"loop data wait (blocked on the loader): "
+            f"{100 * results['loop_data_wait_frac']:.2f}% of step time; global batch "
+            f"assembly {100 * results['loop_batch_put_frac']:.2f}% (overlaps the step)"
+        )
     print(
         f"compile: reference {results['reference_compile_s']:.1f}s, "
         f"lemur {results['lemur_compile_s']:.1f}s"

@@ -40,8 +40,9 @@ def load_config(directory: str | os.PathLike[str]) -> LlamaConfig:
     return LlamaConfig(**json.loads((Path(directory) / "config.json").read_text()))
 
 
-def load_params(directory: str | os.PathLike[str],
-                target: Any = None) -> tuple[Params, LlamaConfig]:
+def load_params(
+    directory: str | os.PathLike[str], target: Any = None
+) -> tuple[Params, LlamaConfig]:
     """Restore (params, config).
 
     target: optional pytree of jax.ShapeDtypeStruct with shardings (e.g. from
@@ -53,15 +54,16 @@ def load_params(directory: str | os.PathLike[str],
     config = load_config(root)
     if target is not None:
         return ocp.StandardCheckpointer().restore(root / "params", target), config
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                                abstract_params(root))
+    restore_args = jax.tree.map(
+        lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract_params(root)
+    )
     params = ocp.PyTreeCheckpointer().restore(
-        root / "params", args=ocp.args.PyTreeRestore(restore_args=restore_args))
+        root / "params", args=ocp.args.PyTreeRestore(restore_args=restore_args)
+    )
     return params, config
 
 
 def abstract_params(directory: str | os.PathLike[str]) -> Any:
     """Shapes and dtypes of the saved params (jax.ShapeDtypeStruct), read from metadata."""
     meta = ocp.StandardCheckpointer().metadata(Path(directory).resolve() / "params")
-    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype),
-                        meta.item_metadata.tree)
+    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta.item_metadata.tree)

@@ -92,12 +92,16 @@ def to_hf_tensor(name: str, w: np.ndarray, config: LlamaConfig) -> np.ndarray:
     return w
 
 
-def params_from_hf(get_tensor: Callable[[str], np.ndarray], config: LlamaConfig,
-                   dtype: str = "float32") -> Params:
+def params_from_hf(
+    get_tensor: Callable[[str], np.ndarray], config: LlamaConfig, dtype: str = "float32"
+) -> Params:
     """Numpy lemur params filled one HF tensor at a time (peak: the output + one tensor)."""
-    params: Params = {name: np.empty(shape, DTYPES[dtype]) if isinstance(shape, tuple) else
-                      {n: np.empty(s, DTYPES[dtype]) for n, s in shape.items()}
-                      for name, shape in param_shapes(config).items()}
+    params: Params = {
+        name: np.empty(shape, DTYPES[dtype])
+        if isinstance(shape, tuple)
+        else {n: np.empty(s, DTYPES[dtype]) for n, s in shape.items()}
+        for name, shape in param_shapes(config).items()
+    }
     for hf_name, name, layer in hf_names(config):
         dest = params[name] if layer is None else params["layers"][name][layer]
         w = to_lemur_tensor(name, np.asarray(get_tensor(hf_name)), config)
@@ -117,18 +121,23 @@ def _check_tied_head(get_tensor: Callable[[str], np.ndarray], embed_VxD: np.ndar
     except KeyError:
         return
     if head_VxD.shape != embed_VxD.shape:
-        raise ValueError(f"tie_word_embeddings is true but {name} has shape {head_VxD.shape}, "
-                         f"the embedding {embed_VxD.shape}")
+        raise ValueError(
+            f"tie_word_embeddings is true but {name} has shape {head_VxD.shape}, "
+            f"the embedding {embed_VxD.shape}"
+        )
     rows = 4096  # compare in slices: a full comparison would hold a V x D temporary
     for start in range(0, embed_VxD.shape[0], rows):
-        if not np.array_equal(head_VxD[start:start + rows].astype(embed_VxD.dtype),
-                              embed_VxD[start:start + rows]):
-            raise ValueError(f"tie_word_embeddings is true but {name} differs from "
-                             f"{HF_GLOBAL_NAMES['embed']}")
+        if not np.array_equal(
+            head_VxD[start : start + rows].astype(embed_VxD.dtype), embed_VxD[start : start + rows]
+        ):
+            raise ValueError(
+                f"tie_word_embeddings is true but {name} differs from {HF_GLOBAL_NAMES['embed']}"
+            )
 
 
-def params_to_hf(params: Params, config: LlamaConfig,
-                 dtype: str = "bfloat16") -> Iterator[tuple[str, np.ndarray]]:
+def params_to_hf(
+    params: Params, config: LlamaConfig, dtype: str = "bfloat16"
+) -> Iterator[tuple[str, np.ndarray]]:
     """Yield (hf_name, tensor) one at a time, in HF's order and layout."""
     for hf_name, name, layer in hf_names(config):
         w = np.asarray(params[name] if layer is None else params["layers"][name][layer])
@@ -148,9 +157,13 @@ def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> LlamaConfig:
         raise ValueError(f"unsupported head_dim {hf['head_dim']} != hidden/heads")
     max_seq_len = hf.get("max_position_embeddings", 4096)
     fields: dict[str, Any] = dict(
-        vocab_size=hf["vocab_size"], d_model=d_model, n_layers=hf["num_hidden_layers"],
-        n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-        d_ff=hf["intermediate_size"], max_seq_len=max_seq_len,
+        vocab_size=hf["vocab_size"],
+        d_model=d_model,
+        n_layers=hf["num_hidden_layers"],
+        n_heads=n_heads,
+        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+        d_ff=hf["intermediate_size"],
+        max_seq_len=max_seq_len,
         norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         **_rope_from_hf(hf, max_seq_len),
@@ -167,11 +180,15 @@ def _rope_from_hf(hf: Mapping[str, Any], max_seq_len: int) -> dict[str, Any]:
     rope = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "llama3"):
-        raise ValueError(f"unsupported rope scaling rope_type={rope_type!r} (lemur supports "
-                         "none, 'default' and 'llama3')")
+        raise ValueError(
+            f"unsupported rope scaling rope_type={rope_type!r} (lemur supports "
+            "none, 'default' and 'llama3')"
+        )
     if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ValueError("unsupported partial_rotary_factor "
-                         f"{rope.get('partial_rotary_factor', hf.get('partial_rotary_factor'))}")
+        raise ValueError(
+            "unsupported partial_rotary_factor "
+            f"{rope.get('partial_rotary_factor', hf.get('partial_rotary_factor'))}"
+        )
     fields: dict[str, Any] = {
         "rope_type": rope_type,
         "rope_theta": float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
@@ -181,10 +198,15 @@ def _rope_from_hf(hf: Mapping[str, Any], max_seq_len: int) -> dict[str, Any]:
         if missing:
             raise ValueError(f"rope scaling 'llama3' without {', '.join(missing)}")
         # transformers falls back to max_position_embeddings, as here.
-        original = rope.get("original_max_position_embeddings",
-                            hf.get("original_max_position_embeddings", max_seq_len))
-        fields |= {ours: float(rope[key]) for ours, key in LLAMA3_ROPE_FIELDS.items()
-                   if ours != "rope_original_max_seq_len"}
+        original = rope.get(
+            "original_max_position_embeddings",
+            hf.get("original_max_position_embeddings", max_seq_len),
+        )
+        fields |= {
+            ours: float(rope[key])
+            for ours, key in LLAMA3_ROPE_FIELDS.items()
+            if ours != "rope_original_max_seq_len"
+        }
         fields["rope_original_max_seq_len"] = int(original)
     return fields
 
@@ -193,35 +215,51 @@ def rope_scaling_to_hf(config: LlamaConfig) -> dict[str, Any] | None:
     """HF's rope_scaling dict for the config (None when there is no scaling)."""
     if config.rope_type == "default":
         return None
-    return {"rope_type": config.rope_type,
-            **{key: getattr(config, ours) for ours, key in LLAMA3_ROPE_FIELDS.items()}}
+    return {
+        "rope_type": config.rope_type,
+        **{key: getattr(config, ours) for ours, key in LLAMA3_ROPE_FIELDS.items()},
+    }
 
 
 def config_to_hf(config: LlamaConfig, dtype: str = "bfloat16") -> dict[str, Any]:
     """An HF config.json dict for LlamaForCausalLM (readable by transformers 4.x and 5.x)."""
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": config.vocab_size, "hidden_size": config.d_model,
-        "intermediate_size": config.d_ff, "num_hidden_layers": config.n_layers,
-        "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
-        "head_dim": config.head_dim, "hidden_act": "silu",
-        "max_position_embeddings": config.max_seq_len, "rms_norm_eps": config.norm_eps,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "intermediate_size": config.d_ff,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_seq_len,
+        "rms_norm_eps": config.norm_eps,
         # 5.x reads rope_parameters (but rope_scaling first, when set); 4.x reads rope_theta
         # and rope_scaling. All three say the same thing.
         "rope_theta": config.rope_theta,
         "rope_scaling": rope_scaling_to_hf(config),
-        "rope_parameters": {"rope_type": "default", **(rope_scaling_to_hf(config) or {}),
-                            "rope_theta": config.rope_theta},
-        "attention_bias": False, "mlp_bias": False,
+        "rope_parameters": {
+            "rope_type": "default",
+            **(rope_scaling_to_hf(config) or {}),
+            "rope_theta": config.rope_theta,
+        },
+        "attention_bias": False,
+        "mlp_bias": False,
         "tie_word_embeddings": config.tie_embeddings,
-        "initializer_range": config.init_std, "bos_token_id": 1, "eos_token_id": 2,
-        "torch_dtype": dtype, "dtype": dtype,
+        "initializer_range": config.init_std,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": dtype,
+        "dtype": dtype,
     }
 
 
 @contextlib.contextmanager
-def open_hf_checkpoint(directory: str | os.PathLike[str]) -> Iterator[
-        tuple[dict[str, Any], Callable[[str], np.ndarray]]]:
+def open_hf_checkpoint(
+    directory: str | os.PathLike[str],
+) -> Iterator[tuple[dict[str, Any], Callable[[str], np.ndarray]]]:
     """Yield (config.json dict, get_tensor) for an HF directory, sharded or single-file.
 
     Tensors are read lazily, one per call, from memory-mapped safetensors files.
@@ -235,8 +273,10 @@ def open_hf_checkpoint(directory: str | os.PathLike[str]) -> Iterator[
         with safe_open(root / "model.safetensors", framework="numpy") as f:
             weight_map = dict.fromkeys(f.keys(), "model.safetensors")
     else:
-        raise FileNotFoundError(f"{root}: no model.safetensors[.index.json] (only safetensors "
-                                "checkpoints are read; convert .bin files with transformers)")
+        raise FileNotFoundError(
+            f"{root}: no model.safetensors[.index.json] (only safetensors "
+            "checkpoints are read; convert .bin files with transformers)"
+        )
     with contextlib.ExitStack() as stack:
         handles: dict[str, Any] = {}
 
@@ -251,9 +291,13 @@ def open_hf_checkpoint(directory: str | os.PathLike[str]) -> Iterator[
         yield hf_config, get_tensor
 
 
-def write_hf_checkpoint(directory: str | os.PathLike[str], config: LlamaConfig,
-                        tensors: Iterable[tuple[str, np.ndarray]], dtype: str = "bfloat16",
-                        max_shard_bytes: int = 5 * 2**30) -> list[Path]:
+def write_hf_checkpoint(
+    directory: str | os.PathLike[str],
+    config: LlamaConfig,
+    tensors: Iterable[tuple[str, np.ndarray]],
+    dtype: str = "bfloat16",
+    max_shard_bytes: int = 5 * 2**30,
+) -> list[Path]:
     """Write config.json and safetensors shards (+ index when >1), holding one shard at a time."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
@@ -267,8 +311,11 @@ def write_hf_checkpoint(directory: str | os.PathLike[str], config: LlamaConfig,
             shard, used = shard + 1, 0
         shard_of[name], used = shard, used + nbytes
     total = shard + 1
-    files = (["model.safetensors"] if total == 1 else
-             [f"model-{i + 1:05d}-of-{total:05d}.safetensors" for i in range(total)])
+    files = (
+        ["model.safetensors"]
+        if total == 1
+        else [f"model-{i + 1:05d}-of-{total:05d}.safetensors" for i in range(total)]
+    )
 
     written: list[Path] = []
     pending: dict[str, np.ndarray] = {}
@@ -280,8 +327,10 @@ def write_hf_checkpoint(directory: str | os.PathLike[str], config: LlamaConfig,
         pending[name] = w
     written.append(_save_shard(root / files[current], pending))
     if total > 1:
-        index = {"metadata": {"total_size": sum(sizes.values())},
-                 "weight_map": {n: files[s] for n, s in shard_of.items()}}
+        index = {
+            "metadata": {"total_size": sum(sizes.values())},
+            "weight_map": {n: files[s] for n, s in shard_of.items()},
+        }
         (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (root / "config.json").write_text(json.dumps(config_to_hf(config, dtype), indent=2))
     return written
@@ -290,8 +339,10 @@ def write_hf_checkpoint(directory: str | os.PathLike[str], config: LlamaConfig,
 def _hf_tensor_bytes(config: LlamaConfig, itemsize: int) -> dict[str, int]:
     """Bytes of each HF tensor, in file order."""
     shapes = param_shapes(config)
-    return {hf: int(np.prod(shapes[n] if layer is None else shapes["layers"][n][1:])) * itemsize
-            for hf, n, layer in hf_names(config)}
+    return {
+        hf: int(np.prod(shapes[n] if layer is None else shapes["layers"][n][1:])) * itemsize
+        for hf, n, layer in hf_names(config)
+    }
 
 
 def _save_shard(path: Path, tensors: dict[str, np.ndarray]) -> Path:

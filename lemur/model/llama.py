@@ -34,8 +34,7 @@ from lemur.model.sharding import constrain
 
 Params = dict[str, Any]
 
-DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
-                          "float16": jnp.float16}
+DTYPES: dict[str, Any] = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # remat policies for one transformer block: "none" keeps every activation; "full" keeps
 # only the block input; "dots" keeps matmul outputs and recomputes the cheap elementwise
 # ops and the attention core (the usual memory/compute sweet spot).
@@ -87,59 +86,80 @@ class LlamaConfig:
 
     def __post_init__(self) -> None:
         """Reject configs that cannot describe a Llama model, naming the bad field."""
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
-                     "max_seq_len"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "d_ff",
+            "max_seq_len",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"LlamaConfig.{name} must be a positive int, got {value!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not a multiple of n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads {self.n_heads} is not a multiple of "
-                             f"n_kv_heads {self.n_kv_heads}")
+            raise ValueError(
+                f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}"
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
         if not self.rope_theta > 0 or not self.norm_eps > 0 or not self.init_std > 0:
             raise ValueError("rope_theta, norm_eps and init_std must be > 0")
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in DTYPES:
-                raise ValueError(f"LlamaConfig.{name} must be one of {sorted(DTYPES)}, "
-                                 f"got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"LlamaConfig.{name} must be one of {sorted(DTYPES)}, "
+                    f"got {getattr(self, name)!r}"
+                )
         if self.remat not in REMAT_POLICIES:
-            raise ValueError(f"LlamaConfig.remat must be one of {sorted(REMAT_POLICIES)}, "
-                             f"got {self.remat!r}")
+            raise ValueError(
+                f"LlamaConfig.remat must be one of {sorted(REMAT_POLICIES)}, got {self.remat!r}"
+            )
         if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(f"LlamaConfig.attention_impl must be one of {ATTENTION_IMPLS}, "
-                             f"got {self.attention_impl!r}")
+            raise ValueError(
+                f"LlamaConfig.attention_impl must be one of {ATTENTION_IMPLS}, "
+                f"got {self.attention_impl!r}"
+            )
         for name in ("scan_layers", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"LlamaConfig.{name} must be a bool, "
-                                 f"got {getattr(self, name)!r}")
+                raise ValueError(f"LlamaConfig.{name} must be a bool, got {getattr(self, name)!r}")
         self._check_rope_scaling()
 
     def _check_rope_scaling(self) -> None:
         """rope_type is known, and the llama3 fields are all set for it and unset otherwise."""
         if self.rope_type not in ROPE_TYPES:
-            raise ValueError(f"LlamaConfig.rope_type must be one of {ROPE_TYPES}, "
-                             f"got {self.rope_type!r}")
+            raise ValueError(
+                f"LlamaConfig.rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}"
+            )
         values = {name: getattr(self, name) for name in LLAMA3_ROPE_FIELDS}
         if self.rope_type != "llama3":
             stray = [name for name, value in values.items() if value is not None]
             if stray:
-                raise ValueError(f"LlamaConfig.{stray[0]} is set but rope_type is "
-                                 f"{self.rope_type!r} (only 'llama3' uses it)")
+                raise ValueError(
+                    f"LlamaConfig.{stray[0]} is set but rope_type is "
+                    f"{self.rope_type!r} (only 'llama3' uses it)"
+                )
             return
         for name, value in values.items():
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ValueError(f"LlamaConfig.{name} must be a positive number for "
-                                 f"rope_type 'llama3', got {value!r}")
+                raise ValueError(
+                    f"LlamaConfig.{name} must be a positive number for "
+                    f"rope_type 'llama3', got {value!r}"
+                )
         if not isinstance(self.rope_original_max_seq_len, int):
-            raise ValueError("LlamaConfig.rope_original_max_seq_len must be an int, got "
-                             f"{self.rope_original_max_seq_len!r}")
+            raise ValueError(
+                "LlamaConfig.rope_original_max_seq_len must be an int, got "
+                f"{self.rope_original_max_seq_len!r}"
+            )
         if not self.rope_high_freq_factor > self.rope_low_freq_factor:  # type: ignore[operator]
             # The smoothing divides by their difference.
-            raise ValueError(f"LlamaConfig.rope_high_freq_factor {self.rope_high_freq_factor} "
-                             f"must exceed rope_low_freq_factor {self.rope_low_freq_factor}")
+            raise ValueError(
+                f"LlamaConfig.rope_high_freq_factor {self.rope_high_freq_factor} "
+                f"must exceed rope_low_freq_factor {self.rope_low_freq_factor}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -154,28 +174,56 @@ class LlamaConfig:
 
 _LLAMA2 = dict(vocab_size=32000, max_seq_len=4096, rope_theta=10000.0, norm_eps=1e-5)
 # Llama-3.1/3.2: 128K vocab, theta 500000, 128K context through llama3 rope scaling.
-_LLAMA3 = dict(vocab_size=128256, max_seq_len=131072, rope_theta=500000.0, norm_eps=1e-5,
-               rope_type="llama3", rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
-               rope_original_max_seq_len=8192)
+_LLAMA3 = dict(
+    vocab_size=128256,
+    max_seq_len=131072,
+    rope_theta=500000.0,
+    norm_eps=1e-5,
+    rope_type="llama3",
+    rope_low_freq_factor=1.0,
+    rope_high_freq_factor=4.0,
+    rope_original_max_seq_len=8192,
+)
 PRESETS: dict[str, LlamaConfig] = {
     # Published Llama-2 shapes (Touvron et al. 2023; HF config.json of meta-llama/Llama-2-*).
-    "llama2-7b": LlamaConfig(**_LLAMA2, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32,
-                             d_ff=11008),
-    "llama2-13b": LlamaConfig(**_LLAMA2, d_model=5120, n_layers=40, n_heads=40, n_kv_heads=40,
-                              d_ff=13824),
-    "llama2-70b": LlamaConfig(**_LLAMA2, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
-                              d_ff=28672),
+    "llama2-7b": LlamaConfig(
+        **_LLAMA2, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, d_ff=11008
+    ),
+    "llama2-13b": LlamaConfig(
+        **_LLAMA2, d_model=5120, n_layers=40, n_heads=40, n_kv_heads=40, d_ff=13824
+    ),
+    "llama2-70b": LlamaConfig(
+        **_LLAMA2, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, d_ff=28672
+    ),
     # HF config.json of meta-llama/Llama-3.1-8B and meta-llama/Llama-3.2-1B (tied head).
-    "llama3.1-8b": LlamaConfig(**_LLAMA3, rope_factor=8.0, d_model=4096, n_layers=32,
-                               n_heads=32, n_kv_heads=8, d_ff=14336),
-    "llama3.2-1b": LlamaConfig(**_LLAMA3, rope_factor=32.0, d_model=2048, n_layers=16,
-                               n_heads=32, n_kv_heads=8, d_ff=8192, tie_embeddings=True),
+    "llama3.1-8b": LlamaConfig(
+        **_LLAMA3, rope_factor=8.0, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336
+    ),
+    "llama3.2-1b": LlamaConfig(
+        **_LLAMA3,
+        rope_factor=32.0,
+        d_model=2048,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        d_ff=8192,
+        tie_embeddings=True,
+    ),
     # ~1.1B parameters with Llama-2's head_dim 128 and 4:1 GQA: one-GPU MFU benchmarks.
-    "llama-1b": LlamaConfig(**_LLAMA2, d_model=2048, n_layers=16, n_heads=16, n_kv_heads=4,
-                            d_ff=8192),
+    "llama-1b": LlamaConfig(
+        **_LLAMA2, d_model=2048, n_layers=16, n_heads=16, n_kv_heads=4, d_ff=8192
+    ),
     # Tests and CPU smoke runs: GQA included; fp32 so results compare tightly across runs.
-    "tiny": LlamaConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                        d_ff=192, max_seq_len=256, dtype="float32"),
+    "tiny": LlamaConfig(
+        vocab_size=512,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=192,
+        max_seq_len=256,
+        dtype="float32",
+    ),
 }
 
 
@@ -188,13 +236,26 @@ def config_from_preset(name: str, **overrides: Any) -> LlamaConfig:
 
 def param_shapes(config: LlamaConfig) -> Params:
     """The params pytree's shapes, without allocating anything (no lm_head when tied)."""
-    D, N, H, G, K, F, V = (config.d_model, config.n_layers, config.n_heads, config.n_kv_heads,
-                           config.head_dim, config.d_ff, config.vocab_size)
+    D, N, H, G, K, F, V = (
+        config.d_model,
+        config.n_layers,
+        config.n_heads,
+        config.n_kv_heads,
+        config.head_dim,
+        config.d_ff,
+        config.vocab_size,
+    )
     shapes: Params = {
         "embed": (V, D),
         "layers": {
-            "attn_norm": (N, D), "wq": (N, D, H, K), "wk": (N, D, G, K), "wv": (N, D, G, K),
-            "wo": (N, H, K, D), "mlp_norm": (N, D), "w_gate": (N, D, F), "w_up": (N, D, F),
+            "attn_norm": (N, D),
+            "wq": (N, D, H, K),
+            "wk": (N, D, G, K),
+            "wv": (N, D, G, K),
+            "wo": (N, H, K, D),
+            "mlp_norm": (N, D),
+            "w_gate": (N, D, F),
+            "w_up": (N, D, F),
             "w_down": (N, F, D),
         },
         "final_norm": (D,),
@@ -215,7 +276,8 @@ def init_params(config: LlamaConfig, key: jax.Array) -> Params:
     flat, treedef = jax.tree_util.tree_flatten_with_path(param_shapes(config), is_leaf=_is_shape)
     keys = jax.random.split(key, len(flat))
     leaves = [
-        jnp.ones(shape, dtype) if "norm" in jax.tree_util.keystr(path)
+        jnp.ones(shape, dtype)
+        if "norm" in jax.tree_util.keystr(path)
         else (config.init_std * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
         for (path, shape), k in zip(flat, keys, strict=True)
     ]
@@ -236,8 +298,13 @@ def flops_per_token(config: LlamaConfig, seq_len: int) -> float:
     2 matmuls x 2 FLOPs x L x H x K per layer per token forward, halved for the causal
     mask, x3 for forward + backward.
     """
-    D, H, G, K, F = (config.d_model, config.n_heads, config.n_kv_heads, config.head_dim,
-                     config.d_ff)
+    D, H, G, K, F = (
+        config.d_model,
+        config.n_heads,
+        config.n_kv_heads,
+        config.head_dim,
+        config.d_ff,
+    )
     per_layer = D * H * K + 2 * D * G * K + H * K * D + 3 * D * F
     matmul_params = config.n_layers * per_layer + D * config.vocab_size
     attention = config.n_layers * 2 * seq_len * H * K
@@ -268,8 +335,11 @@ def _llama3_scaled(inv_freq_K2: jax.Array, config: LlamaConfig) -> jax.Array:
     Same operations in the same fp32 order as Meta's `apply_scaling` and HF's
     `_compute_llama3_parameters` (python scalars stay weak-typed, so everything is fp32).
     """
-    factor, low, high = (config.rope_factor, config.rope_low_freq_factor,
-                         config.rope_high_freq_factor)
+    factor, low, high = (
+        config.rope_factor,
+        config.rope_low_freq_factor,
+        config.rope_high_freq_factor,
+    )
     original = config.rope_original_max_seq_len
     assert factor is not None and low is not None and high is not None and original
     wavelen_K2 = 2 * math.pi / inv_freq_K2
@@ -304,12 +374,23 @@ def _attention_impl(config: LlamaConfig, head_dim: int) -> str:
     return "cudnn" if jax.default_backend() == "gpu" and fits else "xla"
 
 
-def attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array,
-              mask_Bx1xLxL: jax.Array | None, config: LlamaConfig) -> jax.Array:
+def attention(
+    q_BxLxHxK: jax.Array,
+    k_BxLxGxK: jax.Array,
+    v_BxLxGxK: jax.Array,
+    mask_Bx1xLxL: jax.Array | None,
+    config: LlamaConfig,
+) -> jax.Array:
     """Causal grouped-query attention through jax.nn.dot_product_attention (fp32 softmax)."""
     impl = _attention_impl(config, q_BxLxHxK.shape[-1])
-    call = functools.partial(jax.nn.dot_product_attention, q_BxLxHxK, k_BxLxGxK, v_BxLxGxK,
-                             mask=mask_Bx1xLxL, is_causal=True)
+    call = functools.partial(
+        jax.nn.dot_product_attention,
+        q_BxLxHxK,
+        k_BxLxGxK,
+        v_BxLxGxK,
+        mask=mask_Bx1xLxL,
+        is_causal=True,
+    )
     if impl == "cudnn" and config.attention_impl is None:
         try:  # auto: an old cuDNN or an unsupported shape raises at trace time; use XLA then
             return call(implementation="cudnn")
@@ -318,8 +399,13 @@ def attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array,
     return call(implementation=impl)
 
 
-def attention_qkv(x_BxLxD: jax.Array, layer: Params, config: LlamaConfig, cos_BxLxK2: jax.Array,
-                  sin_BxLxK2: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def attention_qkv(
+    x_BxLxD: jax.Array,
+    layer: Params,
+    config: LlamaConfig,
+    cos_BxLxK2: jax.Array,
+    sin_BxLxK2: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """q (BxLxHxK), k and v (BxLxGxK) of the pre-normed input, rotary applied to q and k."""
     dt = config.compute_dtype
     h_BxLxD = rms_norm(x_BxLxD, layer["attn_norm"], config.norm_eps)
@@ -331,11 +417,13 @@ def attention_qkv(x_BxLxD: jax.Array, layer: Params, config: LlamaConfig, cos_Bx
     return q_BxLxHxK, k_BxLxGxK, v_BxLxGxK
 
 
-def attention_residual(x_BxLxD: jax.Array, o_BxLxHxK: jax.Array, layer: Params,
-                       config: LlamaConfig) -> jax.Array:
+def attention_residual(
+    x_BxLxD: jax.Array, o_BxLxHxK: jax.Array, layer: Params, config: LlamaConfig
+) -> jax.Array:
     """x + the output projection of the attention heads."""
-    x_BxLxD = x_BxLxD + jnp.einsum("blhk,hkd->bld", o_BxLxHxK,
-                                   layer["wo"].astype(config.compute_dtype))
+    x_BxLxD = x_BxLxD + jnp.einsum(
+        "blhk,hkd->bld", o_BxLxHxK, layer["wo"].astype(config.compute_dtype)
+    )
     return constrain(x_BxLxD, "BLD")
 
 
@@ -350,11 +438,16 @@ def mlp_residual(x_BxLxD: jax.Array, layer: Params, config: LlamaConfig) -> jax.
     return constrain(x_BxLxD, "BLD")
 
 
-def block(x_BxLxD: jax.Array, layer: Params, config: LlamaConfig, cos_BxLxK2: jax.Array,
-          sin_BxLxK2: jax.Array, mask_Bx1xLxL: jax.Array | None) -> jax.Array:
+def block(
+    x_BxLxD: jax.Array,
+    layer: Params,
+    config: LlamaConfig,
+    cos_BxLxK2: jax.Array,
+    sin_BxLxK2: jax.Array,
+    mask_Bx1xLxL: jax.Array | None,
+) -> jax.Array:
     """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
-    q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = attention_qkv(x_BxLxD, layer, config, cos_BxLxK2,
-                                                    sin_BxLxK2)
+    q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = attention_qkv(x_BxLxD, layer, config, cos_BxLxK2, sin_BxLxK2)
     o_BxLxHxK = attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask_Bx1xLxL, config)
     x_BxLxD = attention_residual(x_BxLxD, o_BxLxHxK, layer, config)
     return mlp_residual(x_BxLxD, layer, config)
@@ -369,28 +462,41 @@ def embed_tokens(params: Params, tokens_BxL: jax.Array, config: LlamaConfig) -> 
     return constrain(x_BxLxD, "BLD")
 
 
-def forward_embeddings(params: Params, x_BxLxD: jax.Array, config: LlamaConfig, *,
-                       segment_ids: jax.Array | None = None,
-                       positions: jax.Array | None = None) -> jax.Array:
+def forward_embeddings(
+    params: Params,
+    x_BxLxD: jax.Array,
+    config: LlamaConfig,
+    *,
+    segment_ids: jax.Array | None = None,
+    positions: jax.Array | None = None,
+) -> jax.Array:
     """Transformer blocks, final norm and output head over input embeddings -> fp32 logits."""
     B, L, _ = x_BxLxD.shape
     x_BxLxD = x_BxLxD.astype(config.compute_dtype)
-    positions_BxL = (jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
-                     if positions is None else positions)
+    positions_BxL = (
+        jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L)) if positions is None else positions
+    )
     cos_BxLxK2, sin_BxLxK2 = rope_angles(positions_BxL, rope_inv_freq(config))
     mask_Bx1xLxL = None
     if segment_ids is not None:  # document masking: attend only within one's own document
         mask_Bx1xLxL = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
 
-    block_fn = functools.partial(block, config=config, cos_BxLxK2=cos_BxLxK2,
-                                 sin_BxLxK2=sin_BxLxK2, mask_Bx1xLxL=mask_Bx1xLxL)
+    block_fn = functools.partial(
+        block,
+        config=config,
+        cos_BxLxK2=cos_BxLxK2,
+        sin_BxLxK2=sin_BxLxK2,
+        mask_Bx1xLxL=mask_Bx1xLxL,
+    )
     if config.remat != "none":
         # prevent_cse only matters outside scan (scan already stops CSE across iterations).
-        block_fn = jax.checkpoint(block_fn, policy=REMAT_POLICIES[config.remat],
-                                  prevent_cse=not config.scan_layers)
+        block_fn = jax.checkpoint(
+            block_fn, policy=REMAT_POLICIES[config.remat], prevent_cse=not config.scan_layers
+        )
     if config.scan_layers:
-        x_BxLxD, _ = jax.lax.scan(lambda x, layer: (block_fn(x, layer), None), x_BxLxD,
-                                  params["layers"])
+        x_BxLxD, _ = jax.lax.scan(
+            lambda x, layer: (block_fn(x, layer), None), x_BxLxD, params["layers"]
+        )
     else:
         # unstack's transpose is a stack, so the layer gradients land in one buffer.
         unstacked = {name: jnp.unstack(w) for name, w in params["layers"].items()}
@@ -406,17 +512,24 @@ def output_head(params: Params, x_BxLxD: jax.Array, config: LlamaConfig) -> jax.
     if config.tie_embeddings:
         # embed is VxD sharded (tensor, fsdp): the product comes out V-split over tensor,
         # which is the logits' own layout, so no transpose is materialised.
-        logits_BxLxV = jnp.einsum("bld,vd->blv", x_BxLxD, params["embed"].astype(dt),
-                                  preferred_element_type=jnp.float32)
+        logits_BxLxV = jnp.einsum(
+            "bld,vd->blv", x_BxLxD, params["embed"].astype(dt), preferred_element_type=jnp.float32
+        )
     else:
-        logits_BxLxV = jnp.einsum("bld,dv->blv", x_BxLxD, params["lm_head"].astype(dt),
-                                  preferred_element_type=jnp.float32)
+        logits_BxLxV = jnp.einsum(
+            "bld,dv->blv", x_BxLxD, params["lm_head"].astype(dt), preferred_element_type=jnp.float32
+        )
     return constrain(logits_BxLxV, "BLV")
 
 
-def forward(params: Params, tokens_BxL: jax.Array, config: LlamaConfig, *,
-            segment_ids: jax.Array | None = None,
-            positions: jax.Array | None = None) -> jax.Array:
+def forward(
+    params: Params,
+    tokens_BxL: jax.Array,
+    config: LlamaConfig,
+    *,
+    segment_ids: jax.Array | None = None,
+    positions: jax.Array | None = None,
+) -> jax.Array:
     """Logits (BxLxV, fp32) for int tokens; causal, optionally masked to documents.
 
     segment_ids (BxL int): tokens attend only to earlier tokens with the same id.
@@ -424,5 +537,4 @@ def forward(params: Params, tokens_BxL: jax.Array, config: LlamaConfig, *,
     default 0..L-1.
     """
     x_BxLxD = embed_tokens(params, tokens_BxL, config)
-    return forward_embeddings(params, x_BxLxD, config, segment_ids=segment_ids,
-                              positions=positions)
+    return forward_embeddings(params, x_BxLxD, config, segment_ids=segment_ids, positions=positions)

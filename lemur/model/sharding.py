@@ -73,12 +73,10 @@ def make_mesh(
             raise ValueError(f"{len(devices)} devices do not split into {asked}")
         shape[shape.index(-1)] = len(devices) // known
     if int(np.prod(shape)) != len(devices):
-        raise ValueError(f"mesh {asked} needs {int(np.prod(shape))} devices, "
-                         f"have {len(devices)}")
+        raise ValueError(f"mesh {asked} needs {int(np.prod(shape))} devices, have {len(devices)}")
     # Auto axes: the model states shardings as constraints and lets GSPMD propagate
     # (jax.make_mesh defaults to Explicit axes, where constraints become assertions).
-    return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3,
-                         devices=devices)
+    return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 
 def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh | AbstractMesh) -> P:
@@ -119,8 +117,10 @@ def param_partition_specs(
         spec = PARAM_SPECS[name]
         if keys[0] == "layers":
             if leaf.shape[0] != config.n_layers:
-                raise ValueError(f"layers/{name} has leading dim {leaf.shape[0]}, "
-                                 f"config.n_layers is {config.n_layers}")
+                raise ValueError(
+                    f"layers/{name} has leading dim {leaf.shape[0]}, "
+                    f"config.n_layers is {config.n_layers}"
+                )
             spec = P(None, *spec)
         if len(spec) != len(leaf.shape):
             raise ValueError(f"rule {spec} for {'/'.join(keys)} does not fit shape {leaf.shape}")
@@ -132,8 +132,7 @@ def param_partition_specs(
 def param_shardings(params: Any, config: LlamaConfig, mesh: Mesh) -> Any:
     """NamedShardings for a params pytree on `mesh` (for jit out_shardings / device_put)."""
     specs = param_partition_specs(params, config, mesh)
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
-                        is_leaf=lambda x: isinstance(x, P))
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
 def batch_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:

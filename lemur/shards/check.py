@@ -44,8 +44,11 @@ def shards_of(manifest: dict[str, Any], split: str, domain: str | None) -> list[
     ]
 
 
-def check_structure(directory: str | os.PathLike, shards: Sequence[dict[str, Any]] | None = None,
-                    manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+def check_structure(
+    directory: str | os.PathLike,
+    shards: Sequence[dict[str, Any]] | None = None,
+    manifest: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Quick structural check of a shard directory (sizes and last offsets, no hashing).
 
     Checks that the tokenizer copy and every listed shard exist, that each `.bin` holds
@@ -137,12 +140,13 @@ def check_token_sample(path: str | os.PathLike, dtype: np.dtype, vocab_size: int
 
 def token_error(path: str | os.PathLike, offset: int, token: int, vocab_size: int) -> str:
     """The one-line error for a token id outside the vocabulary."""
-    return (f"{path}: token id {token} at offset {offset} >= vocab_size {vocab_size} "
-            f"(corrupt shard, or built with another tokenizer) {_VERIFY_HINT}")
+    return (
+        f"{path}: token id {token} at offset {offset} >= vocab_size {vocab_size} "
+        f"(corrupt shard, or built with another tokenizer) {_VERIFY_HINT}"
+    )
 
 
-def check_contents(directory: str | os.PathLike, manifest: dict[str, Any],
-                   vocab_size: int) -> None:
+def check_contents(directory: str | os.PathLike, manifest: dict[str, Any], vocab_size: int) -> None:
     """Every shard's document index (whole) and a sample of its token ids."""
     directory = Path(directory)
     dtype = np.dtype(manifest["dtype"])

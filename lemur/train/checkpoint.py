@@ -79,7 +79,8 @@ def _filter_restore_noise() -> None:
     if not _asyncio_filtered:
         _asyncio_filtered = True
         logging.getLogger("asyncio").addFilter(
-            lambda record: not any(p in record.getMessage() for p in _failed_paths))
+            lambda record: not any(p in record.getMessage() for p in _failed_paths)
+        )
 
 
 def _collect_quietly(path: Path) -> None:
@@ -108,14 +109,15 @@ def _quiet_orbax() -> Iterator[None]:
 class Checkpointer:
     """Save and restore `(state, loader state, meta)` under `directory/<step>/`."""
 
-    def __init__(self, directory: str | os.PathLike, *, keep: int = 3,
-                 async_save: bool = True) -> None:
+    def __init__(
+        self, directory: str | os.PathLike, *, keep: int = 3, async_save: bool = True
+    ) -> None:
         self.directory = Path(directory).resolve()
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                               enable_async_checkpointing=async_save)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=async_save
+        )
         with _quiet_orbax():
-            self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                                 item_names=ITEMS)
+            self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step, or None."""
@@ -176,18 +178,22 @@ class Checkpointer:
             self.manager.reload()
         return target
 
-    def save(self, step: int, state: Any, data_state: dict[str, Any],
-             meta: dict[str, Any]) -> None:
+    def save(self, step: int, state: Any, data_state: dict[str, Any], meta: dict[str, Any]) -> None:
         """Start saving; returns once the arrays are copied off the devices."""
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                  data=ocp.args.JsonSave(data_state),
-                                  meta=ocp.args.JsonSave(meta))
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave(data_state),
+            meta=ocp.args.JsonSave(meta),
+        )
         self.manager.save(step, args=args, force=True)
 
     def restore(self, step: int, target: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
         """(state, loader state, meta) of `step`; `target` gives shapes, dtypes, shardings."""
-        args = ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                  data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(target),
+            data=ocp.args.JsonRestore(),
+            meta=ocp.args.JsonRestore(),
+        )
         reason = None
         _filter_restore_noise()
         try:

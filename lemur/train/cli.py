@@ -29,20 +29,33 @@ def _die(message: str, code: int = 2) -> int:
 
 def train_parser() -> argparse.ArgumentParser:
     """Arguments of a training run."""
-    p = argparse.ArgumentParser(prog="lemur-train", usage=USAGE, description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="lemur-train",
+        usage=USAGE,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("config", help="config YAML, or a shipped config name (tiny, lemur-70b, ...)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a key (dotted path, value as YAML), e.g. steps=200")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the resolved config and the derived sizes, then exit")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key (dotted path, value as YAML), e.g. steps=200",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved config and the derived sizes, then exit",
+    )
     return p
 
 
 def plot_parser() -> argparse.ArgumentParser:
     """Arguments of `lemur-train plot`."""
-    p = argparse.ArgumentParser(prog="lemur-train plot",
-                                description="write PNG curves of a run's metrics")
+    p = argparse.ArgumentParser(
+        prog="lemur-train plot", description="write PNG curves of a run's metrics"
+    )
     p.add_argument("run_dir")
     p.add_argument("--out", default=None, help="where to write the PNGs (default RUN_DIR/plots)")
     return p

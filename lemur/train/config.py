@@ -48,18 +48,27 @@ class ModelConfig:
     init_from: str | None = None  # a lemur model checkpoint (tools/convert_hf_llama.py)
 
     def __post_init__(self) -> None:
-        _check(self.preset in PRESETS, "model.preset",
-               f"must be one of {', '.join(PRESETS)}, got {self.preset!r}")
-        _check(self.vocab_size is None or self.vocab_size > 0, "model.vocab_size",
-               f"must be positive, got {self.vocab_size}")
+        _check(
+            self.preset in PRESETS,
+            "model.preset",
+            f"must be one of {', '.join(PRESETS)}, got {self.preset!r}",
+        )
+        _check(
+            self.vocab_size is None or self.vocab_size > 0,
+            "model.vocab_size",
+            f"must be positive, got {self.vocab_size}",
+        )
         hints = typing.get_type_hints(LlamaConfig)
         coerced = {}
         for name, value in self.overrides.items():
             key = f"model.overrides.{name}"
-            _check(name in hints and name not in _FIXED_MODEL_FIELDS, key,
-                   "is not an overridable LlamaConfig field (known: "
-                   f"{', '.join(n for n in hints if n not in _FIXED_MODEL_FIELDS)}"
-                   "; set the vocabulary with model.vocab_size)")
+            _check(
+                name in hints and name not in _FIXED_MODEL_FIELDS,
+                key,
+                "is not an overridable LlamaConfig field (known: "
+                f"{', '.join(n for n in hints if n not in _FIXED_MODEL_FIELDS)}"
+                "; set the vocabulary with model.vocab_size)",
+            )
             coerced[name] = _LOADER.coerce(value, hints[name], key)
         object.__setattr__(self, "overrides", coerced)
         self.llama(PRESETS[self.preset].vocab_size)  # validates the combination now
@@ -92,8 +101,11 @@ class DataConfig:
     def __post_init__(self) -> None:
         _check(bool(self.dirs), "data.dirs", "must list at least one shard directory")
         if self.weights is not None:
-            _check(len(self.weights) == len(self.dirs), "data.weights",
-                   f"has {len(self.weights)} entries for {len(self.dirs)} data.dirs")
+            _check(
+                len(self.weights) == len(self.dirs),
+                "data.weights",
+                f"has {len(self.weights)} entries for {len(self.dirs)} data.dirs",
+            )
             _check(all(w > 0 for w in self.weights), "data.weights", "must all be positive")
         _check(self.num_threads >= 0, "data.num_threads", "must be >= 0")
         _check(self.prefetch >= 0, "data.prefetch", "must be >= 0")
@@ -114,8 +126,11 @@ class MeshConfig:
         for name, size in sizes.items():
             _check(size == -1 or size >= 1, f"mesh.{name}", f"must be >= 1 or -1, got {size}")
         _check(list(sizes.values()).count(-1) <= 1, "mesh", "may use -1 on one axis only")
-        _check(self.distributed in DISTRIBUTED, "mesh.distributed",
-               f"must be one of {', '.join(DISTRIBUTED)}, got {self.distributed!r}")
+        _check(
+            self.distributed in DISTRIBUTED,
+            "mesh.distributed",
+            f"must be one of {', '.join(DISTRIBUTED)}, got {self.distributed!r}",
+        )
 
 
 @dataclass(frozen=True)
@@ -129,8 +144,11 @@ class BatchConfig:
     def __post_init__(self) -> None:
         for name in ("size", "seq_len", "microbatches"):
             _check(getattr(self, name) >= 1, f"batch.{name}", "must be >= 1")
-        _check(self.size % self.microbatches == 0, "batch.microbatches",
-               f"({self.microbatches}) must divide batch.size ({self.size})")
+        _check(
+            self.size % self.microbatches == 0,
+            "batch.microbatches",
+            f"({self.microbatches}) must divide batch.size ({self.size})",
+        )
 
 
 @dataclass(frozen=True)
@@ -164,11 +182,17 @@ class ScheduleConfig:
     def __post_init__(self) -> None:
         _check(self.peak_lr > 0, "schedule.peak_lr", "must be > 0")
         _check(self.warmup_steps >= 0, "schedule.warmup_steps", "must be >= 0")
-        _check(self.decay in DECAYS, "schedule.decay",
-               f"must be one of {', '.join(DECAYS)}, got {self.decay!r}")
+        _check(
+            self.decay in DECAYS,
+            "schedule.decay",
+            f"must be one of {', '.join(DECAYS)}, got {self.decay!r}",
+        )
         _check(0 <= self.final_lr_ratio <= 1, "schedule.final_lr_ratio", "must be in [0, 1]")
-        _check(self.decay_steps is None or self.decay_steps >= 1, "schedule.decay_steps",
-               "must be >= 1")
+        _check(
+            self.decay_steps is None or self.decay_steps >= 1,
+            "schedule.decay_steps",
+            "must be >= 1",
+        )
 
 
 @dataclass(frozen=True)
@@ -198,8 +222,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         _check(self.every >= 0, "eval.every", "must be >= 0")
         _check(self.batches is None or self.batches >= 1, "eval.batches", "must be >= 1")
-        _check(self.batch_size is None or self.batch_size >= 1, "eval.batch_size",
-               "must be >= 1")
+        _check(self.batch_size is None or self.batch_size >= 1, "eval.batch_size", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -213,8 +236,7 @@ class LogConfig:
 
     def __post_init__(self) -> None:
         _check(self.every >= 1, "log.every", "must be >= 1")
-        _check(self.peak_tflops is None or self.peak_tflops > 0, "log.peak_tflops",
-               "must be > 0")
+        _check(self.peak_tflops is None or self.peak_tflops > 0, "log.peak_tflops", "must be > 0")
 
 
 @dataclass(frozen=True)
@@ -240,8 +262,11 @@ class TrainConfig:
         _check(self.steps >= 1, "steps", "must be >= 1")
         _check(bool(self.run_dir), "run_dir", "must not be empty")
         max_len = self.model.llama().max_seq_len
-        _check(self.batch.seq_len <= max_len, "batch.seq_len",
-               f"({self.batch.seq_len}) exceeds the model's max_seq_len ({max_len})")
+        _check(
+            self.batch.seq_len <= max_len,
+            "batch.seq_len",
+            f"({self.batch.seq_len}) exceeds the model's max_seq_len ({max_len})",
+        )
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -312,8 +337,9 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
     return _build(TrainConfig, raw, "")
 
 
-def load_config(name: str | os.PathLike | None = None,
-                overrides: list[str] | None = None) -> TrainConfig:
+def load_config(
+    name: str | os.PathLike | None = None, overrides: list[str] | None = None
+) -> TrainConfig:
     """Read a YAML config (a path or a shipped name; None: all defaults), apply overrides."""
     raw: Any = {}
     if name is not None:

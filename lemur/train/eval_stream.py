@@ -44,15 +44,22 @@ class EvalStream:
     `segment_ids == 0` rows), so SPMD eval steps stay in lockstep.
     """
 
-    def __init__(self, source: ShardSource, batch_size: int, process_index: int,
-                 process_count: int, max_batches: int | None) -> None:
+    def __init__(
+        self,
+        source: ShardSource,
+        batch_size: int,
+        process_index: int,
+        process_count: int,
+        max_batches: int | None,
+    ) -> None:
         self.source = source
         self.batch_size = batch_size
         per_host = -(-len(source) // process_count)
         n = -(-per_host // batch_size)
         self.num_batches = n if max_batches is None else min(n, max_batches)
-        self._padded = _PaddedEvalSource(source, process_index, process_count,
-                                         self.num_batches * batch_size)
+        self._padded = _PaddedEvalSource(
+            source, process_index, process_count, self.num_batches * batch_size
+        )
 
     def __len__(self) -> int:
         return self.num_batches
@@ -82,7 +89,12 @@ def make_eval_iterators(
     manifest = read_manifest(directory)
     domains = sorted({s["domain"] for s in shards_of(manifest, "val", None)})
     return {
-        d: EvalStream(ShardSource(directory, seq_len, split="val", domain=d,
-                                  vocab_size=vocab_size), batch_size, pid, pcount, max_batches)
+        d: EvalStream(
+            ShardSource(directory, seq_len, split="val", domain=d, vocab_size=vocab_size),
+            batch_size,
+            pid,
+            pcount,
+            max_batches,
+        )
         for d in domains
     }

@@ -27,8 +27,10 @@ from typing import Any
 
 # Exit codes: 128 + the signal number, as a shell reports a process the signal killed.
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
-MESSAGES = {signal.SIGINT: "interrupted before training started",
-            signal.SIGTERM: "terminated (SIGTERM) before training started"}
+MESSAGES = {
+    signal.SIGINT: "interrupted before training started",
+    signal.SIGTERM: "terminated (SIGTERM) before training started",
+}
 
 _lock = threading.RLock()  # held by any thread while it writes a file (`critical`)
 _local = threading.local()  # per thread: nesting of `critical()`
@@ -51,8 +53,9 @@ def arm(prefix: str = "lemur-train: ") -> bool:
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)  # the C-level handler must never block
         _wakeup.update(read=read_fd, write=write_fd)
-        threading.Thread(target=_watch, args=(read_fd,), name="lemur-signal-watch",
-                         daemon=True).start()
+        threading.Thread(
+            target=_watch, args=(read_fd,), name="lemur-signal-watch", daemon=True
+        ).start()
     for sig in EXIT_CODES:
         _previous[sig] = signal.signal(sig, _handler)
     _wakeup["saved"] = signal.set_wakeup_fd(_wakeup["write"], warn_on_full_buffer=False)
@@ -125,8 +128,12 @@ def critical() -> Iterator[None]:
             yield
         finally:
             _local.depth -= 1
-    if (_depth() == 0 and _pending is not None and _armed
-            and threading.current_thread() is threading.main_thread()):
+    if (
+        _depth() == 0
+        and _pending is not None
+        and _armed
+        and threading.current_thread() is threading.main_thread()
+    ):
         _exit(_pending)
 
 

@@ -40,8 +40,15 @@ from lemur.train.windows import BATCH_KEYS
 
 # LlamaConfig fields that define the parameter shapes: a pretrained checkpoint must match.
 # (tie_embeddings decides whether there is an lm_head at all.)
-_SHAPE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
-                 "tie_embeddings")
+_SHAPE_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "d_ff",
+    "tie_embeddings",
+)
 
 
 class RunError(ValueError):
@@ -106,23 +113,27 @@ def resolve_model(config: TrainConfig, vocab_size: int) -> llama.LlamaConfig:
             raise RunError(f"model.init_from: {e}") from None
         for name in _SHAPE_FIELDS:
             if getattr(saved, name) != getattr(model, name):
-                raise RunError(f"model.init_from: {config.model.init_from} has {name} "
-                               f"{getattr(saved, name)}, the config gives {getattr(model, name)}")
+                raise RunError(
+                    f"model.init_from: {config.model.init_from} has {name} "
+                    f"{getattr(saved, name)}, the config gives {getattr(model, name)}"
+                )
     return model
 
 
 class Trainer:
     """One run of `config` on this process's devices (call `run()`)."""
 
-    def __init__(self, config: TrainConfig,
-                 on_metrics: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self, config: TrainConfig, on_metrics: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
         self.config = config
         self.on_metrics = on_metrics
         interrupt.guard_jax_cache_writes()
         self.distributed = mesh_lib.initialize_distributed(config.mesh.distributed)
         if config.compile_cache_dir and not jax.config.jax_compilation_cache_dir:
-            jax.config.update("jax_compilation_cache_dir",
-                              str(Path(config.compile_cache_dir).expanduser()))
+            jax.config.update(
+                "jax_compilation_cache_dir", str(Path(config.compile_cache_dir).expanduser())
+            )
         self.is_main = jax.process_index() == 0
         self.run_dir = Path(config.run_dir)
         vocab, self.tokenizer_sha = _data_vocab(config)
@@ -136,7 +147,8 @@ class Trainer:
         self.tx = step_lib.make_optimizer(config.optimizer, self.schedule)
         self.key = jax.random.key(config.seed)
         self.abstract = jax.eval_shape(
-            functools.partial(step_lib.init_state, model=self.model, tx=self.tx), self.key)
+            functools.partial(step_lib.init_state, model=self.model, tx=self.tx), self.key
+        )
         self.shardings = step_lib.state_shardings(self.abstract, self.model, self.tx, self.mesh)
         self.replicated = NamedSharding(self.mesh, P())
         B, L = config.batch.size, config.batch.seq_len
@@ -149,20 +161,26 @@ class Trainer:
         self.evals = self._make_evals()
         # Bytes per token of the run's tokenizer (every directory has the same one), so
         # that evals report bits per byte, comparable across tokenizers.
-        self.token_bytes = (TokenBytes.for_shards(config.data.dirs[0]) if self.evals else None)
+        self.token_bytes = TokenBytes.for_shards(config.data.dirs[0]) if self.evals else None
         try:
-            self.checkpointer = Checkpointer(config.checkpoint_dir, keep=config.checkpoint.keep,
-                                             async_save=config.checkpoint.async_save)
+            self.checkpointer = Checkpointer(
+                config.checkpoint_dir,
+                keep=config.checkpoint.keep,
+                async_save=config.checkpoint.async_save,
+            )
         except OSError as e:
             raise RunError(f"checkpoint.dir: {config.checkpoint_dir}: {e.strerror or e}") from None
-        self.writer = MetricsWriter(self.run_dir, enabled=self.is_main,
-                                    tensorboard=config.log.tensorboard)
-        self.reporter = Reporter(config.steps, 0, enabled=self.is_main,
-                                 bar=config.log.progress)
+        self.writer = MetricsWriter(
+            self.run_dir, enabled=self.is_main, tensorboard=config.log.tensorboard
+        )
+        self.reporter = Reporter(config.steps, 0, enabled=self.is_main, bar=config.log.progress)
         self.resumed_window: list[float] = []
         self.flops_per_token = llama.flops_per_token(self.model, L)
-        self.peak_flops = 1e12 * jax.device_count() * peak_tflops_per_device(
-            config.log.peak_tflops, self.model.compute_dtype)
+        self.peak_flops = (
+            1e12
+            * jax.device_count()
+            * peak_tflops_per_device(config.log.peak_tflops, self.model.compute_dtype)
+        )
         self._stop = False
 
     # ------------------------------------------------------------------ setup
@@ -173,12 +191,19 @@ class Trainer:
         weights = data.weights or [1.0] * len(data.dirs)
         try:
             return make_train_iterator(
-                list(zip(data.dirs, weights, strict=True)), seq_len=self.config.batch.seq_len,
-                batch_size=self.host.rows, seed=self.config.data_seed,
-                process_index=self.host.index, process_count=self.host.count,
-                num_workers=data.num_workers, num_threads=data.num_threads,
-                prefetch=data.prefetch, vocab_size=self.model.vocab_size,
-                tokenizer_sha256=self.tokenizer_sha, strict_state=data.strict_state)
+                list(zip(data.dirs, weights, strict=True)),
+                seq_len=self.config.batch.seq_len,
+                batch_size=self.host.rows,
+                seed=self.config.data_seed,
+                process_index=self.host.index,
+                process_count=self.host.count,
+                num_workers=data.num_workers,
+                num_threads=data.num_threads,
+                prefetch=data.prefetch,
+                vocab_size=self.model.vocab_size,
+                tokenizer_sha256=self.tokenizer_sha,
+                strict_state=data.strict_state,
+            )
         except (ShardFormatError, OSError, ValueError) as e:
             raise RunError(str(e).splitlines()[0]) from None
 
@@ -192,12 +217,18 @@ class Trainer:
         streams: dict[str, EvalStream] = {}
         for d in dirs:
             try:
-                check_compatible(d, vocab_size=self.model.vocab_size,
-                                 tokenizer_sha256=self.tokenizer_sha)
+                check_compatible(
+                    d, vocab_size=self.model.vocab_size, tokenizer_sha256=self.tokenizer_sha
+                )
                 found = make_eval_iterators(
-                    d, seq_len=self.config.batch.seq_len, batch_size=host.rows,
-                    max_batches=self.config.eval.batches, process_index=host.index,
-                    process_count=host.count, vocab_size=self.model.vocab_size)
+                    d,
+                    seq_len=self.config.batch.seq_len,
+                    batch_size=host.rows,
+                    max_batches=self.config.eval.batches,
+                    process_index=host.index,
+                    process_count=host.count,
+                    vocab_size=self.model.vocab_size,
+                )
             except (ShardFormatError, OSError, ValueError) as e:
                 raise RunError(str(e).splitlines()[0]) from None
             for domain, stream in found.items():
@@ -209,30 +240,46 @@ class Trainer:
     def _compile(self) -> None:
         """AOT-compile the train and eval steps with explicit shardings (donated state)."""
         b = self.config.batch
-        train_fn = step_lib.make_train_step(self.model, self.tx, self.schedule,
-                                            microbatches=b.microbatches,
-                                            document_attention=self.config.data.document_attention)
-        abstract_batch = {k: jax.ShapeDtypeStruct(self.batch_shape, np.int32,
-                                                  sharding=self.batch_sharding)
-                          for k in BATCH_KEYS}
+        train_fn = step_lib.make_train_step(
+            self.model,
+            self.tx,
+            self.schedule,
+            microbatches=b.microbatches,
+            document_attention=self.config.data.document_attention,
+        )
+        abstract_batch = {
+            k: jax.ShapeDtypeStruct(self.batch_shape, np.int32, sharding=self.batch_sharding)
+            for k in BATCH_KEYS
+        }
         abstract_state = step_lib.with_shardings(self.abstract, self.shardings)
         t = time.perf_counter()
         with jax.set_mesh(self.mesh):
-            self.train_step = jax.jit(
-                train_fn, in_shardings=(self.shardings, self.batch_sharding),
-                out_shardings=(self.shardings, self.replicated), donate_argnums=0,
-            ).lower(abstract_state, abstract_batch).compile()
+            self.train_step = (
+                jax.jit(
+                    train_fn,
+                    in_shardings=(self.shardings, self.batch_sharding),
+                    out_shardings=(self.shardings, self.replicated),
+                    donate_argnums=0,
+                )
+                .lower(abstract_state, abstract_batch)
+                .compile()
+            )
             self.eval_step = None
             if self.evals:
-                eval_fn = step_lib.make_eval_step(self.model,
-                                                  self.config.data.document_attention)
-                abstract_eval = {k: jax.ShapeDtypeStruct(self.eval_shape, np.int32,
-                                                         sharding=self.eval_sharding)
-                                 for k in abstract_batch}
-                self.eval_step = jax.jit(
-                    eval_fn, in_shardings=(self.shardings["params"], self.eval_sharding),
-                    out_shardings=self.replicated,
-                ).lower(abstract_state["params"], abstract_eval).compile()
+                eval_fn = step_lib.make_eval_step(self.model, self.config.data.document_attention)
+                abstract_eval = {
+                    k: jax.ShapeDtypeStruct(self.eval_shape, np.int32, sharding=self.eval_sharding)
+                    for k in abstract_batch
+                }
+                self.eval_step = (
+                    jax.jit(
+                        eval_fn,
+                        in_shardings=(self.shardings["params"], self.eval_sharding),
+                        out_shardings=self.replicated,
+                    )
+                    .lower(abstract_state["params"], abstract_eval)
+                    .compile()
+                )
         self.compile_s = time.perf_counter() - t
 
     def _initial_state(self) -> tuple[step_lib.State | None, int, int | None]:
@@ -242,16 +289,19 @@ class Trainer:
         """
         steps = self.checkpointer.all_steps()
         if steps and not self.config.checkpoint.resume:
-            raise RunError(f"{self.checkpointer.directory} holds checkpoints (latest step "
-                           f"{steps[-1]}); set checkpoint.resume=true or use another run_dir")
+            raise RunError(
+                f"{self.checkpointer.directory} holds checkpoints (latest step "
+                f"{steps[-1]}); set checkpoint.resume=true or use another run_dir"
+            )
         if steps:
             return self._resume(steps[::-1])
         init = functools.partial(step_lib.init_state, model=self.model, tx=self.tx)
         if self.config.model.init_from:
             target = step_lib.with_shardings(self.abstract["params"], self.shardings["params"])
             params, _ = model_checkpoint.load_params(self.config.model.init_from, target)
-            state = jax.jit(lambda key, p: init(key, params=p), out_shardings=self.shardings,
-                            donate_argnums=1)(self.key, params)
+            state = jax.jit(
+                lambda key, p: init(key, params=p), out_shardings=self.shardings, donate_argnums=1
+            )(self.key, params)
         else:
             state = jax.jit(init, out_shardings=self.shardings)(self.key)
         return state, 0, None
@@ -268,8 +318,10 @@ class Trainer:
             self._set_aside(skipped)
             return state, step, step
         listing = "; ".join(f"{step}: {reason}" for step, reason in skipped)
-        raise RunError(f"no checkpoint in {self.checkpointer.directory} restores ({listing}); "
-                       "move them away, or use another run_dir or checkpoint.dir")
+        raise RunError(
+            f"no checkpoint in {self.checkpointer.directory} restores ({listing}); "
+            "move them away, or use another run_dir or checkpoint.dir"
+        )
 
     def _restore(self, step: int) -> step_lib.State | None:
         """Checkpoint `step` into the mesh (None: it is at `steps`); CheckpointDamaged if not."""
@@ -277,9 +329,11 @@ class Trainer:
         _agree(ckpt.problem(step))
         self._check_shapes(step)
         if step > self.config.steps:
-            raise RunError(f"steps ({self.config.steps}) is below the latest checkpoint, step "
-                           f"{step} in {ckpt.directory}: nothing to train; raise steps, or "
-                           "use another run_dir or checkpoint.dir")
+            raise RunError(
+                f"steps ({self.config.steps}) is below the latest checkpoint, step "
+                f"{step} in {ckpt.directory}: nothing to train; raise steps, or "
+                "use another run_dir or checkpoint.dir"
+            )
         target = step_lib.with_shardings(self.abstract, self.shardings)
         problem, restored = None, None
         try:
@@ -296,7 +350,8 @@ class Trainer:
             raise RunError(
                 f"{ckpt.step_dir(step)}: the loader state comes from another data pipeline "
                 "(directories' contents, weights, seed or seq_len differ); --set "
-                "data.strict_state=false continues from its position anyway") from None
+                "data.strict_state=false continues from its position anyway"
+            ) from None
         except (ValueError, KeyError, TypeError) as e:
             raise RunError(f"{ckpt.step_dir(step)}: loader state: {e}") from None
         # The losses logged since the last record: the next record averages the same steps
@@ -319,15 +374,22 @@ class Trainer:
         where = self.checkpointer.step_dir(step)
         embed = "['embed']"
         if embed in saved and embed in want and saved[embed][0] != want[embed][0]:
-            source = ("model.vocab_size" if self.config.model.vocab_size else
-                      f"the tokenizer of {self.config.data.dirs[0]}")
-            raise RunError(f"{where}: the checkpoint has vocab_size {saved[embed][0]}, the "
-                           f"model {want[embed][0]} (from {source}); resuming needs the "
-                           "tokenizer it was trained with (or another run_dir)")
+            source = (
+                "model.vocab_size"
+                if self.config.model.vocab_size
+                else f"the tokenizer of {self.config.data.dirs[0]}"
+            )
+            raise RunError(
+                f"{where}: the checkpoint has vocab_size {saved[embed][0]}, the "
+                f"model {want[embed][0]} (from {source}); resuming needs the "
+                "tokenizer it was trained with (or another run_dir)"
+            )
         key = next(k for k in sorted(set(saved) | set(want)) if saved.get(k) != want.get(k))
-        raise RunError(f"{where}: parameter {key} has shape {saved.get(key)} in the checkpoint, "
-                       f"{want.get(key)} in the model; resuming needs the same model (or "
-                       "another run_dir)")
+        raise RunError(
+            f"{where}: parameter {key} has shape {saved.get(key)} in the checkpoint, "
+            f"{want.get(key)} in the model; resuming needs the same model (or "
+            "another run_dir)"
+        )
 
     def _set_aside(self, skipped: list[tuple[int, str]]) -> None:
         """Rename checkpoints newer than the restored one that failed, and say so."""
@@ -335,8 +397,9 @@ class Trainer:
             if self.is_main:
                 with interrupt.critical():
                     moved = self.checkpointer.move_aside(step)
-                self.reporter.message(f"lemur-train: skipped checkpoint {step} ({reason}); "
-                                      f"moved to {moved}")
+                self.reporter.message(
+                    f"lemur-train: skipped checkpoint {step} ({reason}); moved to {moved}"
+                )
         if skipped and jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
@@ -353,14 +416,20 @@ class Trainer:
             try:
                 for local in stream:
                     n_bytes += self.token_bytes.batch_bytes(local)  # this host's rows
-                    parts.append(self.eval_step(params, mesh_lib.global_batch(
-                        local, self.eval_sharding, self.eval_shape)))
+                    parts.append(
+                        self.eval_step(
+                            params,
+                            mesh_lib.global_batch(local, self.eval_sharding, self.eval_shape),
+                        )
+                    )
             except ShardFormatError as e:  # an id outside the vocabulary, found on reading
                 raise RunError(f"eval {name}: {str(e).splitlines()[0]}") from None
             sums = np.asarray(jax.device_get(parts), np.float64).reshape(-1, 2).sum(0)
             n_bytes = _sum_over_processes(n_bytes)
-            results[name] = (float(sums[0] / max(sums[1], 1.0)),
-                             bits_per_byte(float(sums[0]), n_bytes))
+            results[name] = (
+                float(sums[0] / max(sums[1], 1.0)),
+                bits_per_byte(float(sums[0]), n_bytes),
+            )
         return results
 
     def _emit(self, record: dict[str, Any]) -> None:
@@ -382,16 +451,23 @@ class Trainer:
         return {name: loss for name, (loss, _) in evals.items()}
 
     def _save(self, step: int, state: step_lib.State, window: _Window) -> None:
-        meta = {"step": step, "tokens_seen": step * self.config.tokens_per_step,
-                "process_count": jax.process_count(), "config": self.config.to_dict(),
-                "vocab_size": self.model.vocab_size, "tokenizer_sha256": self.tokenizer_sha,
-                # Losses since the last train record: a resumed run's next record averages
-                # the same steps as an uninterrupted run's (JSON floats round-trip exactly).
-                "log_window": list(window.losses), "time": time.time()}
+        meta = {
+            "step": step,
+            "tokens_seen": step * self.config.tokens_per_step,
+            "process_count": jax.process_count(),
+            "config": self.config.to_dict(),
+            "vocab_size": self.model.vocab_size,
+            "tokenizer_sha256": self.tokenizer_sha,
+            # Losses since the last train record: a resumed run's next record averages
+            # the same steps as an uninterrupted run's (JSON floats round-trip exactly).
+            "log_window": list(window.losses),
+            "time": time.time(),
+        }
         self.checkpointer.save(step, state, self.loader.get_state(), meta)
 
     def _install_stop_handlers(self) -> dict[int, Any]:
         """SIGTERM/SIGINT: finish the current step, checkpoint, return (preemption)."""
+
         def request_stop(signum: int, _frame: Any) -> None:
             self._stop = True
             signal.signal(signum, previous[signum])  # a second signal acts as usual
@@ -423,9 +499,16 @@ class Trainer:
             if state is None:
                 self.reporter.message(
                     f"lemur-train: already at step {start} of {self.config.steps} "
-                    f"({self.checkpointer.step_dir(start)}); nothing to train")
-                return RunSummary(step=start, loss=None, evals={}, resumed_from=resumed,
-                                  stopped_early=False, run_dir=str(self.run_dir))
+                    f"({self.checkpointer.step_dir(start)}); nothing to train"
+                )
+                return RunSummary(
+                    step=start,
+                    loss=None,
+                    evals={},
+                    resumed_from=resumed,
+                    stopped_early=False,
+                    run_dir=str(self.run_dir),
+                )
             return self._train(state, start, resumed)
         finally:
             self.reporter.close()
@@ -441,7 +524,8 @@ class Trainer:
             f"lemur-train: {n_params / 1e6:,.1f}M params, mesh {dict(self.mesh.shape)} on "
             f"{jax.device_count()} {jax.devices()[0].platform} device(s), "
             f"{jax.process_count()} process(es); {config.tokens_per_step:,} tokens/step; "
-            f"eval: {', '.join(self.evals) or 'none (no val shards)'}")
+            f"eval: {', '.join(self.evals) or 'none (no val shards)'}"
+        )
         state, start, resumed = self._initial_state()
         if state is not None:
             # Drop what a killed run logged after its last checkpoint (everything when
@@ -466,9 +550,13 @@ class Trainer:
         """The training loop from `start`, with the stop handlers installed."""
         self.reporter.step(start)
         self.reporter.message(
-            (f"lemur-train: resumed from step {resumed}" if resumed is not None else
-             "lemur-train: from " + (self.config.model.init_from or "a random init"))
-            + f"; compiled in {self.compile_s:.1f}s")
+            (
+                f"lemur-train: resumed from step {resumed}"
+                if resumed is not None
+                else "lemur-train: from " + (self.config.model.init_from or "a random init")
+            )
+            + f"; compiled in {self.compile_s:.1f}s"
+        )
         previous_handlers = self._install_stop_handlers()
         interrupt.disarm()  # from here on a signal checkpoints and stops
         try:
@@ -477,17 +565,27 @@ class Trainer:
         except TrainingDiverged as e:
             self.checkpointer.wait()
             latest = self.checkpointer.latest_step()
-            where = (f"last checkpoint: step {latest} in {self.checkpointer.directory}"
-                     if latest is not None else "no checkpoint was saved")
+            where = (
+                f"last checkpoint: step {latest} in {self.checkpointer.directory}"
+                if latest is not None
+                else "no checkpoint was saved"
+            )
             raise TrainingDiverged(f"{e}; stopped ({where})") from None
         finally:
             for sig, handler in previous_handlers.items():
                 signal.signal(sig, handler)
-        return RunSummary(step=step, loss=last_loss, evals=evals, resumed_from=resumed,
-                          stopped_early=step < self.config.steps, run_dir=str(self.run_dir))
+        return RunSummary(
+            step=step,
+            loss=last_loss,
+            evals=evals,
+            resumed_from=resumed,
+            stopped_early=step < self.config.steps,
+            run_dir=str(self.run_dir),
+        )
 
-    def _loop(self, state: step_lib.State, start: int
-              ) -> tuple[int, float | None, dict[str, float]]:
+    def _loop(
+        self, state: step_lib.State, start: int
+    ) -> tuple[int, float | None, dict[str, float]]:
         """Steps from `start` to the end or a stop: (last step, its loss, last evals)."""
         config = self.config
         evals: dict[str, float] = {}
@@ -510,9 +608,11 @@ class Trainer:
             # A stop (preemption) saves but does not evaluate: the resumed run evaluates
             # where an uninterrupted one would, and the grace period goes to the save.
             do_eval = self.eval_step is not None and (
-                at_end or (config.eval.every and step % config.eval.every == 0))
-            do_save = at_end or stop or (config.checkpoint.every
-                                         and step % config.checkpoint.every == 0)
+                at_end or (config.eval.every and step % config.eval.every == 0)
+            )
+            do_save = (
+                at_end or stop or (config.checkpoint.every and step % config.checkpoint.every == 0)
+            )
             if do_eval or do_save:
                 # Check this step's numbers before saving its state.
                 last_loss = self._consume(*pending, window)
@@ -523,8 +623,10 @@ class Trainer:
                 if do_save:
                     self._save(step, state, window)
             if stop:
-                self.reporter.message(f"lemur-train: stopped at step {step} "
-                                      "(signal); checkpoint saved, rerun to resume")
+                self.reporter.message(
+                    f"lemur-train: stopped at step {step} "
+                    "(signal); checkpoint saved, rerun to resume"
+                )
                 break
         if pending is not None:
             last_loss = self._consume(*pending, window)
@@ -557,16 +659,22 @@ class Trainer:
         if step % self.config.log.every == 0 or step == self.config.steps:
             now = time.perf_counter()
             tps = window.tokens / max(now - window.start, 1e-9)
-            self._emit({
-                "step": step, "loss": window.mean_loss(), "grad_norm": m["grad_norm"],
-                "lr": m["lr"], "tokens_per_s": tps, "mfu": tps * self.flops_per_token
-                / self.peak_flops, "step_s": (now - window.start) / max(window.steps, 1),
-                "param_norm": m["param_norm"],
-                "data_wait_frac": window.data_wait / max(now - window.start, 1e-9),
-                "batch_put_frac": window.put_time / max(now - window.start, 1e-9),
-                "tokens_seen": step * self.config.tokens_per_step,
-                "valid_tokens": int(m["tokens"]),
-            })
+            self._emit(
+                {
+                    "step": step,
+                    "loss": window.mean_loss(),
+                    "grad_norm": m["grad_norm"],
+                    "lr": m["lr"],
+                    "tokens_per_s": tps,
+                    "mfu": tps * self.flops_per_token / self.peak_flops,
+                    "step_s": (now - window.start) / max(window.steps, 1),
+                    "param_norm": m["param_norm"],
+                    "data_wait_frac": window.data_wait / max(now - window.start, 1e-9),
+                    "batch_put_frac": window.put_time / max(now - window.start, 1e-9),
+                    "tokens_seen": step * self.config.tokens_per_step,
+                    "valid_tokens": int(m["tokens"]),
+                }
+            )
             window.restart(now)
         return m["loss"]
 
@@ -600,8 +708,9 @@ class _Window:
         return float(np.mean(self.losses)) if self.losses else math.nan
 
 
-def train(config: TrainConfig,
-          on_metrics: Callable[[dict[str, Any]], None] | None = None) -> RunSummary:
+def train(
+    config: TrainConfig, on_metrics: Callable[[dict[str, Any]], None] | None = None
+) -> RunSummary:
     """Run `config` to the end (resuming from its latest checkpoint); see Trainer."""
     return Trainer(config, on_metrics=on_metrics).run()
 

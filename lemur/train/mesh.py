@@ -21,8 +21,13 @@ from lemur.train.config import MeshConfig
 
 # Environment variables of launchers under which jax.distributed.initialize() finds its
 # coordinator by itself (Cloud TPU pods, Slurm, Open MPI) or from ours (JAX_*).
-_LAUNCHER_ENV = ("JAX_COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS",
-                 "TPU_WORKER_HOSTNAMES", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE")
+_LAUNCHER_ENV = (
+    "JAX_COORDINATOR_ADDRESS",
+    "MEGASCALE_COORDINATOR_ADDRESS",
+    "TPU_WORKER_HOSTNAMES",
+    "SLURM_STEP_NUM_TASKS",
+    "OMPI_COMM_WORLD_SIZE",
+)
 
 
 def _multi_process_env() -> bool:
@@ -112,8 +117,11 @@ def check_batch_fits(mesh: Mesh, batch_size: int, microbatches: int) -> None:
         )
 
 
-def global_batch(local: dict[str, np.ndarray], sharding: NamedSharding,
-                 global_shape: tuple[int, ...]) -> dict[str, jax.Array]:
+def global_batch(
+    local: dict[str, np.ndarray], sharding: NamedSharding, global_shape: tuple[int, ...]
+) -> dict[str, jax.Array]:
     """Assemble per-process numpy batches into global jax arrays on the mesh."""
-    return {k: jax.make_array_from_process_local_data(sharding, v, global_shape)
-            for k, v in local.items()}
+    return {
+        k: jax.make_array_from_process_local_data(sharding, v, global_shape)
+        for k, v in local.items()
+    }

@@ -24,10 +24,22 @@ from lemur.shards.format import atomic_write_bytes
 # match wins, so longer names come first). Vendor datasheets; MFU is quoted against bf16
 # peak whatever the compute dtype, as MaxText and PaLM do.
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("H100", 989.0), ("H200", 989.0), ("H800", 989.0), ("GH200", 989.0),
-    ("B200", 2250.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0), ("L4", 121.0),
-    ("TPU v6 lite", 918.0), ("TPU v6e", 918.0), ("TPU v5 lite", 197.0), ("TPU v5e", 197.0),
-    ("TPU v5p", 459.0), ("TPU v5", 459.0), ("TPU v4", 275.0),
+    ("H100", 989.0),
+    ("H200", 989.0),
+    ("H800", 989.0),
+    ("GH200", 989.0),
+    ("B200", 2250.0),
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("L40S", 362.0),
+    ("L4", 121.0),
+    ("TPU v6 lite", 918.0),
+    ("TPU v6e", 918.0),
+    ("TPU v5 lite", 197.0),
+    ("TPU v5e", 197.0),
+    ("TPU v5p", 459.0),
+    ("TPU v5", 459.0),
+    ("TPU v4", 275.0),
 )
 _measured: dict[str, float] = {}
 
@@ -70,12 +82,16 @@ def peak_tflops_per_device(override: float | None = None, dtype: Any = jnp.float
 class MetricsWriter:
     """Appends records to `metrics.jsonl` (and TensorBoard); a no-op off process 0."""
 
-    def __init__(self, run_dir: str | os.PathLike, *, enabled: bool = True,
-                 tensorboard: bool = True) -> None:
+    def __init__(
+        self, run_dir: str | os.PathLike, *, enabled: bool = True, tensorboard: bool = True
+    ) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
-        self._tb = _tensorboard_writer(Path(run_dir) / "tensorboard") if (
-            enabled and tensorboard) else None
+        self._tb = (
+            _tensorboard_writer(Path(run_dir) / "tensorboard")
+            if (enabled and tensorboard)
+            else None
+        )
 
     def truncate_after(self, step: int) -> None:
         """Drop records past `step` and torn lines (a killed run's), rewriting atomically.
@@ -124,8 +140,10 @@ def _tensorboard_writer(directory: Path) -> Any:
         from tensorboardX import SummaryWriter
 
         return SummaryWriter(str(directory))
-    if (importlib.util.find_spec("tensorboard") is not None
-            and importlib.util.find_spec("torch") is not None):
+    if (
+        importlib.util.find_spec("tensorboard") is not None
+        and importlib.util.find_spec("torch") is not None
+    ):
         from torch.utils.tensorboard import SummaryWriter
 
         return SummaryWriter(str(directory))

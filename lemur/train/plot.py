@@ -33,8 +33,9 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(*_series(records, "loss"), label="train", lw=1.2)
-    eval_keys = sorted({k for r in records for k in r
-                        if k.startswith("eval/") and k.endswith("/loss")})
+    eval_keys = sorted(
+        {k for r in records for k in r if k.startswith("eval/") and k.endswith("/loss")}
+    )
     for key in eval_keys:
         ax.plot(*_series(records, key), marker="o", label=f"val {key.split('/')[1]}")
     ax.set(xlabel="step", ylabel="loss (nats/token)", title=f"{run_dir.name}: loss")

@@ -13,11 +13,16 @@ def format_record(record: dict[str, Any]) -> str:
     """One line for a metrics record: train loss, throughput and MFU, or eval losses."""
     step = f"step {record['step']:>6}"
     if "loss" in record:
-        return (f"{step}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
-                f"gnorm {record['grad_norm']:.3f}  {record['tokens_per_s']:,.0f} tok/s  "
-                f"MFU {100 * record['mfu']:.1f}%")
-    evals = [f"{k.split('/')[1]} {v:.4f}" for k, v in record.items()
-             if k.startswith("eval/") and k.endswith("/loss")]
+        return (
+            f"{step}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+            f"gnorm {record['grad_norm']:.3f}  {record['tokens_per_s']:,.0f} tok/s  "
+            f"MFU {100 * record['mfu']:.1f}%"
+        )
+    evals = [
+        f"{k.split('/')[1]} {v:.4f}"
+        for k, v in record.items()
+        if k.startswith("eval/") and k.endswith("/loss")
+    ]
     return f"{step}  eval loss  " + "  ".join(evals)
 
 
@@ -37,12 +42,18 @@ class Reporter:
     def _start_bar(self, start: int) -> None:
         self._bar = False
         self.progress = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}  {task.fields[tps]} tok/s  "
-                       "MFU {task.fields[mfu]}"),
-            TimeRemainingColumn(), console=self.console)
-        self.task = self.progress.add_task("train", total=self._total, completed=start,
-                                           loss="-", tps="-", mfu="-")
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(
+                "loss {task.fields[loss]}  {task.fields[tps]} tok/s  MFU {task.fields[mfu]}"
+            ),
+            TimeRemainingColumn(),
+            console=self.console,
+        )
+        self.task = self.progress.add_task(
+            "train", total=self._total, completed=start, loss="-", tps="-", mfu="-"
+        )
         self.progress.start()
 
     def message(self, text: str) -> None:
@@ -63,9 +74,12 @@ class Reporter:
             return
         self.message(format_record(record))
         if self.progress is not None and "loss" in record:
-            self.progress.update(self.task, loss=f"{record['loss']:.4f}",
-                                 tps=f"{record['tokens_per_s']:,.0f}",
-                                 mfu=f"{100 * record['mfu']:.1f}%")
+            self.progress.update(
+                self.task,
+                loss=f"{record['loss']:.4f}",
+                tps=f"{record['tokens_per_s']:,.0f}",
+                mfu=f"{100 * record['mfu']:.1f}%",
+            )
 
     def close(self) -> None:
         """Stop the live bar."""

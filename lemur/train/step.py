@@ -58,15 +58,23 @@ def make_schedule(config: ScheduleConfig, steps: int) -> Callable[[jax.Array], j
 def _decay_mask(params: llama.Params) -> Any:
     """True for the weights that get weight decay: every matrix, never a norm's scale."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: "norm" not in jax.tree_util.keystr(path), params)
+        lambda path, _: "norm" not in jax.tree_util.keystr(path), params
+    )
 
 
-def make_optimizer(config: OptimizerConfig, schedule: Callable[[jax.Array], jax.Array]
-                   ) -> optax.GradientTransformation:
+def make_optimizer(
+    config: OptimizerConfig, schedule: Callable[[jax.Array], jax.Array]
+) -> optax.GradientTransformation:
     """Global-norm clipping, then Adam (the paper's b1 0.9, b2 0.95), AdamW with weight decay."""
     if config.weight_decay > 0:
-        adam = optax.adamw(schedule, b1=config.b1, b2=config.b2, eps=config.eps,
-                           weight_decay=config.weight_decay, mask=_decay_mask)
+        adam = optax.adamw(
+            schedule,
+            b1=config.b1,
+            b2=config.b2,
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+            mask=_decay_mask,
+        )
     else:  # adamw with decay 0 would still add 0 * params: a wasted pass over the weights
         adam = optax.adam(schedule, b1=config.b1, b2=config.b2, eps=config.eps)
     if config.grad_clip > 0:
@@ -74,8 +82,12 @@ def make_optimizer(config: OptimizerConfig, schedule: Callable[[jax.Array], jax.
     return adam
 
 
-def init_state(key: jax.Array, model: llama.LlamaConfig, tx: optax.GradientTransformation,
-               params: llama.Params | None = None) -> State:
+def init_state(
+    key: jax.Array,
+    model: llama.LlamaConfig,
+    tx: optax.GradientTransformation,
+    params: llama.Params | None = None,
+) -> State:
     """A fresh train state: random params (or `params`), optimizer state, step 0, RNG."""
     init_key, rng = jax.random.split(key)
     if params is None:
@@ -90,26 +102,33 @@ def init_state(key: jax.Array, model: llama.LlamaConfig, tx: optax.GradientTrans
     }
 
 
-def state_shardings(abstract: State, model: llama.LlamaConfig, tx: optax.GradientTransformation,
-                    mesh: Mesh) -> State:
+def state_shardings(
+    abstract: State, model: llama.LlamaConfig, tx: optax.GradientTransformation, mesh: Mesh
+) -> State:
     """NamedShardings for every leaf of the state: moments shard like their params."""
     replicated = NamedSharding(mesh, P())
     params = model_sharding.param_shardings(abstract["params"], model, mesh)
     opt_state = optax.tree_map_params(
-        tx, lambda _, s: s, abstract["opt_state"], params,
+        tx,
+        lambda _, s: s,
+        abstract["opt_state"],
+        params,
         transform_non_params=lambda _: replicated,
-        is_leaf=lambda x: isinstance(x, NamedSharding))
+        is_leaf=lambda x: isinstance(x, NamedSharding),
+    )
     return {"step": replicated, "params": params, "opt_state": opt_state, "rng": replicated}
 
 
 def with_shardings(abstract: Any, shardings: Any) -> Any:
     """ShapeDtypeStructs carrying shardings (orbax restore targets, AOT compile inputs)."""
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
 
 
-def token_losses(params: llama.Params, batch: Batch, model: llama.LlamaConfig,
-                 document_attention: bool) -> jax.Array:
+def token_losses(
+    params: llama.Params, batch: Batch, model: llama.LlamaConfig, document_attention: bool
+) -> jax.Array:
     """Per-token cross-entropy (fp32, BxL), zero where `loss_mask` is 0."""
     kwargs = {}
     if document_attention:
@@ -125,6 +144,7 @@ def _split_microbatches(batch: Batch, microbatches: int) -> Batch:
     Strided rather than contiguous: each device's block of rows then holds an equal share
     of every microbatch, so every microbatch stays spread over all data-parallel devices.
     """
+
     def split(x: jax.Array) -> jax.Array:
         b, rest = x.shape[0] // microbatches, x.shape[1:]
         x = jnp.swapaxes(x.reshape(b, microbatches, *rest), 0, 1)
@@ -142,14 +162,20 @@ def _constrain(x_MxBxL: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(x_MxBxL, spec)
 
 
-def make_train_step(model: llama.LlamaConfig, tx: optax.GradientTransformation,
-                    schedule: Callable[[jax.Array], jax.Array], *, microbatches: int = 1,
-                    document_attention: bool = False) -> StepFn:
+def make_train_step(
+    model: llama.LlamaConfig,
+    tx: optax.GradientTransformation,
+    schedule: Callable[[jax.Array], jax.Array],
+    *,
+    microbatches: int = 1,
+    document_attention: bool = False,
+) -> StepFn:
     """The (unjitted) train step: loss averaged over every valid token of the global batch.
 
     Gradients are accumulated over `microbatches` passes (lax.scan) as sums divided by
     the batch's total valid-token count, so the update equals the one-pass update.
     """
+
     def loss_fn(params: llama.Params, batch: Batch, denom: jax.Array) -> jax.Array:
         return token_losses(params, batch, model, document_attention).sum() / denom
 
@@ -162,30 +188,44 @@ def make_train_step(model: llama.LlamaConfig, tx: optax.GradientTransformation,
         if microbatches == 1:
             loss, grads = grad_fn(params, batch, denom)
         else:
+
             def accumulate(carry: tuple[jax.Array, Any], micro: Batch) -> tuple[Any, None]:
                 loss_sum, grad_sum = carry
                 loss, grads = grad_fn(params, micro, denom)
                 return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
 
             zeros = jax.tree.map(jnp.zeros_like, params)
-            (loss, grads), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros),
-                                            _split_microbatches(batch, microbatches))
+            (loss, grads), _ = jax.lax.scan(
+                accumulate,
+                (jnp.zeros((), jnp.float32), zeros),
+                _split_microbatches(batch, microbatches),
+            )
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         new_params = optax.apply_updates(params, updates)
-        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
-                   # Checked with the loss: a finite loss can still leave overflowed weights.
-                   "param_norm": optax.tree.norm(new_params),
-                   "lr": schedule(state["step"]), "tokens": tokens}
-        new_state = {"step": state["step"] + 1, "params": new_params,
-                     "opt_state": opt_state, "rng": state["rng"]}
+        metrics = {
+            "loss": loss,
+            "grad_norm": optax.tree.norm(grads),
+            # Checked with the loss: a finite loss can still leave overflowed weights.
+            "param_norm": optax.tree.norm(new_params),
+            "lr": schedule(state["step"]),
+            "tokens": tokens,
+        }
+        new_state = {
+            "step": state["step"] + 1,
+            "params": new_params,
+            "opt_state": opt_state,
+            "rng": state["rng"],
+        }
         return new_state, metrics
 
     return step
 
 
-def make_eval_step(model: llama.LlamaConfig, document_attention: bool = False
-                   ) -> Callable[[llama.Params, Batch], tuple[jax.Array, jax.Array]]:
+def make_eval_step(
+    model: llama.LlamaConfig, document_attention: bool = False
+) -> Callable[[llama.Params, Batch], tuple[jax.Array, jax.Array]]:
     """(params, batch) -> (summed loss, valid-token count): padding rows count for nothing."""
+
     def step(params: llama.Params, batch: Batch) -> tuple[jax.Array, jax.Array]:
         loss_sum = token_losses(params, batch, model, document_attention).sum()
         return loss_sum, batch["loss_mask"].sum()
@@ -195,6 +235,7 @@ def make_eval_step(model: llama.LlamaConfig, document_attention: bool = False
 
 def under_mesh(fn: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:
     """Call `fn` with `mesh` set, so the model's activation constraints apply while tracing."""
+
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         with jax.set_mesh(mesh):

@@ -36,8 +36,9 @@ def _derived_seed(*parts: int | str) -> int:
     return int.from_bytes(hashlib.sha256(data).digest()[:4], "little")
 
 
-def process_index_and_count(process_index: int | None, process_count: int | None
-                             ) -> tuple[int, int]:
+def process_index_and_count(
+    process_index: int | None, process_count: int | None
+) -> tuple[int, int]:
     if process_index is None or process_count is None:
         import jax  # only when asked to discover the processes: importing jax is slow
 
@@ -57,8 +58,7 @@ def _mark_absl_flags_parsed() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
-def _normalize_sources(dirs_and_weights: list[tuple[str, float]] | str
-                       ) -> list[tuple[str, float]]:
+def _normalize_sources(dirs_and_weights: list[tuple[str, float]] | str) -> list[tuple[str, float]]:
     if isinstance(dirs_and_weights, str | os.PathLike):
         return [(str(dirs_and_weights), 1.0)]
     pairs = [(str(d), float(w)) for d, w in dirs_and_weights]
@@ -80,8 +80,13 @@ class TrainIterator(grain.DatasetIterator):
     refused unless the iterator was made with `strict_state=False`.
     """
 
-    def __init__(self, inner: grain.DatasetIterator, fingerprint: str, strict_state: bool,
-                 sources: list[ShardSource]) -> None:
+    def __init__(
+        self,
+        inner: grain.DatasetIterator,
+        fingerprint: str,
+        strict_state: bool,
+        sources: list[ShardSource],
+    ) -> None:
         super().__init__(inner)
         self._inner = inner
         self.fingerprint = fingerprint
@@ -145,10 +150,13 @@ def make_train_iterator(
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if vocab_size is not None:
         for d, _ in pairs:
-            check_compatible(d, vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256,
-                             seq_len=seq_len)
-    sources = [ShardSource(d, seq_len, release_bytes=release_bytes, vocab_size=vocab_size)
-               for d, _ in pairs]
+            check_compatible(
+                d, vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len
+            )
+    sources = [
+        ShardSource(d, seq_len, release_bytes=release_bytes, vocab_size=vocab_size)
+        for d, _ in pairs
+    ]
     for src in sources:
         if len(src) >= 2**32:  # Grain's index shuffle works on 32-bit indices
             raise ValueError(f"{src!r}: {len(src)} windows, more than a shuffle can permute")
@@ -156,8 +164,7 @@ def make_train_iterator(
     if len(sha) > 1:
         raise ShardCompatibilityError(
             "mixture of shard directories built with different tokenizers: "
-            + ", ".join(f"{s.directory} ({str(s.tokenizer.get('sha256'))[:12]})"
-                        for s in sources)
+            + ", ".join(f"{s.directory} ({str(s.tokenizer.get('sha256'))[:12]})" for s in sources)
         )
     parts = [
         grain.MapDataset.source(src)
@@ -170,8 +177,9 @@ def make_train_iterator(
     mp_options = None
     if num_workers > 0:
         _mark_absl_flags_parsed()
-        mp_options = grain.MultiprocessingOptions(num_workers=num_workers,
-                                                  per_worker_buffer_size=max(1, prefetch))
+        mp_options = grain.MultiprocessingOptions(
+            num_workers=num_workers, per_worker_buffer_size=max(1, prefetch)
+        )
     elastic = grain.experimental.ElasticIterator(
         ds,
         global_batch_size=batch_size * pcount,
@@ -181,9 +189,14 @@ def make_train_iterator(
     )
     fingerprint = hashlib.sha256(
         json.dumps(
-            {"format": FORMAT, "seq_len": seq_len, "seed": seed,
-             "sources": [[s.content_id, w, len(s)]
-                         for s, (_, w) in zip(sources, pairs, strict=True)]},
+            {
+                "format": FORMAT,
+                "seq_len": seq_len,
+                "seed": seed,
+                "sources": [
+                    [s.content_id, w, len(s)] for s, (_, w) in zip(sources, pairs, strict=True)
+                ],
+            },
             sort_keys=True,
         ).encode()
     ).hexdigest()[:16]

@@ -57,8 +57,9 @@ def _constants(seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     return ones, arange
 
 
-def window_record(tokens: np.ndarray, ends: np.ndarray, start: int, seq_len: int
-                  ) -> dict[str, np.ndarray]:
+def window_record(
+    tokens: np.ndarray, ends: np.ndarray, start: int, seq_len: int
+) -> dict[str, np.ndarray]:
     """The record for the window `tokens[start : start + seq_len + 1]` of one shard.
 
     `ends` are the shard's exclusive document end offsets (int64). `segment_ids` number
@@ -79,7 +80,7 @@ def window_record(tokens: np.ndarray, ends: np.ndarray, start: int, seq_len: int
         rel = ends[j0:j1] - start
         loss_mask = ones.copy()
         loss_mask[rel - 1] = 0  # input i predicts token i + 1, the next document's <s>
-        inner = rel[: -1] if rel[-1] == L else rel  # a start at L only affects the mask
+        inner = rel[:-1] if rel[-1] == L else rel  # a start at L only affects the mask
         if inner.size < _LOOP_MAX_DOCS:
             segment_ids, positions = np.empty(L, np.int32), np.empty(L, np.int32)
             a = 0
@@ -164,9 +165,11 @@ class ShardSource(grain.sources.RandomAccessDataSource):
         self.tokens = sum(int(s["tokens"]) for s in self.shards)
         # Identity of the data, not of its path: the shuffle seed and the state fingerprint
         # use it, so a job resumes the same order after the directory moves or is copied.
-        self.content_id = hashlib.sha256(json.dumps(
-            [[s["file"], s["tokens"], s["documents"], s.get("sha256")] for s in self.shards]
-        ).encode()).hexdigest()[:16]
+        self.content_id = hashlib.sha256(
+            json.dumps(
+                [[s["file"], s["tokens"], s["documents"], s.get("sha256")] for s in self.shards]
+            ).encode()
+        ).hexdigest()[:16]
         # Tokens never used as an input: each shard's tail shorter than a window, plus the
         # last window's final target (a shard of T tokens yields (T - 1) // seq_len windows).
         self.dropped_tokens = self.tokens - self._offsets[-1] * self.seq_len
@@ -246,8 +249,11 @@ class ShardSource(grain.sources.RandomAccessDataSource):
         """Raise naming the shard if the window holds an id outside the vocabulary."""
         inputs, last = record["inputs"], int(record["targets"][-1])
         # int32 records: a uint32 id >= 2**31 reads as negative.
-        if int(inputs.max()) < self.vocab_size and 0 <= last < self.vocab_size and (
-                int(inputs.min()) >= 0):
+        if (
+            int(inputs.max()) < self.vocab_size
+            and 0 <= last < self.vocab_size
+            and (int(inputs.min()) >= 0)
+        ):
             return
         window = np.concatenate((inputs, [last])).astype(np.int64) % (1 << 32)
         j = int(np.argmax(window >= self.vocab_size))
