@@ -62,7 +62,7 @@ def test_run_dir_loads_params_only(run_dir: Path, shards: Path, tmp_path: Path) 
     np.testing.assert_array_equal(
         np.asarray(step.params["embed"]), np.asarray(loaded.params["embed"])
     )
-    # The same weights as a lemur model checkpoint (what tools/convert_hf_llama.py writes).
+    # The same weights as a lemur model checkpoint (what lemur-convert writes).
     model_checkpoint.save_params(tmp_path / "ckpt", jax.device_get(loaded.params), loaded.config)
     assert detect_kind(tmp_path / "ckpt") == "lemur"
     again = load_model(tmp_path / "ckpt", tokenizer=loaded.tokenizer.path)

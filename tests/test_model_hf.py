@@ -1,4 +1,4 @@
-"""lemur.model.hf + tools/convert_hf_llama.py: parity with transformers' LlamaForCausalLM.
+"""lemur.model.hf + lemur.model.convert (lemur-convert): parity with transformers' LlamaForCausalLM.
 
 Llama-2 style (default rope, untied head) and Llama-3 style (llama3 rope scaling, with and
 without the tied head of Llama-3.2) random tiny models.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -168,14 +167,10 @@ def test_state_dict_round_trip_is_identical(hf_model: transformers.LlamaForCausa
 
 
 def _load_tool() -> ModuleType:
-    """tools/convert_hf_llama.py as a module (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        "convert_hf_llama", REPO / "tools" / "convert_hf_llama.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The converter behind `lemur-convert`."""
+    from lemur.model import convert
+
+    return convert
 
 
 def _read_hf_dir(directory: Path) -> dict[str, np.ndarray]:

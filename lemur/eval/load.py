@@ -4,7 +4,7 @@ Accepted, told apart by the files inside:
 - a run directory of `lemur-train` (`config.yaml` and `checkpoints/<step>/`): its latest
   complete checkpoint, or `step`;
 - one orbax step of a run (`<step>/state` + `<step>/meta`);
-- a lemur model checkpoint (`config.json` + `params/`, what tools/convert_hf_llama.py writes);
+- a lemur model checkpoint (`config.json` + `params/`, what lemur-convert writes);
 - a Hugging Face Llama folder (`config.json` + safetensors), converted on the fly with
   lemur.model.hf, so Llama-2 itself can be scored as the baseline.
 

@@ -1,6 +1,6 @@
 """A lemur model checkpoint: `config.json` (LlamaConfig fields) + `params/` (orbax).
 
-This is what tools/convert_hf_llama.py writes and reads, and what the trainer loads to
+This is what lemur-convert writes and reads, and what the trainer loads to
 start from pretrained weights.
 """
 

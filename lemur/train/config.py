@@ -45,7 +45,7 @@ class ModelConfig:
     preset: str = "tiny"
     vocab_size: int | None = None  # None: the shards' tokenizer vocab size
     overrides: dict[str, Any] = field(default_factory=dict)  # LlamaConfig fields
-    init_from: str | None = None  # a lemur model checkpoint (tools/convert_hf_llama.py)
+    init_from: str | None = None  # a lemur model checkpoint (lemur-convert)
 
     def __post_init__(self) -> None:
         _check(

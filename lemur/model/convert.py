@@ -1,7 +1,7 @@
 """Convert Hugging Face Llama checkpoints to lemur checkpoints (orbax) and back.
 
-    python tools/convert_hf_llama.py to-lemur HF_DIR OUT_DIR [--dtype float32]
-    python tools/convert_hf_llama.py to-hf LEMUR_DIR OUT_DIR [--dtype bfloat16] [--shard-gb 5]
+    lemur-convert to-lemur HF_DIR OUT_DIR [--dtype float32]
+    lemur-convert to-hf LEMUR_DIR OUT_DIR [--dtype bfloat16] [--shard-gb 5]
 
 HF_DIR holds config.json and model.safetensors or sharded model-*.safetensors with
 model.safetensors.index.json (what `save_pretrained` and the Hub give). Tensors stream
