@@ -182,3 +182,37 @@ def test_chat_needs_chatml_pieces(tokenizer_model: Path) -> None:
     tok = SentencePieceTokenizer(tokenizer_model)
     with pytest.raises(ValueError, match="ChatML"):
         gen_lib.chat_prompt(tok, "hi")
+
+
+def test_chat_wraps_prompts_in_chatml(tmp_path: Path) -> None:
+    """With a tokenizer that has the ChatML pieces, --chat sends one id per marker."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    lines = ["def add(a, b):", "    return a + b", "The quick brown fox jumps.", "Hello there"]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines * 20),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=300,
+        byte_fallback=True,
+        hard_vocab_limit=False,
+        minloglevel=2,
+        user_defined_symbols=[gen_lib.CHATML_START, gen_lib.CHATML_END, "\n"],
+    )
+    (tmp_path / "chat.model").write_bytes(model.getvalue())
+    tok = SentencePieceTokenizer(tmp_path / "chat.model")
+    prompt = gen_lib.chat_prompt(tok, "Say hi", system="Be brief")
+    assert prompt == (
+        "<|im_start|>system\nBe brief<|im_end|>\n<|im_start|>user\nSay hi"
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
+    start = tok.piece_id(gen_lib.CHATML_START)
+    assert start is not None and tok.encode(prompt).count(start) == 3
+    config, params = _model(tok.vocab_size)
+    [out] = gen_lib.generate(
+        params, config, tok, ["Say hi"], dataclasses.replace(GREEDY, max_new_tokens=8), chat=True
+    )
+    assert gen_lib.CHATML_END not in out.text and 0 < len(out.tokens) <= 8
