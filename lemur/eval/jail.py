@@ -134,6 +134,21 @@ def private_filesystem(workdir: str, scratch_bytes: int, exposed: list[str]) -> 
     os.close(fd)
 
 
+def map_ids(uid: int, gid: int) -> None:
+    """Map our own uid and gid into the new user namespace, unchanged.
+
+    Unmapped, every file would belong to nobody there (stat fails with EOVERFLOW). Mapped
+    to themselves (not to root), the program has no capabilities after exec, so it cannot
+    undo the read-only mounts made before.
+    """
+    with open("/proc/self/setgroups", "w") as f:
+        f.write("deny")
+    with open("/proc/self/uid_map", "w") as f:
+        f.write(f"{uid} {uid} 1")
+    with open("/proc/self/gid_map", "w") as f:
+        f.write(f"{gid} {gid} 1")
+
+
 def drop_privileges(uid: int) -> None:
     """Become `uid`/`uid` with no supplementary groups (and so no capabilities)."""
     os.setgroups([])
@@ -149,10 +164,14 @@ def enter(spec: dict) -> None:
     flags = (CLONE_NEWNET if spec.get("netns") else 0) | (
         CLONE_NEWNS | CLONE_NEWIPC if spec.get("mountns") else 0
     )
-    if flags and os.geteuid() != 0:
+    own_userns = bool(flags) and os.geteuid() != 0
+    if own_userns:
         flags |= CLONE_NEWUSER  # unprivileged: namespaces need a user namespace of our own
+    uid, gid = os.getuid(), os.getgid()
     if flags:
         check(libc.unshare(flags), "unshare")
+    if own_userns:
+        map_ids(uid, gid)
     if spec.get("mountns"):
         scratch = spec.get("scratch_bytes", 64 << 20)
         private_filesystem(spec["workdir"], scratch, spec.get("expose", []))

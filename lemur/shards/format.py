@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,14 +188,3 @@ def open_index(directory: str | os.PathLike, shard: dict[str, Any]) -> np.ndarra
     if path.stat().st_size == 0:
         return np.zeros(0, dtype=INDEX_DTYPE)
     return np.memmap(path, dtype=INDEX_DTYPE, mode="r")
-
-
-def iter_documents(
-    directory: str | os.PathLike, shard: dict[str, Any], dtype: str
-) -> Iterable[np.ndarray]:
-    """Yield each document of a shard as a token array (`<s> ... </s>`)."""
-    tokens = open_tokens(directory, shard, dtype)
-    start = 0
-    for end in open_index(directory, shard):
-        yield tokens[start : int(end)]
-        start = int(end)

@@ -114,7 +114,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(config.to_yaml() + dry_run_summary(config), end="")
         return 0
-    from lemur.train.loop import RunError, TrainingDiverged, train
+    from lemur.train.loop import train
+    from lemur.train.setup import RunError, TrainingDiverged
 
     try:
         summary = train(config)

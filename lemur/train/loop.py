@@ -8,7 +8,6 @@ run before anything is saved from that step on: the last checkpoint stays intact
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import signal
@@ -22,105 +21,30 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lemur.eval.bpb import TokenBytes, bits_per_byte
-from lemur.model import checkpoint as model_checkpoint
+from lemur.eval.bpb import TokenBytes
 from lemur.model import llama
-from lemur.shards.check import check_compatible
-from lemur.shards.format import ShardFormatError, atomic_write_bytes, read_manifest
+from lemur.shards.format import ShardFormatError, atomic_write_bytes
 from lemur.train import interrupt
 from lemur.train import mesh as mesh_lib
 from lemur.train import step as step_lib
-from lemur.train.checkpoint import CheckpointDamaged, Checkpointer
+from lemur.train.checkpoint import Checkpointer
 from lemur.train.config import ConfigError, TrainConfig
-from lemur.train.eval_stream import EvalStream, make_eval_iterators
-from lemur.train.metrics import MetricsWriter, peak_tflops_per_device
+from lemur.train.inputs import Inputs
+from lemur.train.metrics import MetricsWriter, StepWindow, peak_tflops_per_device
 from lemur.train.progress import Reporter
-from lemur.train.train_stream import LoaderStateMismatch, make_train_iterator
+from lemur.train.resume import Resume
+from lemur.train.setup import (
+    RunError,
+    RunSummary,
+    TrainingDiverged,
+    check_writable_dir,
+    data_vocab,
+    resolve_model,
+)
 from lemur.train.windows import BATCH_KEYS
 
-# LlamaConfig fields that define the parameter shapes: a pretrained checkpoint must match.
-# (tie_embeddings decides whether there is an lm_head at all.)
-_SHAPE_FIELDS = (
-    "vocab_size",
-    "d_model",
-    "n_layers",
-    "n_heads",
-    "n_kv_heads",
-    "d_ff",
-    "tie_embeddings",
-)
 
-
-class RunError(ValueError):
-    """A run that cannot start (data, pretrained weights, checkpoints); one line."""
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss, gradient norm or parameter norm stopped being finite."""
-
-
-@dataclasses.dataclass
-class RunSummary:
-    """What a finished (or stopped) run reports."""
-
-    step: int
-    loss: float | None
-    evals: dict[str, float]
-    resumed_from: int | None
-    stopped_early: bool
-    run_dir: str
-
-
-def _data_vocab(config: TrainConfig) -> tuple[int, str | None]:
-    """The vocab size (the model's, else the shards') and the tokenizer hash of the data."""
-    try:
-        manifest = read_manifest(config.data.dirs[0])
-    except (ShardFormatError, OSError) as e:
-        raise RunError(str(e).splitlines()[0]) from None
-    tok = manifest.get("tokenizer", {})
-    return config.model.vocab_size or int(tok["vocab_size"]), tok.get("sha256")
-
-
-def _agree(problem: str | None) -> None:
-    """Raise CheckpointDamaged on every process when any process found `problem`."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        # Every host must pick the same checkpoint: one host's unreadable shard skips it.
-        flags = multihost_utils.process_allgather(np.array(problem is not None))
-        if problem is None and bool(np.any(flags)):
-            problem = "unreadable on another process"
-    if problem is not None:
-        raise CheckpointDamaged(problem)
-
-
-def check_writable_dir(path: Path, key: str) -> None:
-    """Refuse (one line) a directory path that is, or lies under, an existing non-directory."""
-    for p in (path, *path.parents):
-        if p.exists():
-            if not p.is_dir():
-                raise RunError(f"{key}: {p} exists and is not a directory")
-            return
-
-
-def resolve_model(config: TrainConfig, vocab_size: int) -> llama.LlamaConfig:
-    """The model of the run; with `init_from`, checked against the checkpoint's shapes."""
-    model = config.model.llama(vocab_size)
-    if config.model.init_from:
-        try:
-            saved = model_checkpoint.load_config(config.model.init_from)
-        except OSError as e:
-            raise RunError(f"model.init_from: {e}") from None
-        for name in _SHAPE_FIELDS:
-            if getattr(saved, name) != getattr(model, name):
-                raise RunError(
-                    f"model.init_from: {config.model.init_from} has {name} "
-                    f"{getattr(saved, name)}, the config gives {getattr(model, name)}"
-                )
-    return model
-
-
-class Trainer:
+class Trainer(Inputs, Resume):
     """One run of `config` on this process's devices (call `run()`)."""
 
     def __init__(
@@ -129,14 +53,14 @@ class Trainer:
         self.config = config
         self.on_metrics = on_metrics
         interrupt.guard_jax_cache_writes()
-        self.distributed = mesh_lib.initialize_distributed(config.mesh.distributed)
+        mesh_lib.initialize_distributed(config.mesh.distributed)
         if config.compile_cache_dir and not jax.config.jax_compilation_cache_dir:
             jax.config.update(
                 "jax_compilation_cache_dir", str(Path(config.compile_cache_dir).expanduser())
             )
         self.is_main = jax.process_index() == 0
         self.run_dir = Path(config.run_dir)
-        vocab, self.tokenizer_sha = _data_vocab(config)
+        vocab, self.tokenizer_sha = data_vocab(config)
         self.model = resolve_model(config, vocab)
         try:
             self.mesh = mesh_lib.make_mesh(config.mesh)
@@ -157,6 +81,13 @@ class Trainer:
         self.host = mesh_lib.host_slice(self.batch_sharding, self.batch_shape)
         check_writable_dir(self.run_dir, "run_dir")
         check_writable_dir(config.checkpoint_dir, "checkpoint.dir")
+        # Set by _make_evals (when there are evals) and _compile; declared here so that
+        # every attribute of a Trainer is visible in one place.
+        self.eval_sharding: NamedSharding | None = None
+        self.eval_shape: tuple[int, int] | None = None
+        self.train_step: Any = None
+        self.eval_step: Any = None
+        self.compile_s = 0.0
         self.loader = self._make_loader()
         self.evals = self._make_evals()
         # Bytes per token of the run's tokenizer (every directory has the same one), so
@@ -184,58 +115,6 @@ class Trainer:
         self._stop = False
 
     # ------------------------------------------------------------------ setup
-
-    def _make_loader(self) -> Any:
-        """This process's stream of per-host batches, checked against the model."""
-        data = self.config.data
-        weights = data.weights or [1.0] * len(data.dirs)
-        try:
-            return make_train_iterator(
-                list(zip(data.dirs, weights, strict=True)),
-                seq_len=self.config.batch.seq_len,
-                batch_size=self.host.rows,
-                seed=self.config.data_seed,
-                process_index=self.host.index,
-                process_count=self.host.count,
-                num_workers=data.num_workers,
-                num_threads=data.num_threads,
-                prefetch=data.prefetch,
-                vocab_size=self.model.vocab_size,
-                tokenizer_sha256=self.tokenizer_sha,
-                strict_state=data.strict_state,
-            )
-        except (ShardFormatError, OSError, ValueError) as e:
-            raise RunError(str(e).splitlines()[0]) from None
-
-    def _make_evals(self) -> dict[str, EvalStream]:
-        """One stream per val domain of the eval directories (`code`, `text`, ...)."""
-        dirs = self.config.data.eval_dirs or self.config.data.dirs
-        shape = (self.config.eval_batch_size, self.config.batch.seq_len)
-        self.eval_sharding = mesh_lib.batch_sharding(self.mesh, *shape)
-        self.eval_shape = shape
-        host = mesh_lib.host_slice(self.eval_sharding, shape)
-        streams: dict[str, EvalStream] = {}
-        for d in dirs:
-            try:
-                check_compatible(
-                    d, vocab_size=self.model.vocab_size, tokenizer_sha256=self.tokenizer_sha
-                )
-                found = make_eval_iterators(
-                    d,
-                    seq_len=self.config.batch.seq_len,
-                    batch_size=host.rows,
-                    max_batches=self.config.eval.batches,
-                    process_index=host.index,
-                    process_count=host.count,
-                    vocab_size=self.model.vocab_size,
-                )
-            except (ShardFormatError, OSError, ValueError) as e:
-                raise RunError(str(e).splitlines()[0]) from None
-            for domain, stream in found.items():
-                # Two directories with the same val domain: tell them apart by directory.
-                name = domain if domain not in streams else f"{domain}@{Path(d).name}"
-                streams[name] = stream
-        return streams
 
     def _compile(self) -> None:
         """AOT-compile the train and eval steps with explicit shardings (donated state)."""
@@ -282,155 +161,7 @@ class Trainer:
                 )
         self.compile_s = time.perf_counter() - t
 
-    def _initial_state(self) -> tuple[step_lib.State | None, int, int | None]:
-        """(state, start step, resumed-from step): newest good checkpoint, pretrained or fresh.
-
-        The state is None when the newest checkpoint is already at `steps` (nothing to do).
-        """
-        steps = self.checkpointer.all_steps()
-        if steps and not self.config.checkpoint.resume:
-            raise RunError(
-                f"{self.checkpointer.directory} holds checkpoints (latest step "
-                f"{steps[-1]}); set checkpoint.resume=true or use another run_dir"
-            )
-        if steps:
-            return self._resume(steps[::-1])
-        init = functools.partial(step_lib.init_state, model=self.model, tx=self.tx)
-        if self.config.model.init_from:
-            target = step_lib.with_shardings(self.abstract["params"], self.shardings["params"])
-            params, _ = model_checkpoint.load_params(self.config.model.init_from, target)
-            state = jax.jit(
-                lambda key, p: init(key, params=p), out_shardings=self.shardings, donate_argnums=1
-            )(self.key, params)
-        else:
-            state = jax.jit(init, out_shardings=self.shardings)(self.key)
-        return state, 0, None
-
-    def _resume(self, candidates: list[int]) -> tuple[step_lib.State | None, int, int]:
-        """Restore the newest checkpoint that restores completely; set damaged ones aside."""
-        skipped: list[tuple[int, str]] = []
-        for step in candidates:
-            try:
-                state = self._restore(step)
-            except CheckpointDamaged as e:
-                skipped.append((step, str(e)))
-                continue
-            self._set_aside(skipped)
-            return state, step, step
-        listing = "; ".join(f"{step}: {reason}" for step, reason in skipped)
-        raise RunError(
-            f"no checkpoint in {self.checkpointer.directory} restores ({listing}); "
-            "move them away, or use another run_dir or checkpoint.dir"
-        )
-
-    def _restore(self, step: int) -> step_lib.State | None:
-        """Checkpoint `step` into the mesh (None: it is at `steps`); CheckpointDamaged if not."""
-        ckpt = self.checkpointer
-        _agree(ckpt.problem(step))
-        self._check_shapes(step)
-        if step > self.config.steps:
-            raise RunError(
-                f"steps ({self.config.steps}) is below the latest checkpoint, step "
-                f"{step} in {ckpt.directory}: nothing to train; raise steps, or "
-                "use another run_dir or checkpoint.dir"
-            )
-        target = step_lib.with_shardings(self.abstract, self.shardings)
-        problem, restored = None, None
-        try:
-            restored = ckpt.restore(step, target)
-        except CheckpointDamaged as e:
-            problem = str(e)
-        _agree(problem)
-        state, data_state, meta = restored
-        if step == self.config.steps:
-            return None  # restored all the same: a finished run's last checkpoint is checked
-        try:
-            self.loader.set_state(data_state)
-        except LoaderStateMismatch:
-            raise RunError(
-                f"{ckpt.step_dir(step)}: the loader state comes from another data pipeline "
-                "(directories' contents, weights, seed or seq_len differ); --set "
-                "data.strict_state=false continues from its position anyway"
-            ) from None
-        except (ValueError, KeyError, TypeError) as e:
-            raise RunError(f"{ckpt.step_dir(step)}: loader state: {e}") from None
-        # The losses logged since the last record: the next record averages the same steps
-        # as in an uninterrupted run.
-        self.resumed_window = [float(x) for x in meta.get("log_window", [])]
-        return state
-
-    def _check_shapes(self, step: int) -> None:
-        """Refuse (one line) a checkpoint of another model or vocabulary than this run's."""
-        problem, saved = None, {}
-        try:
-            saved = self.checkpointer.param_shapes(step)
-        except CheckpointDamaged as e:
-            problem = str(e)
-        _agree(problem)
-        flat = jax.tree_util.tree_flatten_with_path(self.abstract["params"])[0]
-        want = {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in flat}
-        if saved == want:
-            return
-        where = self.checkpointer.step_dir(step)
-        embed = "['embed']"
-        if embed in saved and embed in want and saved[embed][0] != want[embed][0]:
-            source = (
-                "model.vocab_size"
-                if self.config.model.vocab_size
-                else f"the tokenizer of {self.config.data.dirs[0]}"
-            )
-            raise RunError(
-                f"{where}: the checkpoint has vocab_size {saved[embed][0]}, the "
-                f"model {want[embed][0]} (from {source}); resuming needs the "
-                "tokenizer it was trained with (or another run_dir)"
-            )
-        key = next(k for k in sorted(set(saved) | set(want)) if saved.get(k) != want.get(k))
-        raise RunError(
-            f"{where}: parameter {key} has shape {saved.get(key)} in the checkpoint, "
-            f"{want.get(key)} in the model; resuming needs the same model (or "
-            "another run_dir)"
-        )
-
-    def _set_aside(self, skipped: list[tuple[int, str]]) -> None:
-        """Rename checkpoints newer than the restored one that failed, and say so."""
-        for step, reason in skipped:
-            if self.is_main:
-                with interrupt.critical():
-                    moved = self.checkpointer.move_aside(step)
-                self.reporter.message(
-                    f"lemur-train: skipped checkpoint {step} ({reason}); moved to {moved}"
-                )
-        if skipped and jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices("lemur-train: damaged checkpoints set aside")
-            self.checkpointer.manager.reload()
-
     # ------------------------------------------------------------------ loop pieces
-
-    def evaluate(self, params: Any) -> dict[str, tuple[float, float]]:
-        """(mean loss per valid token, bits per byte) of each val domain."""
-        results = {}
-        for name, stream in self.evals.items():
-            parts, n_bytes = [], 0
-            try:
-                for local in stream:
-                    n_bytes += self.token_bytes.batch_bytes(local)  # this host's rows
-                    parts.append(
-                        self.eval_step(
-                            params,
-                            mesh_lib.global_batch(local, self.eval_sharding, self.eval_shape),
-                        )
-                    )
-            except ShardFormatError as e:  # an id outside the vocabulary, found on reading
-                raise RunError(f"eval {name}: {str(e).splitlines()[0]}") from None
-            sums = np.asarray(jax.device_get(parts), np.float64).reshape(-1, 2).sum(0)
-            n_bytes = _sum_over_processes(n_bytes)
-            results[name] = (
-                float(sums[0] / max(sums[1], 1.0)),
-                bits_per_byte(float(sums[0]), n_bytes),
-            )
-        return results
 
     def _emit(self, record: dict[str, Any]) -> None:
         self.writer.write(record)
@@ -438,19 +169,7 @@ class Trainer:
         if self.on_metrics is not None:
             self.on_metrics(record)
 
-    def _eval_record(self, step: int, params: Any) -> dict[str, float]:
-        t = time.perf_counter()
-        evals = self.evaluate(params)
-        record: dict[str, Any] = {"step": step}
-        for name, (loss, bpb) in evals.items():
-            record[f"eval/{name}/loss"] = loss
-            record[f"eval/{name}/ppl"] = math.exp(min(loss, 80.0))
-            record[f"eval/{name}/bpb"] = bpb
-        record["eval_s"] = time.perf_counter() - t
-        self._emit(record)
-        return {name: loss for name, (loss, _) in evals.items()}
-
-    def _save(self, step: int, state: step_lib.State, window: _Window) -> None:
+    def _save(self, step: int, state: step_lib.State, window: StepWindow) -> None:
         meta = {
             "step": step,
             "tokens_seen": step * self.config.tokens_per_step,
@@ -592,7 +311,7 @@ class Trainer:
         last_loss: float | None = None
         if config.eval.at_start and self.eval_step is not None and start == 0:
             evals = self._eval_record(0, state["params"])
-        window = _Window(time.perf_counter(), self.resumed_window)
+        window = StepWindow(time.perf_counter(), self.resumed_window)
         pending: tuple[int, Any] | None = None
         step = start
         while step < config.steps:
@@ -632,7 +351,7 @@ class Trainer:
             last_loss = self._consume(*pending, window)
         return step, last_loss, evals
 
-    def _next_batch(self, window: _Window, step: int) -> Any:
+    def _next_batch(self, window: StepWindow, step: int) -> Any:
         """The next global batch; loader time is counted as data wait and transfer."""
         # Time blocked waiting for the loader's next batch: the "data wait". (Assembling
         # the global arrays is timed apart: on CPU it competes with the running step for
@@ -648,7 +367,7 @@ class Trainer:
         window.put_time += time.perf_counter() - t_put
         return batch
 
-    def _consume(self, step: int, metrics: Any, window: _Window) -> float:
+    def _consume(self, step: int, metrics: Any, window: StepWindow) -> float:
         """Fetch one step's metrics, stop on non-finite numbers, log every `log.every`."""
         m = {k: float(v) for k, v in jax.device_get(metrics).items()}
         for name in ("loss", "grad_norm", "param_norm"):
@@ -679,46 +398,8 @@ class Trainer:
         return m["loss"]
 
 
-class _Window:
-    """Losses and tokens since the last log record, for averages and tokens/s."""
-
-    def __init__(self, start: float, losses: list[float] | None = None) -> None:
-        self.restart(start)
-        self.losses.extend(losses or [])  # carried over from the checkpoint on resume
-
-    def restart(self, start: float) -> None:
-        """A new window: no losses, clock from `start`."""
-        self.losses: list[float] = []
-        self.restart_clock(start)
-
-    def restart_clock(self, start: float) -> None:
-        """Time from `start` (after an eval, which is not training time); keep the losses."""
-        self.start, self.tokens, self.steps = start, 0, 0
-        self.data_wait = 0.0
-        self.put_time = 0.0
-
-    def add(self, loss: float, tokens: int) -> None:
-        """Count one step."""
-        self.losses.append(loss)
-        self.tokens += tokens
-        self.steps += 1
-
-    def mean_loss(self) -> float:
-        """Mean loss of the window's steps."""
-        return float(np.mean(self.losses)) if self.losses else math.nan
-
-
 def train(
     config: TrainConfig, on_metrics: Callable[[dict[str, Any]], None] | None = None
 ) -> RunSummary:
     """Run `config` to the end (resuming from its latest checkpoint); see Trainer."""
     return Trainer(config, on_metrics=on_metrics).run()
-
-
-def _sum_over_processes(value: int) -> int:
-    """The sum of an integer over every JAX process (itself with one process)."""
-    if jax.process_count() == 1:
-        return value
-    from jax.experimental import multihost_utils
-
-    return int(np.asarray(multihost_utils.process_allgather(np.int64(value))).sum())

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lemur.shards.format import atomic_write_bytes
 
@@ -159,3 +160,32 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+class StepWindow:
+    """Losses and tokens since the last log record, for averages and tokens/s."""
+
+    def __init__(self, start: float, losses: list[float] | None = None) -> None:
+        self.restart(start)
+        self.losses.extend(losses or [])  # carried over from the checkpoint on resume
+
+    def restart(self, start: float) -> None:
+        """A new window: no losses, clock from `start`."""
+        self.losses: list[float] = []
+        self.restart_clock(start)
+
+    def restart_clock(self, start: float) -> None:
+        """Time from `start` (after an eval, which is not training time); keep the losses."""
+        self.start, self.tokens, self.steps = start, 0, 0
+        self.data_wait = 0.0
+        self.put_time = 0.0
+
+    def add(self, loss: float, tokens: int) -> None:
+        """Count one step."""
+        self.losses.append(loss)
+        self.tokens += tokens
+        self.steps += 1
+
+    def mean_loss(self) -> float:
+        """Mean loss of the window's steps."""
+        return float(np.mean(self.losses)) if self.losses else math.nan

@@ -9,7 +9,6 @@ no host ever holds a full copy.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -231,14 +230,3 @@ def make_eval_step(
         return loss_sum, batch["loss_mask"].sum()
 
     return step
-
-
-def under_mesh(fn: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:
-    """Call `fn` with `mesh` set, so the model's activation constraints apply while tracing."""
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        with jax.set_mesh(mesh):
-            return fn(*args, **kwargs)
-
-    return call

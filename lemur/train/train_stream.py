@@ -85,13 +85,11 @@ class TrainIterator(grain.DatasetIterator):
         inner: grain.DatasetIterator,
         fingerprint: str,
         strict_state: bool,
-        sources: list[ShardSource],
     ) -> None:
         super().__init__(inner)
         self._inner = inner
         self.fingerprint = fingerprint
         self.strict_state = strict_state
-        self.sources = sources
 
     def __next__(self) -> dict[str, np.ndarray]:
         return next(self._inner)
@@ -200,4 +198,4 @@ def make_train_iterator(
             sort_keys=True,
         ).encode()
     ).hexdigest()[:16]
-    return TrainIterator(iter(elastic), fingerprint, strict_state, sources)
+    return TrainIterator(iter(elastic), fingerprint, strict_state)

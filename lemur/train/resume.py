@@ -1,0 +1,142 @@
+"""Where a run starts: the newest good checkpoint, a pretrained model, or a fresh state."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from lemur.model import checkpoint as model_checkpoint
+from lemur.train import interrupt
+from lemur.train import step as step_lib
+from lemur.train.checkpoint import CheckpointDamaged
+from lemur.train.setup import RunError, agree
+from lemur.train.train_stream import LoaderStateMismatch
+
+
+class Resume:
+    """The `Trainer` methods that choose, restore and check the starting state."""
+
+    def _initial_state(self) -> tuple[step_lib.State | None, int, int | None]:
+        """(state, start step, resumed-from step): newest good checkpoint, pretrained or fresh.
+
+        The state is None when the newest checkpoint is already at `steps` (nothing to do).
+        """
+        steps = self.checkpointer.all_steps()
+        if steps and not self.config.checkpoint.resume:
+            raise RunError(
+                f"{self.checkpointer.directory} holds checkpoints (latest step "
+                f"{steps[-1]}); set checkpoint.resume=true or use another run_dir"
+            )
+        if steps:
+            return self._resume(steps[::-1])
+        init = functools.partial(step_lib.init_state, model=self.model, tx=self.tx)
+        if self.config.model.init_from:
+            target = step_lib.with_shardings(self.abstract["params"], self.shardings["params"])
+            params, _ = model_checkpoint.load_params(self.config.model.init_from, target)
+            state = jax.jit(
+                lambda key, p: init(key, params=p), out_shardings=self.shardings, donate_argnums=1
+            )(self.key, params)
+        else:
+            state = jax.jit(init, out_shardings=self.shardings)(self.key)
+        return state, 0, None
+
+    def _resume(self, candidates: list[int]) -> tuple[step_lib.State | None, int, int]:
+        """Restore the newest checkpoint that restores completely; set damaged ones aside."""
+        skipped: list[tuple[int, str]] = []
+        for step in candidates:
+            try:
+                state = self._restore(step)
+            except CheckpointDamaged as e:
+                skipped.append((step, str(e)))
+                continue
+            self._set_aside(skipped)
+            return state, step, step
+        listing = "; ".join(f"{step}: {reason}" for step, reason in skipped)
+        raise RunError(
+            f"no checkpoint in {self.checkpointer.directory} restores ({listing}); "
+            "move them away, or use another run_dir or checkpoint.dir"
+        )
+
+    def _restore(self, step: int) -> step_lib.State | None:
+        """Checkpoint `step` into the mesh (None: it is at `steps`); CheckpointDamaged if not."""
+        ckpt = self.checkpointer
+        agree(ckpt.problem(step))
+        self._check_shapes(step)
+        if step > self.config.steps:
+            raise RunError(
+                f"steps ({self.config.steps}) is below the latest checkpoint, step "
+                f"{step} in {ckpt.directory}: nothing to train; raise steps, or "
+                "use another run_dir or checkpoint.dir"
+            )
+        target = step_lib.with_shardings(self.abstract, self.shardings)
+        problem, restored = None, None
+        try:
+            restored = ckpt.restore(step, target)
+        except CheckpointDamaged as e:
+            problem = str(e)
+        agree(problem)
+        state, data_state, meta = restored
+        if step == self.config.steps:
+            return None  # restored all the same: a finished run's last checkpoint is checked
+        try:
+            self.loader.set_state(data_state)
+        except LoaderStateMismatch:
+            raise RunError(
+                f"{ckpt.step_dir(step)}: the loader state comes from another data pipeline "
+                "(directories' contents, weights, seed or seq_len differ); --set "
+                "data.strict_state=false continues from its position anyway"
+            ) from None
+        except (ValueError, KeyError, TypeError) as e:
+            raise RunError(f"{ckpt.step_dir(step)}: loader state: {e}") from None
+        # The losses logged since the last record: the next record averages the same steps
+        # as in an uninterrupted run.
+        self.resumed_window = [float(x) for x in meta.get("log_window", [])]
+        return state
+
+    def _check_shapes(self, step: int) -> None:
+        """Refuse (one line) a checkpoint of another model or vocabulary than this run's."""
+        problem, saved = None, {}
+        try:
+            saved = self.checkpointer.param_shapes(step)
+        except CheckpointDamaged as e:
+            problem = str(e)
+        agree(problem)
+        flat = jax.tree_util.tree_flatten_with_path(self.abstract["params"])[0]
+        want = {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in flat}
+        if saved == want:
+            return
+        where = self.checkpointer.step_dir(step)
+        embed = "['embed']"
+        if embed in saved and embed in want and saved[embed][0] != want[embed][0]:
+            source = (
+                "model.vocab_size"
+                if self.config.model.vocab_size
+                else f"the tokenizer of {self.config.data.dirs[0]}"
+            )
+            raise RunError(
+                f"{where}: the checkpoint has vocab_size {saved[embed][0]}, the "
+                f"model {want[embed][0]} (from {source}); resuming needs the "
+                "tokenizer it was trained with (or another run_dir)"
+            )
+        key = next(k for k in sorted(set(saved) | set(want)) if saved.get(k) != want.get(k))
+        raise RunError(
+            f"{where}: parameter {key} has shape {saved.get(key)} in the checkpoint, "
+            f"{want.get(key)} in the model; resuming needs the same model (or "
+            "another run_dir)"
+        )
+
+    def _set_aside(self, skipped: list[tuple[int, str]]) -> None:
+        """Rename checkpoints newer than the restored one that failed, and say so."""
+        for step, reason in skipped:
+            if self.is_main:
+                with interrupt.critical():
+                    moved = self.checkpointer.move_aside(step)
+                self.reporter.message(
+                    f"lemur-train: skipped checkpoint {step} ({reason}); moved to {moved}"
+                )
+        if skipped and jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("lemur-train: damaged checkpoints set aside")
+            self.checkpointer.manager.reload()

@@ -1,0 +1,105 @@
+"""Around a run: its errors and summary, the model from config and data, process agreement."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from lemur.model import checkpoint as model_checkpoint
+from lemur.model import llama
+from lemur.shards.format import ShardFormatError, read_manifest
+from lemur.train.checkpoint import CheckpointDamaged
+from lemur.train.config import TrainConfig
+
+# LlamaConfig fields that define the parameter shapes: a pretrained checkpoint must match.
+# (tie_embeddings decides whether there is an lm_head at all.)
+_SHAPE_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "d_ff",
+    "tie_embeddings",
+)
+
+
+class RunError(ValueError):
+    """A run that cannot start (data, pretrained weights, checkpoints); one line."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss, gradient norm or parameter norm stopped being finite."""
+
+
+@dataclasses.dataclass
+class RunSummary:
+    """What a finished (or stopped) run reports."""
+
+    step: int
+    loss: float | None
+    evals: dict[str, float]
+    resumed_from: int | None
+    stopped_early: bool
+    run_dir: str
+
+
+def data_vocab(config: TrainConfig) -> tuple[int, str | None]:
+    """The vocab size (the model's, else the shards') and the tokenizer hash of the data."""
+    try:
+        manifest = read_manifest(config.data.dirs[0])
+    except (ShardFormatError, OSError) as e:
+        raise RunError(str(e).splitlines()[0]) from None
+    tok = manifest.get("tokenizer", {})
+    return config.model.vocab_size or int(tok["vocab_size"]), tok.get("sha256")
+
+
+def agree(problem: str | None) -> None:
+    """Raise CheckpointDamaged on every process when any process found `problem`."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        # Every host must pick the same checkpoint: one host's unreadable shard skips it.
+        flags = multihost_utils.process_allgather(np.array(problem is not None))
+        if problem is None and bool(np.any(flags)):
+            problem = "unreadable on another process"
+    if problem is not None:
+        raise CheckpointDamaged(problem)
+
+
+def check_writable_dir(path: Path, key: str) -> None:
+    """Refuse (one line) a directory path that is, or lies under, an existing non-directory."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise RunError(f"{key}: {p} exists and is not a directory")
+            return
+
+
+def resolve_model(config: TrainConfig, vocab_size: int) -> llama.LlamaConfig:
+    """The model of the run; with `init_from`, checked against the checkpoint's shapes."""
+    model = config.model.llama(vocab_size)
+    if config.model.init_from:
+        try:
+            saved = model_checkpoint.load_config(config.model.init_from)
+        except OSError as e:
+            raise RunError(f"model.init_from: {e}") from None
+        for name in _SHAPE_FIELDS:
+            if getattr(saved, name) != getattr(model, name):
+                raise RunError(
+                    f"model.init_from: {config.model.init_from} has {name} "
+                    f"{getattr(saved, name)}, the config gives {getattr(model, name)}"
+                )
+    return model
+
+
+def sum_over_processes(value: int) -> int:
+    """The sum of an integer over every JAX process (itself with one process)."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return int(np.asarray(multihost_utils.process_allgather(np.int64(value))).sum())
