@@ -188,6 +188,17 @@ def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Path | Non
     return config, _run_params(step_dir), _run_tokenizer(meta), "run"
 
 
+def _to_device(params: Params) -> Params:
+    """Host params onto the default device one array at a time, each host copy freed as it
+    goes (a 7B model in fp32 is 27 GB: it should not be held twice)."""
+    out: Params = {}
+    for name in list(params):
+        value = params.pop(name)
+        out[name] = _to_device(value) if isinstance(value, dict) else jax.device_put(value)
+        del value
+    return out
+
+
 def resolve_dtype(dtype: str | None) -> str | None:
     """'auto' -> float32 on CPU (XLA's CPU bf16 matmuls are slow), the model's own elsewhere."""
     if dtype == "auto":
@@ -220,4 +231,4 @@ def load_model(
             f"{tok_path}: tokenizer of {tok.vocab_size} pieces for a model of "
             f"vocab_size {config.vocab_size}"
         )
-    return LoadedModel(config, jax.device_put(params), tok, kind, str(root))
+    return LoadedModel(config, _to_device(params), tok, kind, str(root))

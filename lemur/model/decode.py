@@ -57,21 +57,26 @@ def init_cache(config: LlamaConfig, batch: int, length: int) -> KVCache:
     return KVCache(k=zeros, v=tuple(jnp.zeros_like(z) for z in zeros))
 
 
-def split_layers(params: Params) -> Params:
+def split_layers(params: Params, consume: bool = False) -> Params:
     """The params with `layers` as a tuple of per-layer dicts (a copy of the layer weights).
 
     Decoding reads every weight once per token, so the layout matters there: from the
     stacked N x ... arrays, XLA copies each layer's slice out at every step (measured: most
-    of a CPU decode step). Split once, drop the stacked tree, and decode from this.
+    of a CPU decode step). Split once and decode from this. With `consume`, each stacked
+    array is removed from `params["layers"]` once split, so the peak is one stacked array
+    over the model's size instead of twice the layers.
     """
     if isinstance(params["layers"], tuple | list):
         return params
+    stacked = params["layers"]
     layers: list[Params] = []
-    for name, w in params["layers"].items():
+    for name in list(stacked):
+        w = stacked.pop(name) if consume else stacked[name]
         for i, w_i in enumerate(jnp.unstack(jnp.asarray(w))):
             if i == len(layers):
                 layers.append({})
             layers[i][name] = w_i
+        del w
     return {**params, "layers": tuple(layers)}
 
 
