@@ -31,7 +31,7 @@ import sentencepiece as spm
 
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import hf
-from lemur.model.llama import LlamaConfig, Params
+from lemur.model.llama import LlamaConfig, Params, param_shapes
 
 
 class LoadError(ValueError):
@@ -112,26 +112,37 @@ def _latest_step(run_dir: Path) -> Path:
     return steps[-1][1]
 
 
-def _run_config(step_dir: Path) -> tuple[LlamaConfig, dict[str, Any]]:
-    """The model config of a run checkpoint, from its `meta` item (the resolved config)."""
+def _abstract_params(step_dir: Path) -> Any:
+    """Shapes of the `params` subtree of a run's train state (metadata only, no arrays)."""
+    handler = ocp.StandardCheckpointHandler()
+    try:
+        return dict(handler.metadata(step_dir / "state"))["params"]
+    except Exception as e:  # orbax raises many types for unreadable metadata
+        raise LoadError(f"{step_dir}/state: unreadable checkpoint metadata ({e})") from None
+    finally:
+        handler.close()
+
+
+def _run_config(step_dir: Path, abstract: Any) -> tuple[LlamaConfig, dict[str, Any]]:
+    """The model config of a run checkpoint: its `meta` item's resolved config, with the
+    vocabulary read from the saved embedding (older checkpoints' meta does not hold it)."""
     from lemur.train.config import config_from_dict
 
     try:
         meta = json.loads((step_dir / "meta" / "metadata").read_text())
     except (OSError, ValueError) as e:
         raise LoadError(f"{step_dir}/meta/metadata: unreadable ({e})") from None
-    config = config_from_dict(meta["config"]).model.llama(meta.get("vocab_size"))
+    vocab = int(abstract["embed"].shape[0])
+    config = config_from_dict(meta["config"]).model.llama(vocab)
+    want = jax.tree.leaves(param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
+    got = [tuple(m.shape) for m in jax.tree.leaves(abstract)]
+    if sorted(want) != sorted(got):
+        raise LoadError(f"{step_dir}: saved parameter shapes do not match the run's config")
     return config, meta
 
 
-def _run_params(step_dir: Path) -> Params:
+def _run_params(step_dir: Path, abstract: Any) -> Params:
     """Only the `params` subtree of a run's train state (host numpy arrays)."""
-    handler = ocp.StandardCheckpointHandler()
-    try:
-        tree = handler.metadata(step_dir / "state")
-    finally:
-        handler.close()
-    abstract = dict(tree)["params"]
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
     item = jax.tree.map(lambda m: np.empty(0), abstract)  # structure only
     restored = ocp.PyTreeCheckpointer().restore(
@@ -184,8 +195,9 @@ def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Path | Non
     )
     if not (step_dir / "state").is_dir():
         raise LoadError(f"{step_dir}: no such checkpoint")
-    config, meta = _run_config(step_dir)
-    return config, _run_params(step_dir), _run_tokenizer(meta), "run"
+    abstract = _abstract_params(step_dir)
+    config, meta = _run_config(step_dir, abstract)
+    return config, _run_params(step_dir, abstract), _run_tokenizer(meta), "run"
 
 
 def _to_device(params: Params) -> Params:
