@@ -502,7 +502,7 @@ def test_damaged_parquet_row_group_keeps_the_others(tmp_path):
 
 
 def test_per_file_error_totals_survive_the_error_list_cap(tmp_path):
-    from lemur.data.build import collect_counts
+    from lemur.data.counts import collect_counts
     from lemur.data.read.sources import MAX_ERRORS_PER_TASK
 
     n = MAX_ERRORS_PER_TASK + 200

@@ -14,14 +14,13 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import shutil
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from lemur.data.counts import collect_counts
 from lemur.data.dedup.signer import DedupSigner
 from lemur.data.filter.base import EmptyDocumentFilter, LanguageFilter, LemurFilter
 from lemur.data.filter.code import code_filters
@@ -36,7 +35,7 @@ from lemur.data.filter.text import (
 )
 from lemur.data.pack.shuffle import ShuffleError
 from lemur.data.pack.write import Packer
-from lemur.data.read.listing import InputFile, Listing, list_inputs
+from lemur.data.read.listing import InputFile, list_inputs
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
 from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
@@ -44,6 +43,7 @@ from lemur.data.run.executors import make_executor
 from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.tokenize.step import TokenizeWriter
 from lemur.data.tokenize.tokenizer import tokenizer_info, train_tokenizer
+from lemur.shards.commit import commit
 from lemur.shards.format import (
     FORMAT,
     MANIFEST,
@@ -54,7 +54,6 @@ from lemur.shards.format import (
 )
 
 WORK_VERSION = 2  # 2: records carry mix language families
-MAX_MANIFEST_ERRORS = 1000
 Reporter = Callable[[str, int, int], None]  # (stage, done, total)
 
 
@@ -115,92 +114,6 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
     if not target.is_file():
         train_tokenizer(sample_texts(recipe, inputs, train.sample_bytes), train, target)
     return target
-
-
-def _stat_total(value: Any) -> int:
-    return int(value["total"]) if isinstance(value, dict) else int(value)
-
-
-def collect_counts(work: Path, recipe: Recipe, n_tasks: int, listing: Listing) -> dict[str, Any]:
-    """Merge per-task datatrove stats and error logs into the manifest's `counts`."""
-    labels: Counter[str] = Counter()
-    for rank in range(n_tasks):
-        for step in json.loads((work / "logs" / "stats" / f"{rank:05d}.json").read_text()):
-            for label, value in step["stats"].items():
-                labels[label] += _stat_total(value)
-    sources: dict[str, dict[str, Any]] = {
-        s.name: {
-            "read": 0,
-            "dropped": {},
-            "errors": 0,
-            "kept": 0,
-            "skipped_files": listing.skipped.get(s.name, {}),
-            "language_disagreements": 0,
-        }
-        for s in recipe.sources
-    }
-    dropped: Counter[str] = Counter()
-    error_kinds: Counter[str] = Counter()
-    pii: Counter[str] = Counter()  # redactions by kind (email, ip, key)
-    for label, n in sorted(labels.items()):
-        if label.startswith("read:"):
-            sources[label[5:]]["read"] += n
-        elif label.startswith("dropped:"):
-            _, src, reason = label.split(":", 2)
-            sources[src]["dropped"][reason] = sources[src]["dropped"].get(reason, 0) + n
-            dropped[reason] += n
-        elif label.startswith("language_disagreement:"):
-            sources[label.split(":", 1)[1]]["language_disagreements"] += n
-        elif label.startswith("pii:"):
-            _, src, kind = label.split(":", 2)
-            per = sources[src].setdefault("pii", {})
-            per[kind] = per.get(kind, 0) + n
-            pii[kind] += n
-        elif label.startswith("error_") and ":" in label:
-            kind, src = label[6:].split(":", 1)
-            sources[src]["errors"] += n
-            error_kinds[kind] += n
-    errors: list[dict[str, Any]] = []
-    for rank in range(n_tasks):
-        path = work / "errors" / f"{rank:05d}.jsonl"
-        for line in path.read_text().splitlines():
-            if len(errors) < MAX_MANIFEST_ERRORS:
-                errors.append(json.loads(line))
-    # Every file's error total, past the caps on the lists above (none in older work dirs).
-    by_file: Counter[str] = Counter()
-    for rank in range(n_tasks):
-        totals = work / "errors" / f"{rank:05d}.files.json"
-        if totals.is_file():
-            by_file.update(json.loads(totals.read_text()))
-    for s in sources.values():
-        s["kept"] = s["read"] - sum(s["dropped"].values())
-    read = sum(s["read"] for s in sources.values())
-    return {
-        "read": read,
-        "dropped": dict(sorted(dropped.items())),
-        "duplicates": 0,
-        "kept": read - sum(dropped.values()),
-        "tokenized": labels["documents"],
-        "skipped_files": _merge_skipped(listing),
-        "errors": errors,
-        "errors_total": sum(error_kinds.values()),
-        "errors_by_file": dict(sorted(by_file.items())),
-        "error_kinds": dict(sorted(error_kinds.items())),
-        "decontaminated": {
-            reason.removeprefix("contaminated:"): n
-            for reason, n in sorted(dropped.items())
-            if reason.startswith("contaminated:")
-        },
-        "pii": dict(sorted(pii.items())),
-        "sources": sources,
-    }
-
-
-def _merge_skipped(listing: Listing) -> dict[str, int]:
-    total: Counter[str] = Counter()
-    for per in listing.skipped.values():
-        total.update(per)
-    return dict(sorted(total.items()))
 
 
 def _tasks_done(work: Path) -> int:
@@ -378,46 +291,6 @@ def _check_sources(counts: dict[str, Any]) -> None:
             raise BuildError(
                 f"source '{name}' yielded no documents ({src['errors']} input errors{hint})"
             )
-
-
-def _referenced(manifest_path: Path) -> set[str]:
-    """Files a manifest points at (relative paths); empty if there is no readable manifest."""
-    try:
-        m = json.loads(manifest_path.read_text())
-        files = {str(m["tokenizer"]["file"]), str(m.get("stats", "stats.json"))}
-        for s in m["shards"]:
-            files |= {str(s["file"]), str(s["index"])} | (
-                {str(s["mask"])} if "mask" in s else set()
-            )
-        return files
-    except (OSError, ValueError, KeyError, TypeError):
-        return set()
-
-
-def _remove_empty_dirs(root: Path) -> None:
-    if root.is_dir():
-        for d in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
-            if not any(d.iterdir()):
-                d.rmdir()
-        if not any(root.iterdir()):
-            root.rmdir()
-
-
-def commit(out: Path, prefix: str, manifest: dict[str, Any]) -> None:
-    """Make a complete build the directory's build: rename its manifest in, then remove the
-    previous build's files (none of which share a path with the new build's)."""
-    previous = _referenced(out / MANIFEST)
-    atomic_write_json(out / MANIFEST, manifest)  # readers switch here, atomically
-    current = _referenced(out / MANIFEST)
-    for rel in sorted(previous - current):
-        (out / rel).unlink(missing_ok=True)
-    for stale in out.glob("build-*"):
-        if stale.is_dir() and stale.name != prefix:
-            shutil.rmtree(stale, ignore_errors=True)  # earlier builds, finished or abandoned
-    for legacy in ("train", "val"):  # shard directories of the layout before build-<id>/
-        _remove_empty_dirs(out / legacy)
-    for stale in (out / ".work").glob("shuffle-*"):
-        shutil.rmtree(stale, ignore_errors=True)  # bucket files and markers of finished shuffles
 
 
 def build(

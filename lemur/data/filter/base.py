@@ -12,6 +12,8 @@ from typing import Any
 from datatrove.data import Document
 from datatrove.pipeline.filters.base_filter import BaseFilter, get_filter_result
 
+from lemur.data.counts import dropped_label
+
 
 class LemurFilter(BaseFilter):
     """A datatrove filter that also counts its drops per source."""
@@ -26,7 +28,7 @@ class LemurFilter(BaseFilter):
             keep, reason = get_filter_result(res)
             if not keep:
                 source = doc.metadata.get("source", "?")
-                self.stat_update(f"dropped:{source}:{reason or self.name}")
+                self.stat_update(dropped_label(source, reason or self.name))
         return results
 
 

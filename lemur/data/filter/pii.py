@@ -35,6 +35,7 @@ from typing import IO, Any
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
+from lemur.data.counts import pii_label
 from lemur.data.filter.secrets import find_secrets, line_number, secret_settings
 from lemur.data.recipe import PiiConfig
 
@@ -206,7 +207,7 @@ class PiiRedactor(PipelineStep):
         doc.text, done = redact(doc.text, str(doc.id), self.kinds)
         source = doc.metadata.get("source", "?")
         for r in done:
-            self.stat_update(f"pii:{source}:{r.kind}")
+            self.stat_update(pii_label(source, r.kind))
         return done
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:

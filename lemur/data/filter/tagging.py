@@ -15,6 +15,8 @@ from typing import Any
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
+from lemur.data.counts import disagreement_label, language_label
+
 # Fallback names by extension, used when enry has no answer (Linguist spellings).
 EXTENSIONS: dict[str, str] = {
     ".py": "Python",
@@ -153,7 +155,7 @@ class LanguageTagger(PipelineStep):
                 if self.check_declared:
                     guess = code_language(meta.get("path", ""), text)
                     if guess != meta["language"] and guess != "unknown":
-                        self.stat_update(f"language_disagreement:{meta.get('source')}")
+                        self.stat_update(disagreement_label(meta.get("source")))
                 return
             meta["language"] = code_language(meta.get("path", ""), text)
             return
@@ -168,5 +170,5 @@ class LanguageTagger(PipelineStep):
         for doc in data or []:
             with self.track_time():
                 self.tag(doc.metadata, doc.text)
-            self.stat_update(f"language:{doc.metadata.get('language')}")
+            self.stat_update(language_label(doc.metadata.get("language")))
             yield doc

@@ -23,6 +23,7 @@ import zstandard
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
+from lemur.data.counts import error_labels, read_label
 from lemur.data.read.listing import InputFile
 from lemur.data.read.notebooks import NotebookError, looks_like_notebook, notebook_to_script
 from lemur.data.read.streams import UnsupportedInput, check_encoding, open_maybe_compressed
@@ -53,8 +54,8 @@ class SourcesReader(PipelineStep):
         self._by_file: Counter[str] = Counter()
 
     def _error(self, kind: str, f: InputFile, message: str, line: int | None = None) -> None:
-        self.stat_update(f"error_{kind}")
-        self.stat_update(f"error_{kind}:{self.sources[f.source].name}")
+        for label in error_labels(kind, self.sources[f.source].name):
+            self.stat_update(label)
         self._by_file[f.path] += 1
         if len(self._errors) < MAX_ERRORS_PER_TASK:
             entry: dict[str, Any] = {
@@ -89,7 +90,7 @@ class SourcesReader(PipelineStep):
                 return None
             meta["language"] = "Jupyter Notebook"
             meta["notebook_kernel"] = kernel
-        self.stat_update(f"read:{source.name}")
+        self.stat_update(read_label(source.name))
         return Document(text=text, id=f"{source.name}/{doc_id}", metadata=meta)
 
     def _row_metadata(self, row: dict[str, Any], source: SourceConfig) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
+from lemur.data.counts import DOCUMENTS, TOKENS
 from lemur.data.filter.tagging import mix_language
 from lemur.data.tokenize.tokenizer import load_tokenizer
 from lemur.shards.format import atomic_write_bytes, token_dtype
@@ -73,8 +74,8 @@ class TokenizeWriter(PipelineStep):
                     )
                     records.append((doc.metadata["source_index"], lang, n, id_hash, end))
                     ids.append(doc.id)
-                    self.stat_update("documents")
-                    self.stat_update("tokens", value=n)
+                    self.stat_update(DOCUMENTS)
+                    self.stat_update(TOKENS, value=n)
         rec = np.array(records, dtype=DOC_RECORD)
         buf = io.BytesIO()
         np.save(buf, rec)

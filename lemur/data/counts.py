@@ -1,0 +1,154 @@
+"""The build's counts: stat labels written by readers, filters and taggers, parsed back here.
+
+Every stage counts with datatrove's `stat_update(label)`; the labels are built by the
+functions below and nowhere else, and `collect_counts` parses them back into the
+manifest's `counts`, so the two sides cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: read/ and filter/ import this module
+    from lemur.data.read.listing import Listing
+    from lemur.data.recipe import Recipe
+
+MAX_MANIFEST_ERRORS = 1000
+DOCUMENTS = "documents"  # documents tokenized
+TOKENS = "tokens"  # tokens written
+
+
+def read_label(source: str) -> str:
+    """A document read from `source`."""
+    return f"read:{source}"
+
+
+def dropped_label(source: str, reason: str) -> str:
+    """A document of `source` dropped for `reason`."""
+    return f"dropped:{source}:{reason}"
+
+
+def error_labels(kind: str, source: str) -> tuple[str, str]:
+    """A bad input of `kind`: the overall label and the one per source."""
+    return f"error_{kind}", f"error_{kind}:{source}"
+
+
+def pii_label(source: str, kind: str) -> str:
+    """One PII redaction of `kind` in a document of `source`."""
+    return f"pii:{source}:{kind}"
+
+
+def disagreement_label(source: str) -> str:
+    """A code document whose declared language differs from the detected one."""
+    return f"language_disagreement:{source}"
+
+
+def language_label(language: str | None) -> str:
+    """A document tagged with `language`."""
+    return f"language:{language}"
+
+
+def _stat_total(value: Any) -> int:
+    return int(value["total"]) if isinstance(value, dict) else int(value)
+
+
+def _task_labels(work: Path, n_tasks: int) -> Counter[str]:
+    """Every stat label's total over the tasks' datatrove stats files."""
+    labels: Counter[str] = Counter()
+    for rank in range(n_tasks):
+        for step in json.loads((work / "logs" / "stats" / f"{rank:05d}.json").read_text()):
+            for label, value in step["stats"].items():
+                labels[label] += _stat_total(value)
+    return labels
+
+
+def _per_source(labels: Counter[str], sources: dict[str, dict[str, Any]]) -> dict[str, Counter]:
+    """Fill the per-source counts from the labels; return the totals by reason and kind."""
+    totals: dict[str, Counter] = {"dropped": Counter(), "errors": Counter(), "pii": Counter()}
+    for label, n in sorted(labels.items()):
+        if label.startswith("read:"):
+            sources[label[5:]]["read"] += n
+        elif label.startswith("dropped:"):
+            _, src, reason = label.split(":", 2)
+            sources[src]["dropped"][reason] = sources[src]["dropped"].get(reason, 0) + n
+            totals["dropped"][reason] += n
+        elif label.startswith("language_disagreement:"):
+            sources[label.split(":", 1)[1]]["language_disagreements"] += n
+        elif label.startswith("pii:"):
+            _, src, kind = label.split(":", 2)
+            per = sources[src].setdefault("pii", {})
+            per[kind] = per.get(kind, 0) + n
+            totals["pii"][kind] += n
+        elif label.startswith("error_") and ":" in label:
+            kind, src = label[6:].split(":", 1)
+            sources[src]["errors"] += n
+            totals["errors"][kind] += n
+    return totals
+
+
+def _errors(work: Path, n_tasks: int) -> tuple[list[dict[str, Any]], Counter[str]]:
+    """The first MAX_MANIFEST_ERRORS error records, and every file's error total."""
+    errors: list[dict[str, Any]] = []
+    for rank in range(n_tasks):
+        path = work / "errors" / f"{rank:05d}.jsonl"
+        for line in path.read_text().splitlines():
+            if len(errors) < MAX_MANIFEST_ERRORS:
+                errors.append(json.loads(line))
+    # Every file's error total, past the caps on the lists above (none in older work dirs).
+    by_file: Counter[str] = Counter()
+    for rank in range(n_tasks):
+        totals = work / "errors" / f"{rank:05d}.files.json"
+        if totals.is_file():
+            by_file.update(json.loads(totals.read_text()))
+    return errors, by_file
+
+
+def _merge_skipped(listing: Listing) -> dict[str, int]:
+    total: Counter[str] = Counter()
+    for per in listing.skipped.values():
+        total.update(per)
+    return dict(sorted(total.items()))
+
+
+def collect_counts(work: Path, recipe: Recipe, n_tasks: int, listing: Listing) -> dict[str, Any]:
+    """Merge per-task datatrove stats and error logs into the manifest's `counts`."""
+    labels = _task_labels(work, n_tasks)
+    sources: dict[str, dict[str, Any]] = {
+        s.name: {
+            "read": 0,
+            "dropped": {},
+            "errors": 0,
+            "kept": 0,
+            "skipped_files": listing.skipped.get(s.name, {}),
+            "language_disagreements": 0,
+        }
+        for s in recipe.sources
+    }
+    totals = _per_source(labels, sources)
+    dropped, error_kinds, pii = totals["dropped"], totals["errors"], totals["pii"]
+    errors, by_file = _errors(work, n_tasks)
+    for s in sources.values():
+        s["kept"] = s["read"] - sum(s["dropped"].values())
+    read = sum(s["read"] for s in sources.values())
+    return {
+        "read": read,
+        "dropped": dict(sorted(dropped.items())),
+        "duplicates": 0,
+        "kept": read - sum(dropped.values()),
+        "tokenized": labels[DOCUMENTS],
+        "skipped_files": _merge_skipped(listing),
+        "errors": errors,
+        "errors_total": sum(error_kinds.values()),
+        "errors_by_file": dict(sorted(by_file.items())),
+        "error_kinds": dict(sorted(error_kinds.items())),
+        "decontaminated": {
+            reason.removeprefix("contaminated:"): n
+            for reason, n in sorted(dropped.items())
+            if reason.startswith("contaminated:")
+        },
+        "pii": dict(sorted(pii.items())),
+        "sources": sources,
+    }
