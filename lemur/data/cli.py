@@ -80,16 +80,14 @@ class _Progress:
 
 def print_plan(plan: dict[str, Any], console: Any) -> None:
     """Print the mix plan: budget, availability and rate per domain and language."""
-    from rich.table import Table
+    from lemur.data.stats import language_rows, table
 
-    t = Table(title=f"mix plan: {plan['total_tokens']:,} train tokens", title_justify="left")
-    for i, c in enumerate(["domain / language", "available", "budget", "rate"]):
-        t.add_column(c, justify="left" if i == 0 else "right")
-    for d, langs in plan["languages"].items():
-        for lang, u in sorted(langs.items(), key=lambda kv: -kv[1]["budget"]):
-            t.add_row(
-                f"{d} / {lang}", f"{u['available']:,}", f"{u['budget']:,}", f"{u['rate']:.4f}"
-            )
+    t = table(
+        f"mix plan: {plan['total_tokens']:,} train tokens",
+        ["domain / language", "available", "budget", "rate"],
+    )
+    for label, u in language_rows(plan["languages"]):
+        t.add_row(label, f"{u['available']:,}", f"{u['budget']:,}", f"{u['rate']:.4f}")
     console.print(t)
     for note in plan.get("notes", []):
         console.print(f"note: {note}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,26 +109,24 @@ def compute_stats(directory: str | Path) -> dict[str, Any]:
     }
 
 
-def print_stats(stats: dict[str, Any]) -> None:
-    """Render the stats as rich tables on the terminal."""
-    from rich.console import Console
+def table(title: str, columns: list[str]) -> Any:
+    """A rich table with the first column left-aligned and the others right-aligned."""
     from rich.table import Table
 
-    console = Console()
+    t = Table(title=title, title_justify="left")
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i == 0 else "right")
+    return t
 
-    def table(title: str, columns: list[str]) -> Table:
-        t = Table(title=title, title_justify="left")
-        for i, c in enumerate(columns):
-            t.add_column(c, justify="left" if i == 0 else "right")
-        return t
 
-    t = table(
-        f"{stats['directory']}  ({stats['dtype']}, vocab {stats['vocab_size']})",
-        ["split/domain", "shards", "documents", "tokens"],
-    )
-    for k, v in sorted(stats["splits"].items()):
-        t.add_row(k, f"{v['shards']:,}", f"{v['documents']:,}", f"{v['tokens']:,}")
-    console.print(t)
+def language_rows(languages: dict[str, dict[str, dict[str, Any]]]) -> Iterator[tuple[str, dict]]:
+    """("domain / language", unit) of a mix plan's languages, largest budget first."""
+    for d, langs in languages.items():
+        for lang, u in sorted(langs.items(), key=lambda kv: -kv[1]["budget"]):
+            yield f"{d} / {lang}", u
+
+
+def _print_mix(console: Any, stats: dict[str, Any]) -> None:
     t = table("mix (train tokens)", ["domain", "target", "achieved", "tokens"])
     for d, v in stats["ratio"].items():
         t.add_row(d, f"{v['target']:.4f}", f"{v['achieved']:.4f}", f"{v['tokens']:,}")
@@ -137,16 +136,18 @@ def print_stats(stats: dict[str, Any]) -> None:
             "mix by language (train tokens)",
             ["domain / language", "available", "target", "achieved", "rate"],
         )
-        for d, langs in stats["languages"].items():
-            for lang, u in sorted(langs.items(), key=lambda kv: -kv[1]["budget"]):
-                t.add_row(
-                    f"{d} / {lang}",
-                    f"{u['available']:,}",
-                    f"{u['budget']:,}",
-                    f"{u['tokens']:,}",
-                    f"{u['rate']:.4f}",
-                )
+        for label, u in language_rows(stats["languages"]):
+            t.add_row(
+                label,
+                f"{u['available']:,}",
+                f"{u['budget']:,}",
+                f"{u['tokens']:,}",
+                f"{u['rate']:.4f}",
+            )
         console.print(t)
+
+
+def _print_groups(console: Any, stats: dict[str, Any]) -> None:
     t = table(
         "by source and language", ["split / domain / source / language", "documents", "tokens"]
     )
@@ -174,42 +175,64 @@ def print_stats(stats: dict[str, Any]) -> None:
     for k, v in sorted(stats["lengths"].items()):
         t.add_row(k, *[f"{v[f'p{q}']:,.0f}" for q in PERCENTILES], f"{v['mean']:,.0f}")
     console.print(t)
-    counts = stats["counts"]
-    if counts:
-        t = table("documents in -> out", ["stage", "documents"])
-        t.add_row("read", f"{counts.get('read', 0):,}")
-        for reason, n in counts.get("dropped", {}).items():
-            t.add_row(f"dropped: {reason}", f"{n:,}")
-        t.add_row("tokenized", f"{counts.get('tokenized', 0):,}")
-        t.add_row("duplicates removed", f"{counts.get('duplicates', 0):,}")
-        for kind, n in counts.get("error_kinds", {}).items():
-            t.add_row(f"skipped input ({kind})", f"{n:,}")
-        console.print(t)
-        dedup = counts.get("dedup") or {}
-        if dedup.get("by_source"):
-            t = table("duplicates removed", ["source", "exact", "near"])
-            for name, d in dedup["by_source"].items():
-                t.add_row(name, f"{d['exact']:,}", f"{d['near']:,}")
-            console.print(t)
-            sizes = dedup.get("cluster_sizes") or {}
-            if sizes:
-                console.print(
-                    "duplicate cluster sizes: "
-                    + ", ".join(
-                        f"{k} docs x{v:,}"
-                        for k, v in sorted(sizes.items(), key=lambda kv: int(kv[0]))
-                    )
-                )
-        errors = counts.get("errors", [])
-        if errors:
-            total = counts.get("errors_total", len(errors))
-            t = table(
-                f"input errors (first {min(len(errors), 20)} of {total})",
-                ["file", "line", "error"],
+
+
+def _print_dedup(console: Any, dedup: dict[str, Any]) -> None:
+    if not dedup.get("by_source"):
+        return
+    t = table("duplicates removed", ["source", "exact", "near"])
+    for name, d in dedup["by_source"].items():
+        t.add_row(name, f"{d['exact']:,}", f"{d['near']:,}")
+    console.print(t)
+    sizes = dedup.get("cluster_sizes") or {}
+    if sizes:
+        console.print(
+            "duplicate cluster sizes: "
+            + ", ".join(
+                f"{k} docs x{v:,}" for k, v in sorted(sizes.items(), key=lambda kv: int(kv[0]))
             )
-            for e in errors[:20]:
-                t.add_row(e["file"], str(e.get("line", "")), f"{e['kind']}: {e['error']}")
-            console.print(t)
+        )
+
+
+def _print_counts(console: Any, counts: dict[str, Any]) -> None:
+    t = table("documents in -> out", ["stage", "documents"])
+    t.add_row("read", f"{counts.get('read', 0):,}")
+    for reason, n in counts.get("dropped", {}).items():
+        t.add_row(f"dropped: {reason}", f"{n:,}")
+    t.add_row("tokenized", f"{counts.get('tokenized', 0):,}")
+    t.add_row("duplicates removed", f"{counts.get('duplicates', 0):,}")
+    for kind, n in counts.get("error_kinds", {}).items():
+        t.add_row(f"skipped input ({kind})", f"{n:,}")
+    console.print(t)
+    _print_dedup(console, counts.get("dedup") or {})
+    errors = counts.get("errors", [])
+    if errors:
+        total = counts.get("errors_total", len(errors))
+        t = table(
+            f"input errors (first {min(len(errors), 20)} of {total})",
+            ["file", "line", "error"],
+        )
+        for e in errors[:20]:
+            t.add_row(e["file"], str(e.get("line", "")), f"{e['kind']}: {e['error']}")
+        console.print(t)
+
+
+def print_stats(stats: dict[str, Any]) -> None:
+    """Render the stats as rich tables on the terminal."""
+    from rich.console import Console
+
+    console = Console()
+    t = table(
+        f"{stats['directory']}  ({stats['dtype']}, vocab {stats['vocab_size']})",
+        ["split/domain", "shards", "documents", "tokens"],
+    )
+    for k, v in sorted(stats["splits"].items()):
+        t.add_row(k, f"{v['shards']:,}", f"{v['documents']:,}", f"{v['tokens']:,}")
+    console.print(t)
+    _print_mix(console, stats)
+    _print_groups(console, stats)
+    if stats["counts"]:
+        _print_counts(console, stats["counts"])
 
 
 def write_plots(stats: dict[str, Any], directory: str | Path, shard_dir: str | Path) -> list[Path]:

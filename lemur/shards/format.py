@@ -174,17 +174,23 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     return manifest
 
 
+def open_array(
+    path: str | os.PathLike, dtype: np.dtype | type, shape_tail: tuple[int, ...] = ()
+) -> np.ndarray:
+    """A read-only memory map of a flat array file, or an empty array for an empty file.
+
+    (`np.memmap` refuses a file of zero bytes, which an empty shard or task writes.)
+    """
+    if Path(path).stat().st_size == 0:
+        return np.zeros((0, *shape_tail), dtype)
+    return np.memmap(path, dtype=dtype, mode="r").reshape(-1, *shape_tail)
+
+
 def open_tokens(directory: str | os.PathLike, shard: dict[str, Any], dtype: str) -> np.ndarray:
     """Memory-map a shard's token array (no copy)."""
-    path = Path(directory) / shard["file"]
-    if path.stat().st_size == 0:
-        return np.zeros(0, dtype=np.dtype(dtype).newbyteorder("<"))
-    return np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
+    return open_array(Path(directory) / shard["file"], np.dtype(dtype).newbyteorder("<"))
 
 
 def open_index(directory: str | os.PathLike, shard: dict[str, Any]) -> np.ndarray:
     """Memory-map a shard's document end offsets (uint64, exclusive)."""
-    path = Path(directory) / shard["index"]
-    if path.stat().st_size == 0:
-        return np.zeros(0, dtype=INDEX_DTYPE)
-    return np.memmap(path, dtype=INDEX_DTYPE, mode="r")
+    return open_array(Path(directory) / shard["index"], INDEX_DTYPE)

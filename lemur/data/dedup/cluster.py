@@ -12,21 +12,15 @@ import numpy as np
 
 from lemur.data.dedup.signer import GOLDEN64
 from lemur.data.recipe import DedupConfig
-from lemur.shards.format import atomic_write_bytes
+from lemur.shards.format import atomic_write_bytes, open_array
 
 _PAIR_CHUNK = 65536  # records or pairs per block in the cluster stage
 
 
 def load_signatures(sig_dir: Path, rank: int, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
     """Memory-mapped (content hashes, MinHash signatures) of one task."""
-
-    def mm(path: Path, dtype, shape_tail: tuple[int, ...]) -> np.ndarray:
-        if path.stat().st_size == 0:
-            return np.zeros((0, *shape_tail), dtype)
-        return np.memmap(path, dtype=dtype, mode="r").reshape(-1, *shape_tail)
-
-    chash = mm(sig_dir / f"{rank:05d}.chash.bin", np.uint64, ()).reshape(-1)
-    sig = mm(sig_dir / f"{rank:05d}.minhash.bin", np.uint32, (num_perm,))
+    chash = open_array(sig_dir / f"{rank:05d}.chash.bin", np.uint64)
+    sig = open_array(sig_dir / f"{rank:05d}.minhash.bin", np.uint32, (num_perm,))
     return chash, sig
 
 

@@ -28,7 +28,7 @@ from lemur.data.filter.base import LemurFilter
 from lemur.data.filter.benchmarks import benchmark_texts
 from lemur.data.filter.ngrams import Ngrams, text_ngrams
 from lemur.data.recipe import BenchmarkConfig, DecontaminateConfig
-from lemur.shards.format import atomic_write_bytes
+from lemur.shards.format import atomic_write_bytes, open_array
 
 INDEX_SUFFIX = ".index.hashes"
 FAST_SUFFIX = ".fast.hashes"
@@ -108,9 +108,7 @@ def build_indexes(config: DecontaminateConfig, directory: Path) -> dict[str, int
 
 def load_hashes(path: Path) -> np.ndarray:
     """A hash file as a read-only memory map (an empty array for an empty file)."""
-    if path.stat().st_size == 0:
-        return np.zeros(0, _DTYPE)
-    return np.memmap(path, dtype=_DTYPE, mode="r")
+    return open_array(path, _DTYPE)
 
 
 def contains(index: np.ndarray, keys: np.ndarray) -> np.ndarray:
