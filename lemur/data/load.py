@@ -90,6 +90,13 @@ def check_train_settings(train: TokenizerTrainConfig, key: str = "tokenizer.trai
 
 def _validate(recipe: Recipe, check_paths: bool) -> None:
     _validate_output(recipe, check_paths)
+    _validate_sources(recipe, check_paths)
+    _validate_mix(recipe)
+    _validate_sizes(recipe)
+    _validate_executor_and_tokenizer(recipe, check_paths)
+
+
+def _validate_sources(recipe: Recipe, check_paths: bool) -> None:
     if not recipe.sources:
         raise RecipeError("recipe: 'sources' is empty")
     names = set()
@@ -112,6 +119,9 @@ def _validate(recipe: Recipe, check_paths: bool) -> None:
             raise RecipeError(f"recipe: {key}.max_file_bytes must be > 0")
         if check_paths:
             expand_paths(s)
+
+
+def _validate_mix(recipe: Recipe) -> None:
     domains = recipe.domains()
     ratio = recipe.mix.ratio
     for d, r in ratio.items():
@@ -134,6 +144,9 @@ def _validate(recipe: Recipe, check_paths: bool) -> None:
                 raise RecipeError(f"recipe: mix.shares.{d}.{lang} must be in [0, 1], got {share}")
         if sum(per.values()) > 1 + 1e-9:
             raise RecipeError(f"recipe: mix.shares.{d} sum to {sum(per.values()):.4f} > 1")
+
+
+def _validate_sizes(recipe: Recipe) -> None:
     if recipe.seq_len < 1:
         raise RecipeError(f"recipe: seq_len must be >= 1, got {recipe.seq_len}")
     if not 0 <= recipe.val_fraction < 0.5:
@@ -149,6 +162,9 @@ def _validate(recipe: Recipe, check_paths: bool) -> None:
         raise RecipeError(
             f"recipe: dedup.min_similarity must be in (0, 1], got {dd.min_similarity}"
         )
+
+
+def _validate_executor_and_tokenizer(recipe: Recipe, check_paths: bool) -> None:
     ex = recipe.executor
     if ex.kind not in EXECUTORS:
         raise RecipeError(f"recipe: executor.kind {ex.kind!r} is not one of {', '.join(EXECUTORS)}")

@@ -27,8 +27,7 @@ from lemur.shards.format import ShardFormatError, atomic_write_bytes
 from lemur.train import interrupt
 from lemur.train import mesh as mesh_lib
 from lemur.train import step as step_lib
-from lemur.train.checkpoint import Checkpointer
-from lemur.train.config import ConfigError, TrainConfig
+from lemur.train.config import TrainConfig
 from lemur.train.inputs import Inputs
 from lemur.train.metrics import MetricsWriter, StepWindow, peak_tflops_per_device
 from lemur.train.progress import Reporter
@@ -39,6 +38,8 @@ from lemur.train.setup import (
     TrainingDiverged,
     check_writable_dir,
     data_vocab,
+    make_mesh,
+    open_checkpointer,
     resolve_model,
 )
 from lemur.train.windows import BATCH_KEYS
@@ -62,11 +63,7 @@ class Trainer(Inputs, Resume):
         self.run_dir = Path(config.run_dir)
         vocab, self.tokenizer_sha = data_vocab(config)
         self.model = resolve_model(config, vocab)
-        try:
-            self.mesh = mesh_lib.make_mesh(config.mesh)
-            mesh_lib.check_batch_fits(self.mesh, config.batch.size, config.batch.microbatches)
-        except ValueError as e:
-            raise ConfigError(f"config: mesh: {e}") from None
+        self.mesh = make_mesh(config)
         self.schedule = step_lib.make_schedule(config.schedule, config.steps)
         self.tx = step_lib.make_optimizer(config.optimizer, self.schedule)
         self.key = jax.random.key(config.seed)
@@ -93,14 +90,7 @@ class Trainer(Inputs, Resume):
         # Bytes per token of the run's tokenizer (every directory has the same one), so
         # that evals report bits per byte, comparable across tokenizers.
         self.token_bytes = TokenBytes.for_shards(config.data.dirs[0]) if self.evals else None
-        try:
-            self.checkpointer = Checkpointer(
-                config.checkpoint_dir,
-                keep=config.checkpoint.keep,
-                async_save=config.checkpoint.async_save,
-            )
-        except OSError as e:
-            raise RunError(f"checkpoint.dir: {config.checkpoint_dir}: {e.strerror or e}") from None
+        self.checkpointer = open_checkpointer(config)
         self.writer = MetricsWriter(
             self.run_dir, enabled=self.is_main, tensorboard=config.log.tensorboard
         )

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import llama
 from lemur.shards.format import ShardFormatError, read_manifest
-from lemur.train.checkpoint import CheckpointDamaged
-from lemur.train.config import TrainConfig
+from lemur.train import mesh as mesh_lib
+from lemur.train.checkpoint import CheckpointDamaged, Checkpointer
+from lemur.train.config import ConfigError, TrainConfig
 
 # LlamaConfig fields that define the parameter shapes: a pretrained checkpoint must match.
 # (tie_embeddings decides whether there is an lm_head at all.)
@@ -103,3 +105,25 @@ def sum_over_processes(value: int) -> int:
     from jax.experimental import multihost_utils
 
     return int(np.asarray(multihost_utils.process_allgather(np.int64(value))).sum())
+
+
+def make_mesh(config: TrainConfig) -> Mesh:
+    """The run's device mesh, checked to fit the batch (ConfigError naming `mesh` if not)."""
+    try:
+        mesh = mesh_lib.make_mesh(config.mesh)
+        mesh_lib.check_batch_fits(mesh, config.batch.size, config.batch.microbatches)
+    except ValueError as e:
+        raise ConfigError(f"config: mesh: {e}") from None
+    return mesh
+
+
+def open_checkpointer(config: TrainConfig) -> Checkpointer:
+    """The run's checkpointer (RunError naming `checkpoint.dir` if it cannot be opened)."""
+    try:
+        return Checkpointer(
+            config.checkpoint_dir,
+            keep=config.checkpoint.keep,
+            async_save=config.checkpoint.async_save,
+        )
+    except OSError as e:
+        raise RunError(f"checkpoint.dir: {config.checkpoint_dir}: {e.strerror or e}") from None

@@ -115,6 +115,46 @@ class TrainIterator(grain.DatasetIterator):
         self._inner.set_state({"global_next_index": int(state["global_next_index"])})
 
 
+def _open_sources(
+    pairs: list[tuple[str, float]], seq_len: int, release_bytes: int, vocab_size: int | None
+) -> list[ShardSource]:
+    """One `ShardSource` per directory; refuse sources too large to shuffle or a mixture
+    of tokenizers."""
+    sources = [
+        ShardSource(d, seq_len, release_bytes=release_bytes, vocab_size=vocab_size)
+        for d, _ in pairs
+    ]
+    for src in sources:
+        if len(src) >= 2**32:  # Grain's index shuffle works on 32-bit indices
+            raise ValueError(f"{src!r}: {len(src)} windows, more than a shuffle can permute")
+    sha = {s.tokenizer.get("sha256") for s in sources}
+    if len(sha) > 1:
+        raise ShardCompatibilityError(
+            "mixture of shard directories built with different tokenizers: "
+            + ", ".join(f"{s.directory} ({str(s.tokenizer.get('sha256'))[:12]})" for s in sources)
+        )
+    return sources
+
+
+def _fingerprint(
+    sources: list[ShardSource], pairs: list[tuple[str, float]], seq_len: int, seed: int
+) -> str:
+    """The pipeline's identity in the iterator state: contents, weights, seed, seq_len."""
+    return hashlib.sha256(
+        json.dumps(
+            {
+                "format": FORMAT,
+                "seq_len": seq_len,
+                "seed": seed,
+                "sources": [
+                    [s.content_id, w, len(s)] for s, (_, w) in zip(sources, pairs, strict=True)
+                ],
+            },
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()[:16]
+
+
 def make_train_iterator(
     dirs_and_weights: list[tuple[str, float]] | str,
     *,
@@ -151,19 +191,7 @@ def make_train_iterator(
             check_compatible(
                 d, vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len
             )
-    sources = [
-        ShardSource(d, seq_len, release_bytes=release_bytes, vocab_size=vocab_size)
-        for d, _ in pairs
-    ]
-    for src in sources:
-        if len(src) >= 2**32:  # Grain's index shuffle works on 32-bit indices
-            raise ValueError(f"{src!r}: {len(src)} windows, more than a shuffle can permute")
-    sha = {s.tokenizer.get("sha256") for s in sources}
-    if len(sha) > 1:
-        raise ShardCompatibilityError(
-            "mixture of shard directories built with different tokenizers: "
-            + ", ".join(f"{s.directory} ({str(s.tokenizer.get('sha256'))[:12]})" for s in sources)
-        )
+    sources = _open_sources(pairs, seq_len, release_bytes, vocab_size)
     parts = [
         grain.MapDataset.source(src)
         # Shuffle before repeat: a new lazy global permutation every epoch.
@@ -185,17 +213,4 @@ def make_train_iterator(
         read_options=grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch),
         multiprocessing_options=mp_options,
     )
-    fingerprint = hashlib.sha256(
-        json.dumps(
-            {
-                "format": FORMAT,
-                "seq_len": seq_len,
-                "seed": seed,
-                "sources": [
-                    [s.content_id, w, len(s)] for s, (_, w) in zip(sources, pairs, strict=True)
-                ],
-            },
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()[:16]
-    return TrainIterator(iter(elastic), fingerprint, strict_state)
+    return TrainIterator(iter(elastic), _fingerprint(sources, pairs, seq_len, seed), strict_state)

@@ -143,6 +143,47 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _domain_units(
+    d: str,
+    r: float,
+    rsum: float,
+    available: dict[tuple[str, str], int],
+    shares: dict[str, dict[str, float]],
+    notes: list[str],
+) -> dict[tuple[str, str], UnitPlan]:
+    """The units of one domain: its languages' fractions of the whole mix (notes appended)."""
+    units: dict[tuple[str, str], UnitPlan] = {}
+    langs = {lang: a for (dd, lang), a in available.items() if dd == d and a > 0}
+    if not langs:
+        raise MixInfeasible(f"mix: domain '{d}' has no tokens after filtering and dedup")
+    listed = shares.get(d, {})
+    listed_sum = sum(listed.values())
+    if listed_sum > 1 + 1e-9:
+        raise MixInfeasible(f"mix: shares of domain '{d}' sum to {listed_sum:.4f} > 1")
+    missing = [lang for lang, s in listed.items() if s > 0 and langs.get(lang, 0) == 0]
+    if missing:
+        raise MixInfeasible(
+            f"mix: shares ask for {d}/{missing[0]} but no such tokens are available "
+            f"(available languages: {', '.join(sorted(langs))}); remove it from mix.shares.{d}"
+        )
+    rest = {lang: a for lang, a in langs.items() if lang not in listed}
+    rest_share = 1.0 - listed_sum
+    if listed and not rest and rest_share > 1e-9:
+        notes.append(
+            f"{d}: listed shares sum to {listed_sum:.4f} and no other language is present; "
+            "scaled them to 1"
+        )
+        listed = {k: v / listed_sum for k, v in listed.items()}
+        rest_share = 0.0
+    if rest and rest_share <= 1e-12 and listed:
+        notes.append(f"{d}: shares leave nothing for {', '.join(sorted(rest))}; they are dropped")
+    rest_total = sum(rest.values())
+    for lang, a in sorted(langs.items()):
+        within = listed[lang] if lang in listed else rest_share * a / rest_total
+        units[(d, lang)] = UnitPlan(d, lang, a, r / rsum * within)
+    return units
+
+
 def plan_mix(
     available: dict[tuple[str, str], int],
     ratio: dict[str, float],
@@ -156,36 +197,7 @@ def plan_mix(
     units: dict[tuple[str, str], UnitPlan] = {}
     notes: list[str] = []
     for d, r in ratio.items():
-        langs = {lang: a for (dd, lang), a in available.items() if dd == d and a > 0}
-        if not langs:
-            raise MixInfeasible(f"mix: domain '{d}' has no tokens after filtering and dedup")
-        listed = shares.get(d, {})
-        listed_sum = sum(listed.values())
-        if listed_sum > 1 + 1e-9:
-            raise MixInfeasible(f"mix: shares of domain '{d}' sum to {listed_sum:.4f} > 1")
-        missing = [lang for lang, s in listed.items() if s > 0 and langs.get(lang, 0) == 0]
-        if missing:
-            raise MixInfeasible(
-                f"mix: shares ask for {d}/{missing[0]} but no such tokens are available "
-                f"(available languages: {', '.join(sorted(langs))}); remove it from mix.shares.{d}"
-            )
-        rest = {lang: a for lang, a in langs.items() if lang not in listed}
-        rest_share = 1.0 - listed_sum
-        if listed and not rest and rest_share > 1e-9:
-            notes.append(
-                f"{d}: listed shares sum to {listed_sum:.4f} and no other language is present; "
-                "scaled them to 1"
-            )
-            listed = {k: v / listed_sum for k, v in listed.items()}
-            rest_share = 0.0
-        if rest and rest_share <= 1e-12 and listed:
-            notes.append(
-                f"{d}: shares leave nothing for {', '.join(sorted(rest))}; they are dropped"
-            )
-        rest_total = sum(rest.values())
-        for lang, a in sorted(langs.items()):
-            within = listed[lang] if lang in listed else rest_share * a / rest_total
-            units[(d, lang)] = UnitPlan(d, lang, a, r / rsum * within)
+        units.update(_domain_units(d, r, rsum, available, shares, notes))
     active = [u for u in units.values() if u.fraction > 0]
     natural = min(u.available / u.fraction for u in active)
     cap = min(u.available * max_repeats / u.fraction for u in active)
