@@ -43,13 +43,16 @@ from lemur.data.run.executors import make_executor
 from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.tokenize.step import TokenizeWriter
 from lemur.data.tokenize.tokenizer import tokenizer_info, train_tokenizer
+from lemur.shards.check import check_structure
 from lemur.shards.commit import commit
 from lemur.shards.format import (
     FORMAT,
     MANIFEST,
+    ShardFormatError,
     atomic_write_bytes,
     atomic_write_json,
     dtype_name,
+    read_manifest,
     token_dtype,
 )
 
@@ -238,20 +241,17 @@ def inputs_sha256(inputs: list[InputFile]) -> str:
 def is_up_to_date(out: Path, recipe: Recipe, inputs_sha: str) -> bool:
     """True when the output already holds a complete build of this recipe over these inputs."""
     try:
-        manifest = json.loads((out / MANIFEST).read_text())
-    except (OSError, json.JSONDecodeError):
+        manifest = read_manifest(out)
+    except (OSError, ShardFormatError):
         return False
     if manifest.get("recipe_sha256") != recipe.sha256():
         return False
     if manifest.get("inputs_sha256") != inputs_sha:
         return False
-    if not (out / manifest.get("tokenizer", {}).get("file", "tokenizer.model")).is_file():
+    try:
+        check_structure(out, manifest=manifest)  # tokenizer and every shard, sizes and index
+    except (OSError, ShardFormatError):
         return False
-    itemsize = 2 if manifest.get("dtype") == "uint16" else 4
-    for s in manifest.get("shards", []):
-        f = out / s["file"]
-        if not f.is_file() or f.stat().st_size != s["tokens"] * itemsize:
-            return False
     return True
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,35 @@ class ShardInfo:
         }
 
 
+def write_shard(
+    root: Path,
+    rel: str,
+    tokens: np.ndarray,
+    ends: Sequence[int] | np.ndarray,
+    dtype: np.dtype,
+    split: str,
+    domain: str,
+) -> ShardInfo:
+    """Write one shard, `{rel}.idx` then `{rel}.bin`, each atomically; return its entry.
+
+    Every writer of shards comes here, so the bytes on disk have one definition: tokens as
+    little-endian `dtype`, document ends as little-endian uint64.
+    """
+    rel_bin, rel_idx = f"{rel}.bin", f"{rel}.idx"
+    payload = tokens.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes()
+    atomic_write_bytes(root / rel_idx, np.asarray(ends, INDEX_DTYPE).tobytes())
+    atomic_write_bytes(root / rel_bin, payload)
+    return ShardInfo(
+        file=rel_bin,
+        index=rel_idx,
+        split=split,
+        domain=domain,
+        tokens=int(tokens.size),
+        documents=len(ends),
+        sha256=hashlib.sha256(payload).hexdigest(),
+    )
+
+
 class ShardWriter:
     """Appends documents to numbered shards of about `shard_tokens` tokens under one prefix.
 
@@ -130,23 +160,10 @@ class ShardWriter:
         if not self._ends:
             return
         n = len(self.shards)
-        rel_bin = f"{self.prefix}/{n:05d}.bin"
-        rel_idx = f"{self.prefix}/{n:05d}.idx"
-        data = np.concatenate(self._parts).astype(self.dtype.newbyteorder("<"), copy=False)
-        payload = data.tobytes()
-        atomic_write_bytes(self.root / rel_idx, np.asarray(self._ends, INDEX_DTYPE).tobytes())
-        atomic_write_bytes(self.root / rel_bin, payload)
-        self.shards.append(
-            ShardInfo(
-                file=rel_bin,
-                index=rel_idx,
-                split=self.split,
-                domain=self.domain,
-                tokens=int(data.size),
-                documents=len(self._ends),
-                sha256=hashlib.sha256(payload).hexdigest(),
-            )
-        )
+        rel = f"{self.prefix}/{n:05d}"
+        tokens = np.concatenate(self._parts)
+        info = write_shard(self.root, rel, tokens, self._ends, self.dtype, self.split, self.domain)
+        self.shards.append(info)
         self._parts, self._ends, self._size = [], [], 0
 
     def close(self) -> list[ShardInfo]:

@@ -20,7 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from lemur.shards.format import INDEX_DTYPE, ShardInfo, atomic_write_bytes, atomic_write_json
+from lemur.shards.format import (
+    INDEX_DTYPE,
+    ShardInfo,
+    atomic_write_json,
+    write_shard,
+)
 
 __all__ = ["ShuffleError", "bucket_of", "external_shuffle"]
 
@@ -149,19 +154,7 @@ def _gather(work, b, members, offset, lengths, out, rel, dtype, info_path) -> No
     parts = [data[offset[i] : offset[i] + lengths[i]] for i in members.tolist()]
     tokens = np.concatenate(parts) if parts else np.zeros(0, dtype)
     ends = np.cumsum(lengths[members]).astype(INDEX_DTYPE)
-    rel_bin, rel_idx = f"{rel}.bin", f"{rel}.idx"
-    payload = tokens.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes()
-    atomic_write_bytes(out / rel_idx, ends.tobytes())
-    atomic_write_bytes(out / rel_bin, payload)
-    info = ShardInfo(
-        rel_bin,
-        rel_idx,
-        "train",
-        "mixed",
-        int(tokens.size),
-        len(members),
-        hashlib.sha256(payload).hexdigest(),
-    )
+    info = write_shard(out, rel, tokens, ends, dtype, "train", "mixed")
     atomic_write_json(info_path, info.to_json())
     if path.is_file():
         os.remove(path)  # its shard is final; free the disk space now
