@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from labelled import labelled_code, labelled_paragraphs
 
 from lemur.data.filter.tagging import (
     LanguageTagger,
@@ -13,7 +14,6 @@ from lemur.data.filter.tagging import (
     code_language,
     normalize_code_language,
 )
-from lemur.data.labelled import labelled_code, labelled_paragraphs
 
 
 def test_code_tagging_accuracy_on_real_files():
