@@ -1,0 +1,40 @@
+"""The corpus build (`lemur-data`): sources -> documents -> tokens -> mixed, shuffled shards.
+
+| module / package | what it holds |
+|---|---|
+| `build` | `build`, the driver of every stage, and `BuildError` |
+| `recipe`, `load` | every stage's config (`Recipe`); `load_recipe` reads and validates one |
+| `read/` | listing inputs, compressed streams, the sources reader, notebooks |
+| `filter/` | base, code and text rules, language tagging, decontamination, PII |
+| `dedup/` | signatures (content hash, MinHash) and clusters (LSH) |
+| `tokenize/` | SentencePiece training and loading, the tokenize step |
+| `pack/` | records, mix plan, external shuffle, shard writing |
+| `run/` | datatrove executors, quiet logs, the output lock |
+| `counts`, `stats`, `demo`, `cli` | stat labels, corpus statistics, the demo recipe, the command |
+
+The names below are importable from `lemur.data` directly; each loads its module on first
+use, so importing one stage does not import the whole build.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "BuildError": "build",
+    "build": "build",
+    "Recipe": "recipe",
+    "RecipeError": "recipe",
+    "load_recipe": "load",
+    "recipe_from_dict": "load",
+    "demo_recipe": "demo",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module that defines `name` on first access."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'lemur.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"lemur.data.{_EXPORTS[name]}"), name)
