@@ -13,9 +13,13 @@ import argparse
 import sys
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 
 from lemur.data.filter.tagging import TextLanguageID, code_language
-from lemur.data.labelled import labelled_code, labelled_paragraphs
+
+# The labelled samples are test fixtures (tests/labelled.py), shared with this benchmark.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from labelled import labelled_code, labelled_paragraphs  # noqa: E402
 
 
 def main() -> int:
