@@ -352,13 +352,13 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     settings = {k: v for k, v in recipe.to_dict().items() if k != "output"}
     prefix = f"build-{_sha([settings, key])[:12]}"
     packer = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"], prefix, tok_path)
-    plan, _ = packer.plan()
+    pack_plan = packer.plan()
     if on_plan:
-        on_plan(plan.to_json())
+        on_plan(pack_plan.mix.to_json())
     if plan_only:
-        return {"plan": plan.to_json()}
+        return {"plan": pack_plan.mix.to_json()}
     report("pack", 0, 1)
-    packed = packer.pack(report)
+    packed = packer.pack(pack_plan, report)
     report("pack", 1, 1)
     counts["dedup"] = packed["dedup"]
     counts["duplicates"] = packed["dedup"]["exact"] + packed["dedup"]["near"]

@@ -6,12 +6,13 @@ Only small per-document records are held in memory; tokens move through bucket f
 from lemur.data.pack.mix import MixInfeasible, MixPlan, UnitPlan, plan_mix
 from lemur.data.pack.records import Records, load_records
 from lemur.data.pack.shuffle import ShuffleError, external_shuffle
-from lemur.data.pack.write import Packer, PackError
+from lemur.data.pack.write import Packer, PackError, PackPlan
 
 __all__ = [
     "MixInfeasible",
     "MixPlan",
     "PackError",
+    "PackPlan",
     "Packer",
     "Records",
     "ShuffleError",

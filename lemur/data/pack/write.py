@@ -7,6 +7,7 @@ on disk (see shuffle.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,17 @@ from lemur.shards.format import ShardInfo, ShardWriter, token_dtype
 
 def _join(prefix: str, rel: str) -> str:
     return f"{prefix}/{rel}" if prefix else rel
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    """What `Packer.plan` decided: the mix plan and, per document, its domain and fate."""
+
+    mix: MixPlan
+    domains: np.ndarray  # domain name of each document's source
+    dups: DedupResult | None  # None when dedup is off
+    val: np.ndarray  # bool: held out for validation
+    pool: np.ndarray  # bool: kept and not val, what the mix selects from
 
 
 class Packer:
@@ -49,7 +61,6 @@ class Packer:
         self.rec = load_records(tok_dir, n_tasks)
         self.domain_of_source = np.array([s.domain for s in recipe.sources], dtype=object)
         self._runs: dict[int, np.ndarray] = {}
-        self._planned: tuple[MixPlan, dict[str, Any]] | None = None
 
     def _run(self, task: int) -> np.ndarray:
         if task not in self._runs:
@@ -127,13 +138,11 @@ class Packer:
             val[idx[np.argsort(h[idx], kind="stable")[:k]]] = True
         return val
 
-    def plan(self) -> tuple[MixPlan, dict[str, Any]]:
+    def plan(self) -> PackPlan:
         """Dedup, val split and the mix plan (no shards written): what `--plan-only` shows.
 
-        Computed once; `pack` reuses it (dedup is the costly part).
+        `pack` takes this plan rather than recomputing it (dedup is the costly part).
         """
-        if self._planned is not None:
-            return self._planned
         r, recipe = self.rec, self.recipe
         domains = self.domain_of_source[r.source] if len(r.source) else np.zeros(0, object)
         dups = self.dedup(domains)
@@ -151,15 +160,12 @@ class Packer:
             plan = plan_mix(available, mix.ratio, mix.total_tokens, mix.shares, mix.max_repeats)
         except MixInfeasible as e:
             raise PackError(str(e)) from None
-        state = {"domains": domains, "dups": dups, "val": val, "pool": pool}
-        self._planned = (plan, state)
-        return self._planned
+        return PackPlan(plan, domains, dups, val, pool)
 
-    def pack(self, report=None) -> dict[str, Any]:
-        """Write train and val shards; return manifest parts (`shards`, `mix`) and stats."""
+    def pack(self, pack_plan: PackPlan, report=None) -> dict[str, Any]:
+        """Write train and val shards of `pack_plan`; return manifest parts and stats."""
         r, recipe = self.rec, self.recipe
-        plan, st = self.plan()
-        domains, val, pool = st["domains"], st["val"], st["pool"]
+        plan, domains, val, pool = pack_plan.mix, pack_plan.domains, pack_plan.val, pack_plan.pool
         # copies of each document: 0 (not selected), 1, or more when the plan repeats it
         copies = np.zeros(len(domains), np.int64)
         mix_hash = seeded_hash(r.id_hash, recipe.seed, "mix")
@@ -194,7 +200,7 @@ class Packer:
             "shards": [s.to_json() for s in shards],
             "mix": self._mix_section(domains, pool, copies, plan),
             "stats": self._stats(val, copies),
-            "dedup": self._dedup_section(st["dups"]),
+            "dedup": self._dedup_section(pack_plan.dups),
         }
 
     def _dedup_section(self, dups: DedupResult | None) -> dict[str, Any]:
