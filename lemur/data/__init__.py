@@ -18,8 +18,7 @@ use, so importing one stage does not import the whole build.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lemur.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "BuildError": "build",
@@ -30,11 +29,4 @@ _EXPORTS = {
     "recipe_from_dict": "load",
     "demo_recipe": "demo",
 }
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    """Import the module that defines `name` on first access."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'lemur.data' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"lemur.data.{_EXPORTS[name]}"), name)
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

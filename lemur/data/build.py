@@ -313,9 +313,7 @@ def build(
     try:
         with DirectoryLock(out):
             return _build_locked(recipe, out, report, force, plan_only, on_plan)
-    except LockedError as e:
-        raise BuildError(str(e)) from None
-    except ShuffleError as e:
+    except (LockedError, ShuffleError) as e:
         raise BuildError(str(e)) from None
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):

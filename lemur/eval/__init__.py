@@ -16,8 +16,7 @@ use, so `lemur.eval.sandbox` does not pull in JAX. See docs/eval.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lemur.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "TokenBytes": "bpb",
@@ -34,11 +33,4 @@ _EXPORTS = {
     "Limits": "sandbox",
     "load_model": "load",
 }
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    """Import the module that defines `name` on first access."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'lemur.eval' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"lemur.eval.{_EXPORTS[name]}"), name)
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

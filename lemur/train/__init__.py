@@ -14,8 +14,7 @@ The names below are importable from `lemur.train` directly, each loaded on first
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lemur.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "TrainConfig": "config",
@@ -29,11 +28,4 @@ _EXPORTS = {
     "make_eval_iterators": "eval_stream",
     "ShardSource": "windows",
 }
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    """Import the module that defines `name` on first access."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'lemur.train' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"lemur.train.{_EXPORTS[name]}"), name)
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)
