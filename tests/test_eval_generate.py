@@ -16,12 +16,13 @@ import pytest  # noqa: E402
 from lemur.eval import generate as gen_lib  # noqa: E402
 from lemur.eval.load import SentencePieceTokenizer, load_model  # noqa: E402
 from lemur.model import hf, llama  # noqa: E402
+from lemur.model.config import LlamaConfig, Params, param_shapes
 
 VOCAB = 256
 GREEDY = gen_lib.GenerationConfig(max_new_tokens=48, batch_size=8)
 
 
-def random_params(config: llama.LlamaConfig, seed: int) -> llama.Params:
+def random_params(config: LlamaConfig, seed: int) -> Params:
     """Numpy params: N(0, init_std) matrices and norms of 1 +- 0.2, so logits spread out
     (numpy instead of init_params: nothing to compile)."""
     rng = np.random.default_rng(seed)
@@ -32,14 +33,14 @@ def random_params(config: llama.LlamaConfig, seed: int) -> llama.Params:
         return (config.init_std * rng.standard_normal(shape)).astype(np.float32)
 
     return jax.tree_util.tree_map_with_path(
-        leaf, llama.param_shapes(config), is_leaf=lambda x: isinstance(x, tuple)
+        leaf, param_shapes(config), is_leaf=lambda x: isinstance(x, tuple)
     )
 
 
 @functools.cache
-def _model(vocab: int = VOCAB) -> tuple[llama.LlamaConfig, llama.Params]:
+def _model(vocab: int = VOCAB) -> tuple[LlamaConfig, Params]:
     """A random GQA Llama: 4 query heads sharing 2 kv heads."""
-    config = llama.LlamaConfig(
+    config = LlamaConfig(
         vocab_size=vocab,
         d_model=64,
         n_layers=2,

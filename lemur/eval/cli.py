@@ -123,7 +123,7 @@ def _load(args: argparse.Namespace, for_decoding: bool = False) -> Any:
     model = load_model(args.checkpoint, step=args.step, tokenizer=args.tokenizer, dtype=args.dtype)
     if for_decoding:
         model.params = split_layers(model.params, consume=True)
-    from lemur.model.llama import param_count
+    from lemur.model.config import param_count
 
     _say(
         f"{model.kind} model from {model.source}: {param_count(model.config):,} parameters, "

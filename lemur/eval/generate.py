@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lemur.model import decode
-from lemur.model.llama import LlamaConfig, Params
+from lemur.model.config import LlamaConfig, Params
 
 CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
 

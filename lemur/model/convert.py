@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lemur.model import checkpoint, hf
-from lemur.model.llama import DTYPES, param_count
+from lemur.model.config import DTYPES, param_count
 
 
 def to_lemur(hf_dir: str, out_dir: str, dtype: str = "float32") -> None:

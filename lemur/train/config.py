@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from lemur import typed_yaml
-from lemur.model.llama import PRESETS, LlamaConfig
+from lemur.model.config import PRESETS, LlamaConfig
 from lemur.typed_yaml import TypedLoader
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
