@@ -15,6 +15,7 @@ import pytest  # noqa: E402
 
 from lemur.eval import generate as gen_lib  # noqa: E402
 from lemur.eval.load import SentencePieceTokenizer, load_model  # noqa: E402
+from lemur.eval.sampling import Sampling, sample  # noqa: E402
 from lemur.model import hf, llama  # noqa: E402
 from lemur.model.config import LlamaConfig, Params, param_shapes
 
@@ -127,7 +128,7 @@ def test_one_compilation_per_bucket() -> None:
 def test_sampling_is_seeded_and_respects_top_k() -> None:
     config, params = _model()
     sampled = dataclasses.replace(
-        GREEDY, max_new_tokens=24, sampling=gen_lib.Sampling(temperature=1.0, top_k=5), seed=3
+        GREEDY, max_new_tokens=24, sampling=Sampling(temperature=1.0, top_k=5), seed=3
     )
     a = gen_lib.generate_ids(params, config, _prompts(), sampled, eos_id=None)
     b = gen_lib.generate_ids(params, config, _prompts(), sampled, eos_id=None)
@@ -146,9 +147,9 @@ def test_sampling_is_seeded_and_respects_top_k() -> None:
 def test_sample_top_p_keeps_the_smallest_set_reaching_p() -> None:
     logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], np.float32))
     keys = jax.random.split(jax.random.key(0), 400)
-    draw = jax.vmap(lambda k: gen_lib.sample(logits, k, gen_lib.Sampling(1.0, 0, 0.7)))(keys)
+    draw = jax.vmap(lambda k: sample(logits, k, Sampling(1.0, 0, 0.7)))(keys)
     assert set(np.asarray(draw).ravel().tolist()) == {0, 1}  # 0.5 < 0.7 <= 0.5 + 0.3
-    greedy = gen_lib.sample(logits, keys[0], gen_lib.Sampling())
+    greedy = sample(logits, keys[0], Sampling())
     assert np.asarray(greedy).tolist() == [0]
 
 

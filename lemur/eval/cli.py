@@ -134,7 +134,8 @@ def _load(args: argparse.Namespace, for_decoding: bool = False) -> Any:
 
 def _sampling(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> Any:
     """The GenerationConfig of the sampling arguments."""
-    from lemur.eval.generate import GenerationConfig, Sampling
+    from lemur.eval.generate import GenerationConfig
+    from lemur.eval.sampling import Sampling
 
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     return GenerationConfig(
