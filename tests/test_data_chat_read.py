@@ -4,7 +4,10 @@ bad conversations dropped by reason with their neighbours kept; recipe errors.""
 from __future__ import annotations
 
 import gzip
+import inspect
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from lemur.data.chat_demo import conversations, write_chat_demo
 from lemur.data.load import load_recipe, recipe_from_dict
 from lemur.data.read.chat import (
     DELETED,
@@ -421,3 +425,36 @@ def test_chat_recipe_fields_and_errors(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(chat_recipe(tmp_path, schema="sharegpt", paths=[str(data)])))
     assert load_recipe(path, ["sources.0.schema=alpaca"]).sources[0].schema == "alpaca"
+
+
+def test_chat_demo_is_real_deterministic_and_read_without_drops(tmp_path):
+    out = tmp_path / "demo.jsonl"
+    n = write_chat_demo(out)
+    assert n == len(out.read_text().splitlines()) > 2000  # a few thousand conversations
+    cli = tmp_path / "cli.jsonl"
+    subprocess.run([sys.executable, "-m", "lemur.data.chat_demo", str(cli)], check=True)
+    assert cli.read_bytes() == out.read_bytes()  # seeded: the same file from a fresh process
+
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {tuple(r) for r in rows} == {("id", "messages")}
+    assert len({r["id"] for r in rows}) == n
+    assert sum(r["messages"][0]["role"] == "system" for r in rows) > n // 5
+    assert sum(len(r["messages"]) >= 4 for r in rows) > n // 20  # multi-turn ones
+    docs, stats, errors = read_chat(tmp_path, schema="messages", paths=[str(out)])
+    assert len(docs) == n == stats["read:c"] and not errors and drops(stats) == {}
+
+    every = conversations(limit=10**6)
+    answers = {
+        m[i]["content"]: m[i + 1]["content"]
+        for m in (r["messages"] for r in every)
+        for i in range(len(m) - 1)
+        if m[i]["role"] == "user"
+    }
+    dumps = [a for q, a in answers.items() if "`json.dumps`" in q]
+    assert len(dumps) == 1 and dumps[0].endswith(inspect.getdoc(json.dumps))
+    assert dumps[0].startswith("`json.dumps(obj, *, skipkeys=False")
+    from pydoc_data.topics import topics
+
+    with_stmt = [a for q, a in answers.items() if "the `with` statement in Python" in q]
+    assert len(with_stmt) == 1 and with_stmt[0] in topics["with"]
+    assert with_stmt[0].startswith('The "with" statement is used to wrap')
