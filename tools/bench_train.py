@@ -13,7 +13,7 @@ In one process, on the same model, batch and device:
 
 Steps are timed in alternating rounds (reference, lemur, reference, ...) and the median
 round is reported, so load from other processes hits both sides alike. MFU uses
-lemur.model.llama.flops_per_token (MaxText's convention) against the device's bf16 peak
+lemur.model.config.flops_per_token (MaxText's convention) against the device's bf16 peak
 (datasheet table; on CPU, the best measured matmul). Examples:
 
     python tools/bench_train.py                                  # CPU: ~10M-param Llama

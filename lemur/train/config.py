@@ -40,7 +40,7 @@ def _check(ok: bool, key: str, message: str) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Which Llama: a preset of lemur.model.llama.PRESETS with field overrides."""
+    """Which Llama: a preset of lemur.model.config.PRESETS with field overrides."""
 
     preset: str = "tiny"
     vocab_size: int | None = None  # None: the shards' tokenizer vocab size
