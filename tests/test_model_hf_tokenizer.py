@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import sentencepiece as spm
+from conftest import real_python_files, real_text_docs
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
-from conftest import real_python_files, real_text_docs
 from lemur.model import hf_tokenizer
 from lemur.model.hf_tokenizer import IM_END, IM_START, HFTokenizerError, write_hf_tokenizer
 
@@ -49,7 +49,9 @@ def with_chatml(model: Path, out: Path) -> Path:
     proto = model_pb2.ModelProto()
     proto.ParseFromString(model.read_bytes())
     for piece in (IM_START, IM_END):
-        proto.pieces.add(piece=piece, score=0.0, type=model_pb2.ModelProto.SentencePiece.USER_DEFINED)
+        proto.pieces.add(
+            piece=piece, score=0.0, type=model_pb2.ModelProto.SentencePiece.USER_DEFINED
+        )
     out.write_bytes(proto.SerializeToString())
     return out
 
@@ -88,7 +90,11 @@ def test_files_and_config(exported: Path, chat_model: Path) -> None:
     assert config["added_tokens_decoder"][str(end)]["content"] == IM_END
     assert config["added_tokens_decoder"][str(end)]["special"] is True
     assert config["added_tokens_decoder"][str(sp.piece_to_id("\n"))]["special"] is False
-    assert (config["add_bos_token"], config["add_eos_token"], config["model_max_length"]) == (True, False, 4096)
+    assert (config["add_bos_token"], config["add_eos_token"], config["model_max_length"]) == (
+        True,
+        False,
+        4096,
+    )
     tok = load(exported)
     assert type(tok).__name__.startswith("LlamaTokenizer")
     assert (tok.bos_token_id, tok.eos_token_id, tok.unk_token_id) == (1, 2, 0)
@@ -102,9 +108,14 @@ def test_chat_template_gives_the_build_ids(exported: Path, chat_model: Path) -> 
     # A whole conversation is one shard document: <s> ChatML </s>.
     whole = ids_of(tok.apply_chat_template(MESSAGES, tokenize=True))
     assert whole == [sp.bos_id()] + sp.encode(render_chatml(MESSAGES)) + [sp.eos_id()]
-    assert tok.apply_chat_template(MESSAGES, tokenize=False) == "<s>" + render_chatml(MESSAGES) + "</s>"
+    assert (
+        tok.apply_chat_template(MESSAGES, tokenize=False)
+        == "<s>" + render_chatml(MESSAGES) + "</s>"
+    )
     # The prompt a chat model answers: the turns so far, then an open assistant header.
-    prompt = ids_of(tok.apply_chat_template(MESSAGES[:-1], tokenize=True, add_generation_prompt=True))
+    prompt = ids_of(
+        tok.apply_chat_template(MESSAGES[:-1], tokenize=True, add_generation_prompt=True)
+    )
     expected = sp.encode(render_chatml(MESSAGES[:-1]) + f"{IM_START}assistant\n")
     assert prompt == [sp.bos_id()] + expected
     assert sp.piece_to_id(IM_START) in prompt and sp.piece_to_id(IM_END) in prompt
@@ -188,6 +199,8 @@ def test_refuses_models_it_cannot_mirror(tmp_path: Path, tokenizer_model: Path) 
     proto.ParseFromString(tokenizer_model.read_bytes())
     proto.trainer_spec.model_type = model_pb2.TrainerSpec.UNIGRAM
     (tmp_path / "uni.model").write_bytes(proto.SerializeToString())
-    with pytest.raises(HFTokenizerError, match="uni.model: cannot export to Hugging Face: not a BPE"):
+    with pytest.raises(
+        HFTokenizerError, match="uni.model: cannot export to Hugging Face: not a BPE"
+    ):
         write_hf_tokenizer(tmp_path / "uni.model", tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -135,6 +135,23 @@ def _metaspace(proto: model_pb2.ModelProto) -> dict[str, Any]:
     return {"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": False}
 
 
+def _bos_template(bos: str, bos_id: int) -> dict[str, Any]:
+    """The post-processor: `<s>` before each sequence (and before the second of a pair)."""
+
+    def part(sequence: str, type_id: int) -> list[dict[str, Any]]:
+        return [
+            {"SpecialToken": {"id": bos, "type_id": type_id}},
+            {"Sequence": {"id": sequence, "type_id": type_id}},
+        ]
+
+    return {
+        "type": "TemplateProcessing",
+        "single": part("A", 0),
+        "pair": part("A", 0) + part("B", 1),
+        "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
+    }
+
+
 def tokenizer_json(proto: model_pb2.ModelProto) -> dict[str, Any]:
     """The `tokenizers` serialization (tokenizer.json) that encodes as the model does."""
     bos = _special(proto, proto.trainer_spec.bos_id)
@@ -145,9 +162,6 @@ def tokenizer_json(proto: model_pb2.ModelProto) -> dict[str, Any]:
     ]
     if proto.normalizer_spec.add_dummy_prefix:
         decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
-    single = [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]
-    pair = single + [{"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}]
-    bos_id = proto.trainer_spec.bos_id
     return {
         "version": "1.0",
         "truncation": None,
@@ -157,12 +171,7 @@ def tokenizer_json(proto: model_pb2.ModelProto) -> dict[str, Any]:
         ],
         "normalizer": None,
         "pre_tokenizer": _metaspace(proto),
-        "post_processor": {
-            "type": "TemplateProcessing",
-            "single": single,
-            "pair": pair,
-            "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
-        },
+        "post_processor": _bos_template(bos, proto.trainer_spec.bos_id),
         "decoder": {"type": "Sequence", "decoders": decoders},
         "model": {
             "type": "BPE",
