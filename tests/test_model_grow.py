@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 
 from lemur.model import llama
+from lemur.model.config import LlamaConfig, config_from_preset
 from lemur.model.grow import grow_vocab
 
 ADDED = 2  # the two ChatML markers
 
 
-def tiny(tie: bool) -> llama.LlamaConfig:
+def tiny(tie: bool) -> LlamaConfig:
     """The fp32 tiny preset, tied or untied."""
-    return llama.config_from_preset("tiny", tie_embeddings=tie)
+    return config_from_preset("tiny", tie_embeddings=tie)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
