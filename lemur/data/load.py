@@ -158,6 +158,10 @@ def _validate_sizes(recipe: Recipe) -> None:
     dd = recipe.dedup
     if dd.ngram < 1 or dd.bands < 1 or dd.rows < 1:
         raise RecipeError("recipe: dedup.ngram, dedup.bands and dedup.rows must be >= 1")
+    if dd.bucket_tasks is not None and dd.bucket_tasks < 1:
+        raise RecipeError(f"recipe: dedup.bucket_tasks must be >= 1, got {dd.bucket_tasks}")
+    if not dd.merge_buffer_mb > 0:
+        raise RecipeError(f"recipe: dedup.merge_buffer_mb must be > 0, got {dd.merge_buffer_mb}")
     if not 0 < dd.min_similarity <= 1:
         raise RecipeError(
             f"recipe: dedup.min_similarity must be in (0, 1], got {dd.min_similarity}"

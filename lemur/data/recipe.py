@@ -50,6 +50,11 @@ class DedupConfig:
     min_similarity: float = 0.75
     seed: int = 42
     write_duplicates: bool = False
+    # Bucket tasks of the near-dup stage: each band's keys are split into
+    # ceil(bucket_tasks / bands) key ranges (None: one task per band).
+    bucket_tasks: int | None = None
+    # Memory a bucket task's k-way merge and verification buffers may use.
+    merge_buffer_mb: float = 64
 
     @property
     def num_perm(self) -> int:
