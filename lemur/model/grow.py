@@ -18,7 +18,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from lemur.model.llama import LlamaConfig, Params
+from lemur.model.config import LlamaConfig, Params
 
 
 def _mean_extended(table: Any, axis: int, added: int) -> Any:
