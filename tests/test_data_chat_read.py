@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+import zstandard
 
 from lemur.data.chat_demo import conversations, write_chat_demo
 from lemur.data.load import load_recipe, recipe_from_dict
@@ -128,12 +129,16 @@ def drops(stats: dict[str, int]) -> dict[str, int]:
 
 
 def write_rows(path: Path, rows: list, kind: str = "jsonl") -> Path:
-    """Rows as JSON lines (plain or gzip; a str row is written as is) or as parquet."""
+    """Rows as JSON lines (plain, gzip or zstd; a str row is written as is) or as parquet."""
     if kind == "parquet":
         pq.write_table(pa.Table.from_pylist(rows), path)
         return path
     data = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
-    path.write_bytes(gzip.compress(data) if kind == "gz" else data)
+    if kind == "gz":
+        data = gzip.compress(data)
+    elif kind == "zst":
+        data = zstandard.ZstdCompressor().compress(data)
+    path.write_bytes(data)
     return path
 
 
@@ -246,7 +251,9 @@ def test_messages_jsonl_bad_rows_dropped_by_reason_neighbours_kept(tmp_path):
     assert stats["read:c"] == len(docs) + sum(drops(stats).values()) == 8
 
 
-@pytest.mark.parametrize("kind, name", [("gz", "m.jsonl.gz"), ("parquet", "m.parquet")])
+@pytest.mark.parametrize(
+    "kind, name", [("gz", "m.jsonl.gz"), ("zst", "m.jsonl.zst"), ("parquet", "m.parquet")]
+)
 def test_messages_gzip_and_parquet_read_the_same(tmp_path, kind, name):
     write_rows(tmp_path / name, [r for r, _ in MESSAGES_ROWS], kind)
     docs, stats, errors = read_chat(tmp_path, schema="messages", paths=[str(tmp_path / name)])
@@ -385,8 +392,9 @@ def test_oasst1_file(tmp_path, kind, name):
 def test_chat_file_errors_are_logged_like_jsonl(tmp_path):
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
     (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(b'{"messages": []}\n' * 50)[:-12])
+    write_rows(tmp_path / "other.parquet", [{"text": "not a chat"}] * 3, "parquet")
     docs, stats, errors = read_chat(tmp_path, schema="messages", paths=[str(tmp_path)])
-    assert not docs and drops(stats) == {NO_TURNS: stats["read:c"]}
+    assert not docs and drops(stats) == {NO_TURNS: stats["read:c"] - 3, MISSING_FIELD: 3}
     assert sorted((Path(e["file"]).name, e["kind"]) for e in errors) == [
         ("bad.parquet", "corrupt_file"),
         ("cut.jsonl.gz", "corrupt_file"),

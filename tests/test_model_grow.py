@@ -9,16 +9,16 @@ import jax
 import numpy as np
 import pytest
 
-from lemur.model import config as model_config
 from lemur.model import llama
+from lemur.model.config import LlamaConfig, config_from_preset
 from lemur.model.grow import grow_vocab
 
 ADDED = 2  # the two ChatML markers
 
 
-def tiny(tie: bool) -> model_config.LlamaConfig:
+def tiny(tie: bool) -> LlamaConfig:
     """The fp32 tiny preset, tied or untied."""
-    return model_config.config_from_preset("tiny", tie_embeddings=tie)
+    return config_from_preset("tiny", tie_embeddings=tie)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

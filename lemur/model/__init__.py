@@ -8,6 +8,8 @@
 | `sharding` | the mesh axes and the one partition table of params and activations |
 | `hf` | HF names and layouts, configs, safetensors reading and writing |
 | `checkpoint` | a lemur model checkpoint: `config.json` + orbax `params/` |
+| `grow` | `grow_vocab`: new embedding rows / head columns for appended pieces (ChatML) |
+| `hf_tokenizer` | `write_hf_tokenizer`: HF tokenizer files (chat template) of a SP model |
 | `convert` | the `lemur-convert` command: HF safetensors <-> lemur checkpoint |
 
 The names below are importable from `lemur.model` directly; each loads its module on first
@@ -40,5 +42,8 @@ _EXPORTS = {
     "config_to_hf": "hf",
     "save_params": "checkpoint",
     "load_params": "checkpoint",
+    "grow_vocab": "grow",
+    "write_hf_tokenizer": "hf_tokenizer",
+    "HFTokenizerError": "hf_tokenizer",
 }
 __getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

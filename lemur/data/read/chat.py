@@ -1,6 +1,7 @@
 """Chat data: the ChatML renderer with loss spans, and the dataset schemas normalized to it.
 
-Every chat schema becomes a list of `{"role": "system|user|assistant", "content": str}`
+Every chat schema (a conversation per row: `ROW_SCHEMAS`; oasst1's message trees:
+`oasst1_messages`) becomes a list of `{"role": "system|user|assistant", "content": str}`
 messages, checked by `check_messages`, and is rendered by `render_chatml` as
 `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message. The loss is taken on each
 assistant message's content and its `<|im_end|>` (not on the role header, not on the
