@@ -13,6 +13,8 @@ import yaml
 from lemur import typed_yaml
 from lemur.data.recipe import (
     BUILTIN_BENCHMARKS,
+    CHAT_DOMAIN,
+    CHAT_SCHEMAS,
     EXECUTORS,
     FORMATS,
     PII_KINDS,
@@ -113,12 +115,29 @@ def _validate_sources(recipe: Recipe, check_paths: bool) -> None:
             raise RecipeError(
                 f"recipe: {key}.format {s.format!r} is not one of {', '.join(FORMATS)}"
             )
+        _validate_schema(s, key)
         if not s.paths:
             raise RecipeError(f"recipe: {key}.paths is empty")
         if s.max_file_bytes <= 0:
             raise RecipeError(f"recipe: {key}.max_file_bytes must be > 0")
         if check_paths:
             expand_paths(s)
+
+
+def _validate_schema(s: SourceConfig, key: str) -> None:
+    """`format: chat` names one of the chat schemas; no other format takes a schema."""
+    if s.format != "chat":
+        if s.schema is not None:
+            raise RecipeError(f"recipe: {key}.schema is only for format chat, not {s.format!r}")
+        return
+    if s.schema is None:
+        raise RecipeError(
+            f"recipe: {key}.schema is required for format chat: one of {', '.join(CHAT_SCHEMAS)}"
+        )
+    if s.schema not in CHAT_SCHEMAS:
+        raise RecipeError(
+            f"recipe: {key}.schema {s.schema!r} is not one of {', '.join(CHAT_SCHEMAS)}"
+        )
 
 
 def _validate_mix(recipe: Recipe) -> None:
@@ -244,6 +263,8 @@ def _apply_presets(raw: dict[str, Any]) -> dict[str, Any]:
                     f"{', '.join(SOURCE_PRESETS)}"
                 )
             src = {**preset, **src}
+        if isinstance(src, dict) and src.get("format") == "chat" and "domain" not in src:
+            src = {**src, "domain": CHAT_DOMAIN}
         out.append(src)
     return {**raw, "sources": out}
 
