@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -187,3 +190,16 @@ def test_task_file_and_truncation(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"prompt": "x"}) + "\n")
     with pytest.raises(ValueError, match="test, entry_point"):
         he.load_tasks(bad)
+
+
+@needs["filesystem"]
+def test_an_interpreter_under_tmp_keeps_the_private_filesystem(tmp_path: Path) -> None:
+    """A venv under /tmp (CI clones live there) survives the scratch tmpfs laid over /tmp."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    show = "from lemur.eval import sandbox; i = sandbox.probe(); print(i.filesystem, i.own_uid)"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", show], env=env, capture_output=True, text=True
+    )
+    assert out.stdout.split() == ["True", str(isolation.own_uid)], out.stderr[-500:]

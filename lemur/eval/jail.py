@@ -120,18 +120,34 @@ def expose(paths: list[str]) -> None:
         set_readonly(closed, True, recursive=False)
 
 
-def private_filesystem(workdir: str, scratch_bytes: int, exposed: list[str]) -> None:
-    """Read-only view of every mount, fresh scratch tmpfs, the working directory writable."""
+def private_filesystem(
+    workdir: str, scratch_bytes: int, interpreter: list[str], to_others: bool
+) -> None:
+    """Read-only view of every mount, fresh scratch tmpfs, the working directory writable.
+
+    `interpreter` (its prefixes) stays reachable; `to_others`: also by another uid.
+    """
     fd = os.open(workdir, os.O_PATH | os.O_DIRECTORY)  # reachable after /tmp is covered
+    scratch = [p for p in SCRATCH if os.path.isdir(p) and not os.path.islink(p)]
+    # An interpreter prefix inside a scratch directory (a venv in a CI clone under /tmp)
+    # would vanish under the fresh tmpfs: hold it open now and bind it back read-only.
+    held = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in interpreter if _inside(p, scratch)]
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates to the host
     set_readonly("/", True, recursive=True)
-    for path in SCRATCH:
-        if os.path.isdir(path) and not os.path.islink(path):
-            opts = f"size={scratch_bytes},mode=1777"
-            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, opts)
-    expose(exposed)
+    for path in scratch:
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={scratch_bytes},mode=1777")
+    for path, held_fd in held:
+        bind(held_fd, path, readonly=True)
+        os.close(held_fd)
+    if to_others:
+        expose([p for p in interpreter if not _inside(p, scratch)])
     bind(fd, workdir, readonly=False)
     os.close(fd)
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    """Whether `path` is one of `roots` or below one of them."""
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 def map_ids(uid: int, gid: int) -> None:
@@ -174,7 +190,8 @@ def enter(spec: dict) -> None:
         map_ids(uid, gid)
     if spec.get("mountns"):
         scratch = spec.get("scratch_bytes", 64 << 20)
-        private_filesystem(spec["workdir"], scratch, spec.get("expose", []))
+        interpreter = spec.get("interpreter", [])
+        private_filesystem(spec["workdir"], scratch, interpreter, bool(spec.get("expose")))
     if spec.get("uid") is not None:
         drop_privileges(spec["uid"])
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl no_new_privs")

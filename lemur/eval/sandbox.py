@@ -260,7 +260,10 @@ def _spec(
         "cgroup": str(cgroup) if cgroup else None,
         "netns": isolation.network,
         "mountns": isolation.filesystem,
-        "expose": interpreter_paths() if uid is not None else [],
+        # The interpreter's prefixes: kept visible under the scratch tmpfs, and opened to
+        # the unprivileged uid when there is one.
+        "interpreter": interpreter_paths(),
+        "expose": uid is not None,
         "scratch_bytes": limits.scratch_bytes,
         "limits": rlimits,
     }

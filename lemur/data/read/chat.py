@@ -1,0 +1,158 @@
+"""Chat data: the ChatML renderer with loss spans, and the dataset schemas normalized to it.
+
+Every chat schema becomes a list of `{"role": "system|user|assistant", "content": str}`
+messages, checked by `check_messages`, and is rendered by `render_chatml` as
+`<|im_start|>{role}\\n{content}<|im_end|>\\n` per message. The loss is taken on each
+assistant message's content and its `<|im_end|>` (not on the role header, not on the
+newline after the marker); the tokenizer maps character spans to token masks.
+This module has no I/O: `chat_reader` reads the files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+ROLES = ("system", "user", "assistant")
+
+Message = dict[str, str]
+
+
+class ChatDrop(ValueError):
+    """A conversation that cannot be trained on; `reason` is its drop reason (a stat label)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(detail or reason)
+        self.reason = reason
+
+
+# Drop reasons, counted as `dropped:<source>:chat:<reason>` (read = kept + dropped).
+MISSING_FIELD = "chat:missing_field"
+UNKNOWN_ROLE = "chat:unknown_role"
+NOT_ALTERNATING = "chat:not_alternating"
+EMPTY_ASSISTANT = "chat:empty_assistant"
+ENDS_ON_USER = "chat:ends_on_user"
+NO_TURNS = "chat:no_turns"
+MARKER_IN_CONTENT = "chat:marker_in_content"
+
+
+def render_chatml(messages: list[Message]) -> tuple[str, list[list[int]], list[int]]:
+    """ChatML text, the `[start, end)` loss spans of assistant replies, and each turn's end.
+
+    A loss span starts right after `<|im_start|>assistant\\n` and ends right after the
+    reply's `<|im_end|>`; a turn ends after its trailing newline (offsets are str indices).
+    """
+    parts: list[str] = []
+    spans: list[list[int]] = []
+    ends: list[int] = []
+    at = 0
+    for m in messages:
+        header = f"{IM_START}{m['role']}\n"
+        body = f"{m['content']}{IM_END}"
+        if m["role"] == "assistant":
+            spans.append([at + len(header), at + len(header) + len(body)])
+        parts += (header, body, "\n")
+        at += len(header) + len(body) + 1
+        ends.append(at)
+    return "".join(parts), spans, ends
+
+
+def check_messages(messages: list[Message]) -> list[Message]:
+    """`messages` if they can be trained on, else `ChatDrop` with the reason.
+
+    Accepted: an optional single leading system message, then user and assistant turns
+    alternating, starting with the user and ending with a non-empty assistant reply.
+    Content holding a ChatML marker is refused: it would forge turns once tokenized.
+    """
+    turns = messages[1:] if messages and messages[0]["role"] == "system" else messages
+    if not turns:
+        raise ChatDrop(NO_TURNS)
+    for m in messages:
+        if m["role"] not in ROLES:
+            raise ChatDrop(UNKNOWN_ROLE, f"role {m['role']!r}")
+        if IM_START in m["content"] or IM_END in m["content"]:
+            raise ChatDrop(MARKER_IN_CONTENT)
+    for i, m in enumerate(turns):
+        if m["role"] != ("user" if i % 2 == 0 else "assistant"):
+            raise ChatDrop(NOT_ALTERNATING, f"turn {i} is {m['role']!r}")
+        if m["role"] == "assistant" and not m["content"].strip():
+            raise ChatDrop(EMPTY_ASSISTANT)
+    if turns[-1]["role"] != "assistant":
+        raise ChatDrop(ENDS_ON_USER)
+    return messages
+
+
+def _field(row: dict[str, Any], key: str, optional: bool = False) -> str:
+    """A string field of a row; missing (None) is '' when optional, else a drop."""
+    value = row.get(key)
+    if value is None and optional:
+        return ""
+    if not isinstance(value, str):
+        raise ChatDrop(MISSING_FIELD, f"no string field {key!r}")
+    return value
+
+
+def _list(row: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    value = row.get(key)
+    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
+        raise ChatDrop(MISSING_FIELD, f"no list of objects {key!r}")
+    return value
+
+
+def from_messages(row: dict[str, Any]) -> list[Message]:
+    """`{"messages": [{"role", "content"}]}` (OpenAI / Hugging Face chat format)."""
+    return [
+        {"role": _field(m, "role"), "content": _field(m, "content")} for m in _list(row, "messages")
+    ]
+
+
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
+
+
+def from_sharegpt(row: dict[str, Any]) -> list[Message]:
+    """ShareGPT: `{"conversations": [{"from": "human|gpt|system", "value"}]}`."""
+    out = []
+    for m in _list(row, "conversations"):
+        speaker = _field(m, "from")
+        if speaker not in SHAREGPT_ROLES:
+            raise ChatDrop(UNKNOWN_ROLE, f"'from' {speaker!r}")
+        out.append({"role": SHAREGPT_ROLES[speaker], "content": _field(m, "value")})
+    return out
+
+
+def from_openorca(row: dict[str, Any]) -> list[Message]:
+    """OpenOrca: `system_prompt` (may be empty: no system message), `question`, `response`."""
+    system = _field(row, "system_prompt", optional=True)
+    head = [{"role": "system", "content": system}] if system.strip() else []
+    return head + [
+        {"role": "user", "content": _field(row, "question")},
+        {"role": "assistant", "content": _field(row, "response")},
+    ]
+
+
+def from_alpaca(row: dict[str, Any]) -> list[Message]:
+    """Alpaca / Evol-CodeAlpaca: `instruction`, optional `input` (appended), `output`."""
+    prompt = _field(row, "instruction")
+    extra = _field(row, "input", optional=True)
+    if extra.strip():
+        prompt = f"{prompt}\n\n{extra}"
+    return [
+        {"role": "user", "content": prompt},
+        {"role": "assistant", "content": _field(row, "output")},
+    ]
+
+
+# Schemas whose rows are whole conversations; `oasst1` (a message table) is in `oasst`.
+ROW_SCHEMAS: dict[str, Callable[[dict[str, Any]], list[Message]]] = {
+    "messages": from_messages,
+    "sharegpt": from_sharegpt,
+    "openorca": from_openorca,
+    "alpaca": from_alpaca,
+}
+
+
+def normalize_row(schema: str, row: dict[str, Any]) -> list[Message]:
+    """The checked messages of one row of a row schema, or `ChatDrop`."""
+    return check_messages(ROW_SCHEMAS[schema](row))
