@@ -20,17 +20,17 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
 from lemur.data.counts import dropped_label, truncated_label
+from lemur.data.read.chat import IM_END, IM_START
 from lemur.data.tokenize.tokenizer import load_tokenizer
 
-IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 CHAT_PIECES = (IM_START, IM_END)
 # Where ChatEncoder leaves a document's ids and mask for TokenizeWriter (never serialized).
 TOKENS_KEY, MASK_KEY = "lemur_chat_ids", "lemur_chat_mask"
 LONG_POLICIES = ("truncate", "drop")
-# Drop reasons (counts.dropped) of the chat stage.
-TOO_LONG = "chat_too_long"  # over seq_len, and no cut at a turn boundary fits (or `drop`)
-NO_LOSS = "chat_no_loss_tokens"  # nothing to train on (no assistant turn)
-BAD_SPANS = "chat_bad_spans"  # loss spans or turn ends outside the text or out of order
+# Drop reasons (counts.dropped) of the chat stage, named like the chat reader's.
+TOO_LONG = "chat:too_long"  # over seq_len, and no cut at a turn boundary fits (or `drop`)
+NO_LOSS = "chat:no_loss_tokens"  # no token lies wholly inside a loss span
+BAD_SPANS = "chat:bad_spans"  # loss spans or turn ends outside the text or out of order
 
 
 def loss_mask(offsets: np.ndarray, n_chars: int, spans: Sequence[Sequence[int]]) -> np.ndarray:
@@ -94,7 +94,7 @@ def _spans_ok(spans: Any, turn_ends: Any, n: int) -> bool:
         return False
     return (
         pairs_ok
-        and all(0 < a < b for a, b in zip([0, *ends], ends, strict=False))
+        and all(a < b for a, b in zip([0, *ends], ends, strict=False))
         and (not ends or ends[-1] <= n)
     )
 

@@ -79,7 +79,12 @@ def _model_proto(sp: spm.SentencePieceProcessor) -> tuple[Any, int]:
     """The parsed ModelProto of a loaded model, and the enum value of USER_DEFINED pieces."""
     # sentencepiece's Python API cannot list piece types or add pieces; its own generated
     # schema module (which needs protobuf) reads and edits the model.
-    from sentencepiece import sentencepiece_model_pb2 as pb
+    try:
+        from sentencepiece import sentencepiece_model_pb2 as pb
+    except Exception as e:  # noqa: BLE001 - protobuf missing, or older than the schema (VersionError)
+        raise TokenizerError(
+            f"cannot read SentencePiece model pieces: {e} (try: pip install -U protobuf)"
+        ) from None
 
     model = pb.ModelProto()
     model.ParseFromString(sp.serialized_model_proto())
