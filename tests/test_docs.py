@@ -3,9 +3,9 @@
 - ```python blocks run, in order per file, in a directory where `out/demo`, `out/corpus`,
   `out/code` and `out/text` are a real (small) shard directory;
 - ```json blocks parse; ```yaml blocks that are recipe fragments validate as a recipe;
-- every `lemur-data ...` / `lemur-train ...` command line in a shell block parses with the
-  real argument parser, names a shipped config or an existing file where it names one, and
-  every `python tools/X.py` names an existing tool.
+- every `lemur-data ...` / `lemur-train ...` / `lemur-convert ...` command line in a shell
+  block parses with the real argument parser, names a shipped config or an existing file
+  where it names one, and every `python tools/X.py` names an existing tool.
 
 A block that is deliberately not runnable (output, a layout, a sketch) uses a plain ```
 fence, or is preceded by `<!-- docs-test: skip REASON -->`.
@@ -48,7 +48,7 @@ def shell_commands() -> list[tuple[str, int, list[str]]]:
                 cmd = cmd.split("  #")[0].split(" # ")[0].strip()
                 for prefix in (".venv/bin/", "$(BIN)/"):
                     cmd = cmd.removeprefix(prefix)
-                if re.match(r"(lemur-(data|train)|python3? tools/\S+)(\s|$)", cmd):
+                if re.match(r"(lemur-(data|train|convert)|python3? tools/\S+)(\s|$)", cmd):
                     out.append((where, line, shlex.split(cmd)))
     return out
 
@@ -112,6 +112,11 @@ def test_shell_commands_parse(where: str, line: int, argv: list[str]) -> None:
         args = parser().parse_args(argv[1:])
         recipe = getattr(args, "recipe", None)
         assert recipe is None or (ROOT / recipe).is_file(), f"{where}:{line}: {recipe}"
+        return
+    if argv[0] == "lemur-convert":
+        from lemur.model.convert import parser as convert_parser
+
+        convert_parser().parse_args(argv[1:])
         return
     from lemur.train.cli import plot_parser, train_parser
     from lemur.train.config import shipped_configs

@@ -17,6 +17,7 @@ from conftest import real_python_files, real_text_docs
 
 from lemur.eval import bpb
 from lemur.model import llama
+from lemur.model.config import LlamaConfig, Params
 from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
 
 SEQ = 32
@@ -113,8 +114,8 @@ def _write_shards(root: Path, tokenizer: Path, docs: dict[str, list[str]]) -> Pa
 
 
 @functools.cache
-def _model(vocab: int) -> tuple[llama.LlamaConfig, llama.Params]:
-    config = llama.LlamaConfig(
+def _model(vocab: int) -> tuple[LlamaConfig, Params]:
+    config = LlamaConfig(
         vocab_size=vocab,
         d_model=32,
         n_layers=2,
@@ -133,7 +134,7 @@ def _model(vocab: int) -> tuple[llama.LlamaConfig, llama.Params]:
 _forward = jax.jit(llama.forward, static_argnames="config")
 
 
-def _nll(params: llama.Params, config: llama.LlamaConfig, ids: np.ndarray) -> np.ndarray:
+def _nll(params: Params, config: LlamaConfig, ids: np.ndarray) -> np.ndarray:
     """NLL of ids[1:] given the prefix, by the plain forward and a numpy log-softmax.
 
     Right-padded to SEQ inputs (a causal model's real positions do not see the padding),
@@ -148,8 +149,8 @@ def _nll(params: llama.Params, config: llama.LlamaConfig, ids: np.ndarray) -> np
 
 
 def _hand(
-    params: llama.Params,
-    config: llama.LlamaConfig,
+    params: Params,
+    config: LlamaConfig,
     sp: spm.SentencePieceProcessor,
     texts: list[str],
     document_attention: bool,

@@ -15,13 +15,15 @@ import pytest  # noqa: E402
 
 from lemur.eval import generate as gen_lib  # noqa: E402
 from lemur.eval.load import SentencePieceTokenizer, load_model  # noqa: E402
+from lemur.eval.sampling import Sampling, sample  # noqa: E402
 from lemur.model import hf, llama  # noqa: E402
+from lemur.model.config import LlamaConfig, Params, param_shapes
 
 VOCAB = 256
 GREEDY = gen_lib.GenerationConfig(max_new_tokens=48, batch_size=8)
 
 
-def random_params(config: llama.LlamaConfig, seed: int) -> llama.Params:
+def random_params(config: LlamaConfig, seed: int) -> Params:
     """Numpy params: N(0, init_std) matrices and norms of 1 +- 0.2, so logits spread out
     (numpy instead of init_params: nothing to compile)."""
     rng = np.random.default_rng(seed)
@@ -32,14 +34,14 @@ def random_params(config: llama.LlamaConfig, seed: int) -> llama.Params:
         return (config.init_std * rng.standard_normal(shape)).astype(np.float32)
 
     return jax.tree_util.tree_map_with_path(
-        leaf, llama.param_shapes(config), is_leaf=lambda x: isinstance(x, tuple)
+        leaf, param_shapes(config), is_leaf=lambda x: isinstance(x, tuple)
     )
 
 
 @functools.cache
-def _model(vocab: int = VOCAB) -> tuple[llama.LlamaConfig, llama.Params]:
+def _model(vocab: int = VOCAB) -> tuple[LlamaConfig, Params]:
     """A random GQA Llama: 4 query heads sharing 2 kv heads."""
-    config = llama.LlamaConfig(
+    config = LlamaConfig(
         vocab_size=vocab,
         d_model=64,
         n_layers=2,
@@ -126,7 +128,7 @@ def test_one_compilation_per_bucket() -> None:
 def test_sampling_is_seeded_and_respects_top_k() -> None:
     config, params = _model()
     sampled = dataclasses.replace(
-        GREEDY, max_new_tokens=24, sampling=gen_lib.Sampling(temperature=1.0, top_k=5), seed=3
+        GREEDY, max_new_tokens=24, sampling=Sampling(temperature=1.0, top_k=5), seed=3
     )
     a = gen_lib.generate_ids(params, config, _prompts(), sampled, eos_id=None)
     b = gen_lib.generate_ids(params, config, _prompts(), sampled, eos_id=None)
@@ -145,9 +147,9 @@ def test_sampling_is_seeded_and_respects_top_k() -> None:
 def test_sample_top_p_keeps_the_smallest_set_reaching_p() -> None:
     logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], np.float32))
     keys = jax.random.split(jax.random.key(0), 400)
-    draw = jax.vmap(lambda k: gen_lib.sample(logits, k, gen_lib.Sampling(1.0, 0, 0.7)))(keys)
+    draw = jax.vmap(lambda k: sample(logits, k, Sampling(1.0, 0, 0.7)))(keys)
     assert set(np.asarray(draw).ravel().tolist()) == {0, 1}  # 0.5 < 0.7 <= 0.5 + 0.3
-    greedy = gen_lib.sample(logits, keys[0], gen_lib.Sampling())
+    greedy = sample(logits, keys[0], Sampling())
     assert np.asarray(greedy).tolist() == [0]
 
 

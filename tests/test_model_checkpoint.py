@@ -9,17 +9,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lemur.model import checkpoint, llama
+from lemur.model import checkpoint
+from lemur.model.config import Params, config_from_preset, param_shapes
 
-CONFIG = llama.config_from_preset("tiny", n_layers=1, remat="dots")
+CONFIG = config_from_preset("tiny", n_layers=1, remat="dots")
 
 
-def _params(seed: int = 0) -> llama.Params:
+def _params(seed: int = 0) -> Params:
     """Random numpy params of CONFIG's shapes."""
     rng = np.random.default_rng(seed)
     return jax.tree.map(
         lambda s: rng.standard_normal(s).astype(np.float32),
-        llama.param_shapes(CONFIG),
+        param_shapes(CONFIG),
         is_leaf=lambda x: isinstance(x, tuple),
     )
 
@@ -35,7 +36,7 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
         assert isinstance(a, np.ndarray)
         np.testing.assert_array_equal(a, b)
     abstract = checkpoint.abstract_params(tmp_path / "ckpt")
-    assert jax.tree.map(lambda x: x.shape, abstract) == llama.param_shapes(CONFIG)
+    assert jax.tree.map(lambda x: x.shape, abstract) == param_shapes(CONFIG)
 
 
 def test_jax_arrays_restore_to_host_or_to_a_target(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from lemur.model import decode, llama
+from lemur.model.config import LlamaConfig, Params
 
 TOL = 1e-4  # as the model parity tests (tests/test_model_hf.py)
 VOCAB = 128
@@ -31,8 +32,8 @@ VARIANTS = {
 }
 
 
-def _config(**kw) -> llama.LlamaConfig:
-    return llama.LlamaConfig(
+def _config(**kw) -> LlamaConfig:
+    return LlamaConfig(
         vocab_size=VOCAB,
         d_model=64,
         n_layers=2,
@@ -45,7 +46,7 @@ def _config(**kw) -> llama.LlamaConfig:
 
 
 @functools.cache
-def _model(name: str) -> tuple[llama.LlamaConfig, llama.Params]:
+def _model(name: str) -> tuple[LlamaConfig, Params]:
     config = _config(**VARIANTS[name])
     # rbg keys compile the initialiser 2-3x faster on CPU (docs/model.md).
     init = jax.jit(llama.init_params, static_argnums=0)

@@ -22,6 +22,7 @@ import pytest  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 
 from lemur.model import checkpoint, hf, llama  # noqa: E402
+from lemur.model.config import LLAMA3_ROPE_FIELDS, PRESETS, LlamaConfig, Params, param_shapes
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -110,7 +111,7 @@ def _hf_logits(model: transformers.LlamaForCausalLM, tokens: np.ndarray) -> np.n
 
 
 @functools.partial(jax.jit, static_argnames="config")
-def _forward(params: llama.Params, tokens: jax.Array, config: llama.LlamaConfig) -> jax.Array:
+def _forward(params: Params, tokens: jax.Array, config: LlamaConfig) -> jax.Array:
     """Jitted lemur forward."""
     return llama.forward(params, tokens, config)
 
@@ -120,7 +121,7 @@ def _tokens(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, VOCAB, (2, SEQ))
 
 
-def _lemur_config(model: transformers.LlamaForCausalLM) -> llama.LlamaConfig:
+def _lemur_config(model: transformers.LlamaForCausalLM) -> LlamaConfig:
     """The lemur config of an HF model, computing in fp32 for parity."""
     return hf.config_from_hf(model.config.to_dict(), dtype="float32")
 
@@ -193,7 +194,7 @@ def test_convert_tool_round_trip(tmp_path: Path) -> None:
     params, config = checkpoint.load_params(tmp_path / "lemur")
     assert config == hf.config_from_hf(model.config.to_dict())
     assert all(isinstance(x, np.ndarray) and x.dtype == np.float32 for x in jax.tree.leaves(params))
-    assert jax.tree.map(np.shape, params) == llama.param_shapes(config)
+    assert jax.tree.map(np.shape, params) == param_shapes(config)
 
     # The converted model gives the same logits as transformers.
     fp32 = dataclasses.replace(config, dtype="float32")
@@ -267,14 +268,14 @@ def test_convert_tool_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     ],
 )
 def test_config_from_hf_refuses_other_architectures(change: dict, message: str) -> None:
-    base = hf.config_to_hf(llama.PRESETS["tiny"])
+    base = hf.config_to_hf(PRESETS["tiny"])
     with pytest.raises(ValueError, match=message):
         hf.config_from_hf({**base, **change})
 
 
 def test_config_round_trip_and_llama2_70b_hf_config() -> None:
     for name in ("tiny", "llama2-7b", "llama2-70b"):
-        config = llama.PRESETS[name]
+        config = PRESETS[name]
         back = hf.config_from_hf(hf.config_to_hf(config))
         assert back == dataclasses.replace(config, dtype="bfloat16")
     # meta-llama/Llama-2-70b-hf config.json (transformers 4.x style: rope_theta at top level).
@@ -294,14 +295,14 @@ def test_config_round_trip_and_llama2_70b_hf_config() -> None:
         "tie_word_embeddings": False,
         "torch_dtype": "float16",
     }
-    assert hf.config_from_hf(published) == llama.PRESETS["llama2-70b"]
+    assert hf.config_from_hf(published) == PRESETS["llama2-70b"]
     # transformers itself reads our config.json back to the same shapes.
-    ours = transformers.LlamaConfig(**hf.config_to_hf(llama.PRESETS["llama2-70b"]))
+    ours = transformers.LlamaConfig(**hf.config_to_hf(PRESETS["llama2-70b"]))
     assert (ours.num_key_value_heads, ours.intermediate_size, ours.head_dim) == (8, 28672, 128)
     assert ours.rope_parameters["rope_theta"] == 10000.0
 
 
-def _lemur_params(model: transformers.LlamaForCausalLM, config: llama.LlamaConfig) -> llama.Params:
+def _lemur_params(model: transformers.LlamaForCausalLM, config: LlamaConfig) -> Params:
     """lemur params from an HF model's state dict (which holds lm_head.weight even when tied)."""
     return hf.params_from_hf(_state_dict(model).__getitem__, config)
 
@@ -342,11 +343,9 @@ def test_llama3_inv_freq_matches_transformers_and_is_scaled(
     assert divided.sum() == len(ours) - 2 and not divided[1], ours / plain
 
 
-def _without_scaling(config: llama.LlamaConfig) -> llama.LlamaConfig:
+def _without_scaling(config: LlamaConfig) -> LlamaConfig:
     """The same config with plain theta^(-2i/K) rotary frequencies."""
-    return dataclasses.replace(
-        config, rope_type="default", **dict.fromkeys(llama.LLAMA3_ROPE_FIELDS)
-    )
+    return dataclasses.replace(config, rope_type="default", **dict.fromkeys(LLAMA3_ROPE_FIELDS))
 
 
 def test_llama3_rope_scaling_is_needed(llama3_model: transformers.LlamaForCausalLM) -> None:
@@ -390,7 +389,7 @@ def test_convert_tool_round_trip_tied_llama3(tmp_path: Path) -> None:
     assert tool.main(["to-lemur", str(src), str(tmp_path / "lemur")]) == 0
     params, config = checkpoint.load_params(tmp_path / "lemur")
     assert config.tie_embeddings and config.rope_type == "llama3" and "lm_head" not in params
-    assert jax.tree.map(np.shape, params) == llama.param_shapes(config)
+    assert jax.tree.map(np.shape, params) == param_shapes(config)
     tokens = _tokens(3)
     ours = np.asarray(
         _forward(params, jnp.asarray(tokens), dataclasses.replace(config, dtype="float32"))
@@ -433,10 +432,10 @@ def test_convert_tool_round_trip_tied_llama3(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("scaling", [None, {"rope_type": "default"}, {"type": "default"}])
 def test_default_rope_scaling_means_none(scaling: dict | None) -> None:
-    base = hf.config_to_hf(llama.PRESETS["llama2-7b"])
+    base = hf.config_to_hf(PRESETS["llama2-7b"])
     del base["rope_parameters"]  # a transformers 4.x config.json
     config = hf.config_from_hf({**base, "rope_scaling": scaling})
-    assert config == llama.PRESETS["llama2-7b"]
+    assert config == PRESETS["llama2-7b"]
 
 
 # config.json of meta-llama/Llama-3.2-1B and meta-llama/Llama-3.1-8B (transformers 4.x).
@@ -492,7 +491,7 @@ def test_published_llama3_configs_give_the_presets(name: str) -> None:
         "torch_dtype": "bfloat16",
         **LLAMA3_PUBLISHED[name],
     }
-    preset = llama.PRESETS[name]
+    preset = PRESETS[name]
     assert hf.config_from_hf(published) == preset
     ours = hf.config_to_hf(preset)
     assert ours["rope_scaling"] == published["rope_scaling"]

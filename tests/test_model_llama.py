@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 
 from lemur.model import llama
-from lemur.model.llama import LlamaConfig
+from lemur.model.config import (
+    PRESETS,
+    LlamaConfig,
+    Params,
+    config_from_preset,
+    flops_per_token,
+    param_count,
+    param_shapes,
+)
 
 # d_model 32 / 4 heads / 2 kv heads: GQA in the smallest shape that still means something.
 CONFIG = LlamaConfig(
@@ -37,10 +45,10 @@ LLAMA3_ROPE = dict(
 )
 
 
-def random_params(config: LlamaConfig, seed: int = 0) -> llama.Params:
+def random_params(config: LlamaConfig, seed: int = 0) -> Params:
     """Random params from numpy (no threefry compile: ~6 s on this CPU), norms not all 1."""
     rng = np.random.default_rng(seed)
-    shapes = llama.param_shapes(config)
+    shapes = param_shapes(config)
     return jax.tree_util.tree_map_with_path(
         lambda path, shape: jnp.asarray(
             (1.0 if "norm" in jax.tree_util.keystr(path) else 0.0)
@@ -53,7 +61,7 @@ def random_params(config: LlamaConfig, seed: int = 0) -> llama.Params:
 
 
 @pytest.fixture(scope="module")
-def params() -> llama.Params:
+def params() -> Params:
     """Random tiny params, large enough that every layer matters."""
     return random_params(CONFIG)
 
@@ -109,8 +117,8 @@ def test_config_is_frozen_and_hashable() -> None:
     ],
 )
 def test_preset_param_counts_match_published(name: str, count: int) -> None:
-    config = llama.PRESETS[name]
-    assert llama.param_count(config) == count
+    config = PRESETS[name]
+    assert param_count(config) == count
     # The count must be that of the tree init_params really builds (abstractly: no memory).
     abstract = jax.eval_shape(functools.partial(llama.init_params, config), jax.random.key(0))
     assert sum(int(np.prod(x.shape, dtype=np.int64)) for x in jax.tree.leaves(abstract)) == count
@@ -118,11 +126,11 @@ def test_preset_param_counts_match_published(name: str, count: int) -> None:
 
 
 def test_presets_shapes() -> None:
-    big = llama.PRESETS["llama2-70b"]
+    big = PRESETS["llama2-70b"]
     assert (big.n_kv_heads, big.d_ff, big.head_dim, big.n_layers) == (8, 28672, 128, 80)
-    assert llama.PRESETS["llama2-7b"].n_kv_heads == 32
-    assert 1.0e9 < llama.param_count(llama.PRESETS["llama-1b"]) < 1.2e9
-    assert set(llama.PRESETS) >= {
+    assert PRESETS["llama2-7b"].n_kv_heads == 32
+    assert 1.0e9 < param_count(PRESETS["llama-1b"]) < 1.2e9
+    assert set(PRESETS) >= {
         "llama2-7b",
         "llama2-13b",
         "llama2-70b",
@@ -131,37 +139,37 @@ def test_presets_shapes() -> None:
         "llama3.1-8b",
         "llama3.2-1b",
     }
-    small = llama.PRESETS["llama3.2-1b"]
+    small = PRESETS["llama3.2-1b"]
     assert (small.tie_embeddings, small.rope_type, small.rope_factor, small.head_dim) == (
         True,
         "llama3",
         32.0,
         64,
     )
-    assert "lm_head" not in llama.param_shapes(small)
+    assert "lm_head" not in param_shapes(small)
 
 
 def test_config_from_preset() -> None:
-    config = llama.config_from_preset("tiny", remat="dots", scan_layers=True)
+    config = config_from_preset("tiny", remat="dots", scan_layers=True)
     assert (config.remat, config.scan_layers, config.d_model) == ("dots", True, 64)
     with pytest.raises(KeyError, match="llama2-7b"):
-        llama.config_from_preset("llama9")
+        config_from_preset("llama9")
     with pytest.raises(ValueError):
-        llama.config_from_preset("tiny", n_kv_heads=3)
+        config_from_preset("tiny", n_kv_heads=3)
 
 
 def test_flops_per_token_maxtext_convention() -> None:
-    config = llama.PRESETS["llama2-7b"]
+    config = PRESETS["llama2-7b"]
     norms = config.n_layers * 2 * config.d_model + config.d_model
-    matmul_params = llama.param_count(config) - config.vocab_size * config.d_model - norms
+    matmul_params = param_count(config) - config.vocab_size * config.d_model - norms
     causal_attention = 4 * 4096 * config.d_model / 2 * config.n_layers  # 2 matmuls, halved
     expected = 6 * matmul_params + 3 * causal_attention
-    assert llama.flops_per_token(config, 4096) == pytest.approx(expected, rel=1e-12)
-    assert llama.flops_per_token(config, 4096) == pytest.approx(42.863689728e9)
+    assert flops_per_token(config, 4096) == pytest.approx(expected, rel=1e-12)
+    assert flops_per_token(config, 4096) == pytest.approx(42.863689728e9)
     # A tied head is still a D x V matmul: the FLOPs do not change, the params do.
     tied = dataclasses.replace(config, tie_embeddings=True)
-    assert llama.flops_per_token(tied, 4096) == llama.flops_per_token(config, 4096)
-    assert llama.param_count(config) - llama.param_count(tied) == config.d_model * 32000
+    assert flops_per_token(tied, 4096) == flops_per_token(config, 4096)
+    assert param_count(config) - param_count(tied) == config.d_model * 32000
 
 
 def test_init_params_tree() -> None:
@@ -169,8 +177,8 @@ def test_init_params_tree() -> None:
     key = jax.random.key(0, impl="rbg")
     params = jax.jit(llama.init_params, static_argnums=0)(CONFIG, key)
     shapes = jax.tree.map(lambda x: x.shape, params)
-    assert shapes == llama.param_shapes(CONFIG)
-    assert llama.param_count(CONFIG) == sum(x.size for x in jax.tree.leaves(params))
+    assert shapes == param_shapes(CONFIG)
+    assert param_count(CONFIG) == sum(x.size for x in jax.tree.leaves(params))
     np.testing.assert_array_equal(params["layers"]["attn_norm"], 1.0)
     np.testing.assert_array_equal(params["final_norm"], 1.0)
     for w in (params["embed"], params["layers"]["wq"], params["layers"]["w_down"]):
@@ -197,7 +205,7 @@ def test_rope_is_a_rotation_of_interleaved_pairs() -> None:
     )
 
 
-def test_forward_shapes_and_dtype(params: llama.Params) -> None:
+def test_forward_shapes_and_dtype(params: Params) -> None:
     tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % CONFIG.vocab_size
     logits = _forward(params, tokens, CONFIG)
     assert logits.shape == (2, 8, CONFIG.vocab_size) and logits.dtype == jnp.float32
@@ -205,7 +213,7 @@ def test_forward_shapes_and_dtype(params: llama.Params) -> None:
 
 
 @jax.jit
-def _jacobian_blocks(params: llama.Params, x: jax.Array, segment_ids=None) -> jax.Array:
+def _jacobian_blocks(params: Params, x: jax.Array, segment_ids=None) -> jax.Array:
     """|d logits[t] / d x[s]| summed over feature dims: an LxL dependency matrix."""
 
     def f(x_1xLxD: jax.Array) -> jax.Array:
@@ -216,7 +224,7 @@ def _jacobian_blocks(params: llama.Params, x: jax.Array, segment_ids=None) -> ja
     return jnp.abs(jac_LxLxD).sum(-1)
 
 
-def test_causality_via_gradients(params: llama.Params) -> None:
+def test_causality_via_gradients(params: Params) -> None:
     L = 8
     x = jnp.asarray(np.random.default_rng(2).standard_normal((1, L, CONFIG.d_model)), jnp.float32)
     dep = np.asarray(_jacobian_blocks(params, x))
@@ -225,7 +233,7 @@ def test_causality_via_gradients(params: llama.Params) -> None:
     assert (dep[~later] > 0).all(), "a position ignores an earlier one"
 
 
-def test_document_mask_blocks_gradients_across_documents(params: llama.Params) -> None:
+def test_document_mask_blocks_gradients_across_documents(params: Params) -> None:
     segment_ids = jnp.array([[1, 1, 1, 2, 2, 3, 3, 3]])
     x = jnp.asarray(np.random.default_rng(3).standard_normal((1, 8, CONFIG.d_model)), jnp.float32)
     dep = np.asarray(_jacobian_blocks(params, x, segment_ids))
@@ -234,7 +242,7 @@ def test_document_mask_blocks_gradients_across_documents(params: llama.Params) -
     assert (dep[~allowed] == 0).all() and (dep[allowed] > 0).all()
 
 
-def test_packed_documents_equal_each_document_alone(params: llama.Params) -> None:
+def test_packed_documents_equal_each_document_alone(params: Params) -> None:
     rng = np.random.default_rng(0)
     lengths = [5, 7, 4]
     L = sum(lengths)
@@ -270,10 +278,10 @@ def test_packed_documents_equal_each_document_alone(params: llama.Params) -> Non
     np.testing.assert_allclose(unmasked[0, :5], alone_logits[0, :5], atol=1e-5, rtol=1e-5)
 
 
-def _loss_and_grads(config: LlamaConfig, params: llama.Params, tokens: jax.Array):
+def _loss_and_grads(config: LlamaConfig, params: Params, tokens: jax.Array):
     """Mean next-token loss and its gradients (jitted per config)."""
 
-    def loss(p: llama.Params) -> jax.Array:
+    def loss(p: Params) -> jax.Array:
         logits = llama.forward(p, tokens[:, :-1], config)
         logp = jax.nn.log_softmax(logits)
         return -jnp.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
@@ -281,7 +289,7 @@ def _loss_and_grads(config: LlamaConfig, params: llama.Params, tokens: jax.Array
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
-def test_scan_and_remat_match_the_plain_loop(params: llama.Params) -> None:
+def test_scan_and_remat_match_the_plain_loop(params: Params) -> None:
     tokens = jnp.asarray(np.random.default_rng(4).integers(0, CONFIG.vocab_size, (2, 9)))
     ref_loss, ref_grads = _loss_and_grads(CONFIG, params, tokens)
     for overrides in (dict(scan_layers=True, remat="full"), dict(remat="dots")):
@@ -291,7 +299,7 @@ def test_scan_and_remat_match_the_plain_loop(params: llama.Params) -> None:
             np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4, err_msg=str(overrides))
 
 
-def test_bf16_compute_stays_close_to_fp32(params: llama.Params) -> None:
+def test_bf16_compute_stays_close_to_fp32(params: Params) -> None:
     bf16 = dataclasses.replace(CONFIG, dtype="bfloat16")
     tokens = jnp.asarray(np.random.default_rng(5).integers(0, CONFIG.vocab_size, (2, 8)))
     logits16 = _forward(params, tokens, bf16)
@@ -309,10 +317,10 @@ def test_attention_backend_selection() -> None:
     assert llama._attention_impl(xla, 8) == "xla"
 
 
-def test_tied_head_is_the_embedding_transposed(params: llama.Params) -> None:
+def test_tied_head_is_the_embedding_transposed(params: Params) -> None:
     tied = dataclasses.replace(CONFIG, tie_embeddings=True)
     tied_params = {k: v for k, v in params.items() if k != "lm_head"}
-    assert jax.tree.map(jnp.shape, tied_params) == llama.param_shapes(tied)
+    assert jax.tree.map(jnp.shape, tied_params) == param_shapes(tied)
     tokens = jnp.asarray(np.random.default_rng(6).integers(0, CONFIG.vocab_size, (2, 8)))
     # Untied with lm_head = embed.T computes the same function.
     as_untied = {**tied_params, "lm_head": params["embed"].T}
@@ -330,9 +338,7 @@ def test_tied_head_is_the_embedding_transposed(params: llama.Params) -> None:
     )
     key = jax.random.key(0, impl="rbg")
     init = jax.eval_shape(functools.partial(llama.init_params, tied), key)
-    assert "lm_head" not in init and llama.param_count(tied) == sum(
-        x.size for x in jax.tree.leaves(init)
-    )
+    assert "lm_head" not in init and param_count(tied) == sum(x.size for x in jax.tree.leaves(init))
 
 
 def test_llama3_rope_keeps_high_and_stretches_low_frequencies() -> None:

@@ -20,9 +20,10 @@ from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
 from lemur.model import llama, sharding
+from lemur.model.config import PRESETS, LlamaConfig, Params, param_shapes
 from lemur.model.sharding import MESH_AXES
 
-MESH_CONFIG = llama.LlamaConfig(
+MESH_CONFIG = LlamaConfig(
     vocab_size=128,
     d_model=64,
     n_layers=2,
@@ -35,11 +36,11 @@ MESH_CONFIG = llama.LlamaConfig(
 )
 
 
-def _abstract(config: llama.LlamaConfig) -> llama.Params:
+def _abstract(config: LlamaConfig) -> Params:
     """ShapeDtypeStructs of the params (no memory, no compile)."""
     return jax.tree.map(
         lambda s: jax.ShapeDtypeStruct(s, jnp.float32),
-        llama.param_shapes(config),
+        param_shapes(config),
         is_leaf=lambda x: isinstance(x, tuple),
     )
 
@@ -51,7 +52,7 @@ def _mesh(data: int, fsdp: int, tensor: int) -> AbstractMesh:
 
 @pytest.mark.parametrize("name", ["tiny", "llama2-70b", "llama3.2-1b"])
 def test_every_param_has_a_spec_of_its_rank(name: str) -> None:
-    config = llama.PRESETS[name]
+    config = PRESETS[name]
     abstract = _abstract(config)
     specs = sharding.param_partition_specs(abstract, config)
     flat_specs = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P))
@@ -71,7 +72,7 @@ def test_every_param_has_a_spec_of_its_rank(name: str) -> None:
 
 
 def test_table_rejects_unknown_params_and_wrong_layer_count() -> None:
-    config = llama.PRESETS["tiny"]
+    config = PRESETS["tiny"]
     with pytest.raises(KeyError, match="layers/w_extra"):
         sharding.param_partition_specs({"layers": {"w_extra": np.zeros((2, 3))}}, config)
     with pytest.raises(ValueError, match="n_layers"):
@@ -79,7 +80,7 @@ def test_table_rejects_unknown_params_and_wrong_layer_count() -> None:
 
 
 def test_specs_fit_the_mesh() -> None:
-    config = llama.PRESETS["llama2-70b"]
+    config = PRESETS["llama2-70b"]
     specs = sharding.param_partition_specs(_abstract(config), config, _mesh(1, 4, 16))
     # 8 KV heads do not split 16 ways: replicated; 64 query heads do.
     assert specs["layers"]["wk"] == P(None, "fsdp", None, None)
@@ -149,12 +150,12 @@ def _mesh_check() -> None:
     print("MESH OK")
 
 
-def _mesh_check_one(config: llama.LlamaConfig) -> None:
+def _mesh_check_one(config: LlamaConfig) -> None:
     """One config: the sharded loss, logits and gradients equal the single-device ones."""
     rng = np.random.default_rng(0)
     params = jax.tree.map(
         lambda s: jnp.asarray(0.1 * rng.standard_normal(s), jnp.float32),
-        llama.param_shapes(config),
+        param_shapes(config),
         is_leaf=lambda x: isinstance(x, tuple),
     )
     B, L = 4, 16

@@ -231,8 +231,8 @@ def test_setup_errors_are_one_line(
 def test_init_from_a_converted_checkpoint(corpus: Path, cache: Path, tmp_path: Path) -> None:
     import jax
 
-    from lemur.model import llama
     from lemur.model.checkpoint import save_params
+    from lemur.model.config import param_shapes
     from lemur.train.loop import Trainer
 
     config = tiny_config(corpus, tmp_path / "run", cache=cache)
@@ -240,7 +240,7 @@ def test_init_from_a_converted_checkpoint(corpus: Path, cache: Path, tmp_path: P
     rng = np.random.default_rng(3)
     params = jax.tree.map(
         lambda s: rng.standard_normal(s).astype(np.float32),
-        llama.param_shapes(model),
+        param_shapes(model),
         is_leaf=lambda x: isinstance(x, tuple),
     )
     save_params(tmp_path / "pretrained", params, model)

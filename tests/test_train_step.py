@@ -11,11 +11,12 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from lemur.model import llama
+from lemur.model.config import LlamaConfig, Params, param_shapes
 from lemur.train import mesh as mesh_lib
 from lemur.train import step as step_lib
 from lemur.train.config import MeshConfig, OptimizerConfig, ScheduleConfig
 
-MODEL = llama.LlamaConfig(
+MODEL = LlamaConfig(
     vocab_size=64,
     d_model=16,
     n_layers=2,
@@ -29,12 +30,12 @@ MODEL = llama.LlamaConfig(
 B, L = 8, 16
 
 
-def _params() -> llama.Params:
+def _params() -> Params:
     """Random params from numpy (compiling the threefry init would cost seconds here)."""
     rng = np.random.default_rng(0)
     return jax.tree.map(
         lambda shape: jnp.asarray(0.1 * rng.standard_normal(shape), jnp.float32),
-        llama.param_shapes(MODEL),
+        param_shapes(MODEL),
         is_leaf=lambda x: isinstance(x, tuple),
     )
 
@@ -83,7 +84,7 @@ def test_weight_decay_skips_norms() -> None:
     tx = step_lib.make_optimizer(OptimizerConfig(weight_decay=0.5, grad_clip=0.0), lambda s: 0.1)
 
     @jax.jit
-    def update(params: llama.Params) -> llama.Params:
+    def update(params: Params) -> Params:
         zeros = jax.tree.map(jnp.zeros_like, params)
         return tx.update(zeros, tx.init(params), params)[0]
 
@@ -129,7 +130,7 @@ def test_loss_is_the_mean_over_valid_tokens(setup: tuple) -> None:
     _, metrics = one_pass(state, batch)
 
     @jax.jit
-    def reference(params: llama.Params, batch: dict) -> tuple:
+    def reference(params: Params, batch: dict) -> tuple:
         logp = jax.nn.log_softmax(llama.forward(params, batch["inputs"], MODEL))
         nll = -jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
         mask = batch["loss_mask"]

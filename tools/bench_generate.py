@@ -32,13 +32,14 @@ import numpy as np  # noqa: E402
 
 from lemur.eval import generate as gen_lib  # noqa: E402
 from lemur.eval.load import load_model  # noqa: E402
-from lemur.model import hf, llama  # noqa: E402
+from lemur.model import hf  # noqa: E402
+from lemur.model.config import LlamaConfig, param_count, param_shapes
 from lemur.model.decode import split_layers  # noqa: E402
 
 
-def make_model(out: Path, args: argparse.Namespace) -> llama.LlamaConfig:
+def make_model(out: Path, args: argparse.Namespace) -> LlamaConfig:
     """A random Llama (GQA) exported to an HF folder with lemur's exporter."""
-    config = llama.LlamaConfig(
+    config = LlamaConfig(
         vocab_size=32000,
         d_model=args.d_model,
         n_layers=args.layers,
@@ -52,7 +53,7 @@ def make_model(out: Path, args: argparse.Namespace) -> llama.LlamaConfig:
     rng = np.random.default_rng(0)
     params = jax.tree.map(
         lambda s: (config.init_std * rng.standard_normal(s)).astype(np.float32),
-        llama.param_shapes(config),
+        param_shapes(config),
         is_leaf=lambda x: isinstance(x, tuple),
     )
     hf.write_hf_checkpoint(out, config, hf.params_to_hf(params, config, "float32"), dtype="float32")
@@ -220,7 +221,7 @@ def main() -> int:
         ours.params = split_layers(ours.params)  # as lemur-eval does
         theirs = load_hf(Path(tmp), args.device, args.dtype)
     report = {
-        "params": llama.param_count(config),
+        "params": param_count(config),
         "config": dataclasses.asdict(config),
         "new_tokens": args.new,
         "device": f"jax {jax.devices()[0].platform}, torch {args.device} "

@@ -13,7 +13,7 @@ In one process, on the same model, batch and device:
 
 Steps are timed in alternating rounds (reference, lemur, reference, ...) and the median
 round is reported, so load from other processes hits both sides alike. MFU uses
-lemur.model.llama.flops_per_token (MaxText's convention) against the device's bf16 peak
+lemur.model.config.flops_per_token (MaxText's convention) against the device's bf16 peak
 (datasheet table; on CPU, the best measured matmul). Examples:
 
     python tools/bench_train.py                                  # CPU: ~10M-param Llama
@@ -43,6 +43,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lemur.model import llama
+from lemur.model.config import LlamaConfig, Params, config_from_preset, flops_per_token, param_count
 from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
 from lemur.train import mesh as mesh_lib
 from lemur.train import step as step_lib
@@ -52,7 +53,7 @@ from lemur.train.metrics import measure_matmul_tflops, peak_tflops_per_device
 KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
 
 
-def model_config(args: argparse.Namespace) -> llama.LlamaConfig:
+def model_config(args: argparse.Namespace) -> LlamaConfig:
     """The benchmarked model: a preset with the command line's overrides."""
     overrides = {
         k: v
@@ -70,11 +71,11 @@ def model_config(args: argparse.Namespace) -> llama.LlamaConfig:
         }.items()
         if v is not None
     }
-    return llama.config_from_preset(args.preset, **overrides)
+    return config_from_preset(args.preset, **overrides)
 
 
 def random_batch(
-    model: llama.LlamaConfig, batch: int, seq_len: int, seed: int = 0
+    model: LlamaConfig, batch: int, seq_len: int, seed: int = 0
 ) -> dict[str, np.ndarray]:
     """A loader-shaped batch of random tokens (one document per window)."""
     rng = np.random.default_rng(seed)
@@ -89,18 +90,18 @@ def random_batch(
     }
 
 
-def reference_step(model: llama.LlamaConfig) -> Any:
+def reference_step(model: LlamaConfig) -> Any:
     """The minimal JAX train step: mean cross-entropy, grads, Adam; state donated."""
     tx = optax.adam(1e-4, b1=0.9, b2=0.95)
 
-    def loss_fn(params: llama.Params, inputs: jax.Array, targets: jax.Array) -> jax.Array:
+    def loss_fn(params: Params, inputs: jax.Array, targets: jax.Array) -> jax.Array:
         logits = llama.forward(params, inputs, model)
         return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def step(
-        params: llama.Params, opt_state: Any, inputs: jax.Array, targets: jax.Array
-    ) -> tuple[llama.Params, Any, jax.Array]:
+        params: Params, opt_state: Any, inputs: jax.Array, targets: jax.Array
+    ) -> tuple[Params, Any, jax.Array]:
         loss, grads = jax.value_and_grad(loss_fn)(params, inputs, targets)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
@@ -118,7 +119,7 @@ def time_steps(run_one: Any, steps: int) -> float:
     return (time.perf_counter() - t) / steps
 
 
-def bench_steps(model: llama.LlamaConfig, args: argparse.Namespace) -> dict[str, Any]:
+def bench_steps(model: LlamaConfig, args: argparse.Namespace) -> dict[str, Any]:
     """Median seconds per step of the reference and lemur steps, alternating rounds."""
     B, L = args.batch, args.seq_len
     key = jax.random.key(0)
@@ -228,7 +229,7 @@ def synthesize(directory: Path, vocab: int, tokens: int) -> Path:
 
 
 def bench_loop(
-    model: llama.LlamaConfig, args: argparse.Namespace, work: Path, ref_one: Any
+    model: LlamaConfig, args: argparse.Namespace, work: Path, ref_one: Any
 ) -> dict[str, Any]:
     """tokens/s of the whole lemur-train loop, from its own log records (first one dropped).
 
@@ -308,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     if jax.default_backend() == "cpu":
         measure_matmul_tflops(model.compute_dtype, repeats=30)  # the CPU peak, measured once
     tokens = args.batch * args.seq_len
-    fpt = llama.flops_per_token(model, args.seq_len)
+    fpt = flops_per_token(model, args.seq_len)
     peak = peak_tflops_per_device(None, model.compute_dtype) * 1e12 * jax.device_count()
     device = jax.devices()[0]
     print(
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     print(
-        f"model: {llama.param_count(model) / 1e6:.1f}M params, {model}; "
+        f"model: {param_count(model) / 1e6:.1f}M params, {model}; "
         f"batch {args.batch} x {args.seq_len} = {tokens:,} tokens/step, "
         f"{fpt:.3e} FLOPs/token",
         file=sys.stderr,
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "device": device.device_kind,
         "devices": jax.device_count(),
-        "params": llama.param_count(model),
+        "params": param_count(model),
         "tokens_per_step": tokens,
         "flops_per_token": fpt,
         "peak_flops": peak,

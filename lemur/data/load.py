@@ -13,7 +13,9 @@ import yaml
 from lemur import typed_yaml
 from lemur.data.recipe import (
     BUILTIN_BENCHMARKS,
+    CHAT_DOMAIN,
     CHAT_LONG,
+    CHAT_SCHEMAS,
     EXECUTORS,
     FORMATS,
     PII_KINDS,
@@ -114,6 +116,7 @@ def _validate_sources(recipe: Recipe, check_paths: bool) -> None:
             raise RecipeError(
                 f"recipe: {key}.format {s.format!r} is not one of {', '.join(FORMATS)}"
             )
+        _validate_schema(s, key)
         if not s.paths:
             raise RecipeError(f"recipe: {key}.paths is empty")
         if s.max_file_bytes <= 0:
@@ -151,6 +154,22 @@ def _validate_chat(recipe: Recipe) -> None:
         raise RecipeError(f"recipe: mix.weights has no entry for source '{missing}'")
     if not mix.weights and mix.total_tokens is not None:
         raise RecipeError("recipe: mix.total_tokens in a chat build needs mix.weights")
+
+
+def _validate_schema(s: SourceConfig, key: str) -> None:
+    """`format: chat` names one of the chat schemas; no other format takes a schema."""
+    if s.format != "chat":
+        if s.schema is not None:
+            raise RecipeError(f"recipe: {key}.schema is only for format chat, not {s.format!r}")
+        return
+    if s.schema is None:
+        raise RecipeError(
+            f"recipe: {key}.schema is required for format chat: one of {', '.join(CHAT_SCHEMAS)}"
+        )
+    if s.schema not in CHAT_SCHEMAS:
+        raise RecipeError(
+            f"recipe: {key}.schema {s.schema!r} is not one of {', '.join(CHAT_SCHEMAS)}"
+        )
 
 
 def _validate_mix(recipe: Recipe) -> None:
@@ -277,6 +296,8 @@ def _apply_presets(raw: dict[str, Any]) -> dict[str, Any]:
                     f"{', '.join(SOURCE_PRESETS)}"
                 )
             src = {**preset, **src}
+        if isinstance(src, dict) and src.get("format") == "chat" and "domain" not in src:
+            src = {**src, "domain": CHAT_DOMAIN}
         out.append(src)
     return {**raw, "sources": out}
 

@@ -13,7 +13,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-FORMATS = ("jsonl", "parquet", "files")
+FORMATS = ("jsonl", "parquet", "files", "chat")
+# `format: chat` row layouts, each normalized to `messages` (lemur/data/read/chat.py).
+CHAT_SCHEMAS = ("messages", "sharegpt", "oasst1", "openorca", "alpaca")
+CHAT_DOMAIN = "chat"  # the domain of a chat source that names none
 # Column layouts of well-known datasets; keys given in the recipe win over the preset's.
 SOURCE_PRESETS: dict[str, dict[str, Any]] = {
     "the-stack": {
@@ -247,6 +250,7 @@ class SourceConfig:
     max_file_bytes: int = 10_000_000
     gitignore: bool = True
     skip_vendored: bool = True
+    schema: str | None = None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 | module | what it holds |
 |---|---|
 | `bpb` | `TokenBytes` (bytes per token id), `bits_per_byte`, `score_directory` over val shards |
-| `generate` | `Sampling`, `GenerationConfig`, `generate` / `generate_ids` (batched, stop strings) |
+| `generate` | `GenerationConfig`, `generate` / `generate_ids` (batched, stop strings) |
+| `sampling` | `Sampling`, `sample`: greedy, temperature, top-k, top-p |
 | `humaneval` | `Task`, `humaneval_tasks`, `load_tasks`, `check`, `pass_at_k`, `summarize` |
 | `sandbox` | `run_python`, `Limits`, `probe` (what this machine can contain) |
 | `jail` | the script that enters the sandbox before exec (run by path, stdlib only) |
@@ -22,7 +23,8 @@ _EXPORTS = {
     "TokenBytes": "bpb",
     "bits_per_byte": "bpb",
     "score_directory": "bpb",
-    "Sampling": "generate",
+    "Sampling": "sampling",
+    "sample": "sampling",
     "GenerationConfig": "generate",
     "generate": "generate",
     "generate_ids": "generate",

@@ -36,6 +36,7 @@ import numpy as np
 import sentencepiece as spm
 
 from lemur.model import llama
+from lemur.model.config import LlamaConfig, Params
 
 SPACE = "\u2581"  # SentencePiece's whitespace marker
 
@@ -138,9 +139,9 @@ class Score:
 
 @functools.partial(jax.jit, static_argnames=("config", "document_attention"))
 def token_nll(
-    params: llama.Params,
+    params: Params,
     batch: Mapping[str, jax.Array],
-    config: llama.LlamaConfig,
+    config: LlamaConfig,
     document_attention: bool = False,
 ) -> jax.Array:
     """Per-target NLL in nats (B x L, fp32), 0 where `loss_mask` is 0."""
@@ -272,8 +273,8 @@ class _Documents:
 
 
 def _score_domain(
-    params: llama.Params,
-    config: llama.LlamaConfig,
+    params: Params,
+    config: LlamaConfig,
     source: Any,
     token_bytes: TokenBytes,
     settings: BpbSettings,
@@ -310,8 +311,8 @@ def _score_domain(
 
 
 def score_directory(
-    params: llama.Params,
-    config: llama.LlamaConfig,
+    params: Params,
+    config: LlamaConfig,
     directory: str | os.PathLike[str],
     settings: BpbSettings,
     tagger: LanguageTagger | None = None,

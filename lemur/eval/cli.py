@@ -123,7 +123,7 @@ def _load(args: argparse.Namespace, for_decoding: bool = False) -> Any:
     model = load_model(args.checkpoint, step=args.step, tokenizer=args.tokenizer, dtype=args.dtype)
     if for_decoding:
         model.params = split_layers(model.params, consume=True)
-    from lemur.model.llama import param_count
+    from lemur.model.config import param_count
 
     _say(
         f"{model.kind} model from {model.source}: {param_count(model.config):,} parameters, "
@@ -134,7 +134,8 @@ def _load(args: argparse.Namespace, for_decoding: bool = False) -> Any:
 
 def _sampling(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> Any:
     """The GenerationConfig of the sampling arguments."""
-    from lemur.eval.generate import GenerationConfig, Sampling
+    from lemur.eval.generate import GenerationConfig
+    from lemur.eval.sampling import Sampling
 
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     return GenerationConfig(

@@ -31,7 +31,7 @@ import sentencepiece as spm
 
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import hf
-from lemur.model.llama import LlamaConfig, Params, param_shapes
+from lemur.model.config import LlamaConfig, Params, param_shapes
 
 
 class LoadError(ValueError):

@@ -1,2 +1,49 @@
-"""Compact JAX Llama-2/3: model (llama), sharding table (sharding), HF import/export (hf),
-orbax checkpoints (checkpoint). See docs/model.md."""
+"""The model: a compact JAX Llama-2/3 as pure functions over a params pytree (no flax).
+
+| module | what it holds |
+|---|---|
+| `config` | `LlamaConfig`, `PRESETS`, `config_from_preset`; param shapes, count, FLOPs per token |
+| `llama` | `init_params`, `forward` and its parts (RMSNorm, rotary, attention, SwiGLU) |
+| `decode` | `KVCache`, `prefill`, `decode_step`: KV-cache inference over left-padded batches |
+| `sharding` | the mesh axes and the one partition table of params and activations |
+| `hf` | HF names and layouts, configs, safetensors reading and writing |
+| `checkpoint` | a lemur model checkpoint: `config.json` + orbax `params/` |
+| `grow` | `grow_vocab`: new embedding rows / head columns for appended pieces (ChatML) |
+| `hf_tokenizer` | `write_hf_tokenizer`: HF tokenizer files (chat template) of a SP model |
+| `convert` | the `lemur-convert` command: HF safetensors <-> lemur checkpoint |
+
+The names below are importable from `lemur.model` directly; each loads its module on first
+use, so importing the package does not pull in JAX. See docs/model.md.
+"""
+
+from __future__ import annotations
+
+from lemur.lazy_exports import lazy_exports
+
+_EXPORTS = {
+    "LlamaConfig": "config",
+    "Params": "config",
+    "PRESETS": "config",
+    "config_from_preset": "config",
+    "param_shapes": "config",
+    "param_count": "config",
+    "flops_per_token": "config",
+    "init_params": "llama",
+    "forward": "llama",
+    "KVCache": "decode",
+    "init_cache": "decode",
+    "prefill": "decode",
+    "decode_step": "decode",
+    "make_mesh": "sharding",
+    "param_shardings": "sharding",
+    "params_from_hf": "hf",
+    "params_to_hf": "hf",
+    "config_from_hf": "hf",
+    "config_to_hf": "hf",
+    "save_params": "checkpoint",
+    "load_params": "checkpoint",
+    "grow_vocab": "grow",
+    "write_hf_tokenizer": "hf_tokenizer",
+    "HFTokenizerError": "hf_tokenizer",
+}
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from lemur.model.llama import LlamaConfig, Params
+from lemur.model.config import LlamaConfig, Params
 
 
 def save_params(directory: str | os.PathLike[str], params: Params, config: LlamaConfig) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lemur.model import checkpoint, hf
-from lemur.model.llama import DTYPES, param_count
+from lemur.model.config import DTYPES, param_count
 
 
 def to_lemur(hf_dir: str, out_dir: str, dtype: str = "float32") -> None:
@@ -65,10 +65,10 @@ def to_hf(lemur_dir: str, out_dir: str, dtype: str = "bfloat16", shard_gb: float
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point; returns the exit code."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def parser() -> argparse.ArgumentParser:
+    """The `lemur-convert` argument parser (also used to check the command lines in docs)."""
+    p = argparse.ArgumentParser(prog="lemur-convert", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
     a = sub.add_parser("to-lemur", help="HF safetensors -> lemur (orbax)")
     a.add_argument("src")
     a.add_argument("dst")
@@ -83,7 +83,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("dst")
     b.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     b.add_argument("--shard-gb", type=float, default=5.0, help="max safetensors file size")
-    args = parser.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point; returns the exit code."""
+    args = parser().parse_args(argv)
     try:
         if args.command == "to-lemur":
             to_lemur(args.src, args.dst, args.dtype)

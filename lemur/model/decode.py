@@ -23,9 +23,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from lemur.model.config import LlamaConfig, Params
 from lemur.model.llama import (
-    LlamaConfig,
-    Params,
     attention,
     attention_qkv,
     attention_residual,

@@ -28,7 +28,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from lemur.model.llama import DTYPES, LLAMA3_ROPE_FIELDS, LlamaConfig, Params, param_shapes
+from lemur.model.config import DTYPES, LLAMA3_ROPE_FIELDS, LlamaConfig, Params, param_shapes
 
 HF_GLOBAL_NAMES: dict[str, str] = {
     "embed": "model.embed_tokens.weight",

@@ -22,7 +22,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 if TYPE_CHECKING:
-    from lemur.model.llama import LlamaConfig
+    from lemur.model.config import LlamaConfig
 
 MESH_AXES: tuple[str, str, str] = ("data", "fsdp", "tensor")
 BATCH: tuple[str, str] = ("data", "fsdp")

@@ -63,7 +63,7 @@ def plot_parser() -> argparse.ArgumentParser:
 
 def dry_run_summary(config: TrainConfig) -> str:
     """Derived sizes of a config as YAML comments (the vocab from the data when readable)."""
-    from lemur.model.llama import flops_per_token, param_count
+    from lemur.model.config import flops_per_token, param_count
     from lemur.shards.format import read_manifest
 
     vocab = config.model.vocab_size

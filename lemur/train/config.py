@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from lemur import typed_yaml
-from lemur.model.llama import PRESETS, LlamaConfig
+from lemur.model.config import PRESETS, LlamaConfig
 from lemur.typed_yaml import TypedLoader
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -40,7 +40,7 @@ def _check(ok: bool, key: str, message: str) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Which Llama: a preset of lemur.model.llama.PRESETS with field overrides."""
+    """Which Llama: a preset of lemur.model.config.PRESETS with field overrides."""
 
     preset: str = "tiny"
     vocab_size: int | None = None  # None: the shards' tokenizer vocab size

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lemur.eval.bpb import TokenBytes
-from lemur.model import llama
+from lemur.model.config import flops_per_token, param_count
 from lemur.shards.format import ShardFormatError, atomic_write_bytes
 from lemur.train import interrupt
 from lemur.train import mesh as mesh_lib
@@ -96,7 +96,7 @@ class Trainer(Inputs, Resume):
         )
         self.reporter = Reporter(config.steps, 0, enabled=self.is_main, bar=config.log.progress)
         self.resumed_window: list[float] = []
-        self.flops_per_token = llama.flops_per_token(self.model, L)
+        self.flops_per_token = flops_per_token(self.model, L)
         self.peak_flops = (
             1e12
             * jax.device_count()
@@ -228,7 +228,7 @@ class Trainer(Inputs, Resume):
         """Run directory, initial state, metrics trimmed to it, compiled steps."""
         config = self.config
         self._prepare_run_dir()
-        n_params = llama.param_count(self.model)
+        n_params = param_count(self.model)
         self.reporter.message(
             f"lemur-train: {n_params / 1e6:,.1f}M params, mesh {dict(self.mesh.shape)} on "
             f"{jax.device_count()} {jax.devices()[0].platform} device(s), "

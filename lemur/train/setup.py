@@ -10,7 +10,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from lemur.model import checkpoint as model_checkpoint
-from lemur.model import llama
+from lemur.model.config import LlamaConfig
 from lemur.shards.format import ShardFormatError, read_manifest
 from lemur.train import mesh as mesh_lib
 from lemur.train.checkpoint import CheckpointDamaged, Checkpointer
@@ -81,7 +81,7 @@ def check_writable_dir(path: Path, key: str) -> None:
             return
 
 
-def resolve_model(config: TrainConfig, vocab_size: int) -> llama.LlamaConfig:
+def resolve_model(config: TrainConfig, vocab_size: int) -> LlamaConfig:
     """The model of the run; with `init_from`, checked against the checkpoint's shapes."""
     model = config.model.llama(vocab_size)
     if config.model.init_from:

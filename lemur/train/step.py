@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from lemur.model import llama
 from lemur.model import sharding as model_sharding
+from lemur.model.config import LlamaConfig, Params
 from lemur.train.config import OptimizerConfig, ScheduleConfig
 
 State = dict[str, Any]
@@ -54,7 +55,7 @@ def make_schedule(config: ScheduleConfig, steps: int) -> Callable[[jax.Array], j
     return schedule
 
 
-def _decay_mask(params: llama.Params) -> Any:
+def _decay_mask(params: Params) -> Any:
     """True for the weights that get weight decay: every matrix, never a norm's scale."""
     return jax.tree_util.tree_map_with_path(
         lambda path, _: "norm" not in jax.tree_util.keystr(path), params
@@ -83,9 +84,9 @@ def make_optimizer(
 
 def init_state(
     key: jax.Array,
-    model: llama.LlamaConfig,
+    model: LlamaConfig,
     tx: optax.GradientTransformation,
-    params: llama.Params | None = None,
+    params: Params | None = None,
 ) -> State:
     """A fresh train state: random params (or `params`), optimizer state, step 0, RNG."""
     init_key, rng = jax.random.split(key)
@@ -102,7 +103,7 @@ def init_state(
 
 
 def state_shardings(
-    abstract: State, model: llama.LlamaConfig, tx: optax.GradientTransformation, mesh: Mesh
+    abstract: State, model: LlamaConfig, tx: optax.GradientTransformation, mesh: Mesh
 ) -> State:
     """NamedShardings for every leaf of the state: moments shard like their params."""
     replicated = NamedSharding(mesh, P())
@@ -126,7 +127,7 @@ def with_shardings(abstract: Any, shardings: Any) -> Any:
 
 
 def token_losses(
-    params: llama.Params, batch: Batch, model: llama.LlamaConfig, document_attention: bool
+    params: Params, batch: Batch, model: LlamaConfig, document_attention: bool
 ) -> jax.Array:
     """Per-token cross-entropy (fp32, BxL), zero where `loss_mask` is 0."""
     kwargs = {}
@@ -162,7 +163,7 @@ def _constrain(x_MxBxL: jax.Array) -> jax.Array:
 
 
 def make_train_step(
-    model: llama.LlamaConfig,
+    model: LlamaConfig,
     tx: optax.GradientTransformation,
     schedule: Callable[[jax.Array], jax.Array],
     *,
@@ -175,7 +176,7 @@ def make_train_step(
     the batch's total valid-token count, so the update equals the one-pass update.
     """
 
-    def loss_fn(params: llama.Params, batch: Batch, denom: jax.Array) -> jax.Array:
+    def loss_fn(params: Params, batch: Batch, denom: jax.Array) -> jax.Array:
         return token_losses(params, batch, model, document_attention).sum() / denom
 
     grad_fn = jax.value_and_grad(loss_fn)
@@ -221,11 +222,11 @@ def make_train_step(
 
 
 def make_eval_step(
-    model: llama.LlamaConfig, document_attention: bool = False
-) -> Callable[[llama.Params, Batch], tuple[jax.Array, jax.Array]]:
+    model: LlamaConfig, document_attention: bool = False
+) -> Callable[[Params, Batch], tuple[jax.Array, jax.Array]]:
     """(params, batch) -> (summed loss, valid-token count): padding rows count for nothing."""
 
-    def step(params: llama.Params, batch: Batch) -> tuple[jax.Array, jax.Array]:
+    def step(params: Params, batch: Batch) -> tuple[jax.Array, jax.Array]:
         loss_sum = token_losses(params, batch, model, document_attention).sum()
         return loss_sum, batch["loss_mask"].sum()
 

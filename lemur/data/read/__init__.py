@@ -1,15 +1,19 @@
 """Reading the build's inputs: listing files, opening compressed streams, one reader step.
 
-`list_inputs` lists a recipe's files; `SourcesReader` turns them into documents (jsonl,
-parquet, file trees and notebooks), counting and recording every bad input.
+`list_inputs` lists a recipe's files; `SourcesReader` turns them into documents with one
+reader per format (`readers`: jsonl, parquet, file trees and notebooks; `chat_reader`: chat
+schemas rendered as ChatML by `chat`), counting and recording every bad input.
 """
 
+from lemur.data.read.chat import IM_END, IM_START, render_chatml
 from lemur.data.read.listing import InputFile, Listing, display_name, list_inputs
 from lemur.data.read.notebooks import NotebookError, looks_like_notebook, notebook_to_script
 from lemur.data.read.sources import SourcesReader
 from lemur.data.read.streams import UnsupportedInput, open_maybe_compressed
 
 __all__ = [
+    "IM_END",
+    "IM_START",
     "InputFile",
     "Listing",
     "NotebookError",
@@ -20,4 +24,5 @@ __all__ = [
     "looks_like_notebook",
     "notebook_to_script",
     "open_maybe_compressed",
+    "render_chatml",
 ]

@@ -1,6 +1,7 @@
 """Chat data: the ChatML renderer with loss spans, and the dataset schemas normalized to it.
 
-Every chat schema becomes a list of `{"role": "system|user|assistant", "content": str}`
+Every chat schema (a conversation per row: `ROW_SCHEMAS`; oasst1's message trees:
+`oasst1_messages`) becomes a list of `{"role": "system|user|assistant", "content": str}`
 messages, checked by `check_messages`, and is rendered by `render_chatml` as
 `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message. The loss is taken on each
 assistant message's content and its `<|im_end|>` (not on the role header, not on the
@@ -156,3 +157,67 @@ ROW_SCHEMAS: dict[str, Callable[[dict[str, Any]], list[Message]]] = {
 def normalize_row(schema: str, row: dict[str, Any]) -> list[Message]:
     """The checked messages of one row of a row schema, or `ChatDrop`."""
     return check_messages(ROW_SCHEMAS[schema](row))
+
+
+# OpenAssistant oasst1: a table of messages; each tree's root has `parent_id` null.
+OASST_COLUMNS = ("message_id", "parent_id", "role", "text", "rank", "deleted", "lang", "tree_state")
+OASST_ROLES = {"prompter": "user", "assistant": "assistant"}
+READY = "ready_for_export"
+TREE_NOT_READY = "chat:tree_not_ready"
+DELETED = "chat:deleted"
+LANGUAGE = "language"  # the reason `languages:` drops have in every source
+
+
+def group_oasst1(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list]]:
+    """The roots (`parent_id` null) and each message's replies, in file order."""
+    roots: list[dict[str, Any]] = []
+    replies: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        parent = row.get("parent_id")
+        if parent is None:
+            roots.append(row)
+        else:
+            replies.setdefault(str(parent), []).append(row)
+    return roots, replies
+
+
+def _best_reply(message: dict[str, Any], replies: dict[str, list]) -> dict[str, Any] | None:
+    """The first reply ranked 0 that was not deleted (roots have no rank)."""
+    for reply in replies.get(str(message.get("message_id")), ()):
+        rank = reply.get("rank")
+        if not reply.get("deleted") and rank == 0 and not isinstance(rank, bool):
+            return reply
+    return None
+
+
+def oasst1_messages(
+    root: dict[str, Any], replies: dict[str, list], languages: set[str] | None = None
+) -> list[Message]:
+    """The conversation of one oasst1 tree: the root, then each rank-0 reply, or `ChatDrop`.
+
+    Only trees in state `ready_for_export` are kept. A path that ends on a prompter
+    message (no ranked assistant reply to it) is cut back to its last assistant reply.
+    """
+    if not isinstance(root.get("message_id"), str):
+        raise ChatDrop(MISSING_FIELD, "no string field 'message_id'")
+    if root.get("tree_state") != READY:
+        raise ChatDrop(TREE_NOT_READY)
+    if root.get("deleted"):
+        raise ChatDrop(DELETED)
+    if languages is not None and root.get("lang") not in languages:
+        raise ChatDrop(LANGUAGE)
+    path, seen = [root], {root["message_id"]}
+    while (reply := _best_reply(path[-1], replies)) is not None:
+        if reply.get("message_id") in seen:  # a repeated id would loop forever
+            break
+        seen.add(reply.get("message_id"))
+        path.append(reply)
+    messages = []
+    for m in path:
+        role = _field(m, "role")
+        if role not in OASST_ROLES:
+            raise ChatDrop(UNKNOWN_ROLE, f"role {role!r}")
+        messages.append({"role": OASST_ROLES[role], "content": _field(m, "text")})
+    while len(messages) > 1 and messages[-1]["role"] == "user":
+        messages.pop()
+    return check_messages(messages)

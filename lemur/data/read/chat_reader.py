@@ -1,0 +1,121 @@
+"""The chat reader: jsonl or parquet rows of a chat schema, rendered as ChatML documents.
+
+Each row schema (`messages`, `sharegpt`, `openorca`, `alpaca`) gives one conversation per
+row. `oasst1` is a table of messages whose trees span rows, so each file is grouped whole
+(its rows' few fields held in memory): a tree split over two files is not joined up.
+A conversation that cannot be trained on is counted as read and dropped under its reason
+(`dropped:<source>:chat:<reason>`); malformed lines are logged as by the jsonl reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from datatrove.data import Document
+
+from lemur.data.counts import dropped_label, read_label
+from lemur.data.read.chat import (
+    OASST_COLUMNS,
+    ChatDrop,
+    Message,
+    group_oasst1,
+    normalize_row,
+    oasst1_messages,
+    render_chatml,
+)
+from lemur.data.read.listing import InputFile
+from lemur.data.read.readers import BaseReader, JsonlReader, ParquetReader, ReadLog, Row
+from lemur.data.recipe import SourceConfig
+
+PARQUET_MAGIC = b"PAR1"
+# The fields each schema reads (parquet reads only these columns, plus id and metadata).
+SCHEMA_FIELDS: dict[str, tuple[str, ...]] = {
+    "messages": ("messages",),
+    "sharegpt": ("conversations",),
+    "openorca": ("system_prompt", "question", "response"),
+    "alpaca": ("instruction", "input", "output"),
+    "oasst1": OASST_COLUMNS,
+}
+
+
+def is_parquet(path: str) -> bool:
+    """Whether a chat input is parquet (by its `PAR1` magic number or name), else jsonl."""
+    if path.endswith(".parquet"):
+        return True
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == PARQUET_MAGIC
+    except OSError:  # the jsonl reader reports the unreadable file
+        return False
+
+
+class ChatParquetReader(ParquetReader):
+    """Parquet rows with the columns of the source's chat schema (no text column)."""
+
+    def columns(self, f: InputFile, names: set[str]) -> list[str] | None:
+        """The schema's columns the file has, with id and metadata columns."""
+        source = self.sources[f.source]
+        wanted = set(SCHEMA_FIELDS[str(source.schema)]) & names
+        return sorted(wanted | set(self.meta_columns(source, names)))
+
+
+class ChatReader(BaseReader):
+    """Chat conversations from jsonl (plain/.gz/.zst) or parquet, one document each."""
+
+    def __init__(self, sources: list[SourceConfig], log: ReadLog) -> None:
+        super().__init__(sources, log)
+        self.jsonl = JsonlReader(sources, log)
+        self.parquet = ChatParquetReader(sources, log)
+
+    def rows(self, f: InputFile) -> Iterator[tuple[int, Row]]:
+        """(line or row number, row) of the file's good rows."""
+        reader = self.parquet if is_parquet(f.open_path) else self.jsonl
+        return reader.rows(f)
+
+    def drop(self, f: InputFile, reason: str) -> None:
+        """Count one conversation read and dropped for `reason`."""
+        name = self.sources[f.source].name
+        self.log.stat_update(read_label(name))
+        self.log.stat_update(dropped_label(name, reason))
+
+    def chat_doc(
+        self, f: InputFile, messages: list[Message], doc_id: str, extra: dict[str, Any]
+    ) -> Document:
+        """The ChatML document of checked messages, with its loss spans and turn ends."""
+        text, spans, ends = render_chatml(messages)
+        meta = self.metadata(f, {**extra, "loss_spans": spans, "turn_ends": ends})
+        return self.emit(f, text, doc_id, meta)
+
+    def read(self, f: InputFile) -> Iterator[Document]:
+        """One document per conversation the file holds."""
+        source = self.sources[f.source]
+        if source.schema == "oasst1":
+            yield from self._read_oasst1(f, source)
+            return
+        for line, row in self.rows(f):
+            try:
+                messages = normalize_row(str(source.schema), row)
+            except ChatDrop as e:
+                self.drop(f, e.reason)
+                continue
+            yield self.chat_doc(
+                f, messages, self.row_id(f, row, line), self.row_metadata(row, source)
+            )
+
+    def _read_oasst1(self, f: InputFile, source: SourceConfig) -> Iterator[Document]:
+        """One document per tree root of the file (trees are grouped within the file)."""
+        keep = set(OASST_COLUMNS) | {source.id_key, source.path_key, source.language_key}
+        keep |= {"language", *(source.metadata_keys or ())}
+        # Only the fields we use: a file's rows sit in memory together until grouped.
+        rows = [{k: v for k, v in row.items() if k in keep} for _, row in self.rows(f)]
+        roots, replies = group_oasst1(rows)
+        languages = set(source.languages) if source.languages else None
+        for root in roots:
+            try:
+                messages = oasst1_messages(root, replies, languages)
+            except ChatDrop as e:
+                self.drop(f, e.reason)
+                continue
+            meta = self.row_metadata(root, source)
+            yield self.chat_doc(f, messages, str(root["message_id"]), meta)

@@ -1,0 +1,303 @@
+"""One reader per input format over a shared base: jsonl (plain/.gz/.zst), parquet, files.
+
+Laid out as datatrove's readers are (a base with the document, metadata and error logic,
+then one class per format), but we read the files ourselves: datatrove's `JsonlReader` only
+logs a warning on a bad line or a truncated stream, and we must count every skipped
+document and name the file (and line) in the manifest. The readers are plain objects; the
+`SourcesReader` step owns them and their `ReadLog`, so one task's counts land in its stats.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import zstandard
+from datatrove.data import Document
+
+from lemur.data.counts import error_labels, read_label
+from lemur.data.read.listing import InputFile
+from lemur.data.read.notebooks import NotebookError, looks_like_notebook, notebook_to_script
+from lemur.data.read.streams import UnsupportedInput, check_encoding, open_maybe_compressed
+from lemur.data.recipe import SourceConfig
+from lemur.shards.format import atomic_write_bytes
+
+MAX_ERRORS_PER_TASK = 1000
+Row = dict[str, Any]
+
+
+class ReadLog:
+    """One task's bad input: stats (`error_<kind>`), the first errors with file and line,
+    and every file's error total."""
+
+    def __init__(self, sources: list[SourceConfig], stat_update: Callable[..., None]) -> None:
+        self.sources = sources
+        self.stat_update = stat_update
+        self.errors: list[dict[str, Any]] = []
+        self.by_file: Counter[str] = Counter()
+
+    def clear(self) -> None:
+        """Forget what was logged (a task starts afresh)."""
+        self.errors.clear()
+        self.by_file.clear()
+
+    def error(self, kind: str, f: InputFile, message: str, line: int | None = None) -> None:
+        """Count one bad line, row or file of `kind`; keep the first MAX_ERRORS_PER_TASK."""
+        for label in error_labels(kind, self.sources[f.source].name):
+            self.stat_update(label)
+        self.by_file[f.path] += 1
+        if len(self.errors) < MAX_ERRORS_PER_TASK:
+            entry: dict[str, Any] = {
+                "file": f.path,
+                "source": self.sources[f.source].name,
+                "kind": kind,
+                "error": message,
+            }
+            if line is not None:
+                entry["line"] = line
+            self.errors.append(entry)
+
+    def write(self, errors_dir: str, rank: int) -> None:
+        """Write `{rank:05d}.jsonl` (the errors) and `{rank:05d}.files.json` (per-file totals)."""
+        payload = "".join(json.dumps(e, sort_keys=True) + "\n" for e in self.errors)
+        atomic_write_bytes(Path(errors_dir) / f"{rank:05d}.jsonl", payload.encode())
+        totals = json.dumps(dict(sorted(self.by_file.items())), sort_keys=True)
+        atomic_write_bytes(Path(errors_dir) / f"{rank:05d}.files.json", totals.encode())
+
+
+class BaseReader:
+    """What every format shares: documents with the source's metadata, bad input logged."""
+
+    def __init__(self, sources: list[SourceConfig], log: ReadLog) -> None:
+        self.sources = sources
+        self.log = log
+
+    def read(self, f: InputFile) -> Iterator[Document]:
+        """Documents of one input file of this reader's format."""
+        raise NotImplementedError
+
+    def error(self, kind: str, f: InputFile, message: str, line: int | None = None) -> None:
+        """Log one bad input (see `ReadLog.error`)."""
+        self.log.error(kind, f, message, line)
+
+    def metadata(self, f: InputFile, extra: dict[str, Any]) -> dict[str, Any]:
+        """A document's metadata: source, domain, path, then `extra`, then the language."""
+        source = self.sources[f.source]
+        meta: dict[str, Any] = {
+            "source": source.name,
+            "source_index": f.source,
+            "domain": source.domain,
+            "path": f.rel,
+        }
+        meta.update(extra)
+        if source.language and "language" not in meta:
+            meta["language"] = source.language
+        return meta
+
+    def emit(self, f: InputFile, text: str, doc_id: str, meta: dict[str, Any]) -> Document:
+        """A document read (counted `read:<source>`)."""
+        name = self.sources[f.source].name
+        self.log.stat_update(read_label(name))
+        return Document(text=text, id=f"{name}/{doc_id}", metadata=meta)
+
+    def document(
+        self, f: InputFile, text: str, doc_id: str, extra: dict[str, Any], line: int | None = None
+    ) -> Document | None:
+        """A document of text or code; a code notebook becomes a script (None if invalid)."""
+        meta = self.metadata(f, extra)
+        path = str(meta["path"])
+        if meta["domain"] == "code" and (path.endswith(".ipynb") or looks_like_notebook(text)):
+            try:
+                text, kernel = notebook_to_script(text)
+            except NotebookError as e:
+                self.error("invalid_notebook", f, str(e), line)
+                return None
+            meta["language"] = "Jupyter Notebook"
+            meta["notebook_kernel"] = kernel
+        return self.emit(f, text, doc_id, meta)
+
+    def row_metadata(self, row: Row, source: SourceConfig) -> dict[str, Any]:
+        """Metadata a row carries: `metadata_keys`, its path and its language."""
+        extra: dict[str, Any] = {}
+        for key in source.metadata_keys or ():
+            if key in row and row[key] is not None:
+                extra[key] = row[key]
+        if source.path_key and isinstance(row.get(source.path_key), str):
+            extra["path"] = row[source.path_key]
+        keys = (source.language_key,) if source.language_key else ("language", "lang")
+        for key in keys:
+            if isinstance(row.get(key), str) and row[key]:
+                extra["language"] = row[key]
+                break
+        return extra
+
+    def row_id(self, f: InputFile, row: Row, line: int) -> str:
+        """A row's id: its `id_key` value, else `file:line`."""
+        rid = row.get(self.sources[f.source].id_key)
+        return str(rid) if rid is not None else f"{f.rel}:{line}"
+
+    def row_doc(self, f: InputFile, row: Row, line: int) -> Document | None:
+        """The document of one JSON line or parquet row (None, counted, if it has no text)."""
+        source = self.sources[f.source]
+        text = row.get(source.text_key)
+        if not isinstance(text, str):
+            self.error("missing_text", f, f"no string field '{source.text_key}'", line)
+            return None
+        return self.document(
+            f, text, self.row_id(f, row, line), self.row_metadata(row, source), line
+        )
+
+
+class JsonlReader(BaseReader):
+    """JSON lines, plain, gzip or zstd; a bad line is logged and its neighbours kept."""
+
+    def parse(self, f: InputFile, raw: bytes, line_no: int) -> Row | None:
+        """The object of one JSON line, or None (logged) for a bad line."""
+        try:
+            row = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as u:
+                self.error("invalid_utf8", f, f"invalid UTF-8 at byte {u.start}", line_no)
+                return None
+            self.error("invalid_json", f, str(e).split(":")[0], line_no)
+            return None
+        if not isinstance(row, dict):
+            self.error("invalid_json", f, "line is not a JSON object", line_no)
+            return None
+        return row
+
+    def rows(self, f: InputFile) -> Iterator[tuple[int, Row]]:
+        """(line number, object) of each good line; bad lines and damaged streams are logged."""
+        line_no = 0
+
+        def damaged(message: str) -> None:
+            self.error("corrupt_file", f, f"{message}; after line {line_no}", line_no)
+
+        try:
+            with open_maybe_compressed(f.open_path, on_damage=damaged) as fh:
+                for line_no, raw in enumerate(fh, start=1):
+                    if line_no == 1:
+                        check_encoding(raw)
+                        raw = raw.removeprefix(codecs.BOM_UTF8)  # written by some editors
+                    if not raw.strip():
+                        continue
+                    row = self.parse(f, raw, line_no)
+                    if row is not None:
+                        yield line_no, row
+        except UnsupportedInput as e:
+            self.error("unsupported_format", f, str(e))
+        except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+            self.error("unreadable", f, e.strerror or str(e))
+        except (EOFError, OSError, zlib.error, zstandard.ZstdError) as e:
+            self.error("corrupt_file", f, f"truncated or corrupt stream after line {line_no}: {e}")
+
+    def read(self, f: InputFile) -> Iterator[Document]:
+        """A document per good line."""
+        for line_no, row in self.rows(f):
+            doc = self.row_doc(f, row, line_no)
+            if doc is not None:
+                yield doc
+
+
+class ParquetReader(BaseReader):
+    """Parquet, one row group at a time in batches; a damaged row group is logged."""
+
+    def meta_columns(self, source: SourceConfig, names: set[str]) -> list[str]:
+        """The id, path, language and metadata columns present in the file."""
+        wanted = [source.id_key, source.path_key, source.language_key, "lang", "language"]
+        wanted += list(source.metadata_keys or ())
+        return sorted({c for c in wanted if c and c in names})
+
+    def columns(self, f: InputFile, names: set[str]) -> list[str] | None:
+        """The columns to read; None (logged) when the file lacks the text column."""
+        source = self.sources[f.source]
+        if source.text_key not in names:
+            self.error("missing_text", f, f"no column '{source.text_key}'")
+            return None
+        return [source.text_key] + self.meta_columns(source, names)
+
+    def _row_group(self, f: InputFile, pf: Any, group: int, columns: list[str], first: int):
+        """Rows of one parquet row group, numbered from `first`; a damaged group is logged."""
+        rows = pf.metadata.row_group(group).num_rows
+        batches = pf.iter_batches(columns=columns, batch_size=1024, row_groups=[group])
+        row = first
+        while True:
+            try:
+                records = next(batches).to_pylist()
+            except StopIteration:
+                return
+            except Exception as e:  # noqa: BLE001 - pyarrow raises many types for bad data
+                self.error(
+                    "corrupt_file",
+                    f,
+                    f"row group {group} (rows {row + 1}-{first + rows}) unreadable: {e}",
+                    row + 1,
+                )
+                return
+            for record in records:
+                row += 1
+                yield row, record
+
+    def rows(self, f: InputFile) -> Iterator[tuple[int, Row]]:
+        """(row number from 1, row) of every readable row."""
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(f.open_path)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises many types for bad files
+            self.error("corrupt_file", f, f"not a readable parquet file: {e}")
+            return
+        columns = self.columns(f, set(pf.schema_arrow.names))
+        if columns is None:
+            return
+        first = 0
+        # One row group at a time, in batches: a large file never sits in memory whole, and
+        # a damaged row group loses only its own rows.
+        for group in range(pf.num_row_groups):
+            yield from self._row_group(f, pf, group, columns, first)
+            first += pf.metadata.row_group(group).num_rows
+
+    def read(self, f: InputFile) -> Iterator[Document]:
+        """A document per row."""
+        for row_no, row in self.rows(f):
+            doc = self.row_doc(f, row, row_no)
+            if doc is not None:
+                yield doc
+
+
+class FilesReader(BaseReader):
+    """One document per file of a tree; binary, oversized and non-UTF-8 files are logged."""
+
+    def read(self, f: InputFile) -> Iterator[Document]:
+        """The file's text as one document."""
+        source = self.sources[f.source]
+        try:
+            size = os.path.getsize(f.open_path)
+            if size > source.max_file_bytes:
+                self.error("too_large", f, f"{size} bytes > max_file_bytes")
+                return
+            with open(f.open_path, "rb") as fh:
+                data = fh.read()
+        except OSError as e:
+            self.error("unreadable", f, e.strerror or str(e))
+            return
+        if b"\0" in data[:8192]:
+            self.error("binary", f, "binary file (NUL byte)")
+            return
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self.error("invalid_utf8", f, f"invalid UTF-8 at byte {e.start}")
+            return
+        doc = self.document(f, text, f.rel, {})
+        if doc is not None:
+            yield doc
