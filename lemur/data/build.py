@@ -16,7 +16,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -43,8 +43,10 @@ from lemur.data.recipe import Recipe
 from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
 from lemur.data.run.executors import make_executor
 from lemur.data.run.lock import DirectoryLock, LockedError
+from lemur.data.tokenize.chat import CHAT_PIECES, ChatEncoder
+from lemur.data.tokenize.prepare import prepare_tokenizer, sample_texts
 from lemur.data.tokenize.step import TokenizeWriter
-from lemur.data.tokenize.tokenizer import tokenizer_info, train_tokenizer
+from lemur.data.tokenize.tokenizer import tokenizer_info
 from lemur.shards.check import check_structure
 from lemur.shards.commit import commit
 from lemur.shards.format import (
@@ -59,6 +61,7 @@ from lemur.shards.format import (
 )
 
 WORK_VERSION = 2  # 2: records carry mix language families
+__all__ = ["BuildError", "build", "make_filters", "prepare_tokenizer", "sample_texts"]
 Reporter = Callable[[str, int, int], None]  # (stage, done, total)
 
 
@@ -76,49 +79,6 @@ def _stat(path: str) -> tuple[int, int]:
         return st.st_size, st.st_mtime_ns
     except OSError:
         return -1, -1
-
-
-def _ordered(files: list[InputFile]) -> list[InputFile]:
-    """Files in a seed-free pseudo-random order, so a sample spans the whole source."""
-    return sorted(files, key=lambda f: hashlib.blake2b(f.path.encode(), digest_size=8).digest())
-
-
-def sample_texts(recipe: Recipe, inputs: list[InputFile], budget: int) -> Iterator[str]:
-    """A deterministic sample of about `budget` bytes of text, split evenly over sources."""
-    reader = SourcesReader(inputs, recipe.sources, errors_dir="")
-    per_source = max(1, budget // len(recipe.sources))
-    for i in range(len(recipe.sources)):
-        taken = 0
-        for f in _ordered([f for f in inputs if f.source == i]):
-            for doc in reader.read(f):
-                if doc.text.strip():
-                    taken += len(doc.text.encode("utf-8", "surrogatepass"))
-                    yield doc.text
-                if taken >= per_source:
-                    break
-            if taken >= per_source:
-                break
-
-
-def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Path:
-    """The recipe's tokenizer as a checked file under `<output>/.work/` (copied or trained).
-
-    A given model is loaded (and so validated) before anything is copied, and nothing goes
-    outside `.work/` here: the build's own directory receives it only when complete.
-    """
-    if recipe.tokenizer.model is not None:
-        src = Path(recipe.tokenizer.model).expanduser()
-        sha = tokenizer_info(src)["sha256"]  # TokenizerError naming `src` if unusable
-        target = work / f"given-tokenizer-{sha[:16]}.model"
-        if not target.is_file():
-            atomic_write_bytes(target, src.read_bytes())
-        return target
-    train = recipe.tokenizer.train
-    key = _sha({"train": train, "sources": recipe.sources, "v": WORK_VERSION})[:16]
-    target = work / f"tokenizer-{key}.model"
-    if not target.is_file():
-        train_tokenizer(sample_texts(recipe, inputs, train.sample_bytes), train, target)
-    return target
 
 
 def _tasks_done(work: Path) -> int:
@@ -188,7 +148,9 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
     languages = {s.name: s.languages for s in recipe.sources if s.languages}
     if languages:
         filters.append(LanguageFilter(languages))
-    if recipe.filters.code.enabled:
+    # Chat builds skip the code and web-text quality rules: they judge files and web pages,
+    # not conversations (and C4's line removal would move the loss spans).
+    if recipe.filters.code.enabled and not recipe.is_chat():
         filters += code_filters(recipe.filters.code)
     t = recipe.filters.text
     for config, cls in (
@@ -197,7 +159,7 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
         (t.fineweb, FineWebFilter),
         (t.gopher_repetition, GopherRepetitionFilter),
     ):
-        if config.enabled:
+        if config.enabled and not recipe.is_chat():
             filters.append(cls(config))
     if recipe.decontaminate.benchmarks:  # builds the benchmark indexes, once per build
         work = Path(recipe.output).expanduser() / ".work"
@@ -218,17 +180,29 @@ def tokenize_stage(
 ) -> int:
     """Read, filter and tokenize every input file; return the number of tasks."""
     n_tasks = max(1, min(recipe.executor.tasks, len(inputs)))
+    chat, batch = recipe.is_chat(), recipe.tokenize_batch_docs
     pipeline = [
         SourcesReader(inputs, recipe.sources, errors_dir=str(work / "errors")),
         LanguageTagger(),
         *make_filters(recipe),
-        *([PiiRedactor(recipe.pii)] if recipe.pii.enabled and recipe.pii.kinds else []),
+        # PII redaction rewrites text, which would move a conversation's loss spans.
+        *(
+            [PiiRedactor(recipe.pii)]
+            if recipe.pii.enabled and recipe.pii.kinds and not chat
+            else []
+        ),
+        # Chat: encode once, mask and cut before signing, so dedup sees what is trained on.
+        *(
+            [ChatEncoder(str(tok_path), recipe.seq_len, recipe.chat_settings().long, batch)]
+            if chat
+            else []
+        ),
         *(
             [DedupSigner(recipe.dedup, str(work / "tokens"), tuple(recipe.domains()))]
             if recipe.dedup.exact or recipe.dedup.near
             else []
         ),
-        TokenizeWriter(str(tok_path), str(work / "tokens"), recipe.tokenize_batch_docs),
+        TokenizeWriter(str(tok_path), str(work / "tokens"), batch, masks=chat),
     ]
     run_stage(recipe, report, pipeline, work, n_tasks, "tokenize")
     missing = [r for r in range(n_tasks) if not (work / "tokens" / f"{r:05d}.bin").is_file()]
@@ -296,6 +270,8 @@ def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
             "pii": recipe.pii,
             "tasks": recipe.executor.tasks,
             "batch": recipe.tokenize_batch_docs,
+            # Chat tokens depend on the cut (seq_len, long policy); other builds' keys stay.
+            **({"chat": (recipe.seq_len, recipe.chat_settings())} if recipe.is_chat() else {}),
         }
     )[:16]
 
@@ -354,7 +330,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     work_root = out / ".work"
     report("tokenizer", 0, 1)
     tok_path = prepare_tokenizer(recipe, inputs, work_root)
-    tok = tokenizer_info(tok_path)
+    tok = tokenizer_info(tok_path, CHAT_PIECES if recipe.is_chat() else ())
     report("tokenizer", 1, 1)
     key = _work_key(recipe, inputs_sha, tok["sha256"])
     work = work_root / f"tokens-{key}"
