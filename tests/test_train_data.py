@@ -474,6 +474,24 @@ def test_structure_rules_are_stated_once(tmp_path: Path, corpus: Path, damage: s
     one_line_error(e, shard["index"])
 
 
+def test_a_chat_shards_mask_is_checked_for_presence_and_size(tmp_path: Path, corpus: Path) -> None:
+    from lemur.shards.check import structure_problem
+
+    shard = dict(json.loads((corpus / "manifest.json").read_text())["shards"][0])
+    assert structure_problem(corpus, shard, 2) is None
+    mask = tmp_path / "00000.mask"
+    shard["mask"] = str(mask)  # absolute: `corpus / mask` is `mask`, the fixture stays intact
+    assert structure_problem(corpus, shard, 2) == (
+        f"{mask}: shard file listed in the manifest is missing"
+    )
+    mask.write_bytes(bytes(shard["tokens"] - 1))
+    assert structure_problem(corpus, shard, 2) == (
+        f"{mask}: {shard['tokens'] - 1} bytes, manifest says {shard['tokens']} tokens x 1 mask byte"
+    )
+    mask.write_bytes(bytes(shard["tokens"]))
+    assert structure_problem(corpus, shard, 2) is None
+
+
 def test_source_pickles_without_data_and_has_a_stable_repr(corpus: Path) -> None:
     src = ShardSource(corpus, SEQ)
     first = src[3]

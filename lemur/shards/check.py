@@ -53,21 +53,25 @@ def structure_problem(
 ) -> str | None:
     """The first structural problem of one shard (no hashing), as one line naming the file.
 
-    Both files exist, the `.bin` holds `tokens * itemsize` bytes, the `.idx` holds
-    `documents * 8` bytes and its last end offset is `tokens`; with `whole_index`, every
+    Both files (and the `.mask` a chat shard lists) exist, the `.bin` holds `tokens *
+    itemsize` bytes, the `.idx` `documents * 8` bytes, the `.mask` `tokens` bytes, and the
+    last end offset is `tokens`; with `whole_index`, every
     end offset also increases strictly (`index_problem`). The one statement of these
     rules: start-up checks (`check_structure`) raise it, `lemur-data stats` reports it.
     """
     directory = Path(directory)
     bin_path, idx_path = directory / shard["file"], directory / shard["index"]
     tokens, documents = int(shard["tokens"]), int(shard["documents"])
-    for path in (bin_path, idx_path):
-        if not path.is_file():
+    mask_path = directory / shard["mask"] if "mask" in shard else None  # chat builds
+    for path in (bin_path, idx_path, mask_path):
+        if path is not None and not path.is_file():
             return f"{path}: shard file listed in the manifest is missing"
     if (size := bin_path.stat().st_size) != tokens * itemsize:
         return f"{bin_path}: {size} bytes, manifest says {tokens} tokens x {itemsize} bytes"
     if (size := idx_path.stat().st_size) != documents * INDEX_DTYPE.itemsize:
         return f"{idx_path}: {size} bytes, manifest says {documents} documents x 8 bytes"
+    if mask_path is not None and (size := mask_path.stat().st_size) != tokens:
+        return f"{mask_path}: {size} bytes, manifest says {tokens} tokens x 1 mask byte"
     if not documents:
         return None
     if whole_index and (problem := index_problem(idx_path, tokens)):
