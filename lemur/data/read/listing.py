@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lemur.data.load import expand_paths
-from lemur.data.read.split import plan_parts, split_kind
+from lemur.data.read.split import plan_parts
 from lemur.data.recipe import Recipe, RecipeError, SourceConfig
 
 # Directories that hold vendored, generated or tool data rather than authored source.
@@ -230,8 +230,7 @@ def _plain_files(root: Path, index: int) -> list[InputFile]:
 
 def split_file(f: InputFile, source: SourceConfig, split_bytes: int) -> list[InputFile]:
     """A file's parts when it is big enough to split (see `split.py`), else [f]."""
-    kind = split_kind(source, f.open_path) if split_bytes > 0 and not f.error else None
-    plan = plan_parts(f.open_path, kind, split_bytes) if kind else None
+    plan = plan_parts(f.open_path, source, split_bytes) if not f.error else None
     if plan is None:
         return [f]
     unit, bounds = plan

@@ -92,17 +92,18 @@ def _plain_utf8(path: str) -> bool:
     return True
 
 
-def plan_parts(path: str, kind: str, split_bytes: int) -> tuple[str, Bounds] | None:
+def plan_parts(path: str, source: SourceConfig, split_bytes: int) -> tuple[str, Bounds] | None:
     """(unit, bounds) of the parts of a file bigger than `split_bytes`; None: keep it whole."""
     try:
-        size = os.path.getsize(path)
-        if split_bytes <= 0 or size <= split_bytes:
+        # The size first: only big files are opened (for a footer or a head) while listing.
+        if split_bytes <= 0 or os.path.getsize(path) <= split_bytes:
             return None
+        kind = split_kind(source, path)
         if kind == "parquet":
             runs = _parquet_runs(path, split_bytes)
             return (ROW_GROUPS, runs) if runs and len(runs) > 1 else None
         if kind == "jsonl" and _plain_utf8(path):
-            return BYTES, byte_ranges(size, split_bytes)
+            return BYTES, byte_ranges(os.path.getsize(path), split_bytes)
     except OSError:  # the reader reports the unreadable file
         return None
     return None
