@@ -294,8 +294,9 @@ class ParquetReader(BaseReader):
         columns = self.columns(f, set(pf.schema_arrow.names))
         if columns is None:
             return
-        groups = range(f.start, min(f.end, pf.num_row_groups)) if f.unit else None
-        groups = groups if groups is not None else range(pf.num_row_groups)
+        groups = range(pf.num_row_groups)
+        if f.unit:  # a part of the file: its run of row groups
+            groups = range(f.start, min(f.end, pf.num_row_groups))
         # Rows are numbered over the whole file, so a part's row ids are the unsplit ones.
         first = sum(pf.metadata.row_group(g).num_rows for g in range(groups.start))
         # One row group at a time, in batches: a large file never sits in memory whole, and

@@ -111,7 +111,7 @@ def plan_parts(path: str, source: SourceConfig, split_bytes: int) -> tuple[str, 
 
 def part_lines(path: str, start: int, end: int) -> Iterator[tuple[int, bytes]]:
     """(byte offset, line) of every line of `path` that starts in [start, end)."""
-    with open(path, "rb") as fh:
+    with open(path, "rb", buffering=1 << 20) as fh:
         pos = start
         if start > 0:
             fh.seek(start - 1)
