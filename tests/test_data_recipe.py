@@ -142,7 +142,7 @@ def test_cli_bad_recipe_exit_2_one_line(tmp_path):
     res = _cli("build", str(path))
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        "lemur-data: error: recipe: unknown key 'sedd' (known: decontaminate, dedup, executor, "
+        "lemur-data: error: recipe: unknown key 'sedd' (known: chat, decontaminate, dedup, executor, "
         "filters, mix, output, pii, rejects, seed, seq_len, shard_tokens, sources, "
         "tokenize_batch_docs, tokenizer, val_fraction)"
     ]

@@ -5,8 +5,8 @@ Stages:
 2. read, tag, filter, sign for dedup, tokenize: a datatrove pipeline over all input files,
    one run of tokens per task under `<output>/.work/tokens-<key>/` (datatrove's completion
    markers make reruns skip finished tasks);
-3. pack (pack/): dedup clusters, per-domain val split, mix plan, external shuffle,
-   shards, then the manifest.
+3. dedup (dedup/stage.py): bucket tasks, then one cluster task, on the same executor;
+4. pack (pack/): per-domain val split, mix plan, external shuffle, shards, the manifest.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from lemur.data.counts import collect_counts
 from lemur.data.dedup.signer import DedupSigner
+from lemur.data.dedup.stage import run_dedup
 from lemur.data.filter.base import EmptyDocumentFilter, LanguageFilter, LemurFilter
 from lemur.data.filter.code import code_filters
 from lemur.data.filter.decontaminate import decontamination_filter
@@ -41,8 +43,10 @@ from lemur.data.recipe import Recipe
 from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
 from lemur.data.run.executors import make_executor
 from lemur.data.run.lock import DirectoryLock, LockedError
+from lemur.data.tokenize.chat import CHAT_PIECES, ChatEncoder
+from lemur.data.tokenize.prepare import prepare_tokenizer, sample_texts
 from lemur.data.tokenize.step import TokenizeWriter
-from lemur.data.tokenize.tokenizer import tokenizer_info, train_tokenizer
+from lemur.data.tokenize.tokenizer import tokenizer_info
 from lemur.shards.check import check_structure
 from lemur.shards.commit import commit
 from lemur.shards.format import (
@@ -57,6 +61,7 @@ from lemur.shards.format import (
 )
 
 WORK_VERSION = 2  # 2: records carry mix language families
+__all__ = ["BuildError", "build", "make_filters", "prepare_tokenizer", "sample_texts"]
 Reporter = Callable[[str, int, int], None]  # (stage, done, total)
 
 
@@ -76,56 +81,15 @@ def _stat(path: str) -> tuple[int, int]:
         return -1, -1
 
 
-def _ordered(files: list[InputFile]) -> list[InputFile]:
-    """Files in a seed-free pseudo-random order, so a sample spans the whole source."""
-    return sorted(files, key=lambda f: hashlib.blake2b(f.path.encode(), digest_size=8).digest())
-
-
-def sample_texts(recipe: Recipe, inputs: list[InputFile], budget: int) -> Iterator[str]:
-    """A deterministic sample of about `budget` bytes of text, split evenly over sources."""
-    reader = SourcesReader(inputs, recipe.sources, errors_dir="")
-    per_source = max(1, budget // len(recipe.sources))
-    for i in range(len(recipe.sources)):
-        taken = 0
-        for f in _ordered([f for f in inputs if f.source == i]):
-            for doc in reader.read(f):
-                if doc.text.strip():
-                    taken += len(doc.text.encode("utf-8", "surrogatepass"))
-                    yield doc.text
-                if taken >= per_source:
-                    break
-            if taken >= per_source:
-                break
-
-
-def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Path:
-    """The recipe's tokenizer as a checked file under `<output>/.work/` (copied or trained).
-
-    A given model is loaded (and so validated) before anything is copied, and nothing goes
-    outside `.work/` here: the build's own directory receives it only when complete.
-    """
-    if recipe.tokenizer.model is not None:
-        src = Path(recipe.tokenizer.model).expanduser()
-        sha = tokenizer_info(src)["sha256"]  # TokenizerError naming `src` if unusable
-        target = work / f"given-tokenizer-{sha[:16]}.model"
-        if not target.is_file():
-            atomic_write_bytes(target, src.read_bytes())
-        return target
-    train = recipe.tokenizer.train
-    key = _sha({"train": train, "sources": recipe.sources, "v": WORK_VERSION})[:16]
-    target = work / f"tokenizer-{key}.model"
-    if not target.is_file():
-        train_tokenizer(sample_texts(recipe, inputs, train.sample_bytes), train, target)
-    return target
-
-
 def _tasks_done(work: Path) -> int:
-    """Tasks of the tokenize stage with a datatrove completion marker."""
+    """Tasks of a stage (logging under `work/logs`) with a datatrove completion marker."""
     done_dir = work / "logs" / "completions"
     return len(list(done_dir.glob("*"))) if done_dir.is_dir() else 0
 
 
-def _run_executor(executor: Any, work: Path, n_tasks: int, report: Reporter) -> None:
+def _run_executor(
+    executor: Any, work: Path, n_tasks: int, report: Reporter, stage: str = "tokenize"
+) -> None:
     """Run a datatrove executor in a thread while reporting finished tasks."""
     failure: list[BaseException] = []
 
@@ -138,22 +102,27 @@ def _run_executor(executor: Any, work: Path, n_tasks: int, report: Reporter) -> 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     while thread.is_alive():
-        report("tokenize", _tasks_done(work), n_tasks)
+        report(stage, _tasks_done(work), n_tasks)
         thread.join(0.5)
-    report("tokenize", _tasks_done(work), n_tasks)
+    report(stage, _tasks_done(work), n_tasks)
     if failure:
-        raise BuildError(f"tokenize stage failed: {failure[0]} (task logs: {work / 'logs'})")
+        raise BuildError(f"{stage} stage failed: {failure[0]} (task logs: {work / 'logs'})")
 
 
 def wait_for_slurm(
-    executor: Any, work: Path, n_tasks: int, report: Reporter, poll: float = 30
+    executor: Any,
+    work: Path,
+    n_tasks: int,
+    report: Reporter,
+    poll: float = 30,
+    stage: str = "tokenize",
 ) -> None:
     """Wait until a submitted Slurm array finishes every task, or fail if it stops short."""
     import subprocess
 
     while True:
         done = _tasks_done(work)
-        report("tokenize", done, n_tasks)
+        report(stage, done, n_tasks)
         if done >= n_tasks:
             return
         job = getattr(executor, "job_id", None)
@@ -179,7 +148,9 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
     languages = {s.name: s.languages for s in recipe.sources if s.languages}
     if languages:
         filters.append(LanguageFilter(languages))
-    if recipe.filters.code.enabled:
+    # Chat builds skip the code and web-text quality rules: they judge files and web pages,
+    # not conversations (and C4's line removal would move the loss spans).
+    if recipe.filters.code.enabled and not recipe.is_chat():
         filters += code_filters(recipe.filters.code)
     t = recipe.filters.text
     for config, cls in (
@@ -188,7 +159,7 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
         (t.fineweb, FineWebFilter),
         (t.gopher_repetition, GopherRepetitionFilter),
     ):
-        if config.enabled:
+        if config.enabled and not recipe.is_chat():
             filters.append(cls(config))
     if recipe.decontaminate.benchmarks:  # builds the benchmark indexes, once per build
         work = Path(recipe.output).expanduser() / ".work"
@@ -209,28 +180,47 @@ def tokenize_stage(
 ) -> int:
     """Read, filter and tokenize every input file; return the number of tasks."""
     n_tasks = max(1, min(recipe.executor.tasks, len(inputs)))
+    chat, batch = recipe.is_chat(), recipe.tokenize_batch_docs
     pipeline = [
         SourcesReader(inputs, recipe.sources, errors_dir=str(work / "errors")),
         LanguageTagger(),
         *make_filters(recipe),
-        *([PiiRedactor(recipe.pii)] if recipe.pii.enabled and recipe.pii.kinds else []),
+        # PII redaction rewrites text, which would move a conversation's loss spans.
         *(
-            [DedupSigner(recipe.dedup, str(work / "tokens"))]
+            [PiiRedactor(recipe.pii)]
+            if recipe.pii.enabled and recipe.pii.kinds and not chat
+            else []
+        ),
+        # Chat: encode once, mask and cut before signing, so dedup sees what is trained on.
+        *(
+            [ChatEncoder(str(tok_path), recipe.seq_len, recipe.chat_settings().long, batch)]
+            if chat
+            else []
+        ),
+        *(
+            [DedupSigner(recipe.dedup, str(work / "tokens"), tuple(recipe.domains()))]
             if recipe.dedup.exact or recipe.dedup.near
             else []
         ),
-        TokenizeWriter(str(tok_path), str(work / "tokens"), recipe.tokenize_batch_docs),
+        TokenizeWriter(str(tok_path), str(work / "tokens"), batch, masks=chat),
     ]
-    executor = make_executor(recipe.executor, pipeline, n_tasks, work / "logs")
-    _run_executor(executor, work, n_tasks, report)
-    if recipe.executor.kind == "slurm":
-        wait_for_slurm(executor, work, n_tasks, report)
+    run_stage(recipe, report, pipeline, work, n_tasks, "tokenize")
     missing = [r for r in range(n_tasks) if not (work / "tokens" / f"{r:05d}.bin").is_file()]
     if missing:
         raise BuildError(
             f"tokenize stage: task {missing[0]} produced no output (see {work / 'logs'})"
         )
     return n_tasks
+
+
+def run_stage(
+    recipe: Recipe, report: Reporter, pipeline: list, work: Path, tasks: int, stage: str
+) -> None:
+    """Run `tasks` tasks of a pipeline on the recipe's executor (logs under `work/logs`)."""
+    executor = make_executor(recipe.executor, pipeline, tasks, work / "logs")
+    _run_executor(executor, work, tasks, report, stage)
+    if recipe.executor.kind == "slurm":
+        wait_for_slurm(executor, work, tasks, report, stage=stage)
 
 
 def inputs_sha256(inputs: list[InputFile]) -> str:
@@ -268,7 +258,8 @@ def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
                 recipe.dedup.exact,
                 recipe.dedup.near,
                 recipe.dedup.ngram,
-                recipe.dedup.num_perm,
+                recipe.dedup.bands,
+                recipe.dedup.rows,
                 recipe.dedup.seed,
             ),
             "rejects": recipe.rejects,
@@ -279,6 +270,8 @@ def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
             "pii": recipe.pii,
             "tasks": recipe.executor.tasks,
             "batch": recipe.tokenize_batch_docs,
+            # Chat tokens depend on the cut (seq_len, long policy); other builds' keys stay.
+            **({"chat": (recipe.seq_len, recipe.chat_settings())} if recipe.is_chat() else {}),
         }
     )[:16]
 
@@ -337,7 +330,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     work_root = out / ".work"
     report("tokenizer", 0, 1)
     tok_path = prepare_tokenizer(recipe, inputs, work_root)
-    tok = tokenizer_info(tok_path)
+    tok = tokenizer_info(tok_path, CHAT_PIECES if recipe.is_chat() else ())
     report("tokenizer", 1, 1)
     key = _work_key(recipe, inputs_sha, tok["sha256"])
     work = work_root / f"tokens-{key}"
@@ -349,7 +342,8 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     # Named by content, not place: the same build in another directory gets the same names.
     settings = {k: v for k, v in recipe.to_dict().items() if k != "output"}
     prefix = f"build-{_sha([settings, key])[:12]}"
-    packer = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"], prefix, tok_path)
+    dd = run_dedup(recipe.dedup, work, n_tasks, partial(run_stage, recipe, report))
+    packer = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"], prefix, tok_path, dd)
     pack_plan = packer.plan()
     if on_plan:
         on_plan(pack_plan.mix.to_json())

@@ -31,6 +31,11 @@ def dropped_label(source: str, reason: str) -> str:
     return f"dropped:{source}:{reason}"
 
 
+def truncated_label(source: str) -> str:
+    """A chat document of `source` cut at a turn boundary to fit `seq_len` (kept, not dropped)."""
+    return f"truncated:{source}"
+
+
 def error_labels(kind: str, source: str) -> tuple[str, str]:
     """A bad input of `kind`: the overall label and the one per source."""
     return f"error_{kind}", f"error_{kind}:{source}"
@@ -67,7 +72,12 @@ def _task_labels(work: Path, n_tasks: int) -> Counter[str]:
 
 def _per_source(labels: Counter[str], sources: dict[str, dict[str, Any]]) -> dict[str, Counter]:
     """Fill the per-source counts from the labels; return the totals by reason and kind."""
-    totals: dict[str, Counter] = {"dropped": Counter(), "errors": Counter(), "pii": Counter()}
+    totals: dict[str, Counter] = {
+        "dropped": Counter(),
+        "errors": Counter(),
+        "pii": Counter(),
+        "truncated": Counter(),
+    }
     for label, n in sorted(labels.items()):
         if label.startswith("read:"):
             sources[label[5:]]["read"] += n
@@ -75,6 +85,10 @@ def _per_source(labels: Counter[str], sources: dict[str, dict[str, Any]]) -> dic
             _, src, reason = label.split(":", 2)
             sources[src]["dropped"][reason] = sources[src]["dropped"].get(reason, 0) + n
             totals["dropped"][reason] += n
+        elif label.startswith("truncated:"):
+            src = label.split(":", 1)[1]
+            sources[src]["truncated"] = sources[src].get("truncated", 0) + n
+            totals["truncated"][src] += n
         elif label.startswith("language_disagreement:"):
             sources[label.split(":", 1)[1]]["language_disagreements"] += n
         elif label.startswith("pii:"):
@@ -133,6 +147,8 @@ def collect_counts(work: Path, recipe: Recipe, n_tasks: int, listing: Listing) -
     for s in sources.values():
         s["kept"] = s["read"] - sum(s["dropped"].values())
     read = sum(s["read"] for s in sources.values())
+    # Only chat builds cut documents; other manifests stay as they were.
+    truncated = {"truncated": sum(totals["truncated"].values())} if recipe.is_chat() else {}
     return {
         "read": read,
         "dropped": dict(sorted(dropped.items())),
@@ -151,4 +167,5 @@ def collect_counts(work: Path, recipe: Recipe, n_tasks: int, listing: Listing) -
         },
         "pii": dict(sorted(pii.items())),
         "sources": sources,
+        **truncated,
     }

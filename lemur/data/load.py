@@ -14,6 +14,7 @@ from lemur import typed_yaml
 from lemur.data.recipe import (
     BUILTIN_BENCHMARKS,
     CHAT_DOMAIN,
+    CHAT_LONG,
     CHAT_SCHEMAS,
     EXECUTORS,
     FORMATS,
@@ -124,6 +125,37 @@ def _validate_sources(recipe: Recipe, check_paths: bool) -> None:
             expand_paths(s)
 
 
+def _validate_chat(recipe: Recipe) -> None:
+    """A chat build takes only chat sources; `mix.weights` and `chat:` only apply to one."""
+    mix = recipe.mix
+    if not recipe.is_chat():
+        if mix.weights is not None:
+            raise RecipeError("recipe: mix.weights is for chat builds (sources of format chat)")
+        if recipe.chat is not None:
+            raise RecipeError("recipe: chat: applies only to builds of chat sources")
+        return
+    for i, s in enumerate(recipe.sources):
+        if s.format != "chat":
+            raise RecipeError(
+                f"recipe: sources[{i}] '{s.name}' is format {s.format!r}: a chat build takes only "
+                f"chat sources (build pre-training and chat corpora separately)"
+            )
+    long = recipe.chat_settings().long
+    if long not in CHAT_LONG:
+        raise RecipeError(f"recipe: chat.long {long!r} is not one of {', '.join(CHAT_LONG)}")
+    names = [s.name for s in recipe.sources]
+    for name, w in (mix.weights or {}).items():
+        if name not in names:
+            raise RecipeError(f"recipe: mix.weights.{name}: no chat source is named '{name}'")
+        if not w > 0:
+            raise RecipeError(f"recipe: mix.weights.{name} must be > 0, got {w}")
+    if mix.weights and len(mix.weights) < len(names):
+        missing = next(n for n in names if n not in mix.weights)
+        raise RecipeError(f"recipe: mix.weights has no entry for source '{missing}'")
+    if not mix.weights and mix.total_tokens is not None:
+        raise RecipeError("recipe: mix.total_tokens in a chat build needs mix.weights")
+
+
 def _validate_schema(s: SourceConfig, key: str) -> None:
     """`format: chat` names one of the chat schemas; no other format takes a schema."""
     if s.format != "chat":
@@ -141,6 +173,11 @@ def _validate_schema(s: SourceConfig, key: str) -> None:
 
 
 def _validate_mix(recipe: Recipe) -> None:
+    _validate_chat(recipe)
+    if recipe.is_chat():  # the code:text ratio and language shares do not apply to chat
+        if not recipe.mix.max_repeats >= 1:
+            raise RecipeError("recipe: mix.max_repeats must be >= 1")
+        return
     domains = recipe.domains()
     ratio = recipe.mix.ratio
     for d, r in ratio.items():
@@ -177,6 +214,10 @@ def _validate_sizes(recipe: Recipe) -> None:
     dd = recipe.dedup
     if dd.ngram < 1 or dd.bands < 1 or dd.rows < 1:
         raise RecipeError("recipe: dedup.ngram, dedup.bands and dedup.rows must be >= 1")
+    if dd.bucket_tasks is not None and dd.bucket_tasks < 1:
+        raise RecipeError(f"recipe: dedup.bucket_tasks must be >= 1, got {dd.bucket_tasks}")
+    if not dd.merge_buffer_mb > 0:
+        raise RecipeError(f"recipe: dedup.merge_buffer_mb must be > 0, got {dd.merge_buffer_mb}")
     if not 0 < dd.min_similarity <= 1:
         raise RecipeError(
             f"recipe: dedup.min_similarity must be in (0, 1], got {dd.min_similarity}"

@@ -53,6 +53,11 @@ class DedupConfig:
     min_similarity: float = 0.75
     seed: int = 42
     write_duplicates: bool = False
+    # Bucket tasks of the near-dup stage: each band's keys are split into
+    # ceil(bucket_tasks / bands) key ranges (None: one task per band).
+    bucket_tasks: int | None = None
+    # Memory a bucket task's k-way merge and verification buffers may use.
+    merge_buffer_mb: float = 64
 
     @property
     def num_perm(self) -> int:
@@ -193,6 +198,23 @@ class MixConfig:
     total_tokens: float | None = None
     shares: dict[str, dict[str, float]] | None = None
     max_repeats: float = 1.0
+    # Chat builds only: token shares between chat sources ({source name: weight}); without
+    # it a chat build takes every kept conversation once (`ratio` does not apply to chat).
+    weights: dict[str, float] | None = None
+
+
+CHAT_LONG = ("truncate", "drop")
+
+
+@dataclass(frozen=True)
+class ChatConfig:
+    """Chat builds (sources of `format: chat`): what to do with conversations over seq_len.
+
+    `long: truncate` cuts a conversation at the end of the last assistant turn that fits
+    (dropping it when not even the first exchange fits); `drop` drops it. Both are counted.
+    """
+
+    long: str = "truncate"
 
 
 @dataclass(frozen=True)
@@ -304,6 +326,7 @@ class Recipe:
     decontaminate: DecontaminateConfig = field(default_factory=DecontaminateConfig)
     pii: PiiConfig = field(default_factory=PiiConfig)
     rejects: str | None = None
+    chat: ChatConfig | None = None
     val_fraction: float = 0.005
     shard_tokens: int = 1 << 27
     tokenize_batch_docs: int = 256
@@ -316,6 +339,14 @@ class Recipe:
         """Hash of the resolved recipe, stored in the manifest."""
         blob = json.dumps(self.to_dict(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
+
+    def is_chat(self) -> bool:
+        """A chat build: its sources are conversations (ChatML tokens with loss masks)."""
+        return any(s.format == "chat" for s in self.sources)
+
+    def chat_settings(self) -> ChatConfig:
+        """The `chat:` section, defaults filled in."""
+        return self.chat or ChatConfig()
 
     def domains(self) -> list[str]:
         """Domains in the order their first source appears."""

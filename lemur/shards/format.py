@@ -1,8 +1,9 @@
 """The shard directory format (`lemur-shards/1`): writing, reading and checksumming shards.
 
 See docs/format.md for the contract. A shard is a flat little-endian token array (`.bin`)
-plus a flat uint64 array of exclusive document end offsets (`.idx`); `manifest.json`
-lists every shard with its token/document counts and sha256.
+plus a flat uint64 array of exclusive document end offsets (`.idx`), and in chat builds a
+loss mask (`.mask`, one uint8 0/1 per token); `manifest.json` lists every shard with its
+token/document counts and sha256s.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 FORMAT = "lemur-shards/1"
 MANIFEST = "manifest.json"
 INDEX_DTYPE = np.dtype("<u8")
+MASK_DTYPE = np.dtype("u1")
 
 
 class ShardFormatError(ValueError):
@@ -77,10 +79,12 @@ class ShardInfo:
     tokens: int
     documents: int
     sha256: str
+    mask: str | None = None  # chat builds: the loss mask file and its sha256
+    mask_sha256: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The manifest dict of this shard."""
-        return {
+        """The manifest dict of this shard (`mask` keys only when it has a mask)."""
+        out: dict[str, Any] = {
             "file": self.file,
             "index": self.index,
             "split": self.split,
@@ -89,6 +93,9 @@ class ShardInfo:
             "documents": self.documents,
             "sha256": self.sha256,
         }
+        if self.mask is not None:
+            out["mask"], out["mask_sha256"] = self.mask, self.mask_sha256
+        return out
 
 
 def write_shard(
@@ -99,15 +106,24 @@ def write_shard(
     dtype: np.dtype,
     split: str,
     domain: str,
+    mask: np.ndarray | None = None,
 ) -> ShardInfo:
-    """Write one shard, `{rel}.idx` then `{rel}.bin`, each atomically; return its entry.
+    """Write one shard, `{rel}.idx` (then `{rel}.mask`) then `{rel}.bin`, each atomically.
 
     Every writer of shards comes here, so the bytes on disk have one definition: tokens as
-    little-endian `dtype`, document ends as little-endian uint64.
+    little-endian `dtype`, document ends as little-endian uint64, the loss mask (chat
+    builds) as one uint8 per token. Returns the shard's manifest entry.
     """
     rel_bin, rel_idx = f"{rel}.bin", f"{rel}.idx"
     payload = tokens.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes()
     atomic_write_bytes(root / rel_idx, np.asarray(ends, INDEX_DTYPE).tobytes())
+    masked: dict[str, str] = {}
+    if mask is not None:
+        if len(mask) != tokens.size:
+            raise ValueError(f"{rel}: mask of {len(mask)} values for {tokens.size} tokens")
+        mask_bytes = np.asarray(mask, MASK_DTYPE).tobytes()
+        atomic_write_bytes(root / f"{rel}.mask", mask_bytes)
+        masked = {"mask": f"{rel}.mask", "mask_sha256": hashlib.sha256(mask_bytes).hexdigest()}
     atomic_write_bytes(root / rel_bin, payload)
     return ShardInfo(
         file=rel_bin,
@@ -117,6 +133,7 @@ def write_shard(
         tokens=int(tokens.size),
         documents=len(ends),
         sha256=hashlib.sha256(payload).hexdigest(),
+        **masked,
     )
 
 
@@ -145,14 +162,22 @@ class ShardWriter:
         self.shard_tokens = int(shard_tokens)
         self.shards: list[ShardInfo] = []
         self._parts: list[np.ndarray] = []
+        self._masks: list[np.ndarray] = []
         self._ends: list[int] = []
         self._size = 0
 
-    def add(self, tokens: np.ndarray) -> None:
-        """Append one document (already framed as `<s> ... </s>`)."""
+    def add(self, tokens: np.ndarray, mask: np.ndarray | None = None) -> None:
+        """Append one document (already framed as `<s> ... </s>`), with its loss mask if any.
+
+        Either every document of a writer has a mask or none has.
+        """
         if self._size and self._size + len(tokens) > self.shard_tokens:
             self._flush()
+        if (mask is not None) != bool(self._masks) and self._parts:
+            raise ValueError("ShardWriter: documents with and without a loss mask in one shard")
         self._parts.append(np.asarray(tokens, dtype=self.dtype))
+        if mask is not None:
+            self._masks.append(np.asarray(mask, MASK_DTYPE))
         self._size += len(tokens)
         self._ends.append(self._size)
 
@@ -162,9 +187,12 @@ class ShardWriter:
         n = len(self.shards)
         rel = f"{self.prefix}/{n:05d}"
         tokens = np.concatenate(self._parts)
-        info = write_shard(self.root, rel, tokens, self._ends, self.dtype, self.split, self.domain)
+        mask = np.concatenate(self._masks) if self._masks else None
+        info = write_shard(
+            self.root, rel, tokens, self._ends, self.dtype, self.split, self.domain, mask
+        )
         self.shards.append(info)
-        self._parts, self._ends, self._size = [], [], 0
+        self._parts, self._masks, self._ends, self._size = [], [], [], 0
 
     def close(self) -> list[ShardInfo]:
         """Write the last partial shard and return every shard written."""
@@ -211,3 +239,10 @@ def open_tokens(directory: str | os.PathLike, shard: dict[str, Any], dtype: str)
 def open_index(directory: str | os.PathLike, shard: dict[str, Any]) -> np.ndarray:
     """Memory-map a shard's document end offsets (uint64, exclusive)."""
     return open_array(Path(directory) / shard["index"], INDEX_DTYPE)
+
+
+def open_mask(directory: str | os.PathLike, shard: dict[str, Any]) -> np.ndarray | None:
+    """Memory-map a shard's loss mask (uint8 per token), or None for a shard without one."""
+    if "mask" not in shard:
+        return None
+    return open_array(Path(directory) / shard["mask"], MASK_DTYPE)

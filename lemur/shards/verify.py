@@ -9,7 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from lemur.shards.format import INDEX_DTYPE, MANIFEST, ShardFormatError, read_manifest, sha256_file
+from lemur.shards.format import (
+    INDEX_DTYPE,
+    MANIFEST,
+    MASK_DTYPE,
+    ShardFormatError,
+    read_manifest,
+    sha256_file,
+)
 
 CHUNK_TOKENS = 1 << 24
 # Manifest fields every reader relies on, with their JSON types.
@@ -106,6 +113,34 @@ def _check_tokens(path: Path, dtype: np.dtype, vocab: int, expected_sha: str) ->
     return f"{path}: {bad_id}" if bad_id else None
 
 
+def _check_mask(root: Path, shard: dict[str, Any], ends: np.ndarray | None) -> str | None:
+    """A shard's loss mask: one 0/1 byte per token, its sha256, and 0 at `<s>` and `</s>`.
+
+    `ends` are the shard's document ends when its index is sound (else None: the framing
+    positions are unknown and only size, checksum and values are checked).
+    """
+    path = root / shard["mask"]
+    if not isinstance(shard.get("mask_sha256"), str):
+        return f"{path}: the manifest gives no mask_sha256 for it"
+    if not path.is_file():
+        return f"{path}: missing"
+    size = path.stat().st_size
+    if size != shard["tokens"] * MASK_DTYPE.itemsize:
+        return f"{path}: {size} mask values, the shard has {shard['tokens']} tokens"
+    if sha256_file(path) != shard["mask_sha256"]:
+        return f"{path}: sha256 mismatch (corrupted or modified)"
+    if not size:
+        return None
+    mask = np.memmap(path, dtype=MASK_DTYPE, mode="r")
+    if int(mask.max()) > 1:
+        return f"{path}: a mask value is not 0 or 1"
+    if ends is not None and len(ends):
+        starts = np.concatenate(([0], ends[:-1]))
+        if np.any(mask[starts] != 0) or np.any(mask[ends - 1] != 0):
+            return f"{path}: the loss mask is 1 at a document's <s> or </s>"
+    return None
+
+
 def verify_shard(root: Path, shard: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
     """Every problem of one shard, each a one-line message naming the file."""
     dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
@@ -142,6 +177,13 @@ def verify_shard(root: Path, shard: dict[str, Any], manifest: dict[str, Any]) ->
         if np.any(tokens[starts] != tok["bos_id"]) or np.any(tokens[ends - 1] != tok["eos_id"]):
             problems.append(f"{idx_path}: a document does not start with <s> and end with </s>")
         del tokens
+    if "mask" in shard:
+        sound = len(ends) == 0 or (
+            ends[0] > 0 and bool(np.all(np.diff(ends) > 0)) and ends[-1] == shard["tokens"]
+        )
+        bad_mask = _check_mask(root, shard, ends if sound else None)
+        if bad_mask:
+            problems.append(bad_mask)
     return problems
 
 

@@ -220,6 +220,18 @@ def plan_mix(
     return MixPlan(int(round(total)), units, notes)
 
 
+def plan_all(available: dict[tuple[str, str], int]) -> MixPlan:
+    """A plan that takes every available token once (chat builds without `mix.weights`)."""
+    total = sum(available.values())
+    units = {
+        (d, lang): UnitPlan(
+            d, lang, a, a / total if total else 0.0, budget=a, rate=1.0 if a else 0.0
+        )
+        for (d, lang), a in available.items()
+    }
+    return MixPlan(total, units, ["chat: every kept conversation once (no ratio applies)"])
+
+
 def select_repeats(tokens: np.ndarray, order_hash: np.ndarray, budget: int) -> np.ndarray:
     """How many copies of each document a unit takes to meet `budget` tokens.
 

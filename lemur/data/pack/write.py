@@ -1,8 +1,8 @@
 """Pack tokenized documents into shards: dedup, val split, mix plan, external shuffle, write.
 
-Reads the tokenize stage's per-task runs (`{rank}.bin` + `{rank}.docs.npy`); only small
-per-document records (~50 bytes each) are held in memory; tokens move through bucket files
-on disk (see shuffle.py).
+Reads the tokenize stage's per-task runs (`{rank}.bin` + `{rank}.docs.npy`, and in chat
+builds `{rank}.mask`); only small per-document records (~50 bytes each) are held in memory;
+tokens (and masks) move through bucket files on disk (see shuffle.py).
 """
 
 from __future__ import annotations
@@ -13,13 +13,21 @@ from typing import Any
 
 import numpy as np
 
-from lemur.data.dedup.cluster import DedupResult, cluster_sizes, find_duplicates, write_duplicates
+from lemur.data.dedup.cluster import DedupResult, cluster_sizes, write_duplicates
 from lemur.data.dedup.signer import GOLDEN64
-from lemur.data.pack.mix import MixInfeasible, MixPlan, plan_mix, seeded_hash, select_repeats
+from lemur.data.dedup.stage import dedup_result
+from lemur.data.pack.mix import (
+    MixInfeasible,
+    MixPlan,
+    plan_all,
+    plan_mix,
+    seeded_hash,
+    select_repeats,
+)
 from lemur.data.pack.records import load_records
 from lemur.data.pack.shuffle import external_shuffle
 from lemur.data.recipe import Recipe
-from lemur.shards.format import ShardInfo, ShardWriter, token_dtype
+from lemur.shards.format import MASK_DTYPE, ShardInfo, ShardWriter, open_array, token_dtype
 
 
 def _join(prefix: str, rel: str) -> str:
@@ -35,6 +43,7 @@ class PackPlan:
     dups: DedupResult | None  # None when dedup is off
     val: np.ndarray  # bool: held out for validation
     pool: np.ndarray  # bool: kept and not val, what the mix selects from
+    groups: np.ndarray  # the mix's "domain" of each document (its source in weighted chat)
 
 
 class Packer:
@@ -49,6 +58,7 @@ class Packer:
         vocab_size: int,
         prefix: str = "",
         tokenizer: Path | None = None,
+        dedup_dir: Path | None = None,
     ):
         self.recipe = recipe
         self.tok_dir = tok_dir
@@ -57,10 +67,14 @@ class Packer:
         self.prefix = prefix
         self.tokenizer = tokenizer or out_dir / "tokenizer.model"
         self.n_tasks = n_tasks
+        self.dedup_dir = dedup_dir  # the finished dedup tasks' folder (see dedup/stage.py)
         self.dtype = token_dtype(vocab_size)
         self.rec = load_records(tok_dir, n_tasks)
         self.domain_of_source = np.array([s.domain for s in recipe.sources], dtype=object)
         self._runs: dict[int, np.ndarray] = {}
+        # Chat builds: every task wrote a loss mask aligned with its token run.
+        self.masks = recipe.is_chat()
+        self._masks: dict[int, np.ndarray] = {}
 
     def _run(self, task: int) -> np.ndarray:
         if task not in self._runs:
@@ -72,28 +86,38 @@ class Packer:
             )
         return self._runs[task]
 
+    def _mask(self, task: int) -> np.ndarray:
+        """The loss mask of a task's run (chat builds), as long as its tokens."""
+        if task not in self._masks:
+            self._masks[task] = open_array(self.tok_dir / f"{task:05d}.mask", MASK_DTYPE)
+            if len(self._masks[task]) != len(self._run(task)):
+                raise PackError(
+                    f"{self.tok_dir / f'{task:05d}.mask'}: {len(self._masks[task])} mask values "
+                    f"for {len(self._run(task))} tokens; delete {self.tok_dir} and rerun"
+                )
+        return self._masks[task]
+
     def _write(self, rows: np.ndarray, prefix: str, split: str, domain: str) -> list[ShardInfo]:
         writer = ShardWriter(
             self.out_dir, prefix, split, domain, self.dtype, self.recipe.shard_tokens
         )
         r = self.rec
         for i in rows.tolist():
-            writer.add(self._run(int(r.task[i]))[r.start[i] : r.end[i]])
+            t, lo, hi = int(r.task[i]), r.start[i], r.end[i]
+            writer.add(self._run(t)[lo:hi], self._mask(t)[lo:hi] if self.masks else None)
         return writer.close()
 
-    def dedup(self, domains: np.ndarray) -> DedupResult | None:
-        """Exact and near duplicates across all sources of each domain (None when off)."""
+    def dedup(self) -> DedupResult | None:
+        """Exact and near duplicates across all sources of each domain (None when off).
+
+        The decisions come from the dedup tasks the build ran on its executor.
+        """
         cfg = self.recipe.dedup
-        r = self.rec
-        if not (cfg.exact or cfg.near) or len(r.task) == 0:
+        if not (cfg.exact or cfg.near) or len(self.rec.task) == 0:
             return None
-        domain_ids = {d: i for i, d in enumerate(self.recipe.domains())}
-        dom = np.array([domain_ids[d] for d in domains], np.int64)
-        # Keep the document of the source listed first, then the longest, then by id hash.
-        priority = np.lexsort((r.id_hash, -r.tokens, r.source))
-        rank = np.empty(len(priority), np.int64)
-        rank[priority] = np.arange(len(priority))
-        result = find_duplicates(self.tok_dir, self.n_tasks, r.task, r.local, dom, rank, cfg)
+        if self.dedup_dir is None:
+            raise ValueError("Packer: dedup is on but no dedup stage folder was given")
+        result = dedup_result(self.tok_dir, self.n_tasks, self.dedup_dir)
         if cfg.write_duplicates:
             self._write_duplicates(result)
         return result
@@ -145,32 +169,42 @@ class Packer:
         """
         r, recipe = self.rec, self.recipe
         domains = self.domain_of_source[r.source] if len(r.source) else np.zeros(0, object)
-        dups = self.dedup(domains)
+        dups = self.dedup()
         kept = ~dups.removed if dups is not None else np.ones(len(domains), bool)
         val = self.split_val(domains, kept)
         pool = kept & ~val
+        # Weighted chat builds plan tokens per source; every other build per domain.
+        weighted = recipe.is_chat() and bool(recipe.mix.weights)
+        names = [s.name for s in recipe.sources] if weighted else recipe.domains()
+        groups = np.array(names, dtype=object)[r.source] if weighted else domains
         available: dict[tuple[str, str], int] = {}
-        for d in recipe.domains():
-            in_d = pool & (domains == d)
+        for d in names:
+            in_d = pool & (groups == d)
             for lang_id in np.unique(r.language[in_d]).tolist():
                 m = in_d & (r.language == lang_id)
                 available[(d, r.languages[lang_id])] = int(r.tokens[m].sum())
         mix = recipe.mix
         try:
-            plan = plan_mix(available, mix.ratio, mix.total_tokens, mix.shares, mix.max_repeats)
+            if not recipe.is_chat():
+                plan = plan_mix(available, mix.ratio, mix.total_tokens, mix.shares, mix.max_repeats)
+            elif weighted:
+                plan = plan_mix(available, mix.weights, mix.total_tokens, None, mix.max_repeats)
+            else:  # no code:text ratio for chat: every kept conversation once
+                plan = plan_all(available)
         except MixInfeasible as e:
             raise PackError(str(e)) from None
-        return PackPlan(plan, domains, dups, val, pool)
+        return PackPlan(plan, domains, dups, val, pool, groups)
 
     def pack(self, pack_plan: PackPlan, report=None) -> dict[str, Any]:
         """Write train and val shards of `pack_plan`; return manifest parts and stats."""
         r, recipe = self.rec, self.recipe
         plan, domains, val, pool = pack_plan.mix, pack_plan.domains, pack_plan.val, pack_plan.pool
+        groups = pack_plan.groups
         # copies of each document: 0 (not selected), 1, or more when the plan repeats it
         copies = np.zeros(len(domains), np.int64)
         mix_hash = seeded_hash(r.id_hash, recipe.seed, "mix")
         for (d, lang), unit in plan.units.items():
-            idx = np.flatnonzero(pool & (domains == d) & (r.language == r.languages.index(lang)))
+            idx = np.flatnonzero(pool & (groups == d) & (r.language == r.languages.index(lang)))
             copies[idx] = select_repeats(r.tokens[idx], mix_hash[idx], unit.budget)
         entry = np.repeat(np.arange(len(copies)), copies)
         first = np.repeat(np.cumsum(copies) - copies, copies)
@@ -190,6 +224,7 @@ class Packer:
             recipe.shard_tokens,
             report,
             prefix=self.prefix,
+            open_mask=self._mask if self.masks else None,
         )
         val_hash = seeded_hash(r.id_hash, recipe.seed, "val-order")
         for d in recipe.domains():
@@ -198,7 +233,7 @@ class Packer:
             shards += self._write(rows, _join(self.prefix, f"val/{d}"), "val", d)
         return {
             "shards": [s.to_json() for s in shards],
-            "mix": self._mix_section(domains, pool, copies, plan),
+            "mix": self._mix_section(domains, pool, copies, plan, groups),
             "stats": self._stats(val, copies),
             "dedup": self._dedup_section(pack_plan.dups),
         }
@@ -222,7 +257,7 @@ class Packer:
             "verified_pairs": dups.verified_pairs,
         }
 
-    def _mix_section(self, domains, pool, copies, plan: MixPlan) -> dict[str, Any]:
+    def _mix_section(self, domains, pool, copies, plan: MixPlan, groups) -> dict[str, Any]:
         r, recipe = self.rec, self.recipe
         tok = r.tokens * copies
         tokens = {d: int(tok[domains == d].sum()) for d in recipe.domains()}
@@ -242,14 +277,14 @@ class Packer:
             }
         languages: dict[str, dict[str, Any]] = {}
         for (d, lang), unit in sorted(plan.units.items()):
-            m = (domains == d) & (r.language == r.languages.index(lang))
+            m = (groups == d) & (r.language == r.languages.index(lang))
             languages.setdefault(d, {})[lang] = {
                 **unit.to_json(),
                 "tokens": int(tok[m].sum()),
             }
         total = sum(tokens.values()) or 1
         return {
-            "target": dict(recipe.mix.ratio),
+            "target": self._target(available),
             "tokens": tokens,
             "available": available,
             "achieved": {d: round(t / total, 6) for d, t in tokens.items()},
@@ -259,6 +294,18 @@ class Packer:
             "notes": plan.notes,
             "unselected_documents": int((pool & (copies == 0)).sum()),
         }
+
+    def _target(self, available: dict[str, int]) -> dict[str, float]:
+        """The mix's target by domain: the ratio, or for chat the weights (else what is there)."""
+        recipe = self.recipe
+        if not recipe.is_chat():
+            return dict(recipe.mix.ratio)
+        if not recipe.mix.weights:
+            return {d: float(a) for d, a in available.items()}
+        target: dict[str, float] = {}
+        for s in recipe.sources:
+            target[s.domain] = target.get(s.domain, 0.0) + recipe.mix.weights.get(s.name, 0.0)
+        return target
 
     def _stats(self, val, copies) -> dict[str, Any]:
         r = self.rec

@@ -1,4 +1,5 @@
-"""The tokenize step: documents to `<s> tokens </s>` runs on disk, with per-document records."""
+"""The tokenize step: documents to `<s> tokens </s>` runs on disk, with per-document records
+(and, for chat builds, a loss mask aligned with the tokens)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,18 @@ import hashlib
 import io
 import json
 import os
+from contextlib import nullcontext
 from itertools import chain
 from pathlib import Path
 
 import numpy as np
-from datatrove.data import DocumentsPipeline
+from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
 from lemur.data.counts import DOCUMENTS, TOKENS
 from lemur.data.filter.tagging import mix_language
+from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY
 from lemur.data.tokenize.tokenizer import load_tokenizer
 from lemur.shards.format import atomic_write_bytes, token_dtype
 
@@ -30,18 +33,40 @@ class TokenizeWriter(PipelineStep):
 
     Output per task: `{rank}.bin` (flat tokens, `<s> doc </s>` per document),
     `{rank}.docs.npy` (one DOC_RECORD per document) and `{rank}.json` (language table).
-    Files appear atomically when the task finishes; a killed task leaves nothing behind
-    that the pack stage could mistake for output.
+    With `masks` (a chat build), documents arrive encoded by ChatEncoder and the task also
+    writes `{rank}.mask`: one uint8 loss-mask value per token of `{rank}.bin` (0 at `<s>`
+    and `</s>`). Files appear atomically when the task finishes; a killed task leaves
+    nothing behind that the pack stage could mistake for output.
     """
 
     name = "🔢 lemur tokenize"
     type = "🔢 - TOKENIZER"
 
-    def __init__(self, tokenizer_path: str, out_dir: str, batch_docs: int = 256) -> None:
+    def __init__(
+        self, tokenizer_path: str, out_dir: str, batch_docs: int = 256, masks: bool = False
+    ) -> None:
         super().__init__()
         self.tokenizer_path = tokenizer_path
         self.out_dir = out_dir
         self.batch_docs = batch_docs
+        self.masks = masks
+
+    def _encode(self, sp, batch: list[Document], dtype: np.dtype) -> tuple[list[int], bytes, bytes]:
+        """(lengths, token bytes, mask bytes) of a batch, each document framed `<s> ... </s>`."""
+        if not self.masks:
+            # One thread per task: parallelism comes from the executor's tasks.
+            encoded = sp.encode([d.text for d in batch], add_bos=True, add_eos=True, num_threads=1)
+            lengths = [len(t) for t in encoded]
+            flat = np.fromiter(chain.from_iterable(encoded), dtype, count=sum(lengths))
+            return lengths, flat.tobytes(), b""
+        ids = [d.metadata.pop(TOKENS_KEY) for d in batch]
+        masks = [d.metadata.pop(MASK_KEY) for d in batch]
+        lengths = [len(t) + 2 for t in ids]
+        bos, eos = np.array([sp.bos_id()], dtype), np.array([sp.eos_id()], dtype)
+        zero = np.zeros(1, np.uint8)
+        tokens = np.concatenate([x for t in ids for x in (bos, t.astype(dtype), eos)] or [bos[:0]])
+        mask = np.concatenate([x for m in masks for x in (zero, m, zero)] or [zero[:0]])
+        return lengths, tokens.tobytes(), mask.tobytes()
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
         """Consume documents; write the task's tokens, records and language table."""
@@ -50,32 +75,44 @@ class TokenizeWriter(PipelineStep):
         out = Path(self.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         tmp_bin = out / f".{rank:05d}.bin.tmp-{os.getpid()}"
+        tmp_mask = out / f".{rank:05d}.mask.tmp-{os.getpid()}"
         languages: dict[str, int] = {}
         records: list[tuple[int, int, int, int, int]] = []
         ids: list[str] = []
         end = 0
-        with open(tmp_bin, "wb") as fh:
+        with open(tmp_bin, "wb") as fh, open(tmp_mask, "wb") if self.masks else nullcontext() as fm:
             for batch in batched(data or [], self.batch_docs):
                 with self.track_time("batch"):
-                    # One thread per task: parallelism comes from the executor's tasks.
-                    encoded = sp.encode(
-                        [d.text for d in batch], add_bos=True, add_eos=True, num_threads=1
-                    )
-                    lengths = [len(t) for t in encoded]
-                    flat = np.fromiter(chain.from_iterable(encoded), dtype, count=sum(lengths))
-                    fh.write(flat.tobytes())
+                    lengths, tokens, mask = self._encode(sp, batch, dtype)
+                    fh.write(tokens)
+                    if fm is not None:
+                        fm.write(mask)
                 for doc, n in zip(batch, lengths, strict=True):
                     end += n
-                    # The mix budgets language families (T-SQL counts as SQL).
-                    language = mix_language(str(doc.metadata.get("language")))
-                    lang = languages.setdefault(language, len(languages))
-                    id_hash = int.from_bytes(
-                        hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little"
-                    )
-                    records.append((doc.metadata["source_index"], lang, n, id_hash, end))
+                    records.append(self._record(doc, n, end, languages))
                     ids.append(doc.id)
                     self.stat_update(DOCUMENTS)
                     self.stat_update(TOKENS, value=n)
+        self._finish(out, rank, records, ids, languages, dtype)
+        if self.masks:
+            os.replace(tmp_mask, out / f"{rank:05d}.mask")
+        # The token file is renamed last: its presence marks the task's output complete.
+        os.replace(tmp_bin, out / f"{rank:05d}.bin")
+        return
+        yield  # a generator step that forwards nothing
+
+    @staticmethod
+    def _record(doc: Document, n: int, end: int, languages: dict[str, int]) -> tuple:
+        """The DOC_RECORD row of one document (its language added to the task's table)."""
+        # The mix budgets language families (T-SQL counts as SQL).
+        language = mix_language(str(doc.metadata.get("language")))
+        lang = languages.setdefault(language, len(languages))
+        id_hash = int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little")
+        return (doc.metadata["source_index"], lang, n, id_hash, end)
+
+    @staticmethod
+    def _finish(out: Path, rank: int, records: list, ids: list[str], languages, dtype) -> None:
+        """Write the task's records, ids and language table (each atomically)."""
         rec = np.array(records, dtype=DOC_RECORD)
         buf = io.BytesIO()
         np.save(buf, rec)
@@ -88,7 +125,3 @@ class TokenizeWriter(PipelineStep):
             out / f"{rank:05d}.json",
             json.dumps({"languages": list(languages), "dtype": dtype.name}).encode(),
         )
-        # The token file is renamed last: its presence marks the task's output complete.
-        os.replace(tmp_bin, out / f"{rank:05d}.bin")
-        return
-        yield  # a generator step that forwards nothing

@@ -6,7 +6,7 @@ import hashlib
 import io
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +57,52 @@ def load_tokenizer(path: str | os.PathLike) -> spm.SentencePieceProcessor:
     return sp
 
 
-def tokenizer_info(path: str | os.PathLike) -> dict[str, Any]:
-    """The manifest's `tokenizer` entry (without the file name) for a model file."""
+def tokenizer_info(path: str | os.PathLike, pieces: Sequence[str] = ()) -> dict[str, Any]:
+    """The manifest's `tokenizer` entry (without the file name) for a model file.
+
+    With `pieces` (a chat build's markers), `added_pieces` lists each with its id; every one
+    must be a USER_DEFINED piece of the model, so that it encodes as one id.
+    """
     sp = load_tokenizer(path)
-    return {
+    info: dict[str, Any] = {
         "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
         "vocab_size": sp.vocab_size(),
         "bos_id": sp.bos_id(),
         "eos_id": sp.eos_id(),
     }
+    if pieces:
+        info["added_pieces"] = user_defined_ids(sp, pieces, path)
+    return info
+
+
+def _model_proto(sp: spm.SentencePieceProcessor) -> tuple[Any, int]:
+    """The parsed ModelProto of a loaded model, and the enum value of USER_DEFINED pieces."""
+    # sentencepiece's Python API cannot list piece types or add pieces; its own generated
+    # schema module (which needs protobuf) reads and edits the model.
+    try:
+        from sentencepiece import sentencepiece_model_pb2 as pb
+    except Exception as e:  # noqa: BLE001 - protobuf missing, or older than the schema (VersionError)
+        raise TokenizerError(
+            f"cannot read SentencePiece model pieces: {e} (try: pip install -U protobuf)"
+        ) from None
+
+    model = pb.ModelProto()
+    model.ParseFromString(sp.serialized_model_proto())
+    return model, pb.ModelProto.SentencePiece.USER_DEFINED
+
+
+def user_defined_ids(
+    sp: spm.SentencePieceProcessor, pieces: Sequence[str], path: Any
+) -> list[dict[str, Any]]:
+    """`[{"piece", "id"}]` of USER_DEFINED pieces of a model (TokenizerError if one is not)."""
+    model, user_defined = _model_proto(sp)
+    out = []
+    for piece in pieces:
+        i = sp.piece_to_id(piece)
+        if sp.id_to_piece(i) != piece or model.pieces[i].type != user_defined:
+            raise TokenizerError(f"{path}: {piece!r} is not a user-defined piece of this model")
+        out.append({"piece": piece, "id": i})
+    return out
 
 
 def _lines(texts: Iterable[str]) -> Iterator[str]:
@@ -78,17 +115,22 @@ def _lines(texts: Iterable[str]) -> Iterator[str]:
 
 
 def train_tokenizer(
-    texts: Iterable[str], config: TokenizerTrainConfig, out_path: str | os.PathLike
+    texts: Iterable[str],
+    config: TokenizerTrainConfig,
+    out_path: str | os.PathLike,
+    user_defined_symbols: Sequence[str] = (),
 ) -> Path:
     """Train a BPE model with Llama-2 ids and code-preserving settings; write it atomically.
 
     Identity normalization, no dummy prefix, no whitespace collapsing, whitespace-only
     pieces, byte fallback and split digits make decode(encode(x)) == x byte for byte
     (except for the literal character U+2581, SentencePiece's own space marker).
+    `user_defined_symbols` (e.g. the ChatML markers) become one piece each, never split
+    or merged with their neighbours.
     """
     model = io.BytesIO()
     try:
-        _train(texts, config, model)
+        _train(texts, config, model, list(user_defined_symbols))
     except RuntimeError as e:
         raise _training_error(e, config.vocab_size) from None
     out = Path(out_path)
@@ -96,7 +138,9 @@ def train_tokenizer(
     return out
 
 
-def _train(texts: Iterable[str], config: TokenizerTrainConfig, model: io.BytesIO) -> None:
+def _train(
+    texts: Iterable[str], config: TokenizerTrainConfig, model: io.BytesIO, symbols: list[str]
+) -> None:
     spm.SentencePieceTrainer.train(
         sentence_iterator=_lines(texts),
         model_writer=model,
@@ -113,7 +157,7 @@ def _train(texts: Iterable[str], config: TokenizerTrainConfig, model: io.BytesIO
         split_digits=True,
         byte_fallback=True,
         split_by_whitespace=True,
-        user_defined_symbols=["\n", "\t"],
+        user_defined_symbols=["\n", "\t", *symbols],
         unk_id=UNK_ID,
         bos_id=BOS_ID,
         eos_id=EOS_ID,
@@ -122,3 +166,35 @@ def _train(texts: Iterable[str], config: TokenizerTrainConfig, model: io.BytesIO
         num_threads=1,  # single-threaded BPE training is deterministic run to run
         minloglevel=2,
     )
+
+
+def extend_tokenizer(
+    src: str | os.PathLike, pieces: Sequence[str], out_path: str | os.PathLike
+) -> Path:
+    """Write `src` with `pieces` appended as USER_DEFINED pieces (atomically) to `out_path`.
+
+    Appending keeps every existing id; the new pieces get ids `vocab_size`, `vocab_size + 1`,
+    ... . Pieces the model already has as USER_DEFINED are kept where they are (extending
+    twice changes nothing); one it has of another type is an error, because it would not
+    encode as one id.
+    """
+    sp = load_tokenizer(src)  # a TokenizerError naming `src` if it is not a usable model
+    model, user_defined = _model_proto(sp)
+    have = {p.piece: p.type for p in model.pieces}
+    added = 0
+    for piece in pieces:
+        if piece in have:
+            if have[piece] != user_defined:
+                raise TokenizerError(
+                    f"{src}: already has {piece!r} as a piece that is not user-defined"
+                )
+            continue
+        new = model.pieces.add()
+        new.piece, new.score, new.type = piece, 0.0, user_defined
+        have[piece] = new.type
+        added += 1
+    out = Path(out_path)
+    data = model.SerializeToString() if added else Path(src).expanduser().read_bytes()
+    atomic_write_bytes(out, data)
+    load_tokenizer(out)  # the written model loads
+    return out

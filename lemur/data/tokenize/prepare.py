@@ -1,0 +1,75 @@
+"""Preparing a build's tokenizer under `<output>/.work/`: copied, extended or trained."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from lemur.data.read.listing import InputFile
+from lemur.data.read.sources import SourcesReader
+from lemur.data.recipe import Recipe
+from lemur.data.tokenize.chat import CHAT_PIECES
+from lemur.data.tokenize.tokenizer import extend_tokenizer, tokenizer_info, train_tokenizer
+from lemur.shards.format import atomic_write_bytes
+
+# Part of a trained tokenizer's file name key (the build's WORK_VERSION when it was set).
+KEY_VERSION = 2
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _ordered(files: list[InputFile]) -> list[InputFile]:
+    """Files in a seed-free pseudo-random order, so a sample spans the whole source."""
+    return sorted(files, key=lambda f: hashlib.blake2b(f.path.encode(), digest_size=8).digest())
+
+
+def sample_texts(recipe: Recipe, inputs: list[InputFile], budget: int) -> Iterator[str]:
+    """A deterministic sample of about `budget` bytes of text, split evenly over sources."""
+    reader = SourcesReader(inputs, recipe.sources, errors_dir="")
+    per_source = max(1, budget // len(recipe.sources))
+    for i in range(len(recipe.sources)):
+        taken = 0
+        for f in _ordered([f for f in inputs if f.source == i]):
+            for doc in reader.read(f):
+                if doc.text.strip():
+                    taken += len(doc.text.encode("utf-8", "surrogatepass"))
+                    yield doc.text
+                if taken >= per_source:
+                    break
+            if taken >= per_source:
+                break
+
+
+def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Path:
+    """The recipe's tokenizer as a checked file under `<output>/.work/` (copied or trained).
+
+    A given model is loaded (and so validated) before anything is copied, and nothing goes
+    outside `.work/` here: the build's own directory receives it only when complete. A chat
+    build's tokenizer has the ChatML markers as user-defined pieces: trained in, or appended
+    to a given model (every other id unchanged).
+    """
+    chat = recipe.is_chat()
+    if recipe.tokenizer.model is not None:
+        src = Path(recipe.tokenizer.model).expanduser()
+        sha = tokenizer_info(src)["sha256"]  # TokenizerError naming `src` if unusable
+        target = work / f"given-tokenizer-{sha[:16]}{'-chatml' if chat else ''}.model"
+        if not target.is_file():
+            if chat:
+                extend_tokenizer(src, CHAT_PIECES, target)
+            else:
+                atomic_write_bytes(target, src.read_bytes())
+        return target
+    train = recipe.tokenizer.train
+    what: dict[str, Any] = {"train": train, "sources": recipe.sources, "v": KEY_VERSION}
+    if chat:
+        what["symbols"] = CHAT_PIECES
+    target = work / f"tokenizer-{_sha(what)[:16]}.model"
+    if not target.is_file():
+        texts = sample_texts(recipe, inputs, train.sample_bytes)
+        train_tokenizer(texts, train, target, CHAT_PIECES if chat else ())
+    return target
