@@ -230,6 +230,10 @@ def _validate_executor_and_tokenizer(recipe: Recipe, check_paths: bool) -> None:
         raise RecipeError(f"recipe: executor.kind {ex.kind!r} is not one of {', '.join(EXECUTORS)}")
     if ex.tasks < 1 or ex.workers < 1:
         raise RecipeError("recipe: executor.tasks and executor.workers must be >= 1")
+    if ex.split_bytes < 0:
+        raise RecipeError(
+            f"recipe: executor.split_bytes must be >= 0 (0: never split), got {ex.split_bytes}"
+        )
     if ex.kind == "slurm" and (not ex.partition or not ex.time):
         raise RecipeError("recipe: executor.kind slurm needs executor.partition and executor.time")
     if ex.kind == "slurm" and not float(ex.mem_per_cpu_gb).is_integer():

@@ -232,6 +232,8 @@ class ExecutorConfig:
     sbatch_args: dict[str, str] | None = None
     venv_path: str | None = None
     env_command: str | None = None
+    # Inputs bigger than this are read as several parts (lemur/data/read/split.py); 0: never.
+    split_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)
