@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +13,16 @@ from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
 from datatrove.data import Document
 
 from lemur.data.build import build
-from lemur.data.dedup.cluster import connected_roots, find_duplicates
+from lemur.data.dedup import buckets
+from lemur.data.dedup.buckets import load_signatures
+from lemur.data.dedup.cluster import DedupResult, connected_roots
+from lemur.data.dedup.merge import BigGroup, chunk_entries, merge_runs
+from lemur.data.dedup.runs import GOLDEN64, RUN
 from lemur.data.dedup.signer import DedupSigner, normalized_hash, shingles
+from lemur.data.dedup.stage import run_in_process
 from lemur.data.load import recipe_from_dict
 from lemur.data.recipe import DedupConfig
+from lemur.data.tokenize.step import DOC_RECORD
 
 
 def jaccard(a: str, b: str, n: int = 5) -> float:
@@ -37,20 +44,92 @@ def edit_words(text: str, rate: float, rng: random.Random) -> str:
     return " ".join(words)
 
 
-def run_dedup(docs: list[str], sources: list[int], cfg: DedupConfig, tmp: Path):
-    """Sign documents in two tasks and find duplicates; return the result."""
-    task = np.array([i % 2 for i in range(len(docs))])
+def sign(docs: list[str], sources: list[int], cfg: DedupConfig, tmp: Path, n_tasks: int = 2):
+    """Sign documents round-robin over tasks, writing the records the tasks would write.
+
+    Records carry the text length as `tokens` and the document's index as `id_hash`, so the
+    keep order is: first source, then longest, then first listed.
+    """
+    task = np.arange(len(docs)) % n_tasks
     local = np.zeros(len(docs), np.int64)
-    for t in (0, 1):
+    for t in range(n_tasks):
         idx = np.flatnonzero(task == t)
         local[idx] = np.arange(len(idx))
         signer = DedupSigner(cfg, str(tmp))
         list(signer.run(iter(Document(text=docs[i], id=str(i)) for i in idx), rank=t))
-    lengths = np.array([len(d) for d in docs])
-    priority = np.lexsort((np.arange(len(docs)), -lengths, np.array(sources)))
-    rank = np.empty(len(docs), np.int64)
-    rank[priority] = np.arange(len(docs))
-    return find_duplicates(tmp, 2, task, local, np.zeros(len(docs), np.int64), rank, cfg)
+        rec = np.zeros(len(idx), DOC_RECORD)
+        rec["source"] = np.asarray(sources)[idx]
+        rec["tokens"] = [len(docs[i]) for i in idx]
+        rec["id_hash"] = idx
+        np.save(tmp / f"{t:05d}.docs.npy", rec)
+    return task, local
+
+
+def run_dedup(docs: list[str], sources: list[int], cfg: DedupConfig, tmp: Path, n_tasks: int = 2):
+    """Sign documents in `n_tasks` tasks and run the dedup tasks; return the result by doc."""
+    task, _ = sign(docs, sources, cfg, tmp, n_tasks)
+    res = run_in_process(cfg, tmp, n_tasks, tmp / "dedup")
+    doc = np.argsort(task, kind="stable")  # record (task-major) -> document index
+    out = DedupResult(
+        *(np.empty_like(a) for a in (res.removed_exact, res.removed_near, res.cluster)),
+        res.candidate_pairs,
+        res.verified_pairs,
+    )
+    out.removed_exact[doc], out.removed_near[doc] = res.removed_exact, res.removed_near
+    out.cluster[doc] = doc[res.cluster]
+    return out
+
+
+def reference_dedup(docs, sources, cfg: DedupConfig, tmp: Path, n_tasks: int = 2) -> DedupResult:
+    """The former single-process cluster stage: every band's keys of the corpus in memory."""
+    task, local = sign(docs, sources, cfg, tmp, n_tasks)
+    n = len(docs)
+    order = np.lexsort((np.arange(n), -np.array([len(d) for d in docs]), np.array(sources)))
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n)
+    loaded = [load_signatures(tmp, t, cfg.num_perm) for t in range(n_tasks)]
+    chash = np.array([loaded[t][0][j] for t, j in zip(task, local, strict=True)], np.uint64)
+    sig = np.array([loaded[t][1][j] for t, j in zip(task, local, strict=True)], np.uint64)
+    with np.errstate(over="ignore"):
+        exact_key = chash ^ np.uint64(0x632BE59BD9B4E019)
+        edges, stars = [], lambda k: _stars(k, rank)
+        a, b = stars(exact_key)
+        edges.append((a, b))
+        removed_exact = np.zeros(n, bool)
+        removed_exact[order[b]] = True
+        candidates = verified = 0
+        for band in range(cfg.bands):
+            h = np.full(n, 1, np.uint64)
+            for c in range(cfg.rows):
+                h = (h ^ sig[:, band * cfg.rows + c]) * GOLDEN64 + np.uint64(c + 1)
+            a, b = stars(h)
+            keep = (sig[order[a]] == sig[order[b]]).mean(axis=1) >= cfg.min_similarity
+            candidates, verified = candidates + len(a), verified + int(keep.sum())
+            edges.append((a[keep], b[keep]))
+    roots = connected_roots(n, *(np.concatenate(x) for x in zip(*edges, strict=True)))
+    cluster = np.empty(n, np.int64)
+    cluster[order] = order[roots]
+    removed = np.zeros(n, bool)
+    removed[order] = roots != np.arange(n)
+    return DedupResult(removed_exact, removed & ~removed_exact, cluster, candidates, verified)
+
+
+def _stars(keys: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Edges (rank space) joining each bucket's members to its first member."""
+    by_rank = np.empty_like(keys)
+    by_rank[rank] = keys
+    order = np.lexsort((np.arange(len(by_rank)), by_rank))
+    sk = by_rank[order]
+    same = np.concatenate(([False], sk[1:] == sk[:-1]))
+    run_start = np.maximum.accumulate(np.where(~same, np.arange(len(sk)), 0))
+    return order[run_start[same]], order[same]
+
+
+def assert_same(res: DedupResult, ref: DedupResult) -> None:
+    """Every decision and count equal."""
+    for f in ("removed_exact", "removed_near", "cluster"):
+        np.testing.assert_array_equal(getattr(res, f), getattr(ref, f), err_msg=f)
+    assert (res.candidate_pairs, res.verified_pairs) == (ref.candidate_pairs, ref.verified_pairs)
 
 
 def corpus() -> list[str]:
@@ -165,3 +244,130 @@ def test_build_keeps_one_copy_across_sources(tmp_path):
         and by_id["second/copy0"]["kind"] == "exact"
     )
     assert by_id["second/near5"]["text"] == second[5]["text"]
+    # the bucket and cluster stages ran as executor tasks: datatrove's completion markers
+    # and task logs, one per bucket task (exact + 16 bands) and one for the cluster task
+    (ddir,) = (tmp_path / "out" / ".work").glob("tokens-*/dedup-*")
+    for stage, tasks in (("buckets", 17), ("cluster", 1)):
+        logs = ddir / stage / "logs"
+        assert sorted(p.name for p in (logs / "completions").iterdir()) == [
+            f"{r:05d}" for r in range(tasks)
+        ]
+        assert len(list((logs / "logs").glob("task_*.log"))) == tasks
+    # a killed bucket task (no marker, no output) reruns alone; the shards stay identical
+    shards = {p: p.read_bytes() for p in (tmp_path / "out").glob("build-*/**/*.bin")}
+    victim = ddir / "buckets" / "pairs" / "00003.pairs"
+    pairs = victim.read_bytes()
+    others = {p: p.stat().st_mtime_ns for p in victim.parent.glob("*.pairs") if p != victim}
+    victim.unlink()
+    (ddir / "buckets" / "logs" / "completions" / "00003").unlink()
+    shutil.rmtree(ddir / "cluster")
+    assert build(recipe_from_dict(raw), force=True)["counts"]["dedup"] == d
+    assert victim.read_bytes() == pairs
+    assert {p: p.stat().st_mtime_ns for p in others} == others
+    assert {p: p.read_bytes() for p in shards} == shards
+
+
+def test_tasks_match_the_single_process_reference(tmp_path):
+    rng = random.Random(5)
+    originals = corpus()[:60]
+    docs = originals + [
+        t if i % 4 == 0 else edit_words(t, 0.01 * (i % 5), rng) for i, t in enumerate(originals)
+    ]
+    # groups bigger than a merge buffer (16 entries per run with 0.001 MB): exact and near
+    docs += [originals[3]] * 60 + [edit_words(originals[7], 0.005, rng) for _ in range(60)]
+    sources = [0] * 60 + [1] * (len(docs) - 60)
+    for n_tasks, cfg in (
+        (2, DedupConfig()),
+        (3, DedupConfig(bucket_tasks=48, merge_buffer_mb=0.001)),
+    ):
+        sub = tmp_path / f"t{n_tasks}"
+        sub.mkdir()
+        ref_dir = tmp_path / f"ref{n_tasks}"
+        ref_dir.mkdir()
+        res = run_dedup(docs, sources, cfg, sub, n_tasks)
+        assert res.removed.sum() >= 150
+        assert_same(res, reference_dedup(docs, sources, cfg, ref_dir, n_tasks))
+
+
+class CountingRun:
+    """A run that records the length of every slice read from it (to check buffer bounds)."""
+
+    def __init__(self, arr: np.ndarray, reads: list[int], field: str | None = None):
+        self.arr, self.reads, self.field = arr, reads, field
+
+    def __len__(self) -> int:
+        return len(self.arr)
+
+    def __getitem__(self, item):
+        if isinstance(item, str):
+            return CountingRun(self.arr, self.reads, item)
+        self.reads.append(item.stop - item.start)
+        part = self.arr[item]
+        return part[self.field] if self.field else part
+
+
+def test_k_way_merge_with_duplicates_across_tasks_and_empty_tasks():
+    rng = np.random.default_rng(0)
+    runs = []
+    for size in (0, 500, 37, 0, 1200):
+        run = np.zeros(size, RUN)
+        keys = rng.integers(0, 40, size).astype(np.uint64)  # many equal keys in every run
+        keys[: size // 3] = 7  # one key bigger than any buffer
+        order = np.argsort(keys, kind="stable")
+        run["key"], run["local"] = keys[order], order
+        runs.append(run)
+    reads: list[int] = []
+    chunk = 16
+    wrapped = [CountingRun(r, reads) for r in runs]
+    got, seen, big = [], set(), 0
+    for item in merge_runs(wrapped, [0] * 5, [len(r) for r in runs], chunk):
+        if isinstance(item, BigGroup):
+            big += 1
+            rows = [(item.key, t, int(x)) for t, s, e in item.spans for x in runs[t]["local"][s:e]]
+        else:
+            rows = list(
+                zip(item.key.tolist(), item.task.tolist(), item.local.tolist(), strict=True)
+            )
+        keys = {k for k, _, _ in rows}
+        assert not keys & seen  # every group comes out whole, once
+        seen |= keys
+        got += rows
+    want = sorted((int(k), t, int(x)) for t, r in enumerate(runs) for k, x in r.tolist())
+    assert got == want and big >= 1
+    assert reads and max(reads) <= chunk  # never more than one chunk of a run at a time
+    assert chunk_entries(2**20, 4) == 2**20 // (48 * 4)
+
+
+def test_big_groups_and_key_ranges_match_the_reference(tmp_path, monkeypatch):
+    calls = []
+    real = buckets.big_group_pairs
+    monkeypatch.setattr(buckets, "big_group_pairs", lambda *a: calls.append(1) or real(*a))
+    rng = random.Random(6)
+    originals = corpus()[:30]
+    docs = (
+        originals + [originals[3]] * 80 + [edit_words(originals[7], 0.005, rng) for _ in range(80)]
+    )
+    sources = [0] * 30 + [1] * 160
+    cfg = DedupConfig(bucket_tasks=32, merge_buffer_mb=0.001)
+    res = run_dedup(docs, sources, cfg, tmp_path / "tasks", 3)
+    assert calls and res.removed_exact.sum() == 80 and res.removed_near.sum() >= 70
+    assert_same(res, reference_dedup(docs, sources, cfg, tmp_path / "ref", 3))
+
+
+def test_killed_bucket_task_reruns_to_the_same_output(tmp_path):
+    originals = corpus()[:30]
+    docs = originals + [edit_words(t, 0.01, random.Random(i)) for i, t in enumerate(originals)]
+    cfg = DedupConfig()
+    sign(docs, [0] * 30 + [1] * 30, cfg, tmp_path, 2)
+    first = run_in_process(cfg, tmp_path, 2, tmp_path / "a")
+    pairs = tmp_path / "a" / "buckets" / "pairs"
+    victim = pairs / "00005.pairs"
+    before = victim.read_bytes()
+    kept = {p: p.stat().st_mtime_ns for p in pairs.glob("*.pairs") if p != victim}
+    victim.unlink()  # killed before its rename: a half-written temporary file is left
+    (pairs / ".00005.pairs.tmp-99999").write_bytes(b"partial")
+    shutil.rmtree(tmp_path / "a" / "cluster")
+    again = run_in_process(cfg, tmp_path, 2, tmp_path / "a")
+    assert victim.read_bytes() == before and first.removed.sum() >= 25
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept  # finished tasks were not redone
+    assert_same(again, first)

@@ -8,8 +8,12 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 from conftest import real_python_files, real_text_docs
+from datatrove.data import Document
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
+from lemur.data.read.chat import render_chatml
+from lemur.data.tokenize.chat import CHAT_PIECES, TOKENS_KEY, ChatEncoder
+from lemur.data.tokenize.tokenizer import extend_tokenizer
 from lemur.model import hf_tokenizer
 from lemur.model.hf_tokenizer import IM_END, IM_START, HFTokenizerError, write_hf_tokenizer
 
@@ -35,31 +39,19 @@ TRICKY = [
 ]
 
 
-def render_chatml(messages: list[dict[str, str]]) -> str:
-    """ChatML as the chat build renders it (lemur.data.read.chat.render_chatml)."""
-    try:
-        from lemur.data.read.chat import render_chatml as build_render
-    except ImportError:  # the chat reader is not on this branch yet: the same rule by hand
-        return "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages)
-    return build_render(messages)[0]
-
-
-def with_chatml(model: Path, out: Path) -> Path:
-    """A copy of the model with the two ChatML markers appended as user-defined pieces."""
-    proto = model_pb2.ModelProto()
-    proto.ParseFromString(model.read_bytes())
-    for piece in (IM_START, IM_END):
-        proto.pieces.add(
-            piece=piece, score=0.0, type=model_pb2.ModelProto.SentencePiece.USER_DEFINED
-        )
-    out.write_bytes(proto.SerializeToString())
-    return out
+def build_ids(model: Path, messages: list[dict[str, str]]) -> list[int]:
+    """The ids the chat build writes for one conversation: `<s>` + ChatEncoder's ids + `</s>`."""
+    text, spans, ends = render_chatml(messages)
+    doc = Document(text=text, id="c", metadata={"loss_spans": spans, "turn_ends": ends})
+    (kept,) = ChatEncoder(str(model), seq_len=4096).run([doc])
+    return [1, *kept.metadata[TOKENS_KEY].tolist(), 2]
 
 
 @pytest.fixture(scope="module")
 def chat_model(tokenizer_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The session tokenizer with the ChatML pieces added (ids below the old vocab unchanged)."""
-    return with_chatml(tokenizer_model, tmp_path_factory.mktemp("chat") / "tokenizer.model")
+    """The session tokenizer with the ChatML pieces appended (ids below the old vocab unchanged)."""
+    out = tmp_path_factory.mktemp("chat") / "tokenizer.model"
+    return extend_tokenizer(tokenizer_model, CHAT_PIECES, out)
 
 
 @pytest.fixture(scope="module")
@@ -106,17 +98,16 @@ def test_chat_template_gives_the_build_ids(exported: Path, chat_model: Path) -> 
     sp = spm.SentencePieceProcessor(model_file=str(chat_model))
     tok = load(exported)
     # A whole conversation is one shard document: <s> ChatML </s>.
+    text = render_chatml(MESSAGES)[0]
     whole = ids_of(tok.apply_chat_template(MESSAGES, tokenize=True))
-    assert whole == [sp.bos_id()] + sp.encode(render_chatml(MESSAGES)) + [sp.eos_id()]
-    assert (
-        tok.apply_chat_template(MESSAGES, tokenize=False)
-        == "<s>" + render_chatml(MESSAGES) + "</s>"
-    )
+    assert whole == build_ids(chat_model, MESSAGES)
+    assert whole == [sp.bos_id()] + sp.encode(text) + [sp.eos_id()]
+    assert tok.apply_chat_template(MESSAGES, tokenize=False) == f"<s>{text}</s>"
     # The prompt a chat model answers: the turns so far, then an open assistant header.
     prompt = ids_of(
         tok.apply_chat_template(MESSAGES[:-1], tokenize=True, add_generation_prompt=True)
     )
-    expected = sp.encode(render_chatml(MESSAGES[:-1]) + f"{IM_START}assistant\n")
+    expected = sp.encode(render_chatml(MESSAGES[:-1])[0] + f"{IM_START}assistant\n")
     assert prompt == [sp.bos_id()] + expected
     assert sp.piece_to_id(IM_START) in prompt and sp.piece_to_id(IM_END) in prompt
 
@@ -145,7 +136,7 @@ def test_base_tokenizer_has_no_chat_template(tokenizer_model: Path, tmp_path: Pa
     special = json.loads((tmp_path / "special_tokens_map.json").read_text())
     assert special == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_model))
-    text = render_chatml(MESSAGES[:2])  # the markers are plain text to a base tokenizer
+    text = render_chatml(MESSAGES[:2])[0]  # the markers are plain text to a base tokenizer
     assert load(tmp_path)(text, add_special_tokens=False)["input_ids"] == sp.encode(text)
 
 

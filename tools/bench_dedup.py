@@ -5,7 +5,8 @@ Documents are non-overlapping windows of real text (stdlib sources, /usr/include
 sides use word 5-grams and 16 bands x 8 rows. Each side runs in its own subprocess (one
 core) so peak RSS is its own:
 
-  lemur    : DedupSigner over the documents (one task), then find_duplicates
+  lemur    : DedupSigner over the documents (one task), then its bucket tasks and cluster
+             task run one after the other in this process (run_in_process)
   datatrove: MinhashDedupSignature -> MinhashDedupBuckets -> MinhashDedupCluster
              (stage 4, the filter, re-reads the data and is left out of both timings)
 
@@ -95,9 +96,10 @@ def run_lemur(docs) -> dict:
     """Signatures + clusters with lemur; CPU seconds and documents removed."""
     from datatrove.data import Document
 
-    from lemur.data.dedup.cluster import find_duplicates
     from lemur.data.dedup.signer import DedupSigner
+    from lemur.data.dedup.stage import run_in_process
     from lemur.data.recipe import DedupConfig
+    from lemur.data.tokenize.step import DOC_RECORD
 
     cfg = DedupConfig()
     tmp = Path(tempfile.mkdtemp(prefix="lemur-dedup-"))
@@ -108,9 +110,10 @@ def run_lemur(docs) -> dict:
         pass
     t1 = time.process_time()
     n = (tmp / "00000.chash.bin").stat().st_size // 8
-    res = find_duplicates(
-        tmp, 1, np.zeros(n, np.int64), np.arange(n), np.zeros(n, np.int64), np.arange(n), cfg
-    )
+    rec = np.zeros(n, DOC_RECORD)  # the tokenize task's records: keep order = document order
+    rec["id_hash"] = np.arange(n)
+    np.save(tmp / "00000.docs.npy", rec)
+    res = run_in_process(cfg, tmp, 1, tmp / "dedup")
     t2 = time.process_time()
     return {"signature_s": t1 - t0, "cluster_s": t2 - t1, "removed": int(res.removed.sum())}
 

@@ -5,8 +5,8 @@ Stages:
 2. read, tag, filter, sign for dedup, tokenize: a datatrove pipeline over all input files,
    one run of tokens per task under `<output>/.work/tokens-<key>/` (datatrove's completion
    markers make reruns skip finished tasks);
-3. pack (pack/): dedup clusters, per-domain val split, mix plan, external shuffle,
-   shards, then the manifest.
+3. dedup (dedup/stage.py): bucket tasks, then one cluster task, on the same executor;
+4. pack (pack/): per-domain val split, mix plan, external shuffle, shards, the manifest.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from lemur.data.counts import collect_counts
 from lemur.data.dedup.signer import DedupSigner
+from lemur.data.dedup.stage import run_dedup
 from lemur.data.filter.base import EmptyDocumentFilter, LanguageFilter, LemurFilter
 from lemur.data.filter.code import code_filters
 from lemur.data.filter.decontaminate import decontamination_filter
@@ -80,12 +82,14 @@ def _stat(path: str) -> tuple[int, int]:
 
 
 def _tasks_done(work: Path) -> int:
-    """Tasks of the tokenize stage with a datatrove completion marker."""
+    """Tasks of a stage (logging under `work/logs`) with a datatrove completion marker."""
     done_dir = work / "logs" / "completions"
     return len(list(done_dir.glob("*"))) if done_dir.is_dir() else 0
 
 
-def _run_executor(executor: Any, work: Path, n_tasks: int, report: Reporter) -> None:
+def _run_executor(
+    executor: Any, work: Path, n_tasks: int, report: Reporter, stage: str = "tokenize"
+) -> None:
     """Run a datatrove executor in a thread while reporting finished tasks."""
     failure: list[BaseException] = []
 
@@ -98,22 +102,27 @@ def _run_executor(executor: Any, work: Path, n_tasks: int, report: Reporter) -> 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
     while thread.is_alive():
-        report("tokenize", _tasks_done(work), n_tasks)
+        report(stage, _tasks_done(work), n_tasks)
         thread.join(0.5)
-    report("tokenize", _tasks_done(work), n_tasks)
+    report(stage, _tasks_done(work), n_tasks)
     if failure:
-        raise BuildError(f"tokenize stage failed: {failure[0]} (task logs: {work / 'logs'})")
+        raise BuildError(f"{stage} stage failed: {failure[0]} (task logs: {work / 'logs'})")
 
 
 def wait_for_slurm(
-    executor: Any, work: Path, n_tasks: int, report: Reporter, poll: float = 30
+    executor: Any,
+    work: Path,
+    n_tasks: int,
+    report: Reporter,
+    poll: float = 30,
+    stage: str = "tokenize",
 ) -> None:
     """Wait until a submitted Slurm array finishes every task, or fail if it stops short."""
     import subprocess
 
     while True:
         done = _tasks_done(work)
-        report("tokenize", done, n_tasks)
+        report(stage, done, n_tasks)
         if done >= n_tasks:
             return
         job = getattr(executor, "job_id", None)
@@ -189,16 +198,13 @@ def tokenize_stage(
             else []
         ),
         *(
-            [DedupSigner(recipe.dedup, str(work / "tokens"))]
+            [DedupSigner(recipe.dedup, str(work / "tokens"), tuple(recipe.domains()))]
             if recipe.dedup.exact or recipe.dedup.near
             else []
         ),
         TokenizeWriter(str(tok_path), str(work / "tokens"), batch, masks=chat),
     ]
-    executor = make_executor(recipe.executor, pipeline, n_tasks, work / "logs")
-    _run_executor(executor, work, n_tasks, report)
-    if recipe.executor.kind == "slurm":
-        wait_for_slurm(executor, work, n_tasks, report)
+    run_stage(recipe, report, pipeline, work, n_tasks, "tokenize")
     missing = [r for r in range(n_tasks) if not (work / "tokens" / f"{r:05d}.bin").is_file()]
     if missing:
         raise BuildError(
@@ -207,9 +213,19 @@ def tokenize_stage(
     return n_tasks
 
 
+def run_stage(
+    recipe: Recipe, report: Reporter, pipeline: list, work: Path, tasks: int, stage: str
+) -> None:
+    """Run `tasks` tasks of a pipeline on the recipe's executor (logs under `work/logs`)."""
+    executor = make_executor(recipe.executor, pipeline, tasks, work / "logs")
+    _run_executor(executor, work, tasks, report, stage)
+    if recipe.executor.kind == "slurm":
+        wait_for_slurm(executor, work, tasks, report, stage=stage)
+
+
 def inputs_sha256(inputs: list[InputFile]) -> str:
-    """A digest of the input listing (paths, sizes, mtimes): any added or changed file moves it."""
-    return _sha([(f.path, *_stat(f.open_path)) for f in inputs])
+    """A digest of the inputs (paths, sizes, mtimes, parts' bounds): any change moves it."""
+    return _sha([(f.path, *_stat(f.open_path), *f.bounds) for f in inputs])
 
 
 def is_up_to_date(out: Path, recipe: Recipe, inputs_sha: str) -> bool:
@@ -242,7 +258,8 @@ def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
                 recipe.dedup.exact,
                 recipe.dedup.near,
                 recipe.dedup.ngram,
-                recipe.dedup.num_perm,
+                recipe.dedup.bands,
+                recipe.dedup.rows,
                 recipe.dedup.seed,
             ),
             "rejects": recipe.rejects,
@@ -325,7 +342,8 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     # Named by content, not place: the same build in another directory gets the same names.
     settings = {k: v for k, v in recipe.to_dict().items() if k != "output"}
     prefix = f"build-{_sha([settings, key])[:12]}"
-    packer = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"], prefix, tok_path)
+    dd = run_dedup(recipe.dedup, work, n_tasks, partial(run_stage, recipe, report))
+    packer = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"], prefix, tok_path, dd)
     pack_plan = packer.plan()
     if on_plan:
         on_plan(pack_plan.mix.to_json())

@@ -214,6 +214,10 @@ def _validate_sizes(recipe: Recipe) -> None:
     dd = recipe.dedup
     if dd.ngram < 1 or dd.bands < 1 or dd.rows < 1:
         raise RecipeError("recipe: dedup.ngram, dedup.bands and dedup.rows must be >= 1")
+    if dd.bucket_tasks is not None and dd.bucket_tasks < 1:
+        raise RecipeError(f"recipe: dedup.bucket_tasks must be >= 1, got {dd.bucket_tasks}")
+    if not dd.merge_buffer_mb > 0:
+        raise RecipeError(f"recipe: dedup.merge_buffer_mb must be > 0, got {dd.merge_buffer_mb}")
     if not 0 < dd.min_similarity <= 1:
         raise RecipeError(
             f"recipe: dedup.min_similarity must be in (0, 1], got {dd.min_similarity}"
@@ -226,6 +230,10 @@ def _validate_executor_and_tokenizer(recipe: Recipe, check_paths: bool) -> None:
         raise RecipeError(f"recipe: executor.kind {ex.kind!r} is not one of {', '.join(EXECUTORS)}")
     if ex.tasks < 1 or ex.workers < 1:
         raise RecipeError("recipe: executor.tasks and executor.workers must be >= 1")
+    if ex.split_bytes < 0:
+        raise RecipeError(
+            f"recipe: executor.split_bytes must be >= 0 (0: never split), got {ex.split_bytes}"
+        )
     if ex.kind == "slurm" and (not ex.partition or not ex.time):
         raise RecipeError("recipe: executor.kind slurm needs executor.partition and executor.time")
     if ex.kind == "slurm" and not float(ex.mem_per_cpu_gb).is_integer():

@@ -53,6 +53,11 @@ class DedupConfig:
     min_similarity: float = 0.75
     seed: int = 42
     write_duplicates: bool = False
+    # Bucket tasks of the near-dup stage: each band's keys are split into
+    # ceil(bucket_tasks / bands) key ranges (None: one task per band).
+    bucket_tasks: int | None = None
+    # Memory a bucket task's k-way merge and verification buffers may use.
+    merge_buffer_mb: float = 64
 
     @property
     def num_perm(self) -> int:
@@ -231,6 +236,8 @@ class ExecutorConfig:
     sbatch_args: dict[str, str] | None = None
     venv_path: str | None = None
     env_command: str | None = None
+    # Inputs bigger than this are read as several parts (lemur/data/read/split.py); 0: never.
+    split_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)

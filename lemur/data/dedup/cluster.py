@@ -1,43 +1,36 @@
-"""Dedup clusters: LSH buckets over MinHash bands, verified pairs joined into clusters."""
+"""The cluster task: verified pairs joined into clusters (union-find), one kept per cluster.
+
+It holds only the documents that appear in some pair (each with its cluster parent), never
+one entry per document of the corpus, and writes per tokenize task the documents removed.
+"""
 
 from __future__ import annotations
 
 import json
-import mmap as mmap_module
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lemur.data.dedup.signer import GOLDEN64
-from lemur.data.recipe import DedupConfig
-from lemur.shards.format import atomic_write_bytes, open_array
+from lemur.data.dedup.buckets import PAIR, Priorities
+from lemur.data.dedup.runs import release_pages
+from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array
 
-_PAIR_CHUNK = 65536  # records or pairs per block in the cluster stage
-
-
-def load_signatures(sig_dir: Path, rank: int, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
-    """Memory-mapped (content hashes, MinHash signatures) of one task."""
-    chash = open_array(sig_dir / f"{rank:05d}.chash.bin", np.uint64)
-    sig = open_array(sig_dir / f"{rank:05d}.minhash.bin", np.uint32, (num_perm,))
-    return chash, sig
+# A removed document of a task: its local index, whether it is an exact copy, and the
+# document kept in its place.
+REMOVAL = np.dtype([("local", "<u4"), ("exact", "u1"), ("keep_task", "<u4"), ("keep_local", "<u4")])
+SUMMARY = "summary.json"
 
 
-def release_pages(arr: np.ndarray) -> None:
-    """Drop a memory-mapped array's pages from this process's resident set.
+def connected_roots(
+    n: int, a: np.ndarray, b: np.ndarray, parent: np.ndarray | None = None
+) -> np.ndarray:
+    """Root (smallest member) of each node's component for edges a-b (vectorized union-find).
 
-    Reading a whole signature file through a memmap would otherwise leave all of it
-    resident (file-backed, but counted in RSS), growing memory with corpus size.
+    `parent` continues from an earlier call's result (edges given chunk by chunk).
     """
-    mm = getattr(arr, "_mmap", None)
-    if mm is not None and hasattr(mmap_module, "MADV_DONTNEED"):
-        mm.madvise(mmap_module.MADV_DONTNEED)
-
-
-def connected_roots(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Root (smallest member) of each node's component for edges a-b (vectorized union-find)."""
-    parent = np.arange(n, dtype=np.int64)
+    parent = np.arange(n, dtype=np.int64) if parent is None else parent
     if len(a) == 0:
         return parent
     while True:
@@ -70,123 +63,93 @@ class DedupResult:
         return self.removed_exact | self.removed_near
 
 
-def find_duplicates(
-    sig_dir: Path,
-    n_tasks: int,
-    task: np.ndarray,
-    local: np.ndarray,
-    domain: np.ndarray,
-    priority: np.ndarray,
-    config: DedupConfig,
-) -> DedupResult:
-    """Exact and near-duplicate clusters over all tasks' signatures, keeping one per cluster.
+def _codes(task: np.ndarray, local: np.ndarray) -> np.ndarray:
+    """One uint64 per document: task in the high half, local index in the low half."""
+    return (task.astype(np.uint64) << np.uint64(32)) | local.astype(np.uint64)
 
-    `task`/`local` locate each record's row in the per-task files; `domain` is an int per
-    record (documents of different domains never match); `priority` orders documents, the
-    smallest is kept.
+
+def _pair_chunks(files: list[Path], chunk: int):
+    """(a codes, b codes) of every pair file, chunk by chunk."""
+    for f in files:
+        pairs = open_array(f, PAIR)
+        for s in range(0, len(pairs), chunk):
+            p = np.array(pairs[s : s + chunk])
+            release_pages(pairs)
+            yield _codes(p["a_task"], p["a_local"]), _codes(p["b_task"], p["b_local"])
+
+
+def cluster_task(
+    pair_dir: Path, tok_dir: Path, n_tasks: int, out_dir: Path, chunk: int = 1 << 20
+) -> None:
+    """Join every bucket task's verified pairs into clusters; write each task's removals.
+
+    Two passes over the pair files: the documents that have a partner (sorted codes), then
+    union-find over them in keep order, so each cluster's root is the document to keep.
+    Every file appears atomically; the summary, written last, marks the task done.
     """
-    n = len(task)
-    # Work in priority order so that the smallest index in a cluster is the one to keep.
-    order = np.argsort(priority, kind="stable")
-    rank = np.empty(n, np.int64)
-    rank[order] = np.arange(n)
-    chash = np.zeros(n, np.uint64)
-    sigs: list[np.ndarray] = []
+    if (out_dir / SUMMARY).is_file():
+        return
+    files = sorted(pair_dir.glob("*.pairs"))
+    meta = [json.loads(f.with_suffix(".json").read_text()) for f in files]
+    exact_files = [f for f, m in zip(files, meta, strict=True) if m["channel"] == "exact"]
+    nodes = np.zeros(0, np.uint64)
+    copies = np.zeros(0, np.uint64)  # members of exact groups other than the first
+    for f in files:
+        for a, b in _pair_chunks([f], chunk):
+            nodes = np.union1d(nodes, np.union1d(a, b))
+            if f in exact_files:
+                copies = np.union1d(copies, b)
+    task = (nodes >> np.uint64(32)).astype(np.uint32)
+    local = (nodes & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    order = Priorities(tok_dir, n_tasks).order(task, local)  # rank -> node
+    rank = np.empty(len(nodes), np.int64)
+    rank[order] = np.arange(len(nodes))
+    parent = None
+    for a, b in _pair_chunks(files, chunk):
+        ra, rb = rank[np.searchsorted(nodes, a)], rank[np.searchsorted(nodes, b)]
+        parent = connected_roots(len(nodes), ra, rb, parent)
+    root = order[parent[rank]] if parent is not None else np.arange(len(nodes))
+    removed = root != np.arange(len(nodes))
+    exact = np.isin(nodes, copies, assume_unique=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
     for t in range(n_tasks):
-        rows = task == t
-        task_hash, task_sig = load_signatures(sig_dir, t, config.num_perm)
-        chash[rows] = task_hash[local[rows]]
-        if config.near:
-            sigs.append(task_sig)
-    dom = domain.astype(np.uint64)
-    edges_a: list[np.ndarray] = []
-    edges_b: list[np.ndarray] = []
-    removed_exact = np.zeros(n, bool)
-    if config.exact and n:
-        # every later member of an exact-hash bucket is a copy of the bucket's first
-        a, b = _pairs_in_buckets(_mix(chash, dom), rank)
-        edges_a.append(a)
-        edges_b.append(b)
-        removed_exact[order[b]] = True
-    candidates = verified = 0
-    if config.near and n:
-        band_keys = _band_keys(sigs, task, local, dom, config)
-        for band in range(config.bands):
-            a, b = _pairs_in_buckets(band_keys[:, band], rank)
-            for start in range(0, len(a), _PAIR_CHUNK):
-                ca, cb = a[start : start + _PAIR_CHUNK], b[start : start + _PAIR_CHUNK]
-                candidates += len(ca)
-                keep = _similarity(ca, cb, order, task, local, sigs) >= config.min_similarity
-                verified += int(keep.sum())
-                edges_a.append(ca[keep])
-                edges_b.append(cb[keep])
-    a = np.concatenate(edges_a) if edges_a else np.zeros(0, np.int64)
-    b = np.concatenate(edges_b) if edges_b else np.zeros(0, np.int64)
-    roots_rank = connected_roots(n, a, b)
-    cluster = np.empty(n, np.int64)
-    cluster[order] = order[roots_rank]
-    removed_all = np.zeros(n, bool)
-    removed_all[order] = roots_rank != np.arange(n)
-    return DedupResult(removed_exact, removed_all & ~removed_exact, cluster, candidates, verified)
+        m = removed & (task == t)
+        rows = np.empty(int(m.sum()), REMOVAL)
+        rows["local"], rows["exact"] = local[m], exact[m]
+        rows["keep_task"], rows["keep_local"] = task[root[m]], local[root[m]]
+        atomic_write_bytes(out_dir / f"{t:05d}.removed", rows.tobytes())
+    near = [m for m in meta if m["channel"] != "exact"]
+    atomic_write_json(
+        out_dir / SUMMARY,
+        {
+            "candidate_pairs": sum(m["pairs"] for m in near),
+            "verified_pairs": sum(m["kept"] for m in near),
+            "clustered_documents": len(nodes),
+        },
+    )
 
 
-def _band_keys(
-    sigs: list[np.ndarray],
-    task: np.ndarray,
-    local: np.ndarray,
-    dom: np.ndarray,
-    config: DedupConfig,
-) -> np.ndarray:
-    """LSH bucket key of every record in every band (n x bands uint64), domain mixed in."""
-    keys = np.zeros((len(task), config.bands), np.uint64)
-    with np.errstate(over="ignore"):
-        for t, mm in enumerate(sigs):
-            rows = np.flatnonzero(task == t)
-            for start in range(0, len(rows), _PAIR_CHUNK):
-                r = rows[start : start + _PAIR_CHUNK]
-                block = np.asarray(mm[local[r]], np.uint64).reshape(
-                    len(r), config.bands, config.rows
-                )
-                h = (dom[r] * GOLDEN64)[:, None] + np.uint64(1)
-                for c in range(config.rows):
-                    h = (h ^ block[:, :, c]) * GOLDEN64 + np.uint64(c + 1)
-                keys[r] = h
-                release_pages(mm)
-    return keys
-
-
-def _mix(x: np.ndarray, dom: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return x ^ (dom * GOLDEN64 + np.uint64(0x632BE59BD9B4E019))
-
-
-def _pairs_in_buckets(keys: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Edges (in rank space) joining each bucket's members to its first member."""
-    by_rank = np.empty_like(keys)
-    by_rank[rank] = keys
-    order = np.lexsort((np.arange(len(by_rank)), by_rank))
-    sk = by_rank[order]
-    same = np.concatenate(([False], sk[1:] == sk[:-1]))
-    if not same.any():
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    run_start = np.maximum.accumulate(np.where(~same, np.arange(len(sk)), 0))
-    members = np.flatnonzero(same)
-    return order[run_start[members]], order[members]
-
-
-def _similarity(a, b, order, task, local, sigs) -> np.ndarray:
-    """Estimated Jaccard (share of equal MinHash values) of record pairs given in rank space."""
-    ra, rb = order[a], order[b]
-    sa = np.zeros((len(a), sigs[0].shape[1]), np.uint32)
-    sb = np.zeros_like(sa)
-    for t, mm in enumerate(sigs):
-        m = task[ra] == t
-        sa[m] = mm[local[ra[m]]]
-        m = task[rb] == t
-        sb[m] = mm[local[rb[m]]]
-    for mm in sigs:
-        release_pages(mm)
-    return (sa == sb).mean(axis=1)
+def load_result(out_dir: Path, sizes: np.ndarray) -> DedupResult:
+    """The cluster task's output as a DedupResult over all records (task-major order)."""
+    offset = np.concatenate(([0], np.cumsum(sizes)))
+    n = int(offset[-1])
+    removed_exact, removed_near = np.zeros(n, bool), np.zeros(n, bool)
+    cluster = np.arange(n, dtype=np.int64)
+    for t in range(len(sizes)):
+        rows = open_array(out_dir / f"{t:05d}.removed", REMOVAL)
+        idx = offset[t] + rows["local"].astype(np.int64)
+        ex = rows["exact"].astype(bool)
+        removed_exact[idx[ex]] = True
+        removed_near[idx[~ex]] = True
+        cluster[idx] = offset[rows["keep_task"].astype(np.int64)] + rows["keep_local"]
+    summary = json.loads((out_dir / SUMMARY).read_text())
+    return DedupResult(
+        removed_exact,
+        removed_near,
+        cluster,
+        summary["candidate_pairs"],
+        summary["verified_pairs"],
+    )
 
 
 def cluster_sizes(cluster: np.ndarray, removed: np.ndarray) -> dict[str, int]:

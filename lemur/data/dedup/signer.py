@@ -11,10 +11,10 @@ import xxhash
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
+from lemur.data.dedup.runs import GOLDEN64, write_runs
 from lemur.data.recipe import DedupConfig
+from lemur.shards.format import open_array
 
-# 2^64 / golden ratio: the odd multiplier of every multiplicative hash mix in the build.
-GOLDEN64 = np.uint64(0x9E3779B97F4A7C15)
 _WORD = re.compile(r"\w+")
 
 
@@ -76,38 +76,58 @@ def minhash(shingle_hashes: np.ndarray, keys: np.ndarray, mults: np.ndarray) -> 
 
 
 class DedupSigner(PipelineStep):
-    """Writes each document's content hash and MinHash signature for this task.
+    """Writes each document's content hash, MinHash signature and bucket keys for this task.
 
     Sits right before the tokenize step, so its rows line up one to one with the task's
-    token records. Files appear atomically when the task's documents are exhausted.
+    token records. Output per task, each file appearing atomically when the task's documents
+    are exhausted: `{rank}.chash.bin` (uint64 per document), `{rank}.minhash.bin`
+    (uint32 x `num_perm` per document) and, per channel (exact hash, each band), a sorted run
+    `runs/{rank}.{channel}.run` of (bucket key, local index) (see runs.py).
     """
 
     name = "🫆 dedup signatures"
     type = "🫂 - DEDUP"
 
-    def __init__(self, config: DedupConfig, out_dir: str) -> None:
+    def __init__(self, config: DedupConfig, out_dir: str, domains: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.config = config
         self.out_dir = out_dir
+        # Domain ids mixed into the bucket keys (documents of two domains never match);
+        # empty: every document is of domain 0.
+        self.domains = {d: i for i, d in enumerate(domains)}
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
         """Sign each document and pass it on; the task's files appear when it ends.
 
         Rows are appended to temporary files as documents stream by, so a task's memory
-        does not grow with its number of documents.
+        does not grow with its number of documents until the runs are sorted at the end
+        (one channel at a time, 28 bytes per document of the task).
         """
         keys, mults = permutations(self.config.num_perm, self.config.seed)
         out = Path(self.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         final = [out / f"{rank:05d}.chash.bin", out / f"{rank:05d}.minhash.bin"]
         tmp = [p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in final]
-        with open(tmp[0], "wb") as fh_hash, open(tmp[1], "wb") as fh_sig:
+        tmp_dom = out / f".{rank:05d}.domain.tmp-{os.getpid()}"
+        with (
+            open(tmp[0], "wb") as fh_hash,
+            open(tmp[1], "wb") as fh_sig,
+            open(tmp_dom, "wb") as fh_dom,
+        ):
             for doc in data or []:
                 with self.track_time():
                     fh_hash.write(np.uint64(normalized_hash(doc.text)).tobytes())
+                    dom = self.domains[doc.metadata["domain"]] if self.domains else 0
+                    fh_dom.write(np.uint16(dom).tobytes())
                     if self.config.near:
                         sig = minhash(shingles(doc.text, self.config.ngram), keys, mults)
                         fh_sig.write(sig.tobytes())
                 yield doc
+        with self.track_time():
+            chash = open_array(tmp[0], np.uint64)
+            sig = open_array(tmp[1], np.uint32, (self.config.num_perm,))
+            write_runs(out, rank, chash, sig, open_array(tmp_dom, np.uint16), self.config)
+            del chash, sig
+            tmp_dom.unlink()
         for t, f in zip(tmp, final, strict=True):
             os.replace(t, f)

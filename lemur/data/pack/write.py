@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from lemur.data.dedup.cluster import DedupResult, cluster_sizes, find_duplicates, write_duplicates
+from lemur.data.dedup.cluster import DedupResult, cluster_sizes, write_duplicates
 from lemur.data.dedup.signer import GOLDEN64
+from lemur.data.dedup.stage import dedup_result
 from lemur.data.pack.mix import (
     MixInfeasible,
     MixPlan,
@@ -57,6 +58,7 @@ class Packer:
         vocab_size: int,
         prefix: str = "",
         tokenizer: Path | None = None,
+        dedup_dir: Path | None = None,
     ):
         self.recipe = recipe
         self.tok_dir = tok_dir
@@ -65,6 +67,7 @@ class Packer:
         self.prefix = prefix
         self.tokenizer = tokenizer or out_dir / "tokenizer.model"
         self.n_tasks = n_tasks
+        self.dedup_dir = dedup_dir  # the finished dedup tasks' folder (see dedup/stage.py)
         self.dtype = token_dtype(vocab_size)
         self.rec = load_records(tok_dir, n_tasks)
         self.domain_of_source = np.array([s.domain for s in recipe.sources], dtype=object)
@@ -104,19 +107,17 @@ class Packer:
             writer.add(self._run(t)[lo:hi], self._mask(t)[lo:hi] if self.masks else None)
         return writer.close()
 
-    def dedup(self, domains: np.ndarray) -> DedupResult | None:
-        """Exact and near duplicates across all sources of each domain (None when off)."""
+    def dedup(self) -> DedupResult | None:
+        """Exact and near duplicates across all sources of each domain (None when off).
+
+        The decisions come from the dedup tasks the build ran on its executor.
+        """
         cfg = self.recipe.dedup
-        r = self.rec
-        if not (cfg.exact or cfg.near) or len(r.task) == 0:
+        if not (cfg.exact or cfg.near) or len(self.rec.task) == 0:
             return None
-        domain_ids = {d: i for i, d in enumerate(self.recipe.domains())}
-        dom = np.array([domain_ids[d] for d in domains], np.int64)
-        # Keep the document of the source listed first, then the longest, then by id hash.
-        priority = np.lexsort((r.id_hash, -r.tokens, r.source))
-        rank = np.empty(len(priority), np.int64)
-        rank[priority] = np.arange(len(priority))
-        result = find_duplicates(self.tok_dir, self.n_tasks, r.task, r.local, dom, rank, cfg)
+        if self.dedup_dir is None:
+            raise ValueError("Packer: dedup is on but no dedup stage folder was given")
+        result = dedup_result(self.tok_dir, self.n_tasks, self.dedup_dir)
         if cfg.write_duplicates:
             self._write_duplicates(result)
         return result
@@ -168,7 +169,7 @@ class Packer:
         """
         r, recipe = self.rec, self.recipe
         domains = self.domain_of_source[r.source] if len(r.source) else np.zeros(0, object)
-        dups = self.dedup(domains)
+        dups = self.dedup()
         kept = ~dups.removed if dups is not None else np.ones(len(domains), bool)
         val = self.split_val(domains, kept)
         pool = kept & ~val

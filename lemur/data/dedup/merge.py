@@ -1,0 +1,117 @@
+"""A streaming k-way merge of sorted runs, in blocks of complete equal-key groups.
+
+Hand-written because the merge must hand over whole groups of equal keys with a bounded
+buffer: `heapq.merge` works one Python object per entry (far too slow for billions of keys)
+and knows nothing of groups. Each round reads at most `chunk` entries of every run (through
+the memory map, whose pages are released after the round), so memory depends on the number
+of runs and the chunk size, never on the size of the corpus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from lemur.data.dedup.runs import release_pages
+
+
+@dataclass
+class Block:
+    """Entries of whole equal-key groups, sorted by key, then run (task), then local index."""
+
+    key: np.ndarray
+    task: np.ndarray
+    local: np.ndarray
+
+
+@dataclass
+class BigGroup:
+    """One key whose entries fill a whole buffer: where they lie in each run, to be streamed.
+
+    `spans` holds (task, start, end) positions in the runs, read back in chunks by the caller.
+    """
+
+    key: int
+    spans: list[tuple[int, int, int]]
+
+
+def chunk_entries(buffer_bytes: int, n_runs: int) -> int:
+    """Entries read per run and round so one round stays within `buffer_bytes`.
+
+    A round holds the runs' buffers, their concatenation and its sorted copy and order:
+    about 48 bytes per entry (12-byte entries read, then 8-byte keys, 4-byte tasks and
+    locals, and an 8-byte sort order, each twice).
+    """
+    return max(16, buffer_bytes // (48 * max(1, n_runs)))
+
+
+def merge_runs(
+    runs: list[np.ndarray], lo: list[int], hi: list[int], chunk: int
+) -> Iterator[Block | BigGroup]:
+    """Merge runs[t][lo[t]:hi[t]] (sorted by key) into blocks of complete groups.
+
+    A run whose buffer stops short of its end bounds the round: only keys below its last key
+    are complete in every buffer. Entries at that key wait for the next round; when one key
+    fills a whole buffer, it comes out as a `BigGroup` instead.
+    """
+    pos = list(lo)
+    while True:
+        live = [t for t in range(len(runs)) if pos[t] < hi[t]]
+        if not live:
+            return
+        bufs = {t: np.array(runs[t][pos[t] : min(pos[t] + chunk, hi[t])]) for t in live}
+        ends = [int(bufs[t]["key"][-1]) for t in live if pos[t] + len(bufs[t]) < hi[t]]
+        bound = min(ends) if ends else None
+        take = {
+            t: len(b) if bound is None else int(np.searchsorted(b["key"], np.uint64(bound)))
+            for t, b in bufs.items()
+        }
+        for t in live:
+            release_pages(runs[t])
+        if bound is not None and not any(take.values()):
+            spans = [(t, pos[t], _span_end(runs[t], pos[t], hi[t], bound, chunk)) for t in live]
+            for t, _, end in spans:
+                pos[t] = end
+            yield BigGroup(bound, [s for s in spans if s[2] > s[1]])
+            continue
+        parts = [(t, bufs[t][: take[t]]) for t in live if take[t]]
+        key = np.concatenate([p["key"] for _, p in parts])
+        task = np.concatenate([np.full(len(p), t, np.uint32) for t, p in parts])
+        local = np.concatenate([p["local"] for _, p in parts])
+        order = np.argsort(key, kind="stable")  # parts are in task order: ties stay in it
+        for t, p in parts:
+            pos[t] += len(p)
+        yield Block(key[order], task[order], local[order])
+
+
+def _span_end(run: np.ndarray, start: int, hi: int, key: int, chunk: int) -> int:
+    """End of the entries equal to `key` from `start` on (read chunk by chunk)."""
+    s = start
+    k = np.uint64(key)
+    while s < hi:
+        seg = np.asarray(run["key"][s : min(s + chunk, hi)])
+        i = int(np.searchsorted(seg, k, side="right"))
+        release_pages(run)
+        if i < len(seg):
+            return s + i
+        s += len(seg)
+    return hi
+
+
+def read_span(run: np.ndarray, start: int, end: int, chunk: int) -> Iterator[np.ndarray]:
+    """The local indexes of run[start:end], chunk by chunk."""
+    for s in range(start, end, chunk):
+        yield np.array(run["local"][s : min(s + chunk, end)])
+        release_pages(run)
+
+
+def key_range(run: np.ndarray, part: int, parts: int) -> tuple[int, int]:
+    """Positions [lo, hi) of the keys of a run in key range `part` of `parts` equal ranges."""
+    edges = [(part * 2**64) // parts, ((part + 1) * 2**64) // parts]
+    keys = run["key"]
+    lo = 0 if part == 0 else int(np.searchsorted(keys, np.uint64(edges[0])))
+    hi = len(run) if part == parts - 1 else int(np.searchsorted(keys, np.uint64(edges[1])))
+    release_pages(run)
+    return lo, hi

@@ -1,0 +1,134 @@
+"""The dedup stage as executor tasks: bucket tasks (one per channel and key range), then one
+cluster task. Both are datatrove pipeline steps, so local, Ray and Slurm run them like the
+per-file stage, with completion markers (a rerun redoes only unfinished tasks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from datatrove.data import DocumentsPipeline
+from datatrove.pipeline.base import PipelineStep
+
+from lemur.data.dedup.buckets import Priorities, bucket_task
+from lemur.data.dedup.cluster import DedupResult, cluster_task, load_result
+from lemur.data.dedup.runs import channels
+from lemur.data.recipe import DedupConfig
+
+BUCKETS, CLUSTER = "buckets", "cluster"  # the stages' folders under the dedup directory
+
+
+def key_ranges(config: DedupConfig) -> int:
+    """Key ranges each channel is split into: `bucket_tasks` spread over the bands."""
+    return max(1, math.ceil((config.bucket_tasks or config.bands) / config.bands))
+
+
+def bucket_tasks(config: DedupConfig) -> list[tuple[int, int]]:
+    """(channel, key range) of every bucket task, in rank order."""
+    parts = key_ranges(config)
+    return [(c, p) for c in channels(config) for p in range(parts)]
+
+
+def dedup_dir(tok_work: Path, config: DedupConfig) -> Path:
+    """The dedup stage's folder for this config (beside the tokenize work it reads)."""
+    settings = {"sim": config.min_similarity, "ranges": key_ranges(config), "v": 1}
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(tok_work) / f"dedup-{key}"
+
+
+class DedupBuckets(PipelineStep):
+    """Bucket task `rank`: merge one channel's sorted runs over one key range, verify pairs."""
+
+    name = "🪣 dedup buckets"
+    type = "🫂 - DEDUP"
+
+    def __init__(self, config: DedupConfig, tok_dir: str, n_tasks: int, out_dir: str) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_dir = tok_dir
+        self.n_tasks = n_tasks
+        self.out_dir = out_dir
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1):
+        """Run bucket task `rank` (a generator that yields nothing, like a writer)."""
+        channel, part = bucket_tasks(self.config)[rank]
+        with self.track_time():
+            bucket_task(
+                Path(self.tok_dir),
+                self.n_tasks,
+                channel,
+                (part, key_ranges(self.config)),
+                self.config,
+                Path(self.out_dir),
+                rank,
+            )
+        return
+        yield
+
+
+class DedupClusters(PipelineStep):
+    """The one cluster task: union-find over all verified pairs, removals per tokenize task."""
+
+    name = "🧩 dedup clusters"
+    type = "🫂 - DEDUP"
+
+    def __init__(self, tok_dir: str, n_tasks: int, pair_dir: str, out_dir: str) -> None:
+        super().__init__()
+        self.tok_dir = tok_dir
+        self.n_tasks = n_tasks
+        self.pair_dir = pair_dir
+        self.out_dir = out_dir
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1):
+        """Run the cluster task (a generator that yields nothing)."""
+        with self.track_time():
+            cluster_task(Path(self.pair_dir), Path(self.tok_dir), self.n_tasks, Path(self.out_dir))
+        return
+        yield
+
+
+def dedup_stages(
+    config: DedupConfig, tok_dir: Path, n_tasks: int, ddir: Path
+) -> Iterator[tuple[str, PipelineStep, int]]:
+    """(stage folder, step, number of tasks) of each dedup stage, in the order to run them."""
+    pairs = ddir / BUCKETS / "pairs"
+    yield (
+        BUCKETS,
+        DedupBuckets(config, str(tok_dir), n_tasks, str(pairs)),
+        len(bucket_tasks(config)),
+    )
+    yield CLUSTER, DedupClusters(str(tok_dir), n_tasks, str(pairs), str(ddir / CLUSTER / "out")), 1
+
+
+def dedup_result(tok_dir: Path, n_tasks: int, ddir: Path) -> DedupResult:
+    """The finished dedup stage's decisions over all records."""
+    return load_result(ddir / CLUSTER / "out", Priorities(tok_dir, n_tasks).sizes())
+
+
+def run_dedup(
+    config: DedupConfig, tok_work: Path, n_tasks: int, run_stage: Callable[..., None]
+) -> Path | None:
+    """Run the bucket tasks, then the cluster task, through `run_stage`; their folder.
+
+    `run_stage(pipeline, folder, tasks, name)` runs a pipeline's tasks on the build's
+    executor, logging under `folder/logs` (see build.py); None when dedup is off.
+    """
+    if not (config.exact or config.near):
+        return None
+    ddir = dedup_dir(tok_work, config)
+    for name, step, tasks in dedup_stages(config, Path(tok_work) / "tokens", n_tasks, ddir):
+        run_stage([step], ddir / name, tasks, f"dedup {name}")
+    return ddir
+
+
+def run_in_process(config: DedupConfig, tok_dir: Path, n_tasks: int, ddir: Path) -> DedupResult:
+    """Run every dedup task in this process, one after the other (tests and benchmarks)."""
+    for _, step, tasks in dedup_stages(config, tok_dir, n_tasks, ddir):
+        for rank in range(tasks):
+            for _ in step.run(None, rank, tasks):
+                pass
+    return dedup_result(tok_dir, n_tasks, ddir)
