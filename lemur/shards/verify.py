@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from lemur.shards.check import structure_problem as structure_problem  # lemur.data.stats uses it
 from lemur.shards.format import (
     INDEX_DTYPE,
     MANIFEST,
@@ -76,23 +77,6 @@ def manifest_problems(manifest: dict[str, Any], path: Path) -> list[str]:
     if not isinstance(tokens, dict) or not all(type(v) is int for v in tokens.values()):
         found.append(f"mix.tokens must map domains to integers, got {_short(tokens)}")
     return [f"{path}: {p}" for p in found if p]
-
-
-def structure_problem(root: Path, shard: dict[str, Any], itemsize: int) -> str | None:
-    """A cheap check of one shard (no checksum): both files there, sizes and index agree."""
-    bin_path, idx_path = root / shard["file"], root / shard["index"]
-    for f in (bin_path, idx_path):
-        if not f.is_file():
-            return f"{f}: missing"
-    if bin_path.stat().st_size != shard["tokens"] * itemsize:
-        return f"{bin_path}: size does not match the manifest's {shard['tokens']} tokens"
-    if idx_path.stat().st_size != shard["documents"] * INDEX_DTYPE.itemsize:
-        return f"{idx_path}: size does not match the manifest's {shard['documents']} documents"
-    if shard["documents"]:
-        ends = np.memmap(idx_path, dtype=INDEX_DTYPE, mode="r")
-        if ends[0] == 0 or np.any(ends[1:] <= ends[:-1]) or int(ends[-1]) != shard["tokens"]:
-            return f"{idx_path}: document ends are not increasing up to the shard's size"
-    return None
 
 
 def _check_tokens(path: Path, dtype: np.dtype, vocab: int, expected_sha: str) -> str | None:
