@@ -239,8 +239,12 @@ def _validate_executor_and_tokenizer(recipe: Recipe, check_paths: bool) -> None:
     if ex.kind == "slurm" and not float(ex.mem_per_cpu_gb).is_integer():
         raise RecipeError("recipe: executor.mem_per_cpu_gb must be a whole number for slurm")
     tok = recipe.tokenizer
-    if tok.model is not None and check_paths and not Path(tok.model).expanduser().is_file():
-        raise RecipeError(f"recipe: tokenizer.model '{tok.model}' is not a file")
+    model = Path(tok.model).expanduser() if tok.model is not None else None
+    if model is not None and check_paths and not model.is_file():
+        if not (model / "manifest.json").is_file():  # a shard directory lends its tokenizer
+            raise RecipeError(
+                f"recipe: tokenizer.model '{tok.model}' is not a file or a shard directory"
+            )
     if tok.train is not None:
         check_train_settings(tok.train)
 
