@@ -337,7 +337,7 @@ def test_k_way_merge_with_duplicates_across_tasks_and_empty_tasks():
     want = sorted((int(k), t, int(x)) for t, r in enumerate(runs) for k, x in r.tolist())
     assert got == want and big >= 1
     assert reads and max(reads) <= chunk  # never more than one chunk of a run at a time
-    assert chunk_entries(2**20, 4) == 2**20 // (48 * 4)
+    assert chunk_entries(2**20, 4) == 2**20 // (128 * 4)
 
 
 def test_big_groups_and_key_ranges_match_the_reference(tmp_path, monkeypatch):

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lemur.data.dedup.runs import release_pages
-from lemur.shards.format import open_array
+from lemur.data.dedup.rows import RowFile
 
 NONE = np.uint32(0xFFFFFFFF)  # padding; kept hash values are clamped below it
 _KEY = np.uint64(0xD6E8FEB86659FD93)  # sketch hash: ((x ^ key) * mult) >> 32
@@ -57,8 +56,8 @@ class Sketches:
     def __init__(self, sig_dir: Path, n_tasks: int, k: int) -> None:
         self.k = k
         names = [Path(sig_dir) / f"{t:05d}.sketch" for t in range(n_tasks)]
-        self.values = [open_array(f"{n}.bin", np.uint32) for n in names]
-        self.ends = [open_array(f"{n}.end", np.uint64) for n in names]
+        self.values = [RowFile(f"{n}.bin", np.uint32) for n in names]
+        self.ends = [RowFile(f"{n}.end", np.uint64) for n in names]
 
     def gather(self, task: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(NONE-padded sketches, lengths) of (task, local) documents."""
@@ -72,15 +71,12 @@ class Sketches:
             start[m] = np.where(prev >= 0, ends[np.maximum(prev, 0)], 0)
         length = end - start
         out = np.full((len(task), max(1, int(length.max(initial=0)))), NONE, np.uint32)
-        row = np.repeat(np.arange(len(task)), length)
-        col = np.arange(len(row)) - np.repeat(np.cumsum(length) - length, length)
-        src = np.repeat(start, length) + col
-        tasks = np.repeat(task, length)
         for t in np.unique(task).tolist():
-            m = tasks == t
-            out[row[m], col[m]] = self.values[t][src[m]]
-            release_pages(self.values[t])
-            release_pages(self.ends[t])
+            rows = np.flatnonzero(task == t)
+            flat = self.values[t].read_ranges(start[rows], length[rows])
+            n = length[rows]
+            row = np.repeat(rows, n)
+            out[row, np.arange(len(row)) - np.repeat(np.cumsum(n) - n, n)] = flat
         return out, length
 
     def jaccard(self, at, al, bt, bl) -> np.ndarray:
