@@ -183,9 +183,9 @@ def test_mask_is_exactly_the_assistant_replies(model, request):
 def test_surface_less_tokens_belong_to_the_character_after_them():
     # Three byte-fallback tokens of one character: offsets (5,5) (5,5) (5,6).
     offsets = np.array([[0, 5], [5, 5], [5, 5], [5, 6], [6, 8], [8, 8]])
-    assert loss_mask(offsets, 8, [[5, 8]]).tolist() == [0, 1, 1, 1, 1, 0]
-    assert loss_mask(offsets, 8, [[6, 8]]).tolist() == [0, 0, 0, 0, 1, 0]
-    assert loss_mask(offsets, 8, [[0, 4]]).tolist() == [0, 0, 0, 0, 0, 0]  # straddles: 0
+    assert loss_mask(offsets, [[5, 8]], 8).tolist() == [0, 1, 1, 1, 1, 0]
+    assert loss_mask(offsets, [[6, 8]], 8).tolist() == [0, 0, 0, 0, 1, 0]
+    assert loss_mask(offsets, [[0, 4]], 8).tolist() == [0, 0, 0, 0, 0, 0]  # straddles: 0
 
 
 def long_conversation() -> list[dict[str, str]]:
@@ -300,7 +300,7 @@ def test_verify_catches_a_mask_of_wrong_length(masked_dir):
     path = masked_dir / shard["mask"]
     path.write_bytes(path.read_bytes()[:-1])
     assert verify(masked_dir) == [
-        f"{path}: {shard['tokens'] - 1} mask values, the shard has {shard['tokens']} tokens"
+        f"{path}: {shard['tokens'] - 1} bytes, manifest says {shard['tokens']} tokens x 1 mask byte"
     ]
 
 
@@ -346,3 +346,327 @@ def test_non_chat_build_writes_no_masks(tmp_path, corpus_dir):
     assert not list((tmp_path / "out").rglob("*.mask"))
     assert "added_pieces" not in manifest["tokenizer"] and "truncated" not in manifest["counts"]
     assert manifest["mix"]["target"] == {"code": 10, "text": 1}
+    # A chat build can take that directory's tokenizer (the markers appended to it).
+    paths, _ = chat_corpus(tmp_path / "data")
+    chat = build(
+        recipe_from_dict(chat_recipe(tmp_path / "chat", paths, {"model": str(tmp_path / "out")}))
+    )
+    n = manifest["tokenizer"]["vocab_size"]
+    assert [p["id"] for p in chat["tokenizer"]["added_pieces"]] == [n, n + 1]
+    assert verify(tmp_path / "chat" / "out") == []
+
+
+def chat_corpus(root: Path) -> tuple[list[Path], dict[str, str]]:
+    """Two messages JSONL files of real conversations (one to be cut, one too long to keep,
+    one exact duplicate), and the assistant text every conversation prefix should train on."""
+    from conftest import write_jsonl
+
+    convs = conversations(30)
+    topics = real_text_docs(40)
+    cut = [{"role": "system", "content": "Answer at length."}]
+    for d in topics[:6]:
+        cut += [
+            {"role": "user", "content": f"Tell me about {d['id']}."},
+            {"role": "assistant", "content": d["text"][:1200]},
+        ]
+    huge = "\n\n".join(d["text"] for d in topics)[:14000]
+    too_long = [
+        {"role": "user", "content": "Everything, please."},
+        {"role": "assistant", "content": huge},
+    ]
+    root.mkdir(parents=True, exist_ok=True)
+    a = write_jsonl(root / "a.jsonl", [{"messages": m} for m in [*convs[:15], cut]])
+    b = write_jsonl(root / "b.jsonl", [{"messages": m} for m in [*convs[15:], too_long, convs[0]]])
+    targets = {}
+    for msgs in [*convs, cut, too_long]:
+        for k in range(1, len(msgs) + 1):
+            if msgs[k - 1]["role"] == "assistant":
+                targets[render_chatml(msgs[:k])[0]] = assistant_targets(msgs[:k])
+    return [a, b], targets
+
+
+def chat_recipe(tmp: Path, paths: list[Path], tokenizer: dict, **over) -> dict:
+    recipe = {
+        "output": str(tmp / "out"),
+        "seed": 3,
+        "seq_len": 2048,
+        "tokenizer": tokenizer,
+        "executor": {"kind": "local", "tasks": 2, "workers": 1},
+        "val_fraction": 0.1,
+        "shard_tokens": 8192,
+        "sources": [
+            {"name": f"chat{i}", "format": "chat", "schema": "messages", "paths": [str(p)]}
+            for i, p in enumerate(paths)
+        ],
+    }
+    recipe.update(over)
+    return recipe
+
+
+def shard_documents(directory: Path):
+    """(shard, tokens, mask) of every document of a shard directory, through its manifest."""
+    from lemur.shards.format import open_index, open_tokens
+
+    manifest = json.loads((directory / "manifest.json").read_text())
+    for shard in manifest["shards"]:
+        tokens = open_tokens(directory, shard, manifest["dtype"])
+        ends, mask = open_index(directory, shard), open_mask(directory, shard)
+        for start, end in zip([0, *ends[:-1].tolist()], ends.tolist(), strict=True):
+            yield shard, np.asarray(tokens[start:end]), np.asarray(mask[start:end])
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["trained", "extended"])
+def test_built_shards_mask_exactly_the_assistant_replies(tmp_path, given, tokenizer_model):
+    from lemur.data.build import build
+    from lemur.data.load import recipe_from_dict
+
+    paths, targets = chat_corpus(tmp_path / "data")
+    tok = (
+        {"model": str(tokenizer_model)}
+        if given
+        else {"train": {"vocab_size": 800, "sample_bytes": 300_000}}
+    )
+    manifest = build(recipe_from_dict(chat_recipe(tmp_path, paths, tok)))
+    out = tmp_path / "out"
+    sp = load_tokenizer(out / manifest["tokenizer"]["file"])
+    pieces = {p["piece"]: p["id"] for p in manifest["tokenizer"]["added_pieces"]}
+    if given:  # appended to the given model: every id before them unchanged
+        n = load_tokenizer(tokenizer_model).vocab_size()
+        assert pieces == {IM_START: n, IM_END: n + 1} and sp.vocab_size() == n + 2
+    seen = 0
+    for _shard, tokens, mask in shard_documents(out):
+        assert tokens[0] == 1 and tokens[-1] == 2 and mask[0] == 0 and mask[-1] == 0
+        text = sp.decode(tokens[1:-1].tolist())
+        assert masked_text(sp, tokens, mask) == targets[text]
+        np.testing.assert_array_equal(
+            mask[1:-1], expected_mask(sp, tokens[1:-1], text, spans_of(text))
+        )
+        assert len(tokens) <= 2048
+        seen += 1
+    c = manifest["counts"]
+    assert c["dropped"] == {"chat:too_long": 1} and c["truncated"] == 1
+    assert c["sources"]["chat0"]["truncated"] == 1
+    assert c["duplicates"] == 1 and c["read"] == 33 and c["kept"] == 32
+    assert seen == c["kept"] - c["duplicates"]
+    assert verify(out) == []
+
+
+def spans_of(text: str) -> list[list[int]]:
+    """The loss spans of a ChatML text, found from its markers (independent of the reader)."""
+    head = f"{IM_START}assistant\n"
+    spans, at = [], text.find(head)
+    while at >= 0:
+        end = text.index(IM_END, at) + len(IM_END)
+        spans.append([at + len(head), end])
+        at = text.find(head, end)
+    return spans
+
+
+def test_chat_builds_are_deterministic(tmp_path):
+    from lemur.data.build import build
+    from lemur.data.load import recipe_from_dict
+
+    paths, _ = chat_corpus(tmp_path / "data")
+    tok = {"train": {"vocab_size": 800, "sample_bytes": 300_000}}
+    digests = []
+    for run, workers in (("one", 1), ("two", 2)):
+        raw = chat_recipe(tmp_path / run, paths, tok, executor={"tasks": 2, "workers": workers})
+        manifest = build(recipe_from_dict(raw))
+        out = tmp_path / run / "out"
+        # Every file the manifest names (masks included), by its path inside the build.
+        files = {}
+        for shard in manifest["shards"]:
+            for key in ("file", "index", "mask"):
+                files[shard[key].split("/", 1)[1]] = (out / shard[key]).read_bytes()
+        assert sum(name.endswith(".mask") for name in files) == len(manifest["shards"]) > 1
+        digests.append(files)
+    assert digests[0] == digests[1]
+
+
+def test_weights_share_tokens_between_chat_sources(tmp_path):
+    from lemur.data.build import build
+    from lemur.data.load import recipe_from_dict
+
+    paths, _ = chat_corpus(tmp_path / "data")
+    tok = {"train": {"vocab_size": 800, "sample_bytes": 300_000}}
+    raw = chat_recipe(
+        tmp_path, paths, tok, mix={"weights": {"chat0": 1, "chat1": 3}, "max_repeats": 4}
+    )
+    manifest = build(recipe_from_dict(raw))
+    mix = manifest["mix"]
+    took = {name: s["tokens"] for name, s in mix["sources"].items()}
+    assert 2.7 < took["chat1"] / took["chat0"] < 3.3
+    rates = [s["rate"] for s in mix["sources"].values()]
+    assert max(rates) == pytest.approx(1, abs=0.05) and min(rates) < 0.9  # scarcer side whole
+    assert mix["target"] == {"chat": 4.0} and sum(mix["tokens"].values()) == sum(took.values())
+    # Without weights every kept conversation is taken once.
+    manifest = build(recipe_from_dict(chat_recipe(tmp_path / "all", paths, tok)))
+    assert all(
+        s["rate"] == 1.0 and s["copies"] == s["documents"]
+        for s in manifest["mix"]["sources"].values()
+    )
+    assert manifest["mix"]["unselected_documents"] == 0
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"sources": "+code"},
+            "recipe: sources[1] 'code' is format 'files': a chat build takes only chat sources "
+            "(build pre-training and chat corpora separately)",
+        ),
+        ({"mix": {"weights": {"chat0": 1}}}, "recipe: mix.weights has no entry for source 'chat1'"),
+        (
+            {"mix": {"weights": {"chat0": 1, "nope": 2}}},
+            "recipe: mix.weights.nope: no chat source is named 'nope'",
+        ),
+        (
+            {"mix": {"total_tokens": 1000}},
+            "recipe: mix.total_tokens in a chat build needs mix.weights",
+        ),
+        ({"chat": {"long": "split"}}, "recipe: chat.long 'split' is not one of truncate, drop"),
+    ],
+)
+def test_chat_recipe_mistakes_are_one_line(tmp_path, corpus_dir, change, message):
+    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe import RecipeError
+
+    paths, _ = chat_corpus(tmp_path / "data")
+    raw = chat_recipe(tmp_path, paths, {"train": {"vocab_size": 800}})
+    if change.get("sources") == "+code":
+        raw["sources"] = raw["sources"][:1] + [
+            {
+                "name": "code",
+                "domain": "code",
+                "format": "files",
+                "paths": [str(corpus_dir / "code")],
+            }
+        ]
+    else:
+        raw.update(change)
+    with pytest.raises(RecipeError) as e:
+        recipe_from_dict(raw)
+    assert str(e.value) == message
+
+
+def test_mix_weights_and_chat_options_need_a_chat_build(tmp_path, corpus_dir):
+    from conftest import base_recipe
+
+    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe import RecipeError
+
+    raw = base_recipe(tmp_path, corpus_dir / "code", [corpus_dir / "a.jsonl"])
+    with pytest.raises(RecipeError, match=r"^recipe: mix.weights is for chat builds"):
+        recipe_from_dict({**raw, "mix": {"ratio": {"code": 1, "text": 1}, "weights": {"py": 1}}})
+    with pytest.raises(
+        RecipeError, match=r"^recipe: chat: applies only to builds of chat sources$"
+    ):
+        recipe_from_dict({**raw, "chat": {"long": "drop"}})
+
+
+def test_chat_demo_recipe_builds_offline(tmp_path):
+    """`lemur-data build recipes/chat-demo.yaml` writes its conversations, then the shards."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    data = tmp_path / "data" / "messages.jsonl"
+    cmd = [
+        sys.executable,
+        "-m",
+        "lemur.data.cli",
+        "build",
+        str(root / "recipes" / "chat-demo.yaml"),
+    ]
+    sets = [f"output={tmp_path / 'out'}", f"chat.demo_data={data}", f"sources.0.paths=[{data}]"]
+    sets.append("tokenizer.train.vocab_size=1000")
+    res = subprocess.run(
+        cmd + [x for s in sets for x in ("--set", s)], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "chat demo: writing conversations to" in res.stderr
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    assert len(rows) > 1000 and all(r["messages"][-1]["role"] == "assistant" for r in rows)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert all("mask" in s for s in manifest["shards"]) and verify(tmp_path / "out") == []
+    assert manifest["counts"]["read"] == len(rows)
+
+
+def test_chat_demo_data_command(tmp_path):
+    from lemur.data.cli import main
+
+    out = tmp_path / "sub" / "c.jsonl"
+    assert main(["chat-demo-data", str(out), "--limit", "50"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 50 and {m["role"] for r in rows for m in r["messages"]} >= {
+        "user",
+        "assistant",
+    }
+    with pytest.raises(SystemExit) as e:
+        main(["chat-demo-data", str(tmp_path)])
+    assert e.value.code == 2
+
+
+def llama_style_model(path: Path, normalization: str = "identity") -> Path:
+    """A small model with Llama-2's text settings (dummy prefix, whitespace kept), extended."""
+    import io
+
+    texts = [render_chatml(m)[0] for m in conversations(20)]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(line for t in texts for line in t.split("\n") if line.strip()),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=600,
+        normalization_rule_name=normalization,
+        add_dummy_prefix=True,
+        remove_extra_whitespaces=False,
+        byte_fallback=True,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    base = path.with_suffix(".base")
+    base.write_bytes(model.getvalue())
+    return extend_tokenizer(base, CHAT_PIECES, path)
+
+
+@pytest.mark.parametrize("kind", ["trained", "extended", "llama-style", "nfkc"])
+def test_piece_offsets_agree_with_sentencepiece_offset_mapping(kind, request, tmp_path):
+    from lemur.data.tokenize.offsets import TokenOffsets, byte_offsets
+
+    path = {
+        "trained": lambda: request.getfixturevalue("chat_trained_model"),
+        "extended": lambda: request.getfixturevalue("extended_model"),
+        "llama-style": lambda: llama_style_model(tmp_path / "l.model"),
+        "nfkc": lambda: llama_style_model(tmp_path / "n.model", "nmt_nfkc"),
+    }[kind]()
+    sp = load_tokenizer(path)
+    fast, reference = TokenOffsets(sp), TokenOffsets(sp)
+    reference.lengths = None  # SentencePiece's own offset mapping for every text
+    assert (fast.lengths is None) == (kind == "nfkc")
+    rendered = [render_chatml(m) for m in conversations(16)]
+    rendered.append(
+        render_chatml(
+            [{"role": "user", "content": "a\u2581b"}, {"role": "assistant", "content": "\u2581 ok"}]
+        )
+    )
+    texts = [r[0] for r in rendered]
+    for (text, spans, _), a, b in zip(
+        rendered, fast.encode(texts), reference.encode(texts), strict=True
+    ):
+        assert a[0].tolist() == b[0].tolist() == sp.encode(text)
+        to_bytes = byte_offsets(text)
+        size = len(text.encode())
+        byte_spans = spans if to_bytes is None else [[to_bytes[s], to_bytes[e]] for s, e in spans]
+        np.testing.assert_array_equal(
+            loss_mask(a[1], byte_spans, size), loss_mask(b[1], byte_spans, size)
+        )
+        if kind != "nfkc":
+            # (a literal U+2581 reads back as a space: SentencePiece's own space marker)
+            wanted = "".join(text[s:e] for s, e in spans).replace("\u2581", " ")
+            assert masked_text(sp, a[0], loss_mask(a[1], byte_spans, size)) == wanted

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 import sentencepiece as spm
 from conftest import real_python_files, real_text_docs
@@ -14,8 +16,11 @@ from sentencepiece import sentencepiece_model_pb2 as model_pb2
 from lemur.data.read.chat import render_chatml
 from lemur.data.tokenize.chat import CHAT_PIECES, TOKENS_KEY, ChatEncoder
 from lemur.data.tokenize.tokenizer import extend_tokenizer
-from lemur.model import hf_tokenizer
+from lemur.model import checkpoint, convert, hf_tokenizer
+from lemur.model.config import config_from_preset
+from lemur.model.grow import grow_vocab
 from lemur.model.hf_tokenizer import IM_END, IM_START, HFTokenizerError, write_hf_tokenizer
+from lemur.model.llama import init_params
 
 transformers = pytest.importorskip("transformers")
 
@@ -92,6 +97,8 @@ def test_files_and_config(exported: Path, chat_model: Path) -> None:
     assert (tok.bos_token_id, tok.eos_token_id, tok.unk_token_id) == (1, 2, 0)
     assert tok.convert_tokens_to_ids([IM_START, IM_END]) == [start, end]
     assert len(tok) == sp.vocab_size()
+    generation = json.loads((exported / "generation_config.json").read_text())
+    assert (generation["bos_token_id"], generation["eos_token_id"]) == (1, [2, end])
 
 
 def test_chat_template_gives_the_build_ids(exported: Path, chat_model: Path) -> None:
@@ -133,6 +140,7 @@ def test_base_tokenizer_has_no_chat_template(tokenizer_model: Path, tmp_path: Pa
     write_hf_tokenizer(tokenizer_model, tmp_path)
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     assert "chat_template" not in config
+    assert json.loads((tmp_path / "generation_config.json").read_text())["eos_token_id"] == 2
     special = json.loads((tmp_path / "special_tokens_map.json").read_text())
     assert special == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_model))
@@ -195,3 +203,50 @@ def test_refuses_models_it_cannot_mirror(tmp_path: Path, tokenizer_model: Path) 
     ):
         write_hf_tokenizer(tmp_path / "uni.model", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_to_hf_exports_a_grown_chat_model_with_its_tokenizer(
+    tokenizer_model: Path, chat_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """lemur-convert to-hf of a chat model: HF renders our ids and computes our logits."""
+    pytest.importorskip("torch")
+    from test_model_hf import _forward, _hf_logits
+
+    base_vocab = spm.SentencePieceProcessor(model_file=str(tokenizer_model)).vocab_size()
+    config = config_from_preset("tiny", vocab_size=base_vocab, init_std=0.1)
+    params, config = grow_vocab(init_params(config, jax.random.key(3)), config, base_vocab + 2)
+    checkpoint.save_params(tmp_path / "lemur", params, config, tokenizer=chat_model)
+    assert checkpoint.tokenizer_path(tmp_path / "lemur") == tmp_path / "lemur" / "tokenizer.model"
+    out = tmp_path / "hf"
+    assert convert.main(["to-hf", str(tmp_path / "lemur"), str(out), "--dtype", "float32"]) == 0
+    assert "and the tokenizer of" in capsys.readouterr().out
+
+    ids = ids_of(load(out).apply_chat_template(MESSAGES, tokenize=True))
+    assert ids == build_ids(chat_model, MESSAGES)
+    model = transformers.LlamaForCausalLM.from_pretrained(out).eval()
+    assert model.generation_config.eos_token_id == [2, base_vocab + 1]
+    tokens = np.asarray([ids])
+    ours = np.asarray(_forward(params, tokens, config))
+    assert np.abs(_hf_logits(model, tokens) - ours).max() <= 1e-4  # test_model_hf's tolerance
+
+    # A tokenizer with more pieces than the model has ids is refused before any writing.
+    small = tmp_path / "small"
+    tiny = config_from_preset("tiny")  # 512 ids
+    checkpoint.save_params(small, init_params(tiny, jax.random.key(0)), tiny, chat_model)
+    capsys.readouterr()  # transformers' loading bars
+    assert convert.main(["to-hf", str(small), str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert f"{base_vocab + 2} tokenizer pieces, the model has 512 ids" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "refused").exists()
+    # --tokenizer exports another model's tokenizer (here the base one).
+    argv = [
+        "to-hf",
+        str(tmp_path / "lemur"),
+        str(tmp_path / "base"),
+        "--tokenizer",
+        str(tokenizer_model),
+    ]
+    assert convert.main(argv) == 0
+    assert "chat_template" not in json.loads(
+        (tmp_path / "base" / "tokenizer_config.json").read_text()
+    )

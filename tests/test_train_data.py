@@ -443,6 +443,55 @@ def test_structural_checks_name_the_file(tmp_path: Path, corpus: Path, damage: s
         check_compatible(bad, vocab_size=VOCAB)
 
 
+@pytest.mark.parametrize("damage", ["repeated_end", "first_end_zero", "decreasing"])
+def test_structure_rules_are_stated_once(tmp_path: Path, corpus: Path, damage: str) -> None:
+    """An index that does not increase strictly: the same one line from `structure_problem`
+    (start-up and `lemur-data stats`) and `check_index` (contents), the last entry intact."""
+    from lemur.shards import check
+    from lemur.shards.verify import structure_problem
+
+    assert structure_problem is check.structure_problem  # lemur.data.stats imports this one
+    bad = tmp_path / "bad"
+    shutil.copytree(corpus, bad)
+    shard = json.loads((bad / "manifest.json").read_text())["shards"][1]
+    idx_path = bad / shard["index"]
+    ends = np.fromfile(idx_path, "<u8")
+    entry = {"repeated_end": 1, "first_end_zero": 0, "decreasing": 1}[damage]
+    ends[entry] = {"repeated_end": ends[0], "first_end_zero": 0, "decreasing": ends[0] - 1}[damage]
+    ends.tofile(idx_path)
+    problem = check.structure_problem(bad, shard, 2)
+    assert problem == (
+        f"{idx_path}: document index entry {entry} is {int(ends[entry])} (previous "
+        f"{0 if entry == 0 else int(ends[entry - 1])}, shard of {shard['tokens']} tokens): "
+        "corrupt index"
+    )
+    # The cheap start-up form reads only the last entry, which is intact.
+    assert check.structure_problem(bad, shard, 2, whole_index=False) is None
+    ShardSource(bad, SEQ)
+    with pytest.raises(ShardFormatError) as e:
+        check_compatible(bad, vocab_size=VOCAB)
+    assert str(e.value).startswith(problem + " ")
+    one_line_error(e, shard["index"])
+
+
+def test_a_chat_shards_mask_is_checked_for_presence_and_size(tmp_path: Path, corpus: Path) -> None:
+    from lemur.shards.check import structure_problem
+
+    shard = dict(json.loads((corpus / "manifest.json").read_text())["shards"][0])
+    assert structure_problem(corpus, shard, 2) is None
+    mask = tmp_path / "00000.mask"
+    shard["mask"] = str(mask)  # absolute: `corpus / mask` is `mask`, the fixture stays intact
+    assert structure_problem(corpus, shard, 2) == (
+        f"{mask}: shard file listed in the manifest is missing"
+    )
+    mask.write_bytes(bytes(shard["tokens"] - 1))
+    assert structure_problem(corpus, shard, 2) == (
+        f"{mask}: {shard['tokens'] - 1} bytes, manifest says {shard['tokens']} tokens x 1 mask byte"
+    )
+    mask.write_bytes(bytes(shard["tokens"]))
+    assert structure_problem(corpus, shard, 2) is None
+
+
 def test_source_pickles_without_data_and_has_a_stable_repr(corpus: Path) -> None:
     src = ShardSource(corpus, SEQ)
     first = src[3]

@@ -1,67 +1,51 @@
 """Benchmark: chat tokenizing with loss masks vs a plain SentencePiece encode loop.
 
-All runs go in this process over the same real ChatML conversations (pydoc help topics and
-stdlib function docstrings as answers, rendered by `render_chatml`), alternating, best of
+All runs go in this process over the same real ChatML conversations (the demo chat corpus,
+lemur/data/chat_demo.py: questions on Python's help topics and stdlib functions answered by
+their text and docstrings, drawn with several seeds up to --mb), alternating, best of
 --repeats, CPU time of one core (num_threads=1 everywhere):
-  plain-loop : `sp.encode(text)` per conversation, with <s> and </s> (no masks)
+  plain-loop : `sp.encode(text, add_bos=True, add_eos=True)` per conversation (no masks)
   plain-batch: `sp.encode(list_of_texts, num_threads=1)`
-  lemur-chat : `ChatEncoder.run` (one offset-mapping encode per conversation, loss masks,
-               long-conversation cut) feeding `TokenizeWriter(masks=True).run` (framing,
-               writing the task's token run and its aligned mask file)
+  lemur-chat : `ChatEncoder.run` (one encoding per conversation, token byte offsets, loss
+               masks, the long-conversation cut) feeding `TokenizeWriter(masks=True).run`
+               (framing, writing the task's token run and its aligned mask file)
+  lemur-chat (offset_mapping): the same with every offset taken from SentencePiece's
+               `encode(out_type="offset_mapping")` (the path for models whose pieces do not
+               map 1:1 to text)
 
-    python tools/bench_chat.py --mb 20
+    python tools/bench_chat.py --mb 10
+    python tools/bench_chat.py --mb 10 --tokenizer PATH/llama-2/tokenizer.model
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
 
 from datatrove.data import Document
 
+from lemur.data.chat_demo import conversations as demo_conversations
 from lemur.data.read.chat import render_chatml
 from lemur.data.recipe import TokenizerTrainConfig
+from lemur.data.tokenize import offsets as offsets_module
 from lemur.data.tokenize.chat import CHAT_PIECES, ChatEncoder
 from lemur.data.tokenize.step import TokenizeWriter
 from lemur.data.tokenize.tokenizer import extend_tokenizer, load_tokenizer, train_tokenizer
 
 
-def answers(max_bytes: int):
-    """Real (question, answer) pairs: pydoc topics, then stdlib function docstrings."""
-    from pydoc_data.topics import topics
-
-    for name in sorted(topics):
-        yield f"What does the Python help topic '{name}' say?", topics[name]
-    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
-        if "site-packages" in path.parts or "test" in path.parts:
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and (doc := ast.get_docstring(node)):
-                if len(doc) > 200:
-                    yield f"What does {path.stem}.{node.name} do?", doc
-
-
 def conversations(max_bytes: int) -> list[tuple[str, list, list]]:
-    """Rendered conversations (text, loss spans, turn ends) of about `max_bytes`, 1-2 exchanges."""
-    out, size, pending = [], 0, []
-    for i, (q, a) in enumerate(answers(max_bytes)):
-        pending += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-        if i % 3 == 2 or len(pending) == 4:
-            head = [{"role": "system", "content": "You are a Python expert."}] if i % 2 else []
-            out.append(render_chatml(head + pending))
+    """Rendered demo conversations (text, loss spans, turn ends) of about `max_bytes`."""
+    out, size, seed = [], 0, 0
+    while size < max_bytes:
+        for row in demo_conversations(seed):
+            out.append(render_chatml(row["messages"]))
             size += len(out[-1][0].encode())
-            pending = []
-        if size >= max_bytes:
-            break
+            if size >= max_bytes:
+                break
+        seed += 1
     return out
 
 
@@ -94,10 +78,7 @@ def main() -> int:
         tok = str(train_tokenizer(texts[::4], config, tmp / "tok.model", CHAT_PIECES))
     sp = load_tokenizer(tok)
     meta = {"source": "chat", "source_index": 0, "language": "en"}
-    docs = [
-        Document(text, f"c{i}", {**meta, "loss_spans": spans, "turn_ends": ends})
-        for i, (text, spans, ends) in enumerate(convs)
-    ]
+    docs = [Document(text=text, id=f"c{i}", metadata={}) for i, (text, _, _) in enumerate(convs)]
 
     def plain_loop() -> int:
         return sum(len(sp.encode(t, add_bos=True, add_eos=True)) for t in texts)
@@ -105,17 +86,20 @@ def main() -> int:
     def plain_batch() -> int:
         return sum(len(x) for x in sp.encode(texts, add_bos=True, add_eos=True, num_threads=1))
 
-    def chat() -> int:
-        for d in docs:  # ChatEncoder consumes its inputs' metadata: fresh documents each run
-            d.metadata = {
-                **meta,
-                "loss_spans": d.metadata["loss_spans"],
-                "turn_ends": d.metadata["turn_ends"],
-            }
+    def chat(fallback: bool = False) -> int:
+        for d, (_, spans, ends) in zip(docs, convs, strict=True):
+            # The steps consume their inputs' metadata: fresh metadata every run.
+            d.metadata = {**meta, "loss_spans": spans, "turn_ends": ends}
         encoder = ChatEncoder(tok, 1 << 30, "truncate", args.batch_docs)
         writer = TokenizeWriter(tok, str(tmp / "out"), args.batch_docs, masks=True)
-        for _ in writer.run(encoder.run(iter(docs))):
-            pass
+        table = offsets_module.piece_lengths
+        if fallback:  # no piece table: SentencePiece's offset mapping for every text
+            offsets_module.piece_lengths = lambda sp: None
+        try:
+            for _ in writer.run(encoder.run(iter(docs))):
+                pass
+        finally:
+            offsets_module.piece_lengths = table
         n = (tmp / "out" / "00000.bin").stat().st_size // 2
         assert (tmp / "out" / "00000.mask").stat().st_size == n
         return n
@@ -127,6 +111,7 @@ def main() -> int:
             ("plain-loop", plain_loop),
             ("plain-batch", plain_batch),
             ("lemur-chat", chat),
+            ("lemur-chat (offset_mapping)", lambda: chat(fallback=True)),
         ):
             secs, n = cpu_time(fn)
             tokens[name] = n

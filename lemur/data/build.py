@@ -224,8 +224,8 @@ def run_stage(
 
 
 def inputs_sha256(inputs: list[InputFile]) -> str:
-    """A digest of the input listing (paths, sizes, mtimes): any added or changed file moves it."""
-    return _sha([(f.path, *_stat(f.open_path)) for f in inputs])
+    """A digest of the inputs (paths, sizes, mtimes, parts' bounds): any change moves it."""
+    return _sha([(f.path, *_stat(f.open_path), *f.bounds) for f in inputs])
 
 
 def is_up_to_date(out: Path, recipe: Recipe, inputs_sha: str) -> bool:

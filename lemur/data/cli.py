@@ -25,6 +25,8 @@ def _load(args: argparse.Namespace, check_paths: bool = True, write: bool = True
     from lemur.data.load import apply_overrides, load_recipe, recipe_from_dict
 
     if args.recipe:
+        if check_paths and write:
+            _write_demo_conversations(load_recipe(args.recipe, args.set, check_paths=False))
         return load_recipe(args.recipe, args.set, check_paths=check_paths)
     # The demo's text file lives under its output, so resolve `output` first.
     raw = apply_overrides(demo.demo_recipe(), list(args.set))
@@ -42,6 +44,47 @@ def _load(args: argparse.Namespace, check_paths: bool = True, write: bool = True
     elif not (text_dir / "text.jsonl.zst").is_file():
         check_paths = False  # a dry run shows the recipe without gathering its text
     return recipe_from_dict(raw, check_paths=check_paths)
+
+
+def write_conversations(path: Path, limit: int | None = None, seed: int = 0) -> int:
+    """Write the built-in demo conversations to `path` atomically; return how many."""
+    from lemur.data.chat_demo import DEFAULT_LIMIT, write_chat_demo
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:  # a killed run must not leave half a file that a rerun would take as the data
+        n = write_chat_demo(tmp, seed, limit or DEFAULT_LIMIT)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return n
+
+
+def _write_demo_conversations(recipe: Any) -> None:
+    """A recipe's `chat.demo_data`: write the demo conversations there unless present."""
+    target = recipe.chat.demo_data if recipe.chat is not None else None
+    if not target or Path(target).expanduser().is_file():
+        return
+    print(f"chat demo: writing conversations to {target} ...", file=sys.stderr)
+    try:
+        write_conversations(Path(target).expanduser())
+    except OSError as e:
+        _die(f"chat.demo_data {target}: {e.strerror or e}")
+
+
+def cmd_chat_demo_data(args: argparse.Namespace) -> int:
+    """Write the demo chat corpus (Python help topics, stdlib docstrings) as messages JSONL."""
+    if args.limit is not None and args.limit < 1:
+        _die(f"--limit {args.limit}: must be >= 1")
+    out = Path(args.out).expanduser()
+    if out.is_dir():
+        _die(f"{args.out}: is a directory")
+    try:
+        n = write_conversations(out, args.limit, args.seed)
+    except OSError as e:
+        _die(f"{args.out}: {e.strerror or e}", 1)
+    print(f"wrote {n:,} conversations to {args.out}")
+    return 0
 
 
 class _Progress:
@@ -292,6 +335,14 @@ def parser() -> argparse.ArgumentParser:
     tt.add_argument("--out", required=True, help="where to write tokenizer.model")
     tt.add_argument("--vocab-size", type=int, default=None)
     tt.set_defaults(func=cmd_tokenizer_train)
+
+    c = sub.add_parser(
+        "chat-demo-data", help="write the demo chat corpus (messages JSONL) for a chat build"
+    )
+    c.add_argument("out", help="the JSONL file to write")
+    c.add_argument("--limit", type=int, default=None, help="most conversations (default 3000)")
+    c.add_argument("--seed", type=int, default=0, help="seeds the choices and phrasing")
+    c.set_defaults(func=cmd_chat_demo_data)
 
     s = sub.add_parser("stats", help="show what a shard directory holds")
     s.add_argument("directory")

@@ -232,13 +232,21 @@ def _validate_executor_and_tokenizer(recipe: Recipe, check_paths: bool) -> None:
         raise RecipeError(f"recipe: executor.kind {ex.kind!r} is not one of {', '.join(EXECUTORS)}")
     if ex.tasks < 1 or ex.workers < 1:
         raise RecipeError("recipe: executor.tasks and executor.workers must be >= 1")
+    if ex.split_bytes < 0:
+        raise RecipeError(
+            f"recipe: executor.split_bytes must be >= 0 (0: never split), got {ex.split_bytes}"
+        )
     if ex.kind == "slurm" and (not ex.partition or not ex.time):
         raise RecipeError("recipe: executor.kind slurm needs executor.partition and executor.time")
     if ex.kind == "slurm" and not float(ex.mem_per_cpu_gb).is_integer():
         raise RecipeError("recipe: executor.mem_per_cpu_gb must be a whole number for slurm")
     tok = recipe.tokenizer
-    if tok.model is not None and check_paths and not Path(tok.model).expanduser().is_file():
-        raise RecipeError(f"recipe: tokenizer.model '{tok.model}' is not a file")
+    model = Path(tok.model).expanduser() if tok.model is not None else None
+    if model is not None and check_paths and not model.is_file():
+        if not (model / "manifest.json").is_file():  # a shard directory lends its tokenizer
+            raise RecipeError(
+                f"recipe: tokenizer.model '{tok.model}' is not a file or a shard directory"
+            )
     if tok.train is not None:
         check_train_settings(tok.train)
 

@@ -195,7 +195,8 @@ class TokenizerTrainConfig:
 
 @dataclass(frozen=True)
 class TokenizerConfig:
-    """Either an existing SentencePiece model (`model`) or training settings (`train`)."""
+    """Either an existing SentencePiece model (`model`: a file, or a shard directory whose
+    tokenizer is taken) or training settings (`train`)."""
 
     model: str | None = None
     train: TokenizerTrainConfig | None = None
@@ -228,9 +229,12 @@ class ChatConfig:
 
     `long: truncate` cuts a conversation at the end of the last assistant turn that fits
     (dropping it when not even the first exchange fits); `drop` drops it. Both are counted.
+    `demo_data`: a path where `lemur-data build` first writes the built-in demo
+    conversations (lemur/data/chat_demo.py) when it is missing (recipes/chat-demo.yaml).
     """
 
     long: str = "truncate"
+    demo_data: str | None = None
 
 
 @dataclass(frozen=True)
@@ -248,6 +252,8 @@ class ExecutorConfig:
     sbatch_args: dict[str, str] | None = None
     venv_path: str | None = None
     env_command: str | None = None
+    # Inputs bigger than this are read as several parts (lemur/data/read/split.py); 0: never.
+    split_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)

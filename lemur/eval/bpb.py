@@ -27,7 +27,6 @@ import functools
 import math
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -37,6 +36,7 @@ import sentencepiece as spm
 
 from lemur.model import llama
 from lemur.model.config import LlamaConfig, Params
+from lemur.shards.check import ShardDir
 
 SPACE = "\u2581"  # SentencePiece's whitespace marker
 
@@ -58,12 +58,9 @@ class TokenBytes:
         return cls(spm.SentencePieceProcessor(model_file=str(path)))
 
     @classmethod
-    def for_shards(cls, directory: str | os.PathLike[str]) -> TokenBytes:
+    def for_shards(cls, directory: str | os.PathLike[str] | ShardDir) -> TokenBytes:
         """The table of a shard directory's tokenizer (the copy its manifest names)."""
-        from lemur.shards.format import read_manifest
-
-        manifest = read_manifest(directory)
-        return cls.from_model_file(Path(directory) / manifest["tokenizer"]["file"])
+        return cls.from_model_file(ShardDir.of(directory).tokenizer_path)
 
     def target_bytes(self, inputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """Bytes of each target token (any shape), given the token before it (`inputs`)."""
@@ -313,17 +310,16 @@ def _score_domain(
 def score_directory(
     params: Params,
     config: LlamaConfig,
-    directory: str | os.PathLike[str],
+    directory: str | os.PathLike[str] | ShardDir,
     settings: BpbSettings,
     tagger: LanguageTagger | None = None,
 ) -> dict[str, Any]:
     """Bits per byte and nats per token of every val domain of a shard directory."""
-    from lemur.shards.format import ShardFormatError, read_manifest
+    from lemur.shards.format import ShardFormatError
     from lemur.train.windows import ShardSource
 
-    manifest = read_manifest(directory)
-    tok_path = Path(directory) / manifest["tokenizer"]["file"]
-    sp = spm.SentencePieceProcessor(model_file=str(tok_path))
+    shard_dir = ShardDir.of(directory)
+    sp = spm.SentencePieceProcessor(model_file=str(shard_dir.tokenizer_path))
     if sp.vocab_size() > config.vocab_size:
         raise ValueError(
             f"{directory}: tokenizer of {sp.vocab_size()} pieces, the model has "
@@ -332,10 +328,10 @@ def score_directory(
     token_bytes = TokenBytes(sp)
     tagger = tagger or LanguageTagger()
     domains: dict[str, Any] = {}
-    for domain in sorted({s["domain"] for s in manifest["shards"] if s["split"] == "val"}):
+    for domain in shard_dir.domains("val"):
         try:
             source = ShardSource(
-                directory,
+                shard_dir,
                 settings.seq_len,
                 split="val",
                 domain=domain,
@@ -348,7 +344,7 @@ def score_directory(
         domains[domain] = _score_domain(params, config, source, token_bytes, settings, docs)
     return {
         "directory": str(directory),
-        "tokenizer_sha256": manifest["tokenizer"].get("sha256"),
+        "tokenizer_sha256": shard_dir.tokenizer.get("sha256"),
         "seq_len": settings.seq_len,
         "document_attention": settings.document_attention,
         "domains": domains,

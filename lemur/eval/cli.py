@@ -147,11 +147,10 @@ def _sampling(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> Any:
     )
 
 
-def _check_tokenizer(model: Any, directory: str) -> None:
-    """Refuse shards tokenized with another tokenizer than the model's (when it is known)."""
-    from lemur.shards.format import read_manifest
-
-    want = read_manifest(directory)["tokenizer"].get("sha256")
+def _check_tokenizer(model: Any, directory: Any) -> None:
+    """Refuse shards (an open `ShardDir`) tokenized with another tokenizer than the model's
+    (when it is known)."""
+    want = directory.tokenizer.get("sha256")
     if model.tokenizer is not None and want and model.tokenizer.sha256 != want:
         raise UsageError(
             f"{directory}: shards were tokenized with another tokenizer than "
@@ -191,9 +190,11 @@ def _bpb_table(results: list[dict[str, Any]]) -> None:
 def cmd_bpb(args: argparse.Namespace) -> int:
     """Score val shards of each directory."""
     from lemur.eval import bpb
+    from lemur.shards.check import ShardDir
 
     model = _load(args)
-    for d in args.dirs:
+    dirs = [ShardDir(d) for d in args.dirs]  # each manifest read once, here
+    for d in dirs:
         _check_tokenizer(model, d)
     seq_len = args.seq_len or min(2048, model.config.max_seq_len)
     settings = bpb.BpbSettings(
@@ -204,9 +205,7 @@ def cmd_bpb(args: argparse.Namespace) -> int:
         languages=not args.no_languages,
     )
     tagger = bpb.LanguageTagger()
-    results = [
-        bpb.score_directory(model.params, model.config, d, settings, tagger) for d in args.dirs
-    ]
+    results = [bpb.score_directory(model.params, model.config, d, settings, tagger) for d in dirs]
     _bpb_table(results)
     if args.json:
         out = {"model": model.source, "kind": model.kind, "results": results}

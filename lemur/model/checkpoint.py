@@ -1,7 +1,8 @@
 """A lemur model checkpoint: `config.json` (LlamaConfig fields) + `params/` (orbax).
 
 This is what lemur-convert writes and reads, and what the trainer loads to
-start from pretrained weights.
+start from pretrained weights. It may carry its SentencePiece model as
+`tokenizer.model` (lemur-convert copies it along), which `to-hf` exports with the weights.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,16 @@ import orbax.checkpoint as ocp
 
 from lemur.model.config import LlamaConfig, Params
 
+TOKENIZER_FILE = "tokenizer.model"
 
-def save_params(directory: str | os.PathLike[str], params: Params, config: LlamaConfig) -> None:
-    """Write params (numpy or jax arrays, any dtype) and the config; returns once committed."""
+
+def save_params(
+    directory: str | os.PathLike[str],
+    params: Params,
+    config: LlamaConfig,
+    tokenizer: str | os.PathLike[str] | None = None,
+) -> None:
+    """Write params (numpy or jax arrays, any dtype), the config and a copy of `tokenizer`."""
     root = Path(directory).resolve()
     root.mkdir(parents=True, exist_ok=True)
     # Orbax deep-copies numpy arrays before writing by default (a guard against the caller
@@ -33,6 +42,14 @@ def save_params(directory: str | os.PathLike[str], params: Params, config: Llama
     checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(type_handler_registry=registry))
     checkpointer.save(root / "params", args=ocp.args.PyTreeSave(params), force=True)
     (root / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
+    if tokenizer is not None and Path(tokenizer).resolve() != root / TOKENIZER_FILE:
+        shutil.copyfile(tokenizer, root / TOKENIZER_FILE)
+
+
+def tokenizer_path(directory: str | os.PathLike[str]) -> Path | None:
+    """The SentencePiece model a checkpoint carries, or None."""
+    path = Path(directory) / TOKENIZER_FILE
+    return path if path.is_file() else None
 
 
 def load_config(directory: str | os.PathLike[str]) -> LlamaConfig:

@@ -2,7 +2,9 @@
 
 `write_hf_tokenizer(model, folder)` writes what `transformers.AutoTokenizer` loads:
 `tokenizer.model` (a copy), `tokenizer.json` (the `tokenizers` serialization),
-`tokenizer_config.json` and `special_tokens_map.json`. With the two ChatML pieces in the
+`tokenizer_config.json` and `special_tokens_map.json`, and the model's
+`generation_config.json` (generation stops at `</s>`, and at `<|im_end|>`, the end of
+a chat answer, when the model has it). With the two ChatML pieces in the
 model, the config carries a chat template that renders a conversation exactly as a
 lemur chat build frames it: `<s>` + `<|im_start|>{role}\\n{content}<|im_end|>\\n` per
 message + `</s>`; with `add_generation_prompt` it ends on `<|im_start|>assistant\\n`
@@ -40,7 +42,13 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
     "{% else %}{{ eos_token }}{% endif %}"
 )
-FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+FILES = (
+    "tokenizer.model",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 Piece = model_pb2.ModelProto.SentencePiece
 # Pieces that never come out of a BPE merge: SentencePiece matches user-defined ones
@@ -233,12 +241,24 @@ def tokenizer_config(
     return config
 
 
+def generation_config(proto: model_pb2.ModelProto) -> dict[str, Any]:
+    """generation_config.json: stop at `</s>`, and at `<|im_end|>` when the model has it."""
+    spec = proto.trainer_spec
+    chat = chatml_ids(proto)
+    stops = [spec.eos_id] + ([chat[IM_END]] if IM_END in chat else [])
+    return {
+        "bos_token_id": spec.bos_id,
+        "eos_token_id": stops if len(stops) > 1 else spec.eos_id,
+        "_from_model_config": False,
+    }
+
+
 def write_hf_tokenizer(
     model_path: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
     model_max_length: int | None = None,
 ) -> list[Path]:
-    """Write the four tokenizer files into `out_dir` (created); returns their paths."""
+    """Write the tokenizer files (`FILES`) into `out_dir` (created); returns their paths."""
     proto = read_model_proto(model_path)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -248,6 +268,7 @@ def write_hf_tokenizer(
         tokenizer_json(proto),
         tokenizer_config(proto, model_max_length),
         special_tokens_map(proto),
+        generation_config(proto),
     )
     for name, content in zip(FILES[1:], contents, strict=True):
         (out / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n")

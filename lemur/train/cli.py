@@ -64,13 +64,13 @@ def plot_parser() -> argparse.ArgumentParser:
 def dry_run_summary(config: TrainConfig) -> str:
     """Derived sizes of a config as YAML comments (the vocab from the data when readable)."""
     from lemur.model.config import flops_per_token, param_count
-    from lemur.shards.format import read_manifest
+    from lemur.shards.check import ShardDir
 
     vocab = config.model.vocab_size
     source = "model.vocab_size"
     if vocab is None:
         try:
-            vocab = int(read_manifest(config.data.dirs[0])["tokenizer"]["vocab_size"])
+            vocab = int(ShardDir(config.data.dirs[0]).tokenizer["vocab_size"])
             source = f"{config.data.dirs[0]} tokenizer"
         except Exception:  # dry runs must work without the data present
             vocab, source = None, "the data (unreadable now: preset's vocab shown)"

@@ -8,10 +8,7 @@ from collections.abc import Iterator
 import grain
 import numpy as np
 
-from lemur.shards.check import (
-    shards_of,
-)
-from lemur.shards.format import read_manifest
+from lemur.shards.check import ShardDir
 from lemur.train.train_stream import process_index_and_count
 from lemur.train.windows import BATCH_KEYS, ShardSource
 
@@ -70,7 +67,7 @@ class EvalStream:
 
 
 def make_eval_iterators(
-    directory: str | os.PathLike,
+    directory: str | os.PathLike | ShardDir,
     *,
     seq_len: int,
     batch_size: int,
@@ -86,15 +83,14 @@ def make_eval_iterators(
     Given `vocab_size`, every window is checked for ids outside the vocabulary.
     """
     pid, pcount = process_index_and_count(process_index, process_count)
-    manifest = read_manifest(directory)
-    domains = sorted({s["domain"] for s in shards_of(manifest, "val", None)})
+    shard_dir = ShardDir.of(directory)
     return {
         d: EvalStream(
-            ShardSource(directory, seq_len, split="val", domain=d, vocab_size=vocab_size),
+            ShardSource(shard_dir, seq_len, split="val", domain=d, vocab_size=vocab_size),
             batch_size,
             pid,
             pcount,
             max_batches,
         )
-        for d in domains
+        for d in shard_dir.domains("val")
     }

@@ -11,7 +11,6 @@ import jax
 import numpy as np
 
 from lemur.eval.bpb import bits_per_byte
-from lemur.shards.check import check_compatible
 from lemur.shards.format import ShardFormatError
 from lemur.train import mesh as mesh_lib
 from lemur.train.eval_stream import EvalStream, make_eval_iterators
@@ -31,7 +30,7 @@ class Inputs:
         weights = data.weights or [1.0] * len(data.dirs)
         try:
             return make_train_iterator(
-                list(zip(data.dirs, weights, strict=True)),
+                [(self.data_dirs[d], w) for d, w in zip(data.dirs, weights, strict=True)],
                 seq_len=self.config.batch.seq_len,
                 batch_size=self.host.rows,
                 seed=self.config.data_seed,
@@ -57,11 +56,13 @@ class Inputs:
         streams: dict[str, EvalStream] = {}
         for d in dirs:
             try:
-                check_compatible(
-                    d, vocab_size=self.model.vocab_size, tokenizer_sha256=self.tokenizer_sha
+                shard_dir = self.data_dirs[d]
+                # Checked once per directory: a train directory's checks are not redone.
+                shard_dir.check_compatible(
+                    vocab_size=self.model.vocab_size, tokenizer_sha256=self.tokenizer_sha
                 )
                 found = make_eval_iterators(
-                    d,
+                    shard_dir,
                     seq_len=self.config.batch.seq_len,
                     batch_size=host.rows,
                     max_batches=self.config.eval.batches,

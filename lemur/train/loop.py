@@ -33,6 +33,7 @@ from lemur.train.metrics import MetricsWriter, StepWindow, peak_tflops_per_devic
 from lemur.train.progress import Reporter
 from lemur.train.resume import Resume
 from lemur.train.setup import (
+    DataDirs,
     RunError,
     RunSummary,
     TrainingDiverged,
@@ -61,7 +62,8 @@ class Trainer(Inputs, Resume):
             )
         self.is_main = jax.process_index() == 0
         self.run_dir = Path(config.run_dir)
-        vocab, self.tokenizer_sha = data_vocab(config)
+        self.data_dirs = DataDirs()
+        vocab, self.tokenizer_sha = data_vocab(config, self.data_dirs)
         self.model = resolve_model(config, vocab)
         self.mesh = make_mesh(config)
         self.schedule = step_lib.make_schedule(config.schedule, config.steps)
@@ -89,7 +91,8 @@ class Trainer(Inputs, Resume):
         self.evals = self._make_evals()
         # Bytes per token of the run's tokenizer (every directory has the same one), so
         # that evals report bits per byte, comparable across tokenizers.
-        self.token_bytes = TokenBytes.for_shards(config.data.dirs[0]) if self.evals else None
+        first = self.data_dirs[config.data.dirs[0]]
+        self.token_bytes = TokenBytes.for_shards(first) if self.evals else None
         self.checkpointer = open_checkpointer(config)
         self.writer = MetricsWriter(
             self.run_dir, enabled=self.is_main, tensorboard=config.log.tensorboard

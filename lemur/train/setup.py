@@ -11,7 +11,8 @@ from jax.sharding import Mesh
 
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model.config import LlamaConfig
-from lemur.shards.format import ShardFormatError, read_manifest
+from lemur.shards.check import ShardDir
+from lemur.shards.format import ShardFormatError
 from lemur.train import mesh as mesh_lib
 from lemur.train.checkpoint import CheckpointDamaged, Checkpointer
 from lemur.train.config import ConfigError, TrainConfig
@@ -49,13 +50,26 @@ class RunSummary:
     run_dir: str
 
 
-def data_vocab(config: TrainConfig) -> tuple[int, str | None]:
+class DataDirs:
+    """The run's shard directories, each opened once (`ShardDir`: one manifest read, one
+    tokenizer hash, checks run once) on first use, shared by the loader and the evals."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, ShardDir] = {}
+
+    def __getitem__(self, directory: str) -> ShardDir:
+        """The opened directory; RunError (one line) when its manifest cannot be read."""
+        if directory not in self._open:
+            try:
+                self._open[directory] = ShardDir(directory)
+            except (ShardFormatError, OSError) as e:
+                raise RunError(str(e).splitlines()[0]) from None
+        return self._open[directory]
+
+
+def data_vocab(config: TrainConfig, dirs: DataDirs) -> tuple[int, str | None]:
     """The vocab size (the model's, else the shards') and the tokenizer hash of the data."""
-    try:
-        manifest = read_manifest(config.data.dirs[0])
-    except (ShardFormatError, OSError) as e:
-        raise RunError(str(e).splitlines()[0]) from None
-    tok = manifest.get("tokenizer", {})
+    tok = dirs[config.data.dirs[0]].tokenizer
     return config.model.vocab_size or int(tok["vocab_size"]), tok.get("sha256")
 
 

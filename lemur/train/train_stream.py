@@ -15,6 +15,7 @@ import numpy as np
 
 from lemur.shards.check import (
     ShardCompatibilityError,
+    ShardDir,
     check_compatible,
 )
 from lemur.shards.format import FORMAT
@@ -58,10 +59,16 @@ def _mark_absl_flags_parsed() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
-def _normalize_sources(dirs_and_weights: list[tuple[str, float]] | str) -> list[tuple[str, float]]:
-    if isinstance(dirs_and_weights, str | os.PathLike):
-        return [(str(dirs_and_weights), 1.0)]
-    pairs = [(str(d), float(w)) for d, w in dirs_and_weights]
+Directory = str | os.PathLike | ShardDir  # a path, or a directory already opened
+
+
+def _normalize_sources(
+    dirs_and_weights: list[tuple[Directory, float]] | Directory,
+) -> list[tuple[str | ShardDir, float]]:
+    """(directory, weight) pairs, checked; an open `ShardDir` is kept, a path made a str."""
+    if isinstance(dirs_and_weights, str | os.PathLike | ShardDir):
+        dirs_and_weights = [(dirs_and_weights, 1.0)]
+    pairs = [(d if isinstance(d, ShardDir) else str(d), float(w)) for d, w in dirs_and_weights]
     if not pairs:
         raise ValueError("no shard directories given")
     for d, w in pairs:
@@ -115,8 +122,30 @@ class TrainIterator(grain.DatasetIterator):
         self._inner.set_state({"global_next_index": int(state["global_next_index"])})
 
 
+def _open_checked(
+    pairs: list[tuple[str | ShardDir, float]],
+    seq_len: int,
+    vocab_size: int | None,
+    tokenizer_sha256: str | None,
+) -> list[tuple[ShardDir, float]]:
+    """Each directory opened once (its checks and its source share one manifest read)
+    and, given `vocab_size`, checked with `check_compatible`."""
+    opened = []
+    for d, w in pairs:
+        d = ShardDir.of(d)
+        if vocab_size is not None:
+            check_compatible(
+                d, vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len
+            )
+        opened.append((d, w))
+    return opened
+
+
 def _open_sources(
-    pairs: list[tuple[str, float]], seq_len: int, release_bytes: int, vocab_size: int | None
+    pairs: list[tuple[ShardDir, float]],
+    seq_len: int,
+    release_bytes: int,
+    vocab_size: int | None,
 ) -> list[ShardSource]:
     """One `ShardSource` per directory; refuse sources too large to shuffle or a mixture
     of tokenizers."""
@@ -137,7 +166,7 @@ def _open_sources(
 
 
 def _fingerprint(
-    sources: list[ShardSource], pairs: list[tuple[str, float]], seq_len: int, seed: int
+    sources: list[ShardSource], pairs: list[tuple[str | ShardDir, float]], seq_len: int, seed: int
 ) -> str:
     """The pipeline's identity in the iterator state: contents, weights, seed, seq_len."""
     return hashlib.sha256(
@@ -156,7 +185,7 @@ def _fingerprint(
 
 
 def make_train_iterator(
-    dirs_and_weights: list[tuple[str, float]] | str,
+    dirs_and_weights: list[tuple[Directory, float]] | Directory,
     *,
     seq_len: int,
     batch_size: int,
@@ -180,18 +209,15 @@ def make_train_iterator(
     records `p, p + process_count, ...` of each. Batches are dicts of int32
     [batch_size, seq_len] arrays (`BATCH_KEYS`). `num_workers > 0` reads in that many
     processes; `num_threads`/`prefetch` read ahead in threads of this process. Given
-    `vocab_size`, each directory is checked with `check_compatible` first.
+    `vocab_size`, each directory is checked with `check_compatible` first. A directory
+    given as an open `ShardDir` is not read again.
     """
     pairs = _normalize_sources(dirs_and_weights)
     pid, pcount = process_index_and_count(process_index, process_count)
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    if vocab_size is not None:
-        for d, _ in pairs:
-            check_compatible(
-                d, vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len
-            )
-    sources = _open_sources(pairs, seq_len, release_bytes, vocab_size)
+    opened = _open_checked(pairs, seq_len, vocab_size, tokenizer_sha256)
+    sources = _open_sources(opened, seq_len, release_bytes, vocab_size)
     parts = [
         grain.MapDataset.source(src)
         # Shuffle before repeat: a new lazy global permutation every epoch.

@@ -25,12 +25,8 @@ import grain
 import numpy as np
 
 from lemur.process_guard import guard_if_child
-from lemur.shards.check import (
-    check_structure,
-    shards_of,
-    token_error,
-)
-from lemur.shards.format import ShardFormatError, read_manifest
+from lemur.shards.check import ShardDir, token_error
+from lemur.shards.format import ShardFormatError
 
 # Keys of every record and batch, all int32 of shape [seq_len] ([batch, seq_len] batched).
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
@@ -126,7 +122,7 @@ class ShardSource(grain.sources.RandomAccessDataSource):
 
     def __init__(
         self,
-        directory: str | os.PathLike,
+        directory: str | os.PathLike | ShardDir,
         seq_len: int,
         *,
         split: str = "train",
@@ -136,23 +132,23 @@ class ShardSource(grain.sources.RandomAccessDataSource):
     ) -> None:
         if seq_len < 1:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
-        self.directory = str(Path(directory).resolve())
+        shard_dir = ShardDir.of(directory)  # an open ShardDir: no manifest read here
+        self.directory = str(shard_dir.path.resolve())
         self.seq_len = int(seq_len)
         # Given, every window read is checked: an id >= vocab_size raises naming the shard.
         self.vocab_size = vocab_size
         self.split = split
         self.domain = domain
         self.release_bytes = int(release_bytes)
-        manifest = read_manifest(self.directory)
         # Keep only what reading needs: the source is pickled to every worker process.
-        self.tokenizer: dict[str, Any] = dict(manifest["tokenizer"])
-        self.shards = shards_of(manifest, split, domain)
+        self.tokenizer: dict[str, Any] = dict(shard_dir.tokenizer)
+        self.shards = shard_dir.shards(split, domain)
         what = f"{split} shards" + (f" of domain {domain!r}" if domain else "")
         manifest_path = Path(self.directory) / "manifest.json"
         if not self.shards:
             raise ShardFormatError(f"{manifest_path}: no {what}")
-        check_structure(self.directory, self.shards, manifest)
-        self.dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
+        shard_dir.check_structure(self.shards)
+        self.dtype = np.dtype(shard_dir.manifest["dtype"]).newbyteorder("<")
         # Upper bound of the pages one window read maps: the window rounded out to whole
         # folios on both ends, plus one folio of the index.
         window_bytes = (self.seq_len + 1) * self.dtype.itemsize

@@ -1,8 +1,9 @@
 """Reading the build's inputs: listing files, opening compressed streams, one reader step.
 
-`list_inputs` lists a recipe's files; `SourcesReader` turns them into documents with one
-reader per format (`readers`: jsonl, parquet, file trees and notebooks; `chat_reader`: chat
-schemas rendered as ChatML by `chat`), counting and recording every bad input.
+`list_inputs` lists a recipe's files, big ones as several parts (`split`); `SourcesReader`
+turns them into documents with one reader per format (`readers`: jsonl, parquet, file trees
+and notebooks; `chat_reader`: chat schemas rendered as ChatML by `chat`), counting and
+recording every bad input.
 """
 
 from lemur.data.read.chat import IM_END, IM_START, render_chatml

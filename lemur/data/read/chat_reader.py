@@ -26,9 +26,9 @@ from lemur.data.read.chat import (
 )
 from lemur.data.read.listing import InputFile
 from lemur.data.read.readers import BaseReader, JsonlReader, ParquetReader, ReadLog, Row
+from lemur.data.read.streams import is_parquet
 from lemur.data.recipe import SourceConfig
 
-PARQUET_MAGIC = b"PAR1"
 # The fields each schema reads (parquet reads only these columns, plus id and metadata).
 SCHEMA_FIELDS: dict[str, tuple[str, ...]] = {
     "messages": ("messages",),
@@ -37,17 +37,6 @@ SCHEMA_FIELDS: dict[str, tuple[str, ...]] = {
     "alpaca": ("instruction", "input", "output"),
     "oasst1": OASST_COLUMNS,
 }
-
-
-def is_parquet(path: str) -> bool:
-    """Whether a chat input is parquet (by its `PAR1` magic number or name), else jsonl."""
-    if path.endswith(".parquet"):
-        return True
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(4) == PARQUET_MAGIC
-    except OSError:  # the jsonl reader reports the unreadable file
-        return False
 
 
 class ChatParquetReader(ParquetReader):

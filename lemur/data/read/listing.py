@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
 import re
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lemur.data.load import expand_paths
+from lemur.data.read.split import plan_parts
 from lemur.data.recipe import Recipe, RecipeError, SourceConfig
 
 # Directories that hold vendored, generated or tool data rather than authored source.
@@ -42,7 +44,8 @@ class InputFile:
     `path` and `rel` name the file in document ids, metadata and error lists, so they are
     always valid UTF-8 (see `display_name`); `fs_path` holds the real name when it differs.
     `error`, when set, is a problem found while listing (an unreadable directory) that the
-    reader reports in place of reading.
+    reader reports in place of reading. A part of a big file (`split.py`) has a `unit`
+    (`bytes` or `row_groups`) and covers [start, end) of it; a whole file has no unit.
     """
 
     source: int
@@ -50,11 +53,24 @@ class InputFile:
     rel: str
     fs_path: str = ""
     error: str = ""
+    unit: str = ""
+    start: int = 0
+    end: int = 0
 
     @property
     def open_path(self) -> str:
         """The name to open the file by."""
         return self.fs_path or self.path
+
+    @property
+    def first(self) -> bool:
+        """Whether this is a whole file or its first part (which reports whole-file errors)."""
+        return self.start == 0
+
+    @property
+    def bounds(self) -> tuple[int, ...]:
+        """(start, end) of a part, () for a whole file: what the inputs digest adds per part."""
+        return (self.start, self.end) if self.unit else ()
 
 
 def display_name(name: str) -> str:
@@ -212,11 +228,21 @@ def _plain_files(root: Path, index: int) -> list[InputFile]:
     return files + errors
 
 
+def split_file(f: InputFile, source: SourceConfig, split_bytes: int) -> list[InputFile]:
+    """A file's parts when it is big enough to split (see `split.py`), else [f]."""
+    plan = plan_parts(f.open_path, source, split_bytes) if not f.error else None
+    if plan is None:
+        return [f]
+    unit, bounds = plan
+    return [dataclasses.replace(f, unit=unit, start=a, end=b) for a, b in bounds]
+
+
 def list_inputs(recipe: Recipe) -> Listing:
-    """Every input file of every source, in a deterministic order.
+    """Every input of every source, in a deterministic order; big files as several parts.
 
     An unreadable directory is listed as an input with an `error`, so the build counts it
     under the source's errors and names it, instead of silently leaving out its files.
+    A file split into parts (`executor.split_bytes`) is listed once per part, in order.
     """
     listing = Listing()
     for i, source in enumerate(recipe.sources):
@@ -230,7 +256,8 @@ def list_inputs(recipe: Recipe) -> Listing:
                     files = _plain_files(p, i)
             else:
                 files = [_input(i, str(p), p.name)]
-            listing.files += files
+            for f in files:
+                listing.files += split_file(f, source, recipe.executor.split_bytes)
             found += len(files)
         if found == 0:
             raise RecipeError(f"recipe: source '{source.name}': no input files under its paths")

@@ -25,6 +25,7 @@ from datatrove.data import Document
 from lemur.data.counts import error_labels, read_label
 from lemur.data.read.listing import InputFile
 from lemur.data.read.notebooks import NotebookError, looks_like_notebook, notebook_to_script
+from lemur.data.read.split import BYTES, part_lines
 from lemur.data.read.streams import UnsupportedInput, check_encoding, open_maybe_compressed
 from lemur.data.recipe import SourceConfig
 from lemur.shards.format import atomic_write_bytes
@@ -49,7 +50,12 @@ class ReadLog:
         self.by_file.clear()
 
     def error(self, kind: str, f: InputFile, message: str, line: int | None = None) -> None:
-        """Count one bad line, row or file of `kind`; keep the first MAX_ERRORS_PER_TASK."""
+        """Count one bad line, row or file of `kind`; keep the first MAX_ERRORS_PER_TASK.
+
+        `line` is a line or row number from 1, except in a byte-range part of a jsonl file,
+        which cannot know its line numbers: there it is the byte offset where the line
+        starts, recorded as `byte` and named in the message.
+        """
         for label in error_labels(kind, self.sources[f.source].name):
             self.stat_update(label)
         self.by_file[f.path] += 1
@@ -60,7 +66,10 @@ class ReadLog:
                 "kind": kind,
                 "error": message,
             }
-            if line is not None:
+            if line is not None and f.unit == BYTES:
+                entry["byte"] = line
+                entry["error"] = f"{message} (line starting at byte {line})"
+            elif line is not None:
                 entry["line"] = line
             self.errors.append(entry)
 
@@ -139,9 +148,13 @@ class BaseReader:
         return extra
 
     def row_id(self, f: InputFile, row: Row, line: int) -> str:
-        """A row's id: its `id_key` value, else `file:line`."""
+        """A row's id: its `id_key` value, else `file:line` (`file@byte` in a byte-range part)."""
         rid = row.get(self.sources[f.source].id_key)
-        return str(rid) if rid is not None else f"{f.rel}:{line}"
+        if rid is not None:
+            return str(rid)
+        # A split jsonl file names lines by byte offset: counting the lines before a part
+        # would mean reading all of them. Unsplit files keep `file:line`, as always.
+        return f"{f.rel}@{line}" if f.unit == BYTES else f"{f.rel}:{line}"
 
     def row_doc(self, f: InputFile, row: Row, line: int) -> Document | None:
         """The document of one JSON line or parquet row (None, counted, if it has no text)."""
@@ -176,7 +189,13 @@ class JsonlReader(BaseReader):
         return row
 
     def rows(self, f: InputFile) -> Iterator[tuple[int, Row]]:
-        """(line number, object) of each good line; bad lines and damaged streams are logged."""
+        """(line number, object) of each good line; bad lines and damaged streams are logged.
+
+        In a byte-range part of a file, (byte offset of the line, object) instead.
+        """
+        if f.unit == BYTES:
+            yield from self.part_rows(f)
+            return
         line_no = 0
 
         def damaged(message: str) -> None:
@@ -200,6 +219,20 @@ class JsonlReader(BaseReader):
         except (EOFError, OSError, zlib.error, zstandard.ZstdError) as e:
             self.error("corrupt_file", f, f"truncated or corrupt stream after line {line_no}: {e}")
 
+    def part_rows(self, f: InputFile) -> Iterator[tuple[int, Row]]:
+        """(byte offset, object) of each good line starting in the part's byte range."""
+        try:
+            for at, raw in part_lines(f.open_path, f.start, f.end):
+                if at == 0:  # the file's first line, as in `rows`
+                    raw = raw.removeprefix(codecs.BOM_UTF8)
+                if raw.strip() and (row := self.parse(f, raw, at)) is not None:
+                    yield at, row
+        except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+            if f.first:  # one error for the file, not one per part
+                self.error("unreadable", f, e.strerror or str(e))
+        except OSError as e:
+            self.error("corrupt_file", f, f"bytes {f.start}-{f.end} unreadable: {e}")
+
     def read(self, f: InputFile) -> Iterator[Document]:
         """A document per good line."""
         for line_no, row in self.rows(f):
@@ -221,7 +254,8 @@ class ParquetReader(BaseReader):
         """The columns to read; None (logged) when the file lacks the text column."""
         source = self.sources[f.source]
         if source.text_key not in names:
-            self.error("missing_text", f, f"no column '{source.text_key}'")
+            if f.first:  # one error for the file, not one per part
+                self.error("missing_text", f, f"no column '{source.text_key}'")
             return None
         return [source.text_key] + self.meta_columns(source, names)
 
@@ -254,15 +288,20 @@ class ParquetReader(BaseReader):
         try:
             pf = pq.ParquetFile(f.open_path)
         except Exception as e:  # noqa: BLE001 - pyarrow raises many types for bad files
-            self.error("corrupt_file", f, f"not a readable parquet file: {e}")
+            if f.first:  # one error for the file, not one per part
+                self.error("corrupt_file", f, f"not a readable parquet file: {e}")
             return
         columns = self.columns(f, set(pf.schema_arrow.names))
         if columns is None:
             return
-        first = 0
+        groups = range(pf.num_row_groups)
+        if f.unit:  # a part of the file: its run of row groups
+            groups = range(f.start, min(f.end, pf.num_row_groups))
+        # Rows are numbered over the whole file, so a part's row ids are the unsplit ones.
+        first = sum(pf.metadata.row_group(g).num_rows for g in range(groups.start))
         # One row group at a time, in batches: a large file never sits in memory whole, and
         # a damaged row group loses only its own rows.
-        for group in range(pf.num_row_groups):
+        for group in groups:
             yield from self._row_group(f, pf, group, columns, first)
             first += pf.metadata.row_group(group).num_rows
 

@@ -145,6 +145,20 @@ SUFFIXES = {
 }
 
 
+PARQUET_MAGIC = b"PAR1"
+
+
+def is_parquet(path: str) -> bool:
+    """Whether a file is parquet (by its name or its `PAR1` magic number), e.g. a chat input."""
+    if path.endswith(".parquet"):
+        return True
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == PARQUET_MAGIC
+    except OSError:  # the jsonl reader reports the unreadable file
+        return False
+
+
 def compression_of(path: str) -> str | None:
     """`gzip`, `zstd`, another format's name, or None (plain), by magic number then suffix."""
     with open(path, "rb") as fh:

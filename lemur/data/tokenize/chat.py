@@ -3,15 +3,15 @@
 A chat document (see lemur/data/read/chat.py) is a conversation rendered as ChatML, with
 `metadata["loss_spans"]` (char ranges to train on: each assistant content and its
 `<|im_end|>`) and `metadata["turn_ends"]` (the char offset where each message ends). The
-mask of a token is 1 exactly when every character it covers lies inside a loss span; the
-token offsets come from SentencePiece's offset mapping of one encoding of the whole
-conversation, so the tokens are those a plain `encode` of the text gives.
+char offsets are turned into UTF-8 byte offsets, and the mask of a token is 1 exactly when
+every byte it stands for lies inside a loss span, by the byte offsets of the tokens of one
+encoding of the whole conversation (offsets.py), so the tokens are those a plain `encode`
+of the text gives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from datatrove.utils.batching import batched
 
 from lemur.data.counts import dropped_label, truncated_label
 from lemur.data.read.chat import IM_END, IM_START
+from lemur.data.tokenize.offsets import TokenOffsets, byte_offsets
 from lemur.data.tokenize.tokenizer import load_tokenizer
 
 CHAT_PIECES = (IM_START, IM_END)
@@ -33,27 +34,29 @@ NO_LOSS = "chat:no_loss_tokens"  # no token lies wholly inside a loss span
 BAD_SPANS = "chat:bad_spans"  # loss spans or turn ends outside the text or out of order
 
 
-def loss_mask(offsets: np.ndarray, n_chars: int, spans: Sequence[Sequence[int]]) -> np.ndarray:
-    """uint8 per token: 1 when every character of the token lies inside a loss span.
+def loss_mask(
+    offsets: np.ndarray, spans: Sequence[Sequence[int]], limits: np.ndarray | int
+) -> np.ndarray:
+    """uint8 per token: 1 when every byte the token stands for lies inside a loss span.
 
-    `offsets` is (tokens, 2) char [begin, end) per token. A token covering no character (a
-    byte-fallback byte before its character's last, or a dummy-prefix `▁`) belongs to the
-    character at its position. A token straddling a span's edge gets 0.
+    `offsets` is (tokens, 2) [begin, end) per token, `spans` sorted, non-overlapping
+    [start, end) in the same units (bytes here). A token standing for nothing (a
+    dummy-prefix `▁`; SentencePiece's offset mapping also gives a character's byte-fallback
+    bytes but its last an empty range) belongs to the unit at its position, if its text
+    has one (`limits`: where each token's text ends). A token straddling a span's edge
+    gets 0.
     """
-    delta = np.zeros(n_chars + 1, np.int32)
-    for start, end in spans:
-        delta[start] += 1
-        delta[end] -= 1
-    inside = np.cumsum(delta[:-1]) > 0
-    covered = np.zeros(n_chars + 1, np.int64)
-    np.cumsum(inside, out=covered[1:])
+    edges = np.asarray(spans, np.int64).reshape(-1, 2)
     begin, end = offsets[:, 0], offsets[:, 1]
-    end = np.maximum(end, np.minimum(begin + 1, n_chars))
-    return ((end > begin) & (covered[end] - covered[begin] == end - begin)).astype(np.uint8)
+    end = np.maximum(end, np.minimum(begin + 1, limits))
+    # The last span starting at or before each token's first byte must reach its end.
+    j = np.searchsorted(edges[:, 0], begin, side="right") - 1
+    reach = edges[np.maximum(j, 0), 1] if len(edges) else np.zeros(len(begin), np.int64)
+    return ((j >= 0) & (end > begin) & (end <= reach)).astype(np.uint8)
 
 
 def tokens_before(offsets: np.ndarray, cut: int) -> int | None:
-    """How many leading tokens end at or before char `cut`; None when a token straddles it."""
+    """How many leading tokens end at or before offset `cut`; None when one straddles it."""
     begin, end = offsets[:, 0], offsets[:, 1]
     k = int(np.searchsorted(end, cut, side="right"))
     while k and begin[k - 1] == end[k - 1] == cut:
@@ -66,37 +69,43 @@ def tokens_before(offsets: np.ndarray, cut: int) -> int | None:
 def truncation(
     offsets: np.ndarray, spans: Sequence[Sequence[int]], turn_ends: Sequence[int], budget: int
 ) -> tuple[int, int] | None:
-    """(tokens, chars) of the longest prefix that ends an assistant turn within `budget` tokens.
+    """(tokens, turn) of the longest prefix ending an assistant turn within `budget` tokens.
 
-    A cut goes at the end of a turn holding a loss span, so the kept part ends with a
-    whole answer; None when even the first such turn does not fit.
+    `turn` indexes `turn_ends` (offsets in the units of `offsets`). A cut goes at the end of
+    a turn holding a loss span, so the kept part ends with a whole answer; None when even
+    the first such turn does not fit.
     """
     span_ends = sorted(int(e) for _, e in spans)
     best = None
     previous = 0
-    for t in turn_ends:
+    for j, t in enumerate(turn_ends):
         if any(previous < e <= t for e in span_ends):
             k = tokens_before(offsets, int(t))
             if k is not None and k > budget:
                 break
             if k is not None:
-                best = (k, int(t))
+                best = (k, j)
         previous = t
     return best
 
 
 def _spans_ok(spans: Any, turn_ends: Any, n: int) -> bool:
-    """Spans are [start, end] pairs inside the text; turn ends increase inside it."""
+    """Spans are sorted, non-overlapping [start, end] int pairs inside the text; turn ends
+    increase inside it."""
     try:
-        pairs_ok = all(0 <= int(s) <= int(e) <= n for s, e in spans)
-        ends = [int(t) for t in turn_ends]
-    except (TypeError, ValueError):
+        previous = 0
+        for t in turn_ends:
+            if type(t) is not int or not previous < t:
+                return False
+            previous = t
+        last = 0
+        for start, end in spans:
+            if type(start) is not int or type(end) is not int or not last <= start <= end <= n:
+                return False
+            last = end
+    except (TypeError, ValueError):  # not pairs
         return False
-    return (
-        pairs_ok
-        and all(a < b for a, b in zip([0, *ends], ends, strict=False))
-        and (not ends or ends[-1] <= n)
-    )
+    return previous <= n
 
 
 class ChatEncoder(PipelineStep):
@@ -125,46 +134,80 @@ class ChatEncoder(PipelineStep):
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
         """Pass on each kept chat document with its ids and mask; count the rest."""
-        sp = load_tokenizer(self.tokenizer_path)
+        offsets = TokenOffsets(load_tokenizer(self.tokenizer_path))
         for batch in batched(data or [], self.batch_docs):
             with self.track_time("batch"):
-                # One thread per task: parallelism comes from the executor's tasks.
-                encoded = sp.encode(
-                    [d.text for d in batch], out_type="offset_mapping", num_threads=1
-                )
-                kept = [d for d, e in zip(batch, encoded, strict=True) if self._prepare(d, e)]
+                kept = self._batch(batch, *offsets.encode_flat([d.text for d in batch]))
             yield from kept
 
-    def _drop(self, doc: Document, reason: str) -> bool:
+    def _drop(self, doc: Document, reason: str) -> None:
         self.stat_update(dropped_label(str(doc.metadata.get("source")), reason))
-        return False
 
-    def _prepare(self, doc: Document, encoded: dict[str, Any]) -> bool:
-        """Attach ids and mask to `doc` (cut if needed); False when it is dropped."""
-        meta, n = doc.metadata, len(doc.text)
-        spans, turn_ends = meta.get("loss_spans") or [], meta.get("turn_ends") or []
-        if not _spans_ok(spans, turn_ends, n):
-            return self._drop(doc, BAD_SPANS)
-        ids = encoded["ids"]
-        offsets = np.fromiter(chain.from_iterable(encoded["offsets"]), np.int64, 2 * len(ids))
-        offsets = offsets.reshape(-1, 2)
-        keep = len(ids)
-        if keep > self.budget:
-            cut = (
-                truncation(offsets, spans, turn_ends, self.budget)
-                if self.long == "truncate"
-                else None
-            )
-            if cut is None:
-                return self._drop(doc, TOO_LONG)
-            keep, chars = cut
-            doc.text = doc.text[:chars]
-            meta["loss_spans"] = [[s, e] for s, e in spans if e <= chars]
-            meta["turn_ends"] = [t for t in turn_ends if t <= chars]
-            self.stat_update(truncated_label(str(meta.get("source"))))
-        mask = loss_mask(offsets[:keep], len(doc.text), meta["loss_spans"])
-        if not mask.any():
-            return self._drop(doc, NO_LOSS)
-        meta[TOKENS_KEY] = np.asarray(ids[:keep], np.int64)
-        meta[MASK_KEY] = mask
-        return True
+    def _batch(
+        self, batch: list[Document], ids: np.ndarray, offsets: np.ndarray, starts: np.ndarray
+    ) -> list[Document]:
+        """The kept documents of a batch, ids and masks attached (masks in one pass)."""
+        layouts = [_byte_layout(d) for d in batch]
+        sizes = np.array([size for size, _, _ in layouts], np.int64)
+        base = np.zeros(len(batch) + 1, np.int64)
+        np.cumsum(sizes, out=base[1:])
+        # The batch as one text: each document's bytes after the previous one's.
+        spans = [
+            [start + o, end + o]
+            for (_, doc_spans, _), o in zip(layouts, base.tolist(), strict=False)
+            for start, end in doc_spans or ()
+        ]
+        counts = np.diff(starts)
+        shift = np.repeat(base[:-1], counts)[:, None]
+        mask = loss_mask(offsets + shift, spans, np.repeat(base[1:], counts))
+        kept = []
+        for i, doc in enumerate(batch):
+            lo, hi = int(starts[i]), int(starts[i + 1])
+            keep = self._keep(doc, offsets[lo:hi], layouts[i])
+            if keep is not None and not mask[lo : lo + keep].any():
+                self._drop(doc, NO_LOSS)
+            elif keep is not None:
+                doc.metadata[TOKENS_KEY] = ids[lo : lo + keep]
+                doc.metadata[MASK_KEY] = mask[lo : lo + keep]
+                kept.append(doc)
+        return kept
+
+    def _keep(self, doc: Document, offsets: np.ndarray, layout: tuple) -> int | None:
+        """How many tokens of `doc` to keep (cutting its text if needed); None: dropped."""
+        _, byte_spans, byte_ends = layout
+        if byte_spans is None:
+            self._drop(doc, BAD_SPANS)
+            return None
+        if len(offsets) <= self.budget:
+            return len(offsets)
+        cut = None
+        if self.long == "truncate":
+            cut = truncation(offsets, byte_spans, byte_ends, self.budget)
+        if cut is None:
+            self._drop(doc, TOO_LONG)
+            return None
+        keep, turn = cut
+        meta = doc.metadata
+        chars = int(meta["turn_ends"][turn])
+        doc.text = doc.text[:chars]
+        meta["loss_spans"] = [[s, e] for s, e in meta["loss_spans"] if e <= chars]
+        meta["turn_ends"] = [t for t in meta["turn_ends"] if t <= chars]
+        self.stat_update(truncated_label(str(meta.get("source"))))
+        return keep
+
+
+def _byte_layout(doc: Document) -> tuple[int, list | None, list | None]:
+    """(UTF-8 size, loss spans, turn ends) of a chat document in bytes; spans None if bad."""
+    text, meta = doc.text, doc.metadata
+    to_bytes = byte_offsets(text)  # char -> byte offsets (None: ASCII, the same)
+    size = len(text) if to_bytes is None else int(to_bytes[-1])
+    spans, turn_ends = meta.get("loss_spans") or [], meta.get("turn_ends") or []
+    if not _spans_ok(spans, turn_ends, len(text)):
+        return size, None, None
+    if to_bytes is None:
+        return size, spans, turn_ends
+    return (
+        size,
+        [[int(to_bytes[s]), int(to_bytes[e])] for s, e in spans],
+        [int(to_bytes[t]) for t in turn_ends],
+    )

@@ -12,8 +12,13 @@ from lemur.data.read.listing import InputFile
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
 from lemur.data.tokenize.chat import CHAT_PIECES
-from lemur.data.tokenize.tokenizer import extend_tokenizer, tokenizer_info, train_tokenizer
-from lemur.shards.format import atomic_write_bytes
+from lemur.data.tokenize.tokenizer import (
+    TokenizerError,
+    extend_tokenizer,
+    tokenizer_info,
+    train_tokenizer,
+)
+from lemur.shards.format import ShardFormatError, atomic_write_bytes, read_manifest
 
 # Part of a trained tokenizer's file name key (the build's WORK_VERSION when it was set).
 KEY_VERSION = 2
@@ -45,6 +50,21 @@ def sample_texts(recipe: Recipe, inputs: list[InputFile], budget: int) -> Iterat
                 break
 
 
+def given_model(path: str) -> Path:
+    """The model file a recipe's `tokenizer.model` names: the file, or a shard directory's.
+
+    A shard directory (e.g. `out/demo` after `make demo`) lends the tokenizer its manifest
+    names, so a chat corpus can share the ids of the model trained on that directory.
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        try:
+            return p / str(read_manifest(p)["tokenizer"]["file"])
+        except (ShardFormatError, KeyError, TypeError) as e:
+            raise TokenizerError(f"{p}: not a shard directory with a tokenizer ({e})") from None
+    return p
+
+
 def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Path:
     """The recipe's tokenizer as a checked file under `<output>/.work/` (copied or trained).
 
@@ -55,7 +75,7 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
     """
     chat = recipe.is_chat()
     if recipe.tokenizer.model is not None:
-        src = Path(recipe.tokenizer.model).expanduser()
+        src = given_model(recipe.tokenizer.model)
         sha = tokenizer_info(src)["sha256"]  # TokenizerError naming `src` if unusable
         target = work / f"given-tokenizer-{sha[:16]}{'-chatml' if chat else ''}.model"
         if not target.is_file():

@@ -75,7 +75,7 @@ def tokenizer_info(path: str | os.PathLike, pieces: Sequence[str] = ()) -> dict[
     return info
 
 
-def _model_proto(sp: spm.SentencePieceProcessor) -> tuple[Any, int]:
+def model_proto(sp: spm.SentencePieceProcessor) -> tuple[Any, int]:
     """The parsed ModelProto of a loaded model, and the enum value of USER_DEFINED pieces."""
     # sentencepiece's Python API cannot list piece types or add pieces; its own generated
     # schema module (which needs protobuf) reads and edits the model.
@@ -95,7 +95,7 @@ def user_defined_ids(
     sp: spm.SentencePieceProcessor, pieces: Sequence[str], path: Any
 ) -> list[dict[str, Any]]:
     """`[{"piece", "id"}]` of USER_DEFINED pieces of a model (TokenizerError if one is not)."""
-    model, user_defined = _model_proto(sp)
+    model, user_defined = model_proto(sp)
     out = []
     for piece in pieces:
         i = sp.piece_to_id(piece)
@@ -179,7 +179,7 @@ def extend_tokenizer(
     encode as one id.
     """
     sp = load_tokenizer(src)  # a TokenizerError naming `src` if it is not a usable model
-    model, user_defined = _model_proto(sp)
+    model, user_defined = model_proto(sp)
     have = {p.piece: p.type for p in model.pieces}
     added = 0
     for piece in pieces:
