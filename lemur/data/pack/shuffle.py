@@ -20,7 +20,7 @@ import numpy as np
 
 from lemur.data.pack.mix import seeded_hash
 from lemur.data.pack.records import task_records
-from lemur.data.pack.select import Groups, bucket_of, shuffle_keys, task_fates
+from lemur.data.pack.select import Groups, bucket_of, keys_of, shuffle_keys, task_fates
 from lemur.shards.format import (
     INDEX_DTYPE,
     MASK_DTYPE,
@@ -116,26 +116,25 @@ def scatter_task(rank: int, tok_dir: Path, dedup_dir: Path | None, work: Path, c
 
 def summarize(rec, fates) -> dict:
     """Per (source, language): pool, selected and val documents and tokens; dedup removals."""
-    groups: dict[str, list[int]] = {}
-    names = rec.language_names()
+    keys, key = keys_of(rec)
     weight = fates.copies
-    for s, lang in sorted(set(zip(rec.source.tolist(), names.tolist(), strict=True))):
-        m = (rec.source == s) & (names == lang)
-        p, v, sel = m & fates.pool, m & fates.val, m & (weight > 0)
-        groups[f"{s}\t{lang}"] = [
-            int(p.sum()),
-            int(rec.tokens[p].sum()),
-            int(sel.sum()),
-            int(weight[m].sum()),
-            int((rec.tokens * weight)[m].sum()),
-            int(v.sum()),
-            int(rec.tokens[v].sum()),
-        ]
+    columns = (
+        fates.pool,
+        rec.tokens * fates.pool,
+        weight > 0,
+        weight,
+        rec.tokens * weight,
+        fates.val,
+        rec.tokens * fates.val,
+    )
+    sums = np.zeros((len(keys), len(columns)), np.int64)
+    for j, col in enumerate(columns):
+        np.add.at(sums[:, j], key, col.astype(np.int64))
     exact = np.bincount(rec.source[rec.removed_exact])
     near = np.bincount(rec.source[rec.removed & ~rec.removed_exact])
     return {
         "documents": len(rec),
-        "groups": groups,
+        "groups": {f"{s}\t{lang}": row for (s, lang), row in zip(keys, sums.tolist(), strict=True)},
         "removed_exact": {str(s): int(n) for s, n in enumerate(exact.tolist()) if n},
         "removed_near": {str(s): int(n) for s, n in enumerate(near.tolist()) if n},
     }
