@@ -201,7 +201,7 @@ def test_plan_only_writes_no_shards(sources, tmp_path):
     assert res.returncode == 0, res.stderr
     assert "mix plan:" in res.stdout and "code / Python" in res.stdout
     # the expected peak of each pack stage, for the input at hand
-    for stage in ("plan", "prep and scatter (per task)", "gather (per shard)"):
+    for stage in ("plan", "histograms (per task)", "scatter (per task)", "gather (per shard)"):
         assert stage in res.stdout
     assert not (tmp_path / "out" / "manifest.json").exists() and not list(
         (tmp_path / "out").glob("train/*")

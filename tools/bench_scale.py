@@ -111,6 +111,18 @@ def run_stage(root: Path, stage: str, n_tasks: int) -> None:
     return _run(PackGather(str(packer.work), n_tasks, str(root / "out"), shards, cfg), len(shards))
 
 
+def peak_kib() -> int:
+    """This process's peak resident set (VmHWM) in KiB.
+
+    Not `getrusage().ru_maxrss`: Linux carries it over fork and exec, so a child reports
+    at least its parent's RSS at the fork (here, the generator's arrays).
+    """
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def _run(step, tasks: int) -> None:
     for rank in range(tasks):
         for _ in step.run(None, rank, tasks):
@@ -120,12 +132,12 @@ def _run(step, tasks: int) -> None:
 def measure(root: Path, stage: str, n_tasks: int) -> dict:
     """Wall time and peak RSS of one stage run in a fresh subprocess."""
     code = (
-        "import json, resource, sys\n"
+        "import sys\n"
         "from pathlib import Path\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "import bench_scale\n"
         f"bench_scale.run_stage(Path({str(root)!r}), {stage!r}, {n_tasks})\n"
-        "print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))\n"
+        "print(bench_scale.peak_kib())\n"
     )
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -138,8 +150,9 @@ def measure(root: Path, stage: str, n_tasks: int) -> dict:
 def baseline() -> float:
     """Peak RSS (MiB) of a subprocess that only imports the pack stage (the floor)."""
     code = (
-        "import resource, lemur.data.pack.write, lemur.data.dedup.stage\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import bench_scale, lemur.data.pack.write, lemur.data.dedup.stage\n"
+        "print(bench_scale.peak_kib())\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return round(int(out.stdout.split()[-1]) / 1024, 1)

@@ -21,9 +21,13 @@ from lemur.data.pack.select import HIST, N_BINS, Groups
 from lemur.data.recipe import Recipe
 from lemur.shards.format import open_array
 
-# Peak bytes per document of a scatter task (records, hashes, copies, keys, order); measured
-# with tools/bench_scale.py and rounded up.
-SCATTER_BYTES_PER_DOC = 200
+# Peak bytes per document of a histogram / scatter task (records, hashes, copies, keys,
+# order), and per token of a gather task (raw, ordered and written copies of the shard):
+# measured with tools/bench_scale.py (docs/benchmarks.md) and rounded up. A scatter task
+# also maps its tokenize task's run; the interpreter itself adds ~65 MiB.
+PREP_BYTES_PER_DOC = 150
+SCATTER_BYTES_PER_DOC = 300
+GATHER_COPIES = 4
 
 
 class PackError(ValueError):
@@ -74,6 +78,7 @@ class _Sums:
         self.docs: dict[str, np.ndarray] = {}
         self.val: dict[str, dict[str, Any]] = {}
         self.task_docs: list[int] = []
+        self.task_tokens: list[int] = []
 
     def _arrays(self, unit: str) -> tuple[np.ndarray, np.ndarray]:
         if unit not in self.tokens:
@@ -84,6 +89,7 @@ class _Sums:
     def add_task(self, hist: np.ndarray, meta: dict[str, Any]) -> None:
         """Add one prep task's output."""
         self.task_docs.append(meta["documents"])
+        self.task_tokens.append(meta["tokens"])
         units = [f"{self.g.groups[s]}\t{lang}" for s, lang in meta["keys"]]
         for k, unit in enumerate(units):
             rows = hist[hist["key"] == k]
@@ -156,10 +162,12 @@ def make_plan(recipe: Recipe, prep_dir: Path, n_tasks: int, itemsize: int) -> Pa
     plan = PackPlan(mix, val_cut, units, max(1, math.ceil(planned / st)), val_shards)
     mask = 1 if recipe.is_chat() else 0
     shard = max(1, planned // plan.train_shards)
+    docs, tokens = max(sums.task_docs, default=0), max(sums.task_tokens, default=0)
     plan.memory = {
         "plan": len(sums.tokens) * N_BINS * 16,
-        "prep and scatter (per task)": max(sums.task_docs, default=0) * SCATTER_BYTES_PER_DOC,
-        "gather (per shard)": int(shard * 1.05) * (2 * (itemsize + mask)),
+        "histograms (per task)": docs * PREP_BYTES_PER_DOC,
+        "scatter (per task)": docs * SCATTER_BYTES_PER_DOC + tokens * (itemsize + mask),
+        "gather (per shard)": int(shard * 1.05) * GATHER_COPIES * (itemsize + mask),
     }
     return plan
 

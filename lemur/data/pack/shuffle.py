@@ -85,7 +85,7 @@ def scatter_task(rank: int, tok_dir: Path, dedup_dir: Path | None, work: Path, c
     vidx = np.flatnonzero(fates.val)
     vkey = seeded_hash(rec.id_hash[vidx], g.seed, "val-order")
     vbucket = np.zeros(len(vidx), np.int64)
-    vdomain = np.array(g.domains, dtype=object)[rec.source[vidx]] if len(vidx) else vidx
+    vdomain = np.array(g.domains, dtype=object)[rec.source[vidx]]
     first = cfg["train_shards"]
     for d, n in cfg["val_shards"].items():
         m = vdomain == d

@@ -43,7 +43,12 @@ def prep_task(
     atomic_write_bytes(out_dir / f"{rank:05d}.hist", hist.tobytes())
     atomic_write_json(
         out_dir / f"{rank:05d}.json",
-        {"documents": len(rec), "keys": [list(k) for k in keys], "val": val},
+        {
+            "documents": len(rec),
+            "tokens": int(rec.tokens.sum()),
+            "keys": [list(k) for k in keys],
+            "val": val,
+        },
     )
 
 
