@@ -22,12 +22,13 @@ from lemur.data.recipe import Recipe
 from lemur.shards.format import open_array
 
 # Peak bytes per document of a histogram / scatter task (records, hashes, copies, keys,
-# order), and per token of a gather task (raw, ordered and written copies of the shard):
+# order), and per token of a gather task (raw, ordered and written copies of the shard,
+# the index and checksums):
 # measured with tools/bench_scale.py (docs/benchmarks.md) and rounded up. A scatter task
 # also maps its tokenize task's run; the interpreter itself adds ~65 MiB.
 PREP_BYTES_PER_DOC = 150
 SCATTER_BYTES_PER_DOC = 300
-GATHER_COPIES = 4
+GATHER_COPIES = 5
 
 
 class PackError(ValueError):
