@@ -62,11 +62,10 @@ class Resume:
             f"lemur-train: {path}: vocabulary grown from {saved:,} to {self.model.vocab_size:,} "
             "ids (the tokenizer's added pieces); new rows = the mean of the existing ones"
         )
-        return jax.jit(
-            lambda p: grow_vocab(p, small, self.model.vocab_size)[0],
-            out_shardings=self.shardings["params"],
-            donate_argnums=0,
-        )(params)
+        # Eagerly, on the sharded arrays: only the embedding and the head are new arrays;
+        # every other leaf passes through as it is (a jit would copy them).
+        grown, _ = grow_vocab(params, small, self.model.vocab_size)
+        return jax.tree.map(jax.device_put, grown, self.shardings["params"])
 
     def _resume(self, candidates: list[int]) -> tuple[step_lib.State | None, int, int]:
         """Restore the newest checkpoint that restores completely; set damaged ones aside."""
