@@ -277,7 +277,7 @@ def test_fine_tune_grows_the_vocabulary_by_epochs(
     steps = math.ceil(2 * tokens / (4 * SEQ))
     assert fine_tuned["grown"].step == steps and fine_tuned["base"].step == 1
     assert f"2 epoch(s) of {tokens:,} train tokens = {steps:,} steps of 128 tokens" in err
-    assert f"warmup {round(0.03 * steps)} steps" in err
+    assert f"warmup {round(0.03 * steps)} of {steps} steps (3.0%)" in err
 
     # Before any step, the loss on ordinary tokens is the checkpoint's: the new logits only
     # take the mass Jensen allows (each at most the mean probability).

@@ -131,7 +131,7 @@ def resolve_config(config: TrainConfig, dirs: DataDirs) -> tuple[TrainConfig, li
         config = dataclasses.replace(config, steps=steps, epochs=None)
     if (fraction := config.schedule.warmup_fraction) is not None:
         warmup = round(fraction * config.steps)
-        notes.append(f"lemur-train: warmup {warmup:,} steps ({fraction:.1%} of {config.steps:,})")
+        notes.append(f"lemur-train: warmup {warmup:,} of {config.steps:,} steps ({fraction:.1%})")
         schedule = dataclasses.replace(config.schedule, warmup_steps=warmup, warmup_fraction=None)
         config = dataclasses.replace(config, schedule=schedule)
     return config, notes
