@@ -300,7 +300,7 @@ def test_verify_catches_a_mask_of_wrong_length(masked_dir):
     path = masked_dir / shard["mask"]
     path.write_bytes(path.read_bytes()[:-1])
     assert verify(masked_dir) == [
-        f"{path}: {shard['tokens'] - 1} mask values, the shard has {shard['tokens']} tokens"
+        f"{path}: {shard['tokens'] - 1} bytes, manifest says {shard['tokens']} tokens x 1 mask byte"
     ]
 
 

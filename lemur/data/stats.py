@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from lemur.shards.check import structure_problem
 from lemur.shards.format import MANIFEST, ShardFormatError, open_index, read_manifest
-from lemur.shards.verify import manifest_problems, structure_problem
+from lemur.shards.verify import manifest_problems
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
 

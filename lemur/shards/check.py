@@ -67,7 +67,10 @@ def structure_problem(
         if path is not None and not path.is_file():
             return f"{path}: shard file listed in the manifest is missing"
     if (size := bin_path.stat().st_size) != tokens * itemsize:
-        return f"{bin_path}: {size} bytes, manifest says {tokens} tokens x {itemsize} bytes"
+        return (
+            f"{bin_path}: {size} bytes, manifest says {tokens} tokens x {itemsize} bytes "
+            "(truncated or extended)"
+        )
     if (size := idx_path.stat().st_size) != documents * INDEX_DTYPE.itemsize:
         return f"{idx_path}: {size} bytes, manifest says {documents} documents x 8 bytes"
     if mask_path is not None and (size := mask_path.stat().st_size) != tokens:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from lemur.shards.check import structure_problem as structure_problem  # lemur.data.stats uses it
+from lemur.shards.check import structure_problem
 from lemur.shards.format import (
     INDEX_DTYPE,
     MANIFEST,
@@ -97,28 +97,19 @@ def _check_tokens(path: Path, dtype: np.dtype, vocab: int, expected_sha: str) ->
     return f"{path}: {bad_id}" if bad_id else None
 
 
-def _check_mask(root: Path, shard: dict[str, Any], ends: np.ndarray | None) -> str | None:
-    """A shard's loss mask: one 0/1 byte per token, its sha256, and 0 at `<s>` and `</s>`.
-
-    `ends` are the shard's document ends when its index is sound (else None: the framing
-    positions are unknown and only size, checksum and values are checked).
-    """
+def _check_mask(root: Path, shard: dict[str, Any], ends: np.ndarray) -> str | None:
+    """A shard's loss mask (its size already checked): sha256, 0/1 values, 0 at `<s>`/`</s>`."""
     path = root / shard["mask"]
     if not isinstance(shard.get("mask_sha256"), str):
         return f"{path}: the manifest gives no mask_sha256 for it"
-    if not path.is_file():
-        return f"{path}: missing"
-    size = path.stat().st_size
-    if size != shard["tokens"] * MASK_DTYPE.itemsize:
-        return f"{path}: {size} mask values, the shard has {shard['tokens']} tokens"
     if sha256_file(path) != shard["mask_sha256"]:
         return f"{path}: sha256 mismatch (corrupted or modified)"
-    if not size:
+    if not shard["tokens"]:
         return None
     mask = np.memmap(path, dtype=MASK_DTYPE, mode="r")
     if int(mask.max()) > 1:
         return f"{path}: a mask value is not 0 or 1"
-    if ends is not None and len(ends):
+    if len(ends):
         starts = np.concatenate(([0], ends[:-1]))
         if np.any(mask[starts] != 0) or np.any(mask[ends - 1] != 0):
             return f"{path}: the loss mask is 1 at a document's <s> or </s>"
@@ -126,48 +117,32 @@ def _check_mask(root: Path, shard: dict[str, Any], ends: np.ndarray | None) -> s
 
 
 def verify_shard(root: Path, shard: dict[str, Any], manifest: dict[str, Any]) -> list[str]:
-    """Every problem of one shard, each a one-line message naming the file."""
+    """Every problem of one shard, each a one-line message naming the file.
+
+    The structure (files present, sizes, a strictly increasing index ending at the token
+    count) is `structure_problem`'s, the same rules the trainer checks at start-up; on a
+    sound structure, verify adds what needs every byte: checksums, token ids below the
+    vocabulary, `<s> ... </s>` framing and the loss mask's values.
+    """
     dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
     tok = manifest["tokenizer"]
+    broken = structure_problem(root, shard, dtype.itemsize)
+    if broken:
+        return [broken]
     bin_path, idx_path = root / shard["file"], root / shard["index"]
-    for p in (bin_path, idx_path):
-        if not p.is_file():
-            return [f"{p}: missing"]
     problems = []
-    size = bin_path.stat().st_size
-    if size != shard["tokens"] * dtype.itemsize:
-        problems.append(
-            f"{bin_path}: {size} bytes, manifest says {shard['tokens']} tokens "
-            f"({shard['tokens'] * dtype.itemsize} bytes); truncated or extended"
-        )
-    else:
-        bad = _check_tokens(bin_path, dtype, tok["vocab_size"], shard["sha256"])
-        if bad:
-            problems.append(bad)
-    if idx_path.stat().st_size % INDEX_DTYPE.itemsize:
-        return problems + [f"{idx_path}: size is not a multiple of 8 bytes"]
+    bad = _check_tokens(bin_path, dtype, tok["vocab_size"], shard["sha256"])
+    if bad:
+        problems.append(bad)
     ends = np.fromfile(idx_path, dtype=INDEX_DTYPE).astype(np.int64)
-    if len(ends) != shard["documents"]:
-        problems.append(f"{idx_path}: {len(ends)} documents, manifest says {shard['documents']}")
-    if len(ends) and (np.any(np.diff(ends) <= 0) or ends[0] <= 0):
-        problems.append(f"{idx_path}: document ends are not strictly increasing")
-    elif len(ends) and ends[-1] != shard["tokens"]:
-        problems.append(
-            f"{idx_path}: last document ends at {ends[-1]}, shard has {shard['tokens']} tokens"
-        )
-    elif not problems and len(ends):
+    if not problems and len(ends):
         tokens = np.memmap(bin_path, dtype=dtype, mode="r")
         starts = np.concatenate(([0], ends[:-1]))
         if np.any(tokens[starts] != tok["bos_id"]) or np.any(tokens[ends - 1] != tok["eos_id"]):
             problems.append(f"{idx_path}: a document does not start with <s> and end with </s>")
         del tokens
-    if "mask" in shard:
-        sound = len(ends) == 0 or (
-            ends[0] > 0 and bool(np.all(np.diff(ends) > 0)) and ends[-1] == shard["tokens"]
-        )
-        bad_mask = _check_mask(root, shard, ends if sound else None)
-        if bad_mask:
-            problems.append(bad_mask)
+    if "mask" in shard and (bad_mask := _check_mask(root, shard, ends)):
+        problems.append(bad_mask)
     return problems
 
 
