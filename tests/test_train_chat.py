@@ -298,7 +298,7 @@ def test_fine_tune_grows_the_vocabulary_by_epochs(
 
 
 def test_fine_tuned_run_exports_to_hf(
-    fine_tuned: dict, chat_tokenizer: Path, tmp_path: Path
+    fine_tuned: dict, chat_tokenizer: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """from-run -> a lemur checkpoint with the chat tokenizer -> to-hf: HF renders the chat
     build's ids and computes the run's logits."""
@@ -309,8 +309,8 @@ def test_fine_tuned_run_exports_to_hf(
 
     from lemur.model import convert
 
-    run = fine_tuned["root"] / "grown"
-    assert convert.main(["from-run", str(run), str(tmp_path / "lemur")]) == 0
+    monkeypatch.chdir(fine_tuned["root"])  # a relative run directory, as typed
+    assert convert.main(["from-run", "grown", str(tmp_path / "lemur")]) == 0
     params, config = model_checkpoint.load_params(tmp_path / "lemur")
     assert config.vocab_size == 802 and params["embed"].shape == (802, 32)
     tok = model_checkpoint.tokenizer_path(tmp_path / "lemur")
