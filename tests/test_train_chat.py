@@ -220,7 +220,7 @@ def ordinary_dirs(
 ) -> tuple[Path, Path]:
     """The same ordinary tokens (ids < 800, no mask) under the base and the chat tokenizer."""
     root = tmp_path_factory.mktemp("ordinary")
-    docs = text_docs(tokenizer_model, 40)
+    docs = text_docs(tokenizer_model, 16)
     return write_dir(root / "base", tokenizer_model, docs, 6, False), write_dir(
         root / "chat", chat_tokenizer, docs, 6, True
     )
@@ -231,7 +231,7 @@ def chat_config(data: Path, run: Path, *overrides: str):
     sets = [
         f"data.dirs=[{data}]",
         f"run_dir={run}",
-        "batch.size=4",
+        "batch.size=8",
         f"batch.seq_len={SEQ}",
         "model.overrides={}",
     ]
@@ -272,12 +272,12 @@ def test_fine_tune_grows_the_vocabulary_by_epochs(
     err, records = fine_tuned["err"], fine_tuned["records"]
     assert "vocabulary grown from 800 to 802 ids" in err and "new rows = the mean" in err
 
-    # Steps: ceil(2 epochs x train tokens / (4 x 32)), warmup 3% of them, said in the log.
+    # Steps: ceil(2 epochs x train tokens / (8 x 32)), warmup 3% of them, said in the log.
     tokens = sum(s["tokens"] for s in DataDirs()[str(ordinary_dirs[1])].shards("train"))
-    steps = math.ceil(2 * tokens / (4 * SEQ))
+    steps = math.ceil(2 * tokens / (8 * SEQ))
     assert fine_tuned["grown"].step == steps and fine_tuned["base"].step == 1
-    assert f"2 epoch(s) of {tokens:,} train tokens = {steps:,} steps of 128 tokens" in err
-    assert f"warmup {round(0.03 * steps)} of {steps} steps (3.0%)" in err
+    assert f"2 epoch(s) of {tokens:,} train tokens = {steps:,} steps of 256 tokens" in err
+    assert f"warmup {round(0.03 * steps):,} of {steps:,} steps (3.0%)" in err
 
     # Before any step, the loss on ordinary tokens is the checkpoint's: the new logits only
     # take the mass Jensen allows (each at most the mean probability).
