@@ -14,11 +14,12 @@ from datatrove.data import Document
 
 from lemur.data.build import build
 from lemur.data.dedup import buckets
-from lemur.data.dedup.buckets import load_signatures
+from lemur.data.dedup.buckets import Verifier, load_signatures
 from lemur.data.dedup.cluster import DedupResult, connected_roots
 from lemur.data.dedup.merge import BigGroup, chunk_entries, merge_runs
 from lemur.data.dedup.runs import GOLDEN64, RUN
 from lemur.data.dedup.signer import DedupSigner, normalized_hash, shingles
+from lemur.data.dedup.sketch import NONE, bottom_k, sketch_jaccard
 from lemur.data.dedup.stage import run_in_process
 from lemur.data.load import recipe_from_dict
 from lemur.data.recipe import DedupConfig
@@ -88,6 +89,7 @@ def reference_dedup(docs, sources, cfg: DedupConfig, tmp: Path, n_tasks: int = 2
     rank = np.empty(n, np.int64)
     rank[order] = np.arange(n)
     loaded = [load_signatures(tmp, t, cfg.num_perm) for t in range(n_tasks)]
+    verify = Verifier(tmp, n_tasks, cfg)  # the same decision for a pair on both sides
     chash = np.array([loaded[t][0][j] for t, j in zip(task, local, strict=True)], np.uint64)
     sig = np.array([loaded[t][1][j] for t, j in zip(task, local, strict=True)], np.uint64)
     with np.errstate(over="ignore"):
@@ -103,7 +105,7 @@ def reference_dedup(docs, sources, cfg: DedupConfig, tmp: Path, n_tasks: int = 2
             for c in range(cfg.rows):
                 h = (h ^ sig[:, band * cfg.rows + c]) * GOLDEN64 + np.uint64(c + 1)
             a, b = stars(h)
-            keep = (sig[order[a]] == sig[order[b]]).mean(axis=1) >= cfg.min_similarity
+            keep = verify.keep(task[order[a]], local[order[a]], task[order[b]], local[order[b]])
             candidates, verified = candidates + len(a), verified + int(keep.sum())
             edges.append((a[keep], b[keep]))
     roots = connected_roots(n, *(np.concatenate(x) for x in zip(*edges, strict=True)))
@@ -245,9 +247,9 @@ def test_build_keeps_one_copy_across_sources(tmp_path):
     )
     assert by_id["second/near5"]["text"] == second[5]["text"]
     # the bucket and cluster stages ran as executor tasks: datatrove's completion markers
-    # and task logs, one per bucket task (exact + 16 bands) and one for the cluster task
+    # and task logs, one per bucket task (exact + 25 bands) and one for the cluster task
     (ddir,) = (tmp_path / "out" / ".work").glob("tokens-*/dedup-*")
-    for stage, tasks in (("buckets", 17), ("cluster", 1)):
+    for stage, tasks in (("buckets", 26), ("cluster", 1)):
         logs = ddir / stage / "logs"
         assert sorted(p.name for p in (logs / "completions").iterdir()) == [
             f"{r:05d}" for r in range(tasks)
@@ -335,7 +337,7 @@ def test_k_way_merge_with_duplicates_across_tasks_and_empty_tasks():
     want = sorted((int(k), t, int(x)) for t, r in enumerate(runs) for k, x in r.tolist())
     assert got == want and big >= 1
     assert reads and max(reads) <= chunk  # never more than one chunk of a run at a time
-    assert chunk_entries(2**20, 4) == 2**20 // (48 * 4)
+    assert chunk_entries(2**20, 4) == 2**20 // (128 * 4)
 
 
 def test_big_groups_and_key_ranges_match_the_reference(tmp_path, monkeypatch):
@@ -371,3 +373,28 @@ def test_killed_bucket_task_reruns_to_the_same_output(tmp_path):
     assert victim.read_bytes() == before and first.removed.sum() >= 25
     assert {p: p.stat().st_mtime_ns for p in kept} == kept  # finished tasks were not redone
     assert_same(again, first)
+
+
+def test_sketch_jaccard_is_exact_for_short_documents_and_close_for_long_ones():
+    rng = random.Random(7)
+    texts = corpus()
+    short = [t for t in texts if len(shingles(t, 5)) < 300][:10]
+    long = [t for t in texts if len(shingles(t, 5)) > 3000][:10]
+    assert len(short) == 10 and len(long) == 10
+    for group, k, tol in ((short, 500, 1e-12), (long, 1024, 0.06)):
+        a = [bottom_k(shingles(t, 5), k) for t in group]
+        copies = [edit_words(t, rng.uniform(0.005, 0.05), rng) for t in group]
+        b = [bottom_k(shingles(t, 5), k) for t in copies]
+        w = max(len(x) for x in a + b)
+        pa, pb = (
+            np.array([np.pad(x, (0, w - len(x)), constant_values=NONE) for x in xs])
+            for xs in (a, b)
+        )
+        est = sketch_jaccard(
+            pa, pb, np.array([len(x) for x in a]), np.array([len(x) for x in b]), k
+        )
+        exact = [jaccard(x, y) for x, y in zip(group, copies, strict=True)]
+        assert np.abs(est - exact).max() <= tol, (est, exact)
+    # a long document's sketch is its k smallest hashes, sorted and distinct
+    s = bottom_k(shingles(long[0], 5), 1024)
+    assert len(s) == 1024 and (np.diff(s.astype(np.int64)) > 0).all()

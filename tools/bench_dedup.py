@@ -102,6 +102,11 @@ def run_lemur(docs) -> dict:
     from lemur.data.tokenize.step import DOC_RECORD
 
     cfg = DedupConfig()
+    if spec := os.environ.get("LEMUR_DEDUP"):  # BANDSxROWS[:SIM[:SKETCH]], see --lemur
+        sys.path.insert(0, str(Path(__file__).parent))
+        from bench_dedup_quality import parse_layout
+
+        cfg = parse_layout(spec, cfg)
     tmp = Path(tempfile.mkdtemp(prefix="lemur-dedup-"))
     t0 = time.process_time()
     for _ in DedupSigner(cfg, str(tmp)).run(
@@ -201,9 +206,14 @@ def main() -> int:
     ap.add_argument("--docs", type=int, nargs="+", default=[100_000])
     ap.add_argument("--datatrove-max", type=int, default=100_000, help="skip datatrove above this")
     ap.add_argument("--child", nargs=2, metavar=("SIDE", "N"))
+    ap.add_argument(
+        "--lemur", help="lemur's config as BANDSxROWS[:SIM[:SKETCH]] (default: its defaults)"
+    )
     ap.add_argument("--curve", action="store_true")
     ap.add_argument("--make", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.lemur:
+        os.environ["LEMUR_DEDUP"] = args.lemur  # read by the child processes
     if args.child:
         child(args.child[0], int(args.child[1]))
         return 0

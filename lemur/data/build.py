@@ -254,14 +254,7 @@ def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
             "inputs": inputs_sha,
             "tokenizer": tokenizer_sha,
             "filters": recipe.filters,
-            "dedup": (
-                recipe.dedup.exact,
-                recipe.dedup.near,
-                recipe.dedup.ngram,
-                recipe.dedup.bands,
-                recipe.dedup.rows,
-                recipe.dedup.seed,
-            ),
+            "dedup": recipe.dedup.signer_settings(),
             "rejects": recipe.rejects,
             "decontaminate": (
                 recipe.decontaminate,

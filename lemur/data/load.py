@@ -216,6 +216,8 @@ def _validate_sizes(recipe: Recipe) -> None:
         raise RecipeError("recipe: dedup.ngram, dedup.bands and dedup.rows must be >= 1")
     if dd.bucket_tasks is not None and dd.bucket_tasks < 1:
         raise RecipeError(f"recipe: dedup.bucket_tasks must be >= 1, got {dd.bucket_tasks}")
+    if dd.sketch_size < 0:
+        raise RecipeError(f"recipe: dedup.sketch_size must be >= 0, got {dd.sketch_size}")
     if not dd.merge_buffer_mb > 0:
         raise RecipeError(f"recipe: dedup.merge_buffer_mb must be > 0, got {dd.merge_buffer_mb}")
     if not 0 < dd.min_similarity <= 1:

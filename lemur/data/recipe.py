@@ -48,8 +48,8 @@ class DedupConfig:
     exact: bool = True
     near: bool = True
     ngram: int = 5
-    bands: int = 16
-    rows: int = 8
+    bands: int = 25
+    rows: int = 5
     min_similarity: float = 0.75
     seed: int = 42
     write_duplicates: bool = False
@@ -58,11 +58,27 @@ class DedupConfig:
     bucket_tasks: int | None = None
     # Memory a bucket task's k-way merge and verification buffers may use.
     merge_buffer_mb: float = 64
+    # Bottom-k sketch (shingle hashes kept per document) that verifies candidates whose
+    # MinHash estimate is close to min_similarity: exact Jaccard for documents with fewer
+    # distinct shingles. 0: verify by the MinHash estimate alone.
+    sketch_size: int = 1024
 
     @property
     def num_perm(self) -> int:
         """Number of MinHash permutations (bands x rows)."""
         return self.bands * self.rows
+
+    def signer_settings(self) -> tuple:
+        """The settings the signatures and sorted runs depend on (a tokenize work key part)."""
+        return (
+            self.exact,
+            self.near,
+            self.ngram,
+            self.bands,
+            self.rows,
+            self.seed,
+            self.sketch_size,
+        )
 
 
 @dataclass(frozen=True)

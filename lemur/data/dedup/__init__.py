@@ -3,13 +3,15 @@
 Three stages, like datatrove's multi-stage MinHash, all tasks on the build's executor and
 sharing the build's single read:
 1. `DedupSigner` (a pipeline step in every tokenize task) writes, per task, a uint64
-   normalized content hash and a MinHash signature (uint32 x `num_perm`) per document, and
+   normalized content hash, a MinHash signature (uint32 x `num_perm`) and a bottom-k sketch
+   of the shingles (sketch.py) per document, and
    per channel (the exact hash, each LSH band) a run of (bucket key, local index) sorted by
    key (runs.py);
 2. `DedupBuckets` tasks (one per channel and key range) merge the runs of all tasks in a
    streaming k-way merge with bounded buffers (merge.py), pair each member of an equal-key
-   group with the group's first member in keep order, verify near pairs by estimated
-   Jaccard over the memory-mapped signatures and write the verified pairs (buckets.py);
+   group with the group's first member in keep order, verify near pairs (MinHash estimate,
+   then the sketches when the estimate is too close to call) and write the verified pairs
+   (buckets.py);
 3. one `DedupClusters` task joins the pairs into clusters and keeps one document per
    cluster: the one from the source listed first in the recipe, then the longest, then the
    smallest id hash; it writes the others, per tokenize task, as removed (cluster.py).

@@ -9,6 +9,7 @@ Jaccard (the share of equal MinHash values); exact pairs need no check.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,9 @@ from lemur.data.dedup.merge import (
     merge_runs,
     read_span,
 )
-from lemur.data.dedup.runs import EXACT, channel_name, open_run, release_pages
+from lemur.data.dedup.rows import RowFile
+from lemur.data.dedup.runs import EXACT, channel_name, open_run
+from lemur.data.dedup.sketch import Sketches
 from lemur.data.recipe import DedupConfig
 from lemur.shards.format import atomic_write_bytes, open_array
 
@@ -42,9 +45,7 @@ class Priorities:
     """Keep-order fields of every document, read from the tokenize tasks' records by memmap."""
 
     def __init__(self, tok_dir: Path, n_tasks: int) -> None:
-        self.records = [
-            np.load(Path(tok_dir) / f"{t:05d}.docs.npy", mmap_mode="r") for t in range(n_tasks)
-        ]
+        self.records = [RowFile.npy(Path(tok_dir) / f"{t:05d}.docs.npy") for t in range(n_tasks)]
 
     def sizes(self) -> np.ndarray:
         """Documents per task."""
@@ -61,7 +62,6 @@ class Priorities:
             src[m] = rec["source"]
             neg_tokens[m] = -rec["tokens"].astype(np.int64)
             id_hash[m] = rec["id_hash"]
-            release_pages(self.records[t])
         return np.lexsort((local, task, id_hash, neg_tokens, src))
 
 
@@ -112,12 +112,26 @@ def big_group_pairs(
 
 
 class Verifier:
-    """Estimated Jaccard of document pairs over the memory-mapped signatures of every task."""
+    """Decides candidate pairs: MinHash estimate first, the bottom-k sketch when it is close.
 
-    def __init__(self, sig_dir: Path, n_tasks: int, config: DedupConfig) -> None:
+    A pair whose MinHash estimate is more than 4 standard errors (at the threshold) from
+    `min_similarity` is decided by it: it errs with probability ~3e-5. The rest, the pairs
+    the estimate cannot tell apart, are decided by the Jaccard of their sketches, exact for
+    documents with fewer than `sketch_size` distinct shingles.
+    """
+
+    def __init__(
+        self, sig_dir: Path, n_tasks: int, config: DedupConfig, buffer_bytes: int = 64 << 20
+    ) -> None:
         self.num_perm = config.num_perm
-        self.sigs = [load_signatures(sig_dir, t, self.num_perm)[1] for t in range(n_tasks)]
-        self.threshold = config.min_similarity
+        row = np.dtype((np.uint32, (self.num_perm,)))
+        self.sigs = [RowFile(Path(sig_dir) / f"{t:05d}.minhash.bin", row) for t in range(n_tasks)]
+        self.threshold = t = config.min_similarity
+        self.margin = 4 * math.sqrt(t * (1 - t) / self.num_perm)
+        k = config.sketch_size
+        self.sketches = Sketches(sig_dir, n_tasks, k) if k else None
+        # Pairs per sketch batch: two sketches read, padded, joined and sorted (~64 x k bytes).
+        self.batch = max(16, buffer_bytes // (64 * max(1, k)))
 
     def gather(self, task: np.ndarray, local: np.ndarray) -> np.ndarray:
         """Signatures of (task, local) documents (n x num_perm)."""
@@ -125,13 +139,19 @@ class Verifier:
         for t in np.unique(task).tolist():
             m = task == t
             out[m] = self.sigs[t][local[m]]
-            release_pages(self.sigs[t])
         return out
 
     def keep(self, at, al, bt, bl) -> np.ndarray:
-        """Mask of the pairs whose estimated Jaccard reaches the threshold."""
+        """Mask of the pairs whose Jaccard reaches the threshold."""
         sim = (self.gather(at, al) == self.gather(bt, bl)).mean(axis=1)
-        return sim >= self.threshold
+        if self.sketches is None:
+            return sim >= self.threshold
+        ok = sim >= self.threshold + self.margin
+        close = np.flatnonzero(~ok & (sim >= self.threshold - self.margin))
+        for s in range(0, len(close), self.batch):
+            i = close[s : s + self.batch]
+            ok[i] = self.sketches.jaccard(at[i], al[i], bt[i], bl[i]) >= self.threshold
+        return ok
 
 
 def pairs_path(out_dir: Path, rank: int) -> Path:
@@ -161,8 +181,9 @@ def bucket_task(
     buffer = int(config.merge_buffer_mb * 2**20)
     chunk = chunk_entries(buffer, n_tasks)
     prio = Priorities(tok_dir, n_tasks)
-    verify = None if channel == EXACT else Verifier(tok_dir, n_tasks, config)
-    step = max(256, buffer // (12 * config.num_perm))  # pairs verified at once
+    verify = None if channel == EXACT else Verifier(tok_dir, n_tasks, config, buffer)
+    # Pairs verified at once: two signatures read, placed and compared (~20 x num_perm bytes).
+    step = max(256, buffer // (20 * config.num_perm))
     found = kept = 0
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")

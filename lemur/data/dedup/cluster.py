@@ -68,6 +68,31 @@ def _codes(task: np.ndarray, local: np.ndarray) -> np.ndarray:
     return (task.astype(np.uint64) << np.uint64(32)) | local.astype(np.uint64)
 
 
+class _UniqueCodes:
+    """A growing set of uint64 codes: chunks wait until they outweigh the merged set, so
+    merging costs O(n log n) overall rather than O(n) per chunk."""
+
+    def __init__(self) -> None:
+        self.merged = np.zeros(0, np.uint64)
+        self.pending: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, *parts: np.ndarray) -> None:
+        """Add codes (duplicates allowed)."""
+        for p in parts:
+            self.pending.append(np.unique(p))
+            self.size += len(self.pending[-1])
+        if self.size > len(self.merged):
+            self.merged = self.sorted()
+
+    def sorted(self) -> np.ndarray:
+        """Every distinct code added, sorted."""
+        if self.pending:
+            self.merged = np.unique(np.concatenate([self.merged, *self.pending]))
+            self.pending, self.size = [], 0
+        return self.merged
+
+
 def _pair_chunks(files: list[Path], chunk: int):
     """(a codes, b codes) of every pair file, chunk by chunk."""
     for f in files:
@@ -92,13 +117,13 @@ def cluster_task(
     files = sorted(pair_dir.glob("*.pairs"))
     meta = [json.loads(f.with_suffix(".json").read_text()) for f in files]
     exact_files = [f for f, m in zip(files, meta, strict=True) if m["channel"] == "exact"]
-    nodes = np.zeros(0, np.uint64)
-    copies = np.zeros(0, np.uint64)  # members of exact groups other than the first
+    nodes, copies = _UniqueCodes(), _UniqueCodes()  # copies: exact copies (not the first)
     for f in files:
         for a, b in _pair_chunks([f], chunk):
-            nodes = np.union1d(nodes, np.union1d(a, b))
+            nodes.add(a, b)
             if f in exact_files:
-                copies = np.union1d(copies, b)
+                copies.add(b)
+    nodes, copies = nodes.sorted(), copies.sorted()
     task = (nodes >> np.uint64(32)).astype(np.uint32)
     local = (nodes & np.uint64(0xFFFFFFFF)).astype(np.uint32)
     order = Priorities(tok_dir, n_tasks).order(task, local)  # rank -> node

@@ -40,11 +40,11 @@ class BigGroup:
 def chunk_entries(buffer_bytes: int, n_runs: int) -> int:
     """Entries read per run and round so one round stays within `buffer_bytes`.
 
-    A round holds the runs' buffers, their concatenation and its sorted copy and order:
-    about 48 bytes per entry (12-byte entries read, then 8-byte keys, 4-byte tasks and
-    locals, and an 8-byte sort order, each twice).
+    A round holds the runs' buffers (12 bytes an entry), their merge (keys, tasks, locals,
+    sort order: ~50 bytes) and the star pairing of its groups (keep-order fields and their
+    sort, the pairs: ~80 bytes per entry at worst): 128 bytes per entry.
     """
-    return max(16, buffer_bytes // (48 * max(1, n_runs)))
+    return max(16, buffer_bytes // (128 * max(1, n_runs)))
 
 
 def merge_runs(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
 from lemur.data.dedup.runs import GOLDEN64, write_runs
+from lemur.data.dedup.sketch import bottom_k
 from lemur.data.recipe import DedupConfig
 from lemur.shards.format import open_array
 
@@ -81,8 +83,9 @@ class DedupSigner(PipelineStep):
     Sits right before the tokenize step, so its rows line up one to one with the task's
     token records. Output per task, each file appearing atomically when the task's documents
     are exhausted: `{rank}.chash.bin` (uint64 per document), `{rank}.minhash.bin`
-    (uint32 x `num_perm` per document) and, per channel (exact hash, each band), a sorted run
-    `runs/{rank}.{channel}.run` of (bucket key, local index) (see runs.py).
+    (uint32 x `num_perm` per document), `{rank}.sketch.bin` + `.sketch.end` (each
+    document's bottom-k sketch, uint32, and where it ends) and, per channel (exact hash,
+    each band), a sorted run `runs/{rank}.{channel}.run` of (bucket key, local index).
     """
 
     name = "🫆 dedup signatures"
@@ -96,6 +99,9 @@ class DedupSigner(PipelineStep):
         # empty: every document is of domain 0.
         self.domains = {d: i for i, d in enumerate(domains)}
 
+    def _domain(self, doc) -> int:
+        return self.domains[doc.metadata["domain"]] if self.domains else 0
+
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
         """Sign each document and pass it on; the task's files appear when it ends.
 
@@ -106,22 +112,25 @@ class DedupSigner(PipelineStep):
         keys, mults = permutations(self.config.num_perm, self.config.seed)
         out = Path(self.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        final = [out / f"{rank:05d}.chash.bin", out / f"{rank:05d}.minhash.bin"]
+        names = ["chash.bin", "minhash.bin", "sketch.bin", "sketch.end"]
+        final = [out / f"{rank:05d}.{n}" for n in names]
         tmp = [p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in final]
         tmp_dom = out / f".{rank:05d}.domain.tmp-{os.getpid()}"
-        with (
-            open(tmp[0], "wb") as fh_hash,
-            open(tmp[1], "wb") as fh_sig,
-            open(tmp_dom, "wb") as fh_dom,
-        ):
+        with ExitStack() as stack:
+            fh = [stack.enter_context(open(p, "wb")) for p in [*tmp, tmp_dom]]
+            end = 0
             for doc in data or []:
                 with self.track_time():
-                    fh_hash.write(np.uint64(normalized_hash(doc.text)).tobytes())
-                    dom = self.domains[doc.metadata["domain"]] if self.domains else 0
-                    fh_dom.write(np.uint16(dom).tobytes())
+                    fh[0].write(np.uint64(normalized_hash(doc.text)).tobytes())
+                    fh[4].write(np.uint16(self._domain(doc)).tobytes())
                     if self.config.near:
-                        sig = minhash(shingles(doc.text, self.config.ngram), keys, mults)
-                        fh_sig.write(sig.tobytes())
+                        sh = shingles(doc.text, self.config.ngram)
+                        fh[1].write(minhash(sh, keys, mults).tobytes())
+                        if self.config.sketch_size:
+                            sketch = bottom_k(sh, self.config.sketch_size)
+                            end += len(sketch)
+                            fh[2].write(sketch.tobytes())
+                            fh[3].write(np.uint64(end).tobytes())
                 yield doc
         with self.track_time():
             chash = open_array(tmp[0], np.uint64)
