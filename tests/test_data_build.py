@@ -131,6 +131,11 @@ def test_build_stats_determinism_and_rerun(tmp_path, corpus_dir):
     assert groups[("train", "py")]["language"] == "Python"
     n_docs = sum(v["documents"] for v in stats["splits"].values())
     assert n_docs == sum(g["documents"] for g in stats["groups"])
+    # every tokenized document is a duplicate, val, selected for train, or not selected
+    val_docs = sum(s["documents"] for s in m1["shards"] if s["split"] == "val")
+    selected = sum(s["documents"] for s in mix["sources"].values())
+    assert c["tokenized"] == c["duplicates"] + val_docs + selected + mix["unselected_documents"]
+    assert mix["unselected_documents"] > 0  # text is sampled down
 
     # a second, fresh build gives byte-identical shards
     raw2 = dict(raw, output=str(tmp_path / "out2"))

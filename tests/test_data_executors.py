@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -50,21 +51,48 @@ def test_ray_build_equals_local_build(tmp_path):
         recipe_from_dict(recipe(tmp_path, "local", {"kind": "local", "tasks": 4, "workers": 2}))
     )
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ran: dict[str, dict] = {}
     try:
         remote = build(
-            recipe_from_dict(recipe(tmp_path, "ray", {"kind": "ray", "tasks": 4, "workers": 2}))
+            recipe_from_dict(recipe(tmp_path, "ray", {"kind": "ray", "tasks": 4, "workers": 2})),
+            report=partial(record_pack_stages, tmp_path / "ray", ran),
         )
     finally:
         ray.shutdown()
     assert [s["sha256"] for s in remote["shards"]] == [s["sha256"] for s in local["shards"]]
+    for a, b in zip(local["shards"], remote["shards"], strict=True):  # byte for byte
+        assert (tmp_path / "local" / a["file"]).read_bytes() == (
+            tmp_path / "ray" / b["file"]
+        ).read_bytes()
     assert remote["counts"]["read"] == local["counts"]["read"]
+    # the histogram, scatter and gather tasks ran on Ray: its executor logged every task
+    n_shards = len([s for s in remote["shards"] if s["split"] == "train"])
+    assert set(ran) == {"prep", "scatter", "gather"}
+    for stage, seen in ran.items():
+        assert "nodes_per_task" in seen["executor"], stage  # a RayPipelineExecutor
+        assert seen["executor"]["world_size"] == seen["completed"] == seen["task_logs"]
+    assert ran["prep"]["completed"] == ran["scatter"]["completed"] == 4
+    assert ran["gather"]["completed"] >= n_shards
 
 
-def test_slurm_generates_an_array_job(tmp_path, monkeypatch):
+def record_pack_stages(out: Path, ran: dict, stage: str, done: int, total: int) -> None:
+    """At the end of the gather stage (before its work folder is removed), note for every
+    pack stage its executor, finished tasks and task logs."""
+    if stage != "shuffle: write" or done < total or ran:
+        return
+    for folder in out.glob(".work/shuffle-*/*/logs"):
+        ran[folder.parent.name] = {
+            "executor": json.loads((folder / "executor.json").read_text()),
+            "completed": len(list((folder / "completions").iterdir())),
+            "task_logs": len(list((folder / "logs").glob("task_*.log"))),
+        }
+
+
+def stand_in_sbatch(tmp_path: Path, monkeypatch) -> None:
+    """Put on PATH an `sbatch` that keeps the script it was given and answers like Slurm."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     sbatch = bin_dir / "sbatch"
-    # a stand-in sbatch: keep the script it was given and answer like Slurm does
     sbatch.write_text(
         f"#!{sys.executable}\nimport glob, shutil, sys\n"
         f"n = len(glob.glob({str(tmp_path / 'submitted-*.sh')!r}))\n"
@@ -73,24 +101,25 @@ def test_slurm_generates_an_array_job(tmp_path, monkeypatch):
     )
     sbatch.chmod(sbatch.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    r = recipe_from_dict(
-        recipe(
-            tmp_path,
-            "slurm",
-            {
-                "kind": "slurm",
-                "tasks": 64,
-                "workers": 16,
-                "partition": "cpu",
-                "time": "04:00:00",
-                "cpus_per_task": 2,
-                "mem_per_cpu_gb": 3,
-                "job_name": "lemur-test",
-                "venv_path": "/opt/venv",
-                "sbatch_args": {"account": "proj42"},
-            },
-        )
-    )
+
+
+SLURM = {
+    "kind": "slurm",
+    "tasks": 64,
+    "workers": 16,
+    "partition": "cpu",
+    "time": "04:00:00",
+    "cpus_per_task": 2,
+    "mem_per_cpu_gb": 3,
+    "job_name": "lemur-test",
+    "venv_path": "/opt/venv",
+    "sbatch_args": {"account": "proj42"},
+}
+
+
+def test_slurm_generates_an_array_job(tmp_path, monkeypatch):
+    stand_in_sbatch(tmp_path, monkeypatch)
+    r = recipe_from_dict(recipe(tmp_path, "slurm", SLURM))
     executor = make_executor(
         r.executor, [lambda data, rank, world_size: None], 64, tmp_path / "logs"
     )
@@ -112,6 +141,33 @@ def test_slurm_generates_an_array_job(tmp_path, monkeypatch):
         tmp_path / "logs" / "executor.pik"
     ).is_file()  # what every array task unpickles and runs
     assert json.loads((tmp_path / "logs" / "executor.json").read_text())["world_size"] == 64
+
+
+def test_slurm_runs_the_pack_stages_as_array_jobs(tmp_path, monkeypatch):
+    import dill
+
+    from lemur.data.pack.select import Groups
+    from lemur.data.pack.steps import PackGather, PackPrep, PackScatter
+
+    stand_in_sbatch(tmp_path, monkeypatch)
+    r = recipe_from_dict(recipe(tmp_path, "slurm", SLURM))
+    groups = Groups.of(r)
+    cfg = {"groups": groups, "val_cut": {"code": 5}, "units": {}, "train_shards": 3}
+    stages = {
+        "prep": (PackPrep("tok", None, "hist", groups), 64),
+        "scatter": (PackScatter("tok", None, "work", cfg), 64),
+        "gather": (PackGather("work", 64, "out", [("train/00000", "train", "mixed")] * 3, cfg), 3),
+    }
+    for n, (name, (step, tasks)) in enumerate(stages.items()):
+        executor = make_executor(r.executor, [step], tasks, tmp_path / name / "logs")
+        executor.run()
+        script = (tmp_path / f"submitted-{2 * n}.sh").read_text()  # (then a stats merge job)
+        assert f"#SBATCH --array=0-{tasks - 1}%16" in script
+        assert "#SBATCH --mem-per-cpu=3G" in script and "source /opt/venv/bin/activate" in script
+        # what every array task of the stage unpickles and runs: this step, as configured
+        with open(tmp_path / name / "logs" / "executor.pik", "rb") as fh:
+            pickled = dill.load(fh).pipeline[0]
+        assert type(pickled) is type(step) and pickled.args == step.args
 
 
 def test_slurm_needs_partition_and_time(tmp_path):

@@ -148,3 +148,149 @@ def test_mix_language_maps_dialects_to_families():
         "SQL",
         "Python",
     ]
+
+
+# --- the histogram plan: prep tasks, plan step, per-task selection (no global sort) ---
+
+
+def fake_tasks(tok_dir: Path, docs_per_task: list[int], rng, languages=("Python", "C", "SQL")):
+    """Tokenize-stage record files of synthetic tasks: code docs of `languages`, text docs."""
+    import json
+
+    from lemur.data.tokenize.step import DOC_RECORD
+
+    tok_dir.mkdir(parents=True, exist_ok=True)
+    for rank, n in enumerate(docs_per_task):
+        rec = np.zeros(n, DOC_RECORD)
+        rec["source"] = rng.integers(0, 2, n)  # 0: code, 1: text
+        table = [*languages, "en"]
+        lang = rng.integers(0, len(languages), n)
+        rec["language"] = np.where(rec["source"] == 1, len(languages), lang)
+        rec["tokens"] = rng.integers(3, 400, n)
+        rec["id_hash"] = rng.integers(0, 2**63, n, dtype=np.uint64) * 2 + rank % 2
+        rec["end"] = np.cumsum(rec["tokens"])
+        np.save(tok_dir / f"{rank:05d}.docs.npy", rec)
+        (tok_dir / f"{rank:05d}.json").write_text(json.dumps({"languages": table}))
+
+
+def hist_recipe(tmp_path: Path, **kw):
+    from lemur.data.load import recipe_from_dict
+
+    (tmp_path / "c").mkdir(exist_ok=True)
+    raw = {
+        "output": str(tmp_path / "out"),
+        "seed": 11,
+        "tokenizer": {"train": {"vocab_size": 600}},
+        "val_fraction": 0.01,
+        "shard_tokens": 1_000_000,
+        "mix": {"ratio": {"code": 10, "text": 1}},
+        "sources": [
+            {"name": "c", "domain": "code", "format": "files", "paths": [str(tmp_path / "c")]},
+            {"name": "t", "domain": "text", "format": "files", "paths": [str(tmp_path / "c")]},
+        ],
+    }
+    raw.update(kw)
+    return recipe_from_dict(raw)
+
+
+def run_plan(recipe, tok_dir: Path, n_tasks: int):
+    """Prep tasks, the plan, then every task's fates; the totals the selection achieved."""
+    from lemur.data.pack.plan import make_plan
+    from lemur.data.pack.records import task_records
+    from lemur.data.pack.select import Groups, task_fates
+    from lemur.data.pack.steps import prep_task
+
+    g = Groups.of(recipe)
+    for rank in range(n_tasks):
+        prep_task(rank, tok_dir, None, tok_dir / "hist", g)
+    plan = make_plan(recipe, tok_dir / "hist", n_tasks, 2)
+    got: dict[str, int] = {}
+    pool: dict[str, int] = {}
+    val = {"docs": 0, "by_domain": {}}
+    fates = []
+    for rank in range(n_tasks):
+        rec = task_records(tok_dir, rank)
+        f = task_fates(rec, g, plan.val_cut, plan.units)
+        fates.append((rec, f))
+        for u in np.unique(f.unit).tolist():
+            m = f.unit == u
+            got[u] = got.get(u, 0) + int((rec.tokens * f.copies)[m].sum())
+            pool[u] = pool.get(u, 0) + int(rec.tokens[m & f.pool].sum())
+        for d in ("code", "text"):
+            n = int((f.val & (rec.source == ("code", "text").index(d))).sum())
+            val["by_domain"][d] = val["by_domain"].get(d, 0) + n
+    return plan, got, pool, val, fates
+
+
+def test_histogram_plan_meets_budgets_and_shares_within_one_percent(tmp_path):
+    rng = np.random.default_rng(1)
+    fake_tasks(tmp_path / "tok", [30_000, 25_000, 0, 35_000], rng)
+    recipe = hist_recipe(
+        tmp_path,
+        mix={
+            "ratio": {"code": 10, "text": 1},
+            "shares": {"code": {"C": 0.5, "SQL": 0.1}},  # C repeated, Python downsampled
+            "max_repeats": 3,
+        },
+    )
+    plan, got, pool, _, _ = run_plan(recipe, tmp_path / "tok", 4)
+    for (d, lang), u in plan.mix.units.items():
+        assert pool[f"{d}\t{lang}"] == u.available  # the plan's fixes match the tasks' cuts
+        assert abs(got[f"{d}\t{lang}"] - u.budget) <= 0.001 * u.budget, (d, lang)
+    code = sum(v for k, v in got.items() if k.startswith("code"))
+    assert abs(got["code\tC"] / code - 0.5) < 0.01 and abs(got["code\tSQL"] / code - 0.1) < 0.01
+    assert abs(code / got["text\ten"] / 10 - 1) < 0.01
+    assert plan.units["code\tC"][0] >= 1  # whole passes, then the partial one
+    assert plan.train_shards == -(-sum(u.budget for u in plan.mix.units.values()) // 1_000_000)
+
+
+def test_histogram_selection_is_the_document_first_fit_with_one_document_per_bin(tmp_path):
+    from lemur.data.pack.mix import seeded_hash
+    from lemur.data.pack.select import BIN_SHIFT
+
+    rng = np.random.default_rng(2)
+    fake_tasks(tmp_path / "tok", [60, 60], rng, languages=("Python",))
+    recipe = hist_recipe(tmp_path, val_fraction=0.0, mix={"ratio": {"code": 1, "text": 3}})
+    plan, _, _, _, fates = run_plan(recipe, tmp_path / "tok", 2)
+    for u, src in (("code\tPython", 0), ("text\ten", 1)):
+        tokens = np.concatenate([r.tokens[r.source == src] for r, _ in fates])
+        ids = np.concatenate([r.id_hash[r.source == src] for r, _ in fates])
+        copies = np.concatenate([f.copies[r.source == src] for r, f in fates])
+        h = seeded_hash(ids, recipe.seed, "mix")
+        assert len(np.unique(h >> np.uint64(BIN_SHIFT))) == len(h)  # one document per bin
+        budget = plan.mix.units[tuple(u.split("\t"))].budget
+        assert np.array_equal(copies, select_repeats(tokens, h, budget)), u
+
+
+def test_val_cut_holds_out_a_fraction_at_least_one_never_all(tmp_path):
+    rng = np.random.default_rng(3)
+    fake_tasks(tmp_path / "tok", [20_000, 20_000], rng)
+    recipe = hist_recipe(tmp_path, val_fraction=0.05)
+    _, _, _, val, fates = run_plan(recipe, tmp_path / "tok", 2)
+    n_code = sum(int((r.source == 0).sum()) for r, _ in fates)
+    assert abs(val["by_domain"]["code"] / n_code - 0.05) < 0.005  # a seeded-hash sample
+    # a domain of 2 documents (one per task): one val document, whatever the fraction
+    small = tmp_path / "small"
+    fake_tasks(small, [1, 1], np.random.default_rng(4))
+    import json
+
+    from lemur.data.pack.mix import seeded_hash
+    from lemur.data.tokenize.step import DOC_RECORD
+
+    # two ids whose val hashes fall below 0.45: a plain threshold would hold out both
+    ids = np.arange(1, 200, dtype=np.uint64)
+    ids = ids[seeded_hash(ids, 11, "val") < np.uint64(int(0.45 * 2**64))][:2]
+    for rank in range(2):
+        rec = np.load(small / f"{rank:05d}.docs.npy")
+        rec["source"], rec["id_hash"] = 0, ids[rank]
+        np.save(small / f"{rank:05d}.docs.npy", rec.astype(DOC_RECORD))
+    extra = np.zeros(3, DOC_RECORD)  # text: needed by the ratio
+    extra["source"], extra["language"], extra["tokens"] = 1, 3, 10
+    extra["id_hash"], extra["end"] = [5, 6, 7], [10, 20, 30]
+    np.save(small / "00002.docs.npy", extra)
+    (small / "00002.json").write_text(json.dumps({"languages": ["Python", "C", "SQL", "en"]}))
+    for fraction, expected in ((0.0001, 1), (0.45, 1)):
+        for f in (small / "hist").glob("*"):
+            f.unlink()
+        _, _, _, val, _ = run_plan(hist_recipe(tmp_path, val_fraction=fraction), small, 3)
+        assert val["by_domain"]["code"] == expected, fraction

@@ -3,7 +3,7 @@
 - a failed or killed rebuild leaves the previous complete build valid (verify OK, the
   trainer accepts it); a bad tokenizer model is refused before anything is copied;
 - two builds into one directory: the second is refused with the holder named;
-- a missing shuffle bucket is an error, never an empty shard;
+- a missing shuffle bucket is an error, never an empty shard, and a rerun redoes it;
 - adding an input file makes the build stale;
 - a full disk is a one-line error and leaves no temporary file.
 """
@@ -198,12 +198,15 @@ def test_missing_shuffle_bucket_is_an_error(sources, tmp_path):
         text=True,
     )
     assert res.returncode == -9, res.stderr[-2000:]
-    buckets = sorted(out.glob(".work/shuffle-*/bucket-*.bin"))
+    buckets = sorted(out.glob(".work/shuffle-*/buckets/scatter-*.bin"))
     assert buckets
     buckets[-1].unlink()
     with pytest.raises(BuildError, match=rf"{buckets[-1].name}: shuffle bucket missing"):
         build(recipe_from_dict(raw_recipe(sources, out)))
     assert not (out / "manifest.json").exists()
+    # the error names the damaged scatter task, and a plain rerun redoes it alone
+    build(recipe_from_dict(raw_recipe(sources, out)))
+    assert verify(out) == []
 
 
 def test_an_added_input_file_makes_the_build_stale(tmp_path):
@@ -255,7 +258,7 @@ def test_full_disk_is_one_line_and_leaves_no_temporary_file(sources, tmp_path, m
         fh = open(path, mode, *args, **kw)
         name = Path(path).name
         shard = ".tmp-" in name and "/train/" in str(path)
-        return _FullDisk(fh, room) if "w" in mode and (name.startswith("bucket-") or shard) else fh
+        return _FullDisk(fh, room) if "w" in mode and (name.startswith("scatter-") or shard) else fh
 
     monkeypatch.setattr(target, "open", full_open, raising=False)
     out = tmp_path / "out"

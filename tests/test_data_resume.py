@@ -35,6 +35,14 @@ if stage == "task":  # die as task `at` finishes writing, before its completion 
         if rank == at:
             os.kill(os.getpid(), signal.SIGKILL)
     tokenizer.TokenizeWriter.run = run
+if stage in ("scatter", "gather"):  # die as pack task `at` has written its files
+    from lemur.data.pack import steps
+    original_task = getattr(steps, f"{stage}_task")
+    def task(rank, *args):
+        original_task(rank, *args)
+        if rank == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+    setattr(steps, f"{stage}_task", task)
 build(load_recipe(sys.argv[1]), report=report)
 """
 
@@ -95,7 +103,7 @@ def clean(sources, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("stage, at", [("task", 2), ("shuffle: scatter", 1), ("shuffle: write", 3)])
+@pytest.mark.parametrize("stage, at", [("task", 2), ("scatter", 1), ("gather", 2)])
 def test_sigkill_then_rerun_equals_clean_build(sources, clean, tmp_path, stage, at):
     out = tmp_path / "out"
     path = tmp_path / "recipe.yaml"
@@ -110,15 +118,28 @@ def test_sigkill_then_rerun_equals_clean_build(sources, clean, tmp_path, stage, 
     done_tasks = sorted(out.glob(".work/tokens-*/logs/completions/*"))
     outputs = [p.parents[2] / "tokens" / f"{p.name}.bin" for p in done_tasks]
     done_shards = sorted(out.glob(".work/shuffle-*/done/*.json"))
-    written = [out / json.loads(p.read_text())["file"] for p in done_shards]
+    scattered = sorted(out.glob(".work/shuffle-*/scatter/logs/completions/*"))
+    scattered += [p.parents[3] / "buckets" / f"scatter-{p.name}.bin" for p in scattered]
+    entries = [json.loads(p.read_text()) for p in done_shards]
+    written = [out / e["file"] for e in entries if not e.get("empty")]
     before = mtimes(done_tasks + outputs + written)
+    before_scatter = mtimes(scattered)
     if stage == "task":
         assert len(done_tasks) == 2  # tasks 0 and 1; task 2 died before its marker
-    if stage == "shuffle: write":
-        assert len(done_shards) >= 2
-    stages = []
-    build(recipe_from_dict(recipe(sources, out)), report=lambda s, d, t: stages.append(s))
+    if stage == "scatter":  # scatter task 1 died before its marker: only task 0 is done
+        assert len(scattered) == 2 and not done_shards
+    if stage == "gather":  # task 2 died after its shard, before its marker: rerun keeps it
+        assert len(done_shards) == 3 and len(scattered) == 8
+    stages, seen = [], {}
+
+    def report(s: str, done: int, total: int) -> None:
+        stages.append(s)
+        if s == "shuffle: write" and done == total and not seen:  # before the work is removed
+            seen.update(mtimes(Path(p) for p in before_scatter))
+
+    build(recipe_from_dict(recipe(sources, out)), report=report)
     assert shard_bytes(out) == shard_bytes(clean)
+    assert seen == before_scatter  # finished scatter tasks were not redone
     # finished work was not redone: completed tasks and shards kept their files
     assert mtimes([Path(p) for p in before]) == before
     assert not list(out.glob(".work/shuffle-*"))  # cleaned up after the manifest
@@ -179,6 +200,9 @@ def test_plan_only_writes_no_shards(sources, tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert "mix plan:" in res.stdout and "code / Python" in res.stdout
+    # the expected peak of each pack stage, for the input at hand
+    for stage in ("plan", "prep and scatter (per task)", "gather (per shard)"):
+        assert stage in res.stdout
     assert not (tmp_path / "out" / "manifest.json").exists() and not list(
         (tmp_path / "out").glob("train/*")
     )

@@ -6,7 +6,8 @@ Stages:
    one run of tokens per task under `<output>/.work/tokens-<key>/` (datatrove's completion
    markers make reruns skip finished tasks);
 3. dedup (dedup/stage.py): bucket tasks, then one cluster task, on the same executor;
-4. pack (pack/): per-domain val split, mix plan, external shuffle, shards, the manifest.
+4. pack (pack/): histogram tasks, the mix and val plan, scatter tasks, gather tasks (one
+   per shard), on the same executor; then the manifest.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from lemur.shards.format import (
     token_dtype,
 )
 
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 WORK_VERSION = 2  # 2: records carry mix language families
 __all__ = ["BuildError", "build", "make_filters", "prepare_tokenizer", "sample_texts"]
 Reporter = Callable[[str, int, int], None]  # (stage, done, total)
@@ -105,6 +107,8 @@ def _run_executor(
         report(stage, _tasks_done(work), n_tasks)
         thread.join(0.5)
     report(stage, _tasks_done(work), n_tasks)
+    if failure and isinstance(failure[0], OSError) and failure[0].errno in _FULL:
+        raise failure[0]  # build() turns it into its one-line "no space left" error
     if failure:
         raise BuildError(f"{stage} stage failed: {failure[0]} (task logs: {work / 'logs'})")
 
@@ -335,16 +339,16 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     # Named by content, not place: the same build in another directory gets the same names.
     settings = {k: v for k, v in recipe.to_dict().items() if k != "output"}
     prefix = f"build-{_sha([settings, key])[:12]}"
-    dd = run_dedup(recipe.dedup, work, n_tasks, partial(run_stage, recipe, report))
-    packer = Packer(recipe, work / "tokens", out, n_tasks, tok["vocab_size"], prefix, tok_path, dd)
-    pack_plan = packer.plan()
+    stage = partial(run_stage, recipe, report)
+    dd = run_dedup(recipe.dedup, work, n_tasks, stage)
+    vocab = tok["vocab_size"]
+    packer = Packer(recipe, work / "tokens", out, n_tasks, vocab, prefix, tok_path, dd, stage)
+    pack_plan = packer.plan()  # histogram tasks, then the plan in this process
     if on_plan:
-        on_plan(pack_plan.mix.to_json())
+        on_plan({**pack_plan.mix.to_json(), "memory": pack_plan.memory})
     if plan_only:
         return {"plan": pack_plan.mix.to_json()}
-    report("pack", 0, 1)
-    packed = packer.pack(pack_plan, report)
-    report("pack", 1, 1)
+    packed = packer.pack(pack_plan, report)  # scatter tasks, then gather tasks
     counts["dedup"] = packed["dedup"]
     counts["duplicates"] = packed["dedup"]["exact"] + packed["dedup"]["near"]
     if recipe.dedup.write_duplicates and (recipe.dedup.exact or recipe.dedup.near):

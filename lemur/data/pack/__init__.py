@@ -1,12 +1,15 @@
-"""Packing tokenized documents into shards: records, dedup, val split, mix plan, shuffle, write.
+"""Packing tokenized documents into shards: per-task histograms, the mix plan, and the
+shuffle as scatter and gather tasks on the build's executor.
 
-Only small per-document records are held in memory; tokens move through bucket files on disk.
+No process holds per-document arrays of the whole corpus: a task holds one tokenize task's
+records or one shard, the plan one histogram per mix unit.
 """
 
 from lemur.data.pack.mix import MixInfeasible, MixPlan, UnitPlan, plan_mix
-from lemur.data.pack.records import Records, load_records
-from lemur.data.pack.shuffle import ShuffleError, external_shuffle
-from lemur.data.pack.write import Packer, PackError, PackPlan
+from lemur.data.pack.plan import PackError, PackPlan, make_plan
+from lemur.data.pack.records import TaskRecords, task_records
+from lemur.data.pack.shuffle import ShuffleError
+from lemur.data.pack.write import Packer
 
 __all__ = [
     "MixInfeasible",
@@ -14,10 +17,10 @@ __all__ = [
     "PackError",
     "PackPlan",
     "Packer",
-    "Records",
     "ShuffleError",
+    "TaskRecords",
     "UnitPlan",
-    "external_shuffle",
-    "load_records",
+    "make_plan",
     "plan_mix",
+    "task_records",
 ]

@@ -1,186 +1,218 @@
-"""External global shuffle: documents -> bucket files on disk -> one shuffled shard per bucket.
+"""External shuffle as two sets of tasks: scatter (one per tokenize task), gather (one per shard).
 
-Every train document copy has a seeded shuffle key. Sorted by key, the copies are cut into
-buckets of about `shard_tokens` tokens, so bucket b holds the b-th slice of the global
-order. Phase 1 (scatter) reads the tokenized runs sequentially, task by task, appending each
-copy's tokens to its bucket file; phase 2 (gather) loads one bucket at a time, orders it by
-key and writes it as shard b. Memory holds one bucket plus ~40 bytes per document copy;
-disk reads are sequential. Both phases resume after a kill: the scatter restarts as a unit
-(its files are only trusted after its marker is written), and every finished shard is
-skipped. In chat builds every copy's loss mask travels beside its tokens, byte for byte, in
-a `.mask` bucket file of the same layout (one uint8 per token).
+Scatter task t applies the plan to tokenize task t's documents (val, mix copies), gives
+every copy a seeded shuffle key whose top bits pick its output shard (bucket), and writes
+the copies' tokens ordered by (bucket, key) into `scatter-{t}.bin` (and, in chat builds,
+their loss masks byte for byte into `scatter-{t}.mask`), with each copy's key and length
+(`.keys`) and where each bucket starts (`.offsets`). Gather task b reads bucket b's range
+from every scatter task's files, orders the copies by key (one shard in memory) and writes
+shard b. Every file appears atomically; a finished scatter task's summary and a finished
+shard's `done/{b}.json` are never rewritten, so a killed task reruns alone.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from lemur.data.pack.mix import seeded_hash
+from lemur.data.pack.records import task_records
+from lemur.data.pack.select import Groups, bucket_of, shuffle_keys, task_fates
 from lemur.shards.format import (
     INDEX_DTYPE,
     MASK_DTYPE,
-    ShardInfo,
+    atomic_write_bytes,
     atomic_write_json,
+    open_array,
     write_shard,
 )
 
-__all__ = ["ShuffleError", "bucket_of", "external_shuffle"]
+__all__ = ["ShuffleError", "check_scatter", "gather_task", "scatter_task"]
 
-WRITE_BUFFER = 1 << 16  # per open bucket file; bounds memory with many buckets
-
-
-def bucket_of(
-    keys: np.ndarray, lengths: np.ndarray, shard_tokens: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(key order, bucket of each entry): contiguous runs of the key order of ~shard_tokens."""
-    order = np.lexsort((np.arange(len(keys)), keys))
-    before = (
-        np.concatenate(([0], np.cumsum(lengths[order])[:-1]))
-        if len(keys)
-        else np.zeros(0, np.int64)
-    )
-    # A document longer than a bucket skips bucket numbers; renumber so none is empty.
-    _, bucket_sorted = np.unique(before // max(1, shard_tokens), return_inverse=True)
-    bucket = np.empty(len(keys), np.int64)
-    bucket[order] = bucket_sorted
-    return order, bucket
-
-
-def external_shuffle(
-    task: np.ndarray,
-    start: np.ndarray,
-    end: np.ndarray,
-    keys: np.ndarray,
-    open_run: Callable[[int], np.ndarray],
-    work: Path,
-    out: Path,
-    dtype: np.dtype,
-    shard_tokens: int,
-    report: Callable[[str, int, int], None] | None = None,
-    prefix: str = "",
-    open_mask: Callable[[int], np.ndarray] | None = None,
-) -> list[ShardInfo]:
-    """Write entries (token slices [start, end) of task runs) as globally shuffled train shards.
-
-    Shard b is `out/{prefix}/train/{b:05d}.bin`; the manifest paths include the prefix.
-    With `open_mask` (a task's loss mask, aligned with its run), shards get `.mask` files.
-    """
-    report = report or (lambda *_: None)
-    lengths = (end - start).astype(np.int64)
-    order, bucket = bucket_of(keys, lengths, shard_tokens)
-    n_buckets = int(bucket.max()) + 1 if len(bucket) else 0
-    plan = hashlib.sha256()
-    for arr in (task, start, end, keys):
-        plan.update(np.ascontiguousarray(arr).tobytes())
-    plan.update(f"{shard_tokens}/{np.dtype(dtype).str}/{prefix}".encode())
-    if open_mask is not None:
-        plan.update(b"/mask")
-    work = work / f"shuffle-{plan.hexdigest()[:16]}"
-    # Read order: tasks in turn, each run front to back (sequential disk reads).
-    read_order = np.lexsort((np.arange(len(task)), start, task))
-    offset = _bucket_offsets(read_order, bucket, lengths)
-    done_dir = work / "done"
-    done = {b for b in range(n_buckets) if (done_dir / f"{b:05d}.json").is_file()}
-    if len(done) < n_buckets and not (work / "scatter.done").is_file():
-        runs = (open_run, open_mask)
-        _scatter(work, read_order, task, start, end, bucket, runs, dtype, done, report)
-    sorted_bucket = bucket[order]
-    shards = []
-    for b in range(n_buckets):
-        info_path = done_dir / f"{b:05d}.json"
-        if not info_path.is_file():
-            lo = np.searchsorted(sorted_bucket, b, side="left")
-            hi = np.searchsorted(sorted_bucket, b, side="right")
-            rel = f"{prefix}/train/{b:05d}" if prefix else f"train/{b:05d}"
-            members = order[lo:hi]
-            _gather(work, b, members, offset, lengths, out, rel, dtype, info_path, open_mask)
-        shards.append(ShardInfo(**json.loads(info_path.read_text())))
-        report("shuffle: write", b + 1, n_buckets)
-    return shards
-
-
-def _bucket_offsets(read_order: np.ndarray, bucket: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Token offset of each entry inside its bucket file, which is filled in read order."""
-    read_pos = np.empty(len(read_order), np.int64)
-    read_pos[read_order] = np.arange(len(read_order))
-    grouped = np.lexsort((read_pos, bucket))  # by bucket, then in read order
-    before = np.cumsum(lengths[grouped]) - lengths[grouped]
-    first = np.searchsorted(bucket[grouped], bucket[grouped], side="left")
-    offset = np.empty(len(read_order), np.int64)
-    offset[grouped] = before - before[first]
-    return offset
-
-
-def _scatter(work, read_order, task, start, end, bucket, runs, dtype, skip, report) -> None:
-    """Append every entry's tokens (and mask) to its bucket files, reading runs sequentially."""
-    open_run, open_mask = runs
-    for stale in [*work.glob("bucket-*.bin"), *work.glob("bucket-*.mask")]:
-        stale.unlink()  # a scatter killed half way is redone from the start
-    work.mkdir(parents=True, exist_ok=True)
-    handles: dict[int, object] = {}
-    masks: dict[int, object] = {}
-    try:
-        n = len(read_order)
-        for j, i in enumerate(read_order.tolist()):
-            b, t = int(bucket[i]), int(task[i])
-            if b in skip:
-                continue
-            if b not in handles:
-                handles[b] = open(work / f"bucket-{b:05d}.bin", "wb", buffering=WRITE_BUFFER)
-                if open_mask is not None:
-                    masks[b] = open(work / f"bucket-{b:05d}.mask", "wb", buffering=WRITE_BUFFER)
-            handles[b].write(np.asarray(open_run(t)[start[i] : end[i]], dtype).tobytes())
-            if open_mask is not None:
-                masks[b].write(np.asarray(open_mask(t)[start[i] : end[i]], MASK_DTYPE).tobytes())
-            if j % 4096 == 0:
-                report("shuffle: scatter", j, n)
-        report("shuffle: scatter", n, n)
-    finally:
-        for fh in [*handles.values(), *masks.values()]:
-            fh.close()
-    (work / "scatter.done").write_text("ok\n")
+KEYREC = np.dtype([("key", "<u8"), ("length", "<u8")])
+CHUNK = 1 << 13  # copies written per write call
 
 
 class ShuffleError(RuntimeError):
     """The shuffle's work files are missing or inconsistent (the message names the file)."""
 
 
-def _read_bucket(path: Path, dtype: np.dtype, tokens: int) -> np.ndarray:
-    """A bucket file's array, checked to hold exactly `tokens` values."""
-    need = tokens * np.dtype(dtype).itemsize
-    # A missing or short bucket is never read as empty: that would write a shard of fewer
+BUCKETS, DONE = "buckets", "done"  # scatter files, finished shards' entries (under work)
+
+
+def _name(rank: int, ext: str) -> str:
+    return f"{BUCKETS}/scatter-{rank:05d}.{ext}"
+
+
+def _write_stream(path: Path, chunks) -> None:
+    """Write byte chunks under a temporary name, then rename (a full disk leaves nothing)."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            for chunk in chunks:
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _slices(run: np.ndarray, start: np.ndarray, end: np.ndarray, dtype: np.dtype):
+    """The bytes of run[start[i]:end[i]] for every i, a chunk of copies at a time."""
+    for c in range(0, len(start), CHUNK):
+        parts = [run[s:e] for s, e in zip(start[c : c + CHUNK], end[c : c + CHUNK], strict=True)]
+        yield np.asarray(np.concatenate(parts), dtype).tobytes()
+
+
+def scatter_task(rank: int, tok_dir: Path, dedup_dir: Path | None, work: Path, cfg: dict) -> dict:
+    """Scatter tokenize task `rank` into bucket order; return (and write) its summary.
+
+    `cfg`: groups (Groups), val_cut, units, train_shards, val_shards, dtype, masks.
+    """
+    done = work / _name(rank, "json")
+    if done.is_file():
+        return json.loads(done.read_text())
+    g: Groups = cfg["groups"]
+    rec = task_records(tok_dir, rank, dedup_dir)
+    fates = task_fates(rec, g, cfg["val_cut"], cfg["units"])
+    entry, key = shuffle_keys(rec, fates.copies, g.seed)
+    bucket = bucket_of(key, cfg["train_shards"]).astype(np.int64)
+    vidx = np.flatnonzero(fates.val)
+    vkey = seeded_hash(rec.id_hash[vidx], g.seed, "val-order")
+    vbucket = np.zeros(len(vidx), np.int64)
+    vdomain = np.array(g.domains, dtype=object)[rec.source[vidx]] if len(vidx) else vidx
+    first = cfg["train_shards"]
+    for d, n in cfg["val_shards"].items():
+        m = vdomain == d
+        vbucket[m] = first + bucket_of(vkey[m], max(1, n)).astype(np.int64)
+        first += n
+    entry, key = np.concatenate([entry, vidx]), np.concatenate([key, vkey])
+    bucket = np.concatenate([bucket, vbucket])
+    order = np.lexsort((key, bucket))
+    entry, key, bucket = entry[order], key[order], bucket[order]
+    start, end = rec.start[entry], rec.end[entry]
+    dtype = np.dtype(cfg["dtype"])
+    (work / BUCKETS).mkdir(parents=True, exist_ok=True)
+    run = open_array(tok_dir / f"{rank:05d}.bin", dtype)
+    _write_stream(work / _name(rank, "bin"), _slices(run, start, end, dtype))
+    if cfg["masks"]:
+        mask = open_array(tok_dir / f"{rank:05d}.mask", MASK_DTYPE)
+        _write_stream(work / _name(rank, "mask"), _slices(mask, start, end, MASK_DTYPE))
+    keys = np.zeros(len(entry), KEYREC)
+    keys["key"], keys["length"] = key, end - start
+    atomic_write_bytes(work / _name(rank, "keys"), keys.tobytes())
+    edges = np.searchsorted(bucket, np.arange(first + 1), side="left")
+    tok_edges = np.concatenate(([0], np.cumsum(end - start)))[edges]
+    atomic_write_bytes(work / _name(rank, "offsets"), np.stack([edges, tok_edges], 1).tobytes())
+    summary = summarize(rec, fates)
+    atomic_write_json(done, summary)  # last: marks the task's files complete
+    return summary
+
+
+def summarize(rec, fates) -> dict:
+    """Per (source, language): pool, selected and val documents and tokens; dedup removals."""
+    groups: dict[str, list[int]] = {}
+    names = rec.language_names()
+    weight = fates.copies
+    for s, lang in sorted(set(zip(rec.source.tolist(), names.tolist(), strict=True))):
+        m = (rec.source == s) & (names == lang)
+        p, v, sel = m & fates.pool, m & fates.val, m & (weight > 0)
+        groups[f"{s}\t{lang}"] = [
+            int(p.sum()),
+            int(rec.tokens[p].sum()),
+            int(sel.sum()),
+            int(weight[m].sum()),
+            int((rec.tokens * weight)[m].sum()),
+            int(v.sum()),
+            int(rec.tokens[v].sum()),
+        ]
+    exact = np.bincount(rec.source[rec.removed_exact])
+    near = np.bincount(rec.source[rec.removed & ~rec.removed_exact])
+    return {
+        "documents": len(rec),
+        "groups": groups,
+        "removed_exact": {str(s): int(n) for s, n in enumerate(exact.tolist()) if n},
+        "removed_near": {str(s): int(n) for s, n in enumerate(near.tolist()) if n},
+    }
+
+
+GROUP_FIELDS = (
+    "pool_docs",
+    "pool_tokens",
+    "selected_docs",
+    "copies",
+    "selected_tokens",
+    "val_docs",
+    "val_tokens",
+)
+
+
+def _read(path: Path, dtype: np.dtype, lo: int, hi: int, expected: int) -> np.ndarray:
+    """Values [lo, hi) of a scatter file that must hold exactly `expected` values."""
+    need = expected * np.dtype(dtype).itemsize
+    # A missing or short file is never read as empty: that would write a shard of fewer
     # tokens than its index claims (seen when another process deleted the work files).
     size = path.stat().st_size if path.is_file() else -1
     if size != need:
         state = "missing" if size < 0 else f"{size} bytes, expected {need}"
-        raise ShuffleError(
-            f"{path}: shuffle bucket {state}; its work files were changed by another process "
-            f"or a damaged disk: rerun the build"
-        )
-    return np.fromfile(path, dtype=dtype)
+        raise ShuffleError(f"{path}: shuffle bucket {state}")
+    return np.fromfile(path, dtype=dtype, count=hi - lo, offset=lo * np.dtype(dtype).itemsize)
 
 
-def _gather(work, b, members, offset, lengths, out, rel, dtype, info_path, open_mask) -> None:
-    """Order bucket b's entries by key and write them as shard `rel` (atomically)."""
-    total = int(lengths[members].sum())
-    paths = [work / f"bucket-{b:05d}.bin"]
-    arrays = [_read_bucket(paths[0], dtype, total)]
-    if open_mask is not None:
-        paths.append(work / f"bucket-{b:05d}.mask")
-        arrays.append(_read_bucket(paths[1], MASK_DTYPE, total))
-    ordered = []
-    for data in arrays:
-        parts = [data[offset[i] : offset[i] + lengths[i]] for i in members.tolist()]
-        ordered.append(np.concatenate(parts) if parts else np.zeros(0, data.dtype))
-    ends = np.cumsum(lengths[members]).astype(INDEX_DTYPE)
-    mask = ordered[1] if open_mask is not None else None
-    info = write_shard(out, rel, ordered[0], ends, dtype, "train", "mixed", mask)
+def check_scatter(work: Path, n_tasks: int, dtype: np.dtype, masks: bool) -> list[tuple[int, str]]:
+    """(task, problem) of every scatter task whose files are missing or of the wrong size."""
+    bad = []
+    for t in range(n_tasks):
+        try:
+            off = open_array(work / _name(t, "offsets"), "<i8", (2,))
+            n, tokens = int(off[-1, 0]), int(off[-1, 1])
+            _read(work / _name(t, "keys"), KEYREC, 0, 0, n)
+            _read(work / _name(t, "bin"), dtype, 0, 0, tokens)
+            if masks:
+                _read(work / _name(t, "mask"), MASK_DTYPE, 0, 0, tokens)
+        except (OSError, ShuffleError, IndexError) as e:
+            problem = str(e) if isinstance(e, ShuffleError) else f"{_name(t, 'offsets')}: {e}"
+            bad.append((t, problem))
+    return bad
+
+
+def gather_task(b: int, work: Path, n_tasks: int, out: Path, shard: tuple, cfg: dict) -> None:
+    """Write shard `b` (`shard`: path without extension, split, domain) from every scatter task."""
+    info_path = work / DONE / f"{b:05d}.json"
+    if info_path.is_file():
+        return  # finished shards are never rewritten
+    dtype, masks = np.dtype(cfg["dtype"]), cfg["masks"]
+    keys, tokens, mask = [], [], []
+    for t in range(n_tasks):
+        off = open_array(work / _name(t, "offsets"), "<i8", (2,))
+        (e0, t0), (e1, t1) = off[b].tolist(), off[b + 1].tolist()
+        if e1 == e0:
+            continue
+        n, total = int(off[-1, 0]), int(off[-1, 1])
+        keys.append(_read(work / _name(t, "keys"), KEYREC, e0, e1, n))
+        tokens.append(_read(work / _name(t, "bin"), dtype, t0, t1, total))
+        if masks:
+            mask.append(_read(work / _name(t, "mask"), MASK_DTYPE, t0, t1, total))
+    if not keys:
+        atomic_write_json(info_path, {"empty": True})
+        return
+    k = np.concatenate(keys)
+    order = np.lexsort((np.arange(len(k)), k["key"]))  # ties: task, then scatter order
+    lengths = k["length"].astype(np.int64)
+    starts = np.cumsum(lengths) - lengths
+    arrays = [np.concatenate(tokens)] + ([np.concatenate(mask)] if masks else [])
+    ordered = [
+        np.concatenate([a[s : s + n] for s, n in zip(starts[order], lengths[order], strict=True)])
+        for a in arrays
+    ]
+    ends = np.cumsum(lengths[order]).astype(INDEX_DTYPE)
+    rel, split, domain = shard
+    info = write_shard(
+        out, rel, ordered[0], ends, dtype, split, domain, ordered[1] if masks else None
+    )
     atomic_write_json(info_path, info.to_json())
-    for path in paths:
-        if path.is_file():
-            os.remove(path)  # its shard is final; free the disk space now

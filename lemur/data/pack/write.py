@@ -1,53 +1,49 @@
-"""Pack tokenized documents into shards: dedup, val split, mix plan, external shuffle, write.
+"""Pack tokenized documents into shards: histograms, plan, scatter, gather, manifest sections.
 
-Reads the tokenize stage's per-task runs (`{rank}.bin` + `{rank}.docs.npy`, and in chat
-builds `{rank}.mask`); only small per-document records (~50 bytes each) are held in memory;
-tokens (and masks) move through bucket files on disk (see shuffle.py).
+Every stage but the plan is a set of tasks on the build's executor (steps.py), each holding
+one tokenize task's records or one shard; the plan holds one histogram per mix unit; the
+manifest sections are sums of the scatter tasks' per-(source, language) summaries.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lemur.data.dedup.cluster import DedupResult, cluster_sizes, write_duplicates
-from lemur.data.dedup.signer import GOLDEN64
-from lemur.data.dedup.stage import dedup_result
-from lemur.data.pack.mix import (
-    MixInfeasible,
-    MixPlan,
-    plan_all,
-    plan_mix,
-    seeded_hash,
-    select_repeats,
+from lemur.data.dedup.stage import CLUSTER
+from lemur.data.pack.plan import PackError, PackPlan, make_plan
+from lemur.data.pack.records import removals
+from lemur.data.pack.select import Groups
+from lemur.data.pack.shuffle import (
+    DONE,
+    GROUP_FIELDS,
+    ShuffleError,
+    _name,
+    _write_stream,
+    check_scatter,
 )
-from lemur.data.pack.records import load_records
-from lemur.data.pack.shuffle import external_shuffle
+from lemur.data.pack.steps import PackGather, PackPrep, PackScatter
 from lemur.data.recipe import Recipe
-from lemur.shards.format import MASK_DTYPE, ShardInfo, ShardWriter, open_array, token_dtype
+from lemur.shards.format import ShardInfo, token_dtype
+
+__all__ = ["PackError", "PackPlan", "Packer"]
+StageRunner = Callable[[list, Path, int, str], None]  # (pipeline, folder, tasks, name)
 
 
-def _join(prefix: str, rel: str) -> str:
-    return f"{prefix}/{rel}" if prefix else rel
-
-
-@dataclass(frozen=True)
-class PackPlan:
-    """What `Packer.plan` decided: the mix plan and, per document, its domain and fate."""
-
-    mix: MixPlan
-    domains: np.ndarray  # domain name of each document's source
-    dups: DedupResult | None  # None when dedup is off
-    val: np.ndarray  # bool: held out for validation
-    pool: np.ndarray  # bool: kept and not val, what the mix selects from
-    groups: np.ndarray  # the mix's "domain" of each document (its source in weighted chat)
+def run_in_process(pipeline: list, folder: Path, tasks: int, name: str) -> None:
+    """Run every task of a one-step pipeline here, one after the other (tests, benchmarks)."""
+    for rank in range(tasks):
+        for _ in pipeline[0].run(None, rank, tasks):
+            pass
 
 
 class Packer:
-    """Selects, orders and writes documents into the shard directory."""
+    """Selects, orders and writes documents into the shard directory, as executor tasks."""
 
     def __init__(
         self,
@@ -59,6 +55,7 @@ class Packer:
         prefix: str = "",
         tokenizer: Path | None = None,
         dedup_dir: Path | None = None,
+        run_stage: StageRunner = run_in_process,
     ):
         self.recipe = recipe
         self.tok_dir = tok_dir
@@ -69,230 +66,174 @@ class Packer:
         self.n_tasks = n_tasks
         self.dedup_dir = dedup_dir  # the finished dedup tasks' folder (see dedup/stage.py)
         self.dtype = token_dtype(vocab_size)
-        self.rec = load_records(tok_dir, n_tasks)
-        self.domain_of_source = np.array([s.domain for s in recipe.sources], dtype=object)
-        self._runs: dict[int, np.ndarray] = {}
-        # Chat builds: every task wrote a loss mask aligned with its token run.
-        self.masks = recipe.is_chat()
-        self._masks: dict[int, np.ndarray] = {}
+        self.masks = recipe.is_chat()  # chat builds carry a loss mask per token
+        self.groups = Groups.of(recipe)
+        self.run_stage = run_stage
+        key = json.dumps([prefix, str(tok_dir), str(dedup_dir), self.dtype.str, n_tasks])
+        # Named `shuffle-*` so that commit() removes it once the manifest is written.
+        self.work = out_dir / ".work" / f"shuffle-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
-    def _run(self, task: int) -> np.ndarray:
-        if task not in self._runs:
-            path = self.tok_dir / f"{task:05d}.bin"
-            self._runs[task] = (
-                np.memmap(path, dtype=self.dtype, mode="r")
-                if path.stat().st_size
-                else np.zeros(0, self.dtype)
-            )
-        return self._runs[task]
-
-    def _mask(self, task: int) -> np.ndarray:
-        """The loss mask of a task's run (chat builds), as long as its tokens."""
-        if task not in self._masks:
-            self._masks[task] = open_array(self.tok_dir / f"{task:05d}.mask", MASK_DTYPE)
-            if len(self._masks[task]) != len(self._run(task)):
-                raise PackError(
-                    f"{self.tok_dir / f'{task:05d}.mask'}: {len(self._masks[task])} mask values "
-                    f"for {len(self._run(task))} tokens; delete {self.tok_dir} and rerun"
-                )
-        return self._masks[task]
-
-    def _write(self, rows: np.ndarray, prefix: str, split: str, domain: str) -> list[ShardInfo]:
-        writer = ShardWriter(
-            self.out_dir, prefix, split, domain, self.dtype, self.recipe.shard_tokens
-        )
-        r = self.rec
-        for i in rows.tolist():
-            t, lo, hi = int(r.task[i]), r.start[i], r.end[i]
-            writer.add(self._run(t)[lo:hi], self._mask(t)[lo:hi] if self.masks else None)
-        return writer.close()
-
-    def dedup(self) -> DedupResult | None:
-        """Exact and near duplicates across all sources of each domain (None when off).
-
-        The decisions come from the dedup tasks the build ran on its executor.
-        """
+    def _duplicates(self) -> tuple[str, list[str]] | None:
         cfg = self.recipe.dedup
-        if not (cfg.exact or cfg.near) or len(self.rec.task) == 0:
+        if not (cfg.write_duplicates and self.dedup_dir is not None):
             return None
-        if self.dedup_dir is None:
-            raise ValueError("Packer: dedup is on but no dedup stage folder was given")
-        result = dedup_result(self.tok_dir, self.n_tasks, self.dedup_dir)
-        if cfg.write_duplicates:
-            self._write_duplicates(result)
-        return result
-
-    def _ids(self) -> list[list[str]]:
-        return [
-            (self.tok_dir / f"{t:05d}.ids.txt").read_text().splitlines()
-            for t in range(self.n_tasks)
-        ]
-
-    def _write_duplicates(self, result: DedupResult) -> None:
-        import sentencepiece as spm
-
-        sp = spm.SentencePieceProcessor(model_file=str(self.tokenizer))
-        ids, r = self._ids(), self.rec
-        rows = []
-        for i in np.flatnonzero(result.removed).tolist():
-            keep = int(result.cluster[i])
-            toks = self._run(int(r.task[i]))[r.start[i] + 1 : r.end[i] - 1]
-            rows.append(
-                {
-                    "id": ids[r.task[i]][r.local[i]],
-                    "source": self.recipe.sources[r.source[i]].name,
-                    "kind": "exact" if result.removed_exact[i] else "near",
-                    "kept_id": ids[r.task[keep]][r.local[keep]],
-                    "text": sp.decode(toks.tolist()),
-                }
-            )
-        write_duplicates(self.out_dir / self.prefix / "duplicates.jsonl", rows)
-
-    def split_val(self, domains: np.ndarray, eligible: np.ndarray) -> np.ndarray:
-        """Boolean mask of validation documents: a seeded-hash sample of each domain."""
-        val = np.zeros(len(domains), bool)
-        if self.recipe.val_fraction <= 0:
-            return val
-        h = seeded_hash(self.rec.id_hash, self.recipe.seed, "val")
-        for d in self.recipe.domains():
-            idx = np.flatnonzero((domains == d) & eligible)
-            if len(idx) < 2:
-                continue
-            k = min(len(idx) - 1, max(1, int(np.ceil(self.recipe.val_fraction * len(idx)))))
-            val[idx[np.argsort(h[idx], kind="stable")[:k]]] = True
-        return val
+        return str(self.tokenizer), [s.name for s in self.recipe.sources]
 
     def plan(self) -> PackPlan:
-        """Dedup, val split and the mix plan (no shards written): what `--plan-only` shows.
+        """Histogram tasks, then the plan (no shards written): what `--plan-only` shows."""
+        cfg = self.recipe.dedup
+        if (cfg.exact or cfg.near) and self.dedup_dir is None:
+            raise ValueError("Packer: dedup is on but no dedup stage folder was given")
+        hist = self.work / "hist"
+        step = PackPrep(str(self.tok_dir), self._dd(), str(hist), self.groups, self._duplicates())
+        self.run_stage([step], self.work / "prep", self.n_tasks, "pack: histograms")
+        return make_plan(self.recipe, hist, self.n_tasks, self.dtype.itemsize)
 
-        `pack` takes this plan rather than recomputing it (dedup is the costly part).
-        """
-        r, recipe = self.rec, self.recipe
-        domains = self.domain_of_source[r.source] if len(r.source) else np.zeros(0, object)
-        dups = self.dedup()
-        kept = ~dups.removed if dups is not None else np.ones(len(domains), bool)
-        val = self.split_val(domains, kept)
-        pool = kept & ~val
-        # Weighted chat builds plan tokens per source; every other build per domain.
-        weighted = recipe.is_chat() and bool(recipe.mix.weights)
-        names = [s.name for s in recipe.sources] if weighted else recipe.domains()
-        groups = np.array(names, dtype=object)[r.source] if weighted else domains
-        available: dict[tuple[str, str], int] = {}
-        for d in names:
-            in_d = pool & (groups == d)
-            for lang_id in np.unique(r.language[in_d]).tolist():
-                m = in_d & (r.language == lang_id)
-                available[(d, r.languages[lang_id])] = int(r.tokens[m].sum())
-        mix = recipe.mix
-        try:
-            if not recipe.is_chat():
-                plan = plan_mix(available, mix.ratio, mix.total_tokens, mix.shares, mix.max_repeats)
-            elif weighted:
-                plan = plan_mix(available, mix.weights, mix.total_tokens, None, mix.max_repeats)
-            else:  # no code:text ratio for chat: every kept conversation once
-                plan = plan_all(available)
-        except MixInfeasible as e:
-            raise PackError(str(e)) from None
-        return PackPlan(plan, domains, dups, val, pool, groups)
+    def _dd(self) -> str | None:
+        return str(self.dedup_dir) if self.dedup_dir is not None else None
 
-    def pack(self, pack_plan: PackPlan, report=None) -> dict[str, Any]:
-        """Write train and val shards of `pack_plan`; return manifest parts and stats."""
-        r, recipe = self.rec, self.recipe
-        plan, domains, val, pool = pack_plan.mix, pack_plan.domains, pack_plan.val, pack_plan.pool
-        groups = pack_plan.groups
-        # copies of each document: 0 (not selected), 1, or more when the plan repeats it
-        copies = np.zeros(len(domains), np.int64)
-        mix_hash = seeded_hash(r.id_hash, recipe.seed, "mix")
-        for (d, lang), unit in plan.units.items():
-            idx = np.flatnonzero(pool & (groups == d) & (r.language == r.languages.index(lang)))
-            copies[idx] = select_repeats(r.tokens[idx], mix_hash[idx], unit.budget)
-        entry = np.repeat(np.arange(len(copies)), copies)
-        first = np.repeat(np.cumsum(copies) - copies, copies)
-        copy_no = np.arange(len(entry)) - first
-        with np.errstate(over="ignore"):
-            salted = r.id_hash[entry] ^ (copy_no.astype(np.uint64) * GOLDEN64)
-        keys = seeded_hash(salted, recipe.seed, "shuffle")
-        shards = external_shuffle(
-            r.task[entry],
-            r.start[entry],
-            r.end[entry],
-            keys,
-            self._run,
-            self.out_dir / ".work",
-            self.out_dir,
-            self.dtype,
-            recipe.shard_tokens,
-            report,
-            prefix=self.prefix,
-            open_mask=self._mask if self.masks else None,
-        )
-        val_hash = seeded_hash(r.id_hash, recipe.seed, "val-order")
-        for d in recipe.domains():
-            rows = np.flatnonzero(val & (domains == d))
-            rows = rows[np.argsort(val_hash[rows], kind="stable")]
-            shards += self._write(rows, _join(self.prefix, f"val/{d}"), "val", d)
+    def _cfg(self, plan: PackPlan) -> dict[str, Any]:
         return {
-            "shards": [s.to_json() for s in shards],
-            "mix": self._mix_section(domains, pool, copies, plan, groups),
-            "stats": self._stats(val, copies),
-            "dedup": self._dedup_section(pack_plan.dups),
+            "groups": self.groups,
+            "val_cut": plan.val_cut,
+            "units": plan.units,
+            "train_shards": plan.train_shards,
+            "val_shards": plan.val_shards,
+            "dtype": self.dtype.str,
+            "masks": self.masks,
         }
 
-    def _dedup_section(self, dups: DedupResult | None) -> dict[str, Any]:
-        if dups is None:
+    def pack(self, plan: PackPlan, report=None) -> dict[str, Any]:
+        """Scatter and gather tasks, then the manifest's shards, mix, stats and dedup parts."""
+        cfg, work = self._cfg(plan), self.work
+        scatter = PackScatter(str(self.tok_dir), self._dd(), str(work), cfg)
+        self.run_stage([scatter], work / "scatter", self.n_tasks, "shuffle: scatter")
+        bad = check_scatter(work, self.n_tasks, self.dtype, self.masks)
+        if bad:
+            for t, _ in bad:  # a plain rerun redoes these scatter tasks (deterministically)
+                (work / "scatter" / "logs" / "completions" / f"{t:05d}").unlink(missing_ok=True)
+                (work / _name(t, "json")).unlink(missing_ok=True)
+            raise ShuffleError(
+                f"{bad[0][1]}; the shuffle's work files were changed by another process or a "
+                f"damaged disk: rerun the build to redo {len(bad)} scatter task(s)"
+            )
+        join = (lambda rel: f"{self.prefix}/{rel}") if self.prefix else (lambda rel: rel)
+        shards = [(join(rel), split, d) for rel, split, d in plan.buckets()]
+        gather = PackGather(str(work), self.n_tasks, str(self.out_dir), shards, cfg)
+        self.run_stage([gather], work / "gather", len(shards), "shuffle: write")
+        infos = []
+        for b in range(len(shards)):
+            entry = json.loads((work / DONE / f"{b:05d}.json").read_text())
+            if not entry.get("empty"):
+                infos.append(ShardInfo(**entry))
+        totals, dedup = self._summaries()
+        if self._duplicates() is not None:
+            self._write_duplicates()
+        return {
+            "shards": [s.to_json() for s in infos],
+            "mix": self._mix_section(totals, plan),
+            "stats": self._stats(totals),
+            "dedup": self._dedup_section(dedup),
+        }
+
+    def _summaries(self) -> tuple[dict[tuple[int, str], np.ndarray], dict[str, np.ndarray]]:
+        """Scatter summaries summed: per (source, language) the GROUP_FIELDS, and removals."""
+        n_src = len(self.recipe.sources)
+        totals: dict[tuple[int, str], np.ndarray] = {}
+        dedup = {"exact": np.zeros(n_src, np.int64), "near": np.zeros(n_src, np.int64)}
+        for t in range(self.n_tasks):
+            s = json.loads((self.work / _name(t, "json")).read_text())
+            for k, v in s["groups"].items():
+                src, lang = k.split("\t", 1)
+                key = (int(src), lang)
+                totals[key] = totals.get(key, np.zeros(len(GROUP_FIELDS), np.int64)) + v
+            for kind in ("exact", "near"):
+                for src, n in s[f"removed_{kind}"].items():
+                    dedup[kind][int(src)] += n
+        return totals, dedup
+
+    def _write_duplicates(self) -> None:
+        parts = [self.work / "hist" / f"{t:05d}.dups.jsonl" for t in range(self.n_tasks)]
+        path = self.out_dir / self.prefix / "duplicates.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_stream(path, (p.read_bytes() for p in parts))
+
+    def _dedup_section(self, dedup: dict[str, np.ndarray]) -> dict[str, Any]:
+        if self.dedup_dir is None:
             return {"exact": 0, "near": 0, "by_source": {}, "cluster_sizes": {}}
-        by_source = {}
-        for i, s in enumerate(self.recipe.sources):
-            m = self.rec.source == i
-            by_source[s.name] = {
-                "exact": int((dups.removed_exact & m).sum()),
-                "near": int((dups.removed_near & m).sum()),
-            }
+        by_source = {
+            s.name: {"exact": int(dedup["exact"][i]), "near": int(dedup["near"][i])}
+            for i, s in enumerate(self.recipe.sources)
+        }
+        summary = json.loads((self.dedup_dir / CLUSTER / "out" / "summary.json").read_text())
         return {
-            "exact": int(dups.removed_exact.sum()),
-            "near": int(dups.removed_near.sum()),
+            "exact": int(dedup["exact"].sum()),
+            "near": int(dedup["near"].sum()),
             "by_source": by_source,
-            "cluster_sizes": cluster_sizes(dups.cluster, dups.removed),
-            "candidate_pairs": dups.candidate_pairs,
-            "verified_pairs": dups.verified_pairs,
+            "cluster_sizes": self._cluster_sizes(),
+            "candidate_pairs": summary["candidate_pairs"],
+            "verified_pairs": summary["verified_pairs"],
         }
 
-    def _mix_section(self, domains, pool, copies, plan: MixPlan, groups) -> dict[str, Any]:
-        r, recipe = self.rec, self.recipe
-        tok = r.tokens * copies
-        tokens = {d: int(tok[domains == d].sum()) for d in recipe.domains()}
-        available = {d: int(r.tokens[pool & (domains == d)].sum()) for d in recipe.domains()}
+    def _cluster_sizes(self) -> dict[str, int]:
+        """Histogram of duplicate cluster sizes: one kept document plus its removed copies."""
+        kept = [np.zeros(0, np.uint64)]
+        for t in range(self.n_tasks):
+            rows = removals(self.dedup_dir, t)
+            kept.append(rows["keep_task"].astype(np.uint64) << np.uint64(32) | rows["keep_local"])
+        _, members = np.unique(np.concatenate(kept), return_counts=True)
+        sizes, freq = np.unique(members + 1, return_counts=True)
+        return {str(int(s)): int(f) for s, f in zip(sizes, freq, strict=True)}
+
+    def _by(self, totals, field: str, pick: Callable[[int, str], bool]) -> int:
+        i = GROUP_FIELDS.index(field)
+        return int(sum(v[i] for (s, lang), v in totals.items() if pick(s, lang)))
+
+    def _mix_section(self, totals, plan: PackPlan) -> dict[str, Any]:
+        recipe, g = self.recipe, self.groups
+        domains = recipe.domains()
+        tokens = {
+            d: self._by(totals, "selected_tokens", lambda s, _, d=d: g.domains[s] == d)
+            for d in domains
+        }
+        available = {
+            d: self._by(totals, "pool_tokens", lambda s, _, d=d: g.domains[s] == d) for d in domains
+        }
         sources = {}
         for i, s in enumerate(recipe.sources):
-            m = (r.source == i) & pool
-            avail = int(r.tokens[m].sum())
-            sel = int(tok[m].sum())
+            mine = lambda src, _, i=i: src == i  # noqa: E731
+            avail, sel = (
+                self._by(totals, "pool_tokens", mine),
+                self._by(totals, "selected_tokens", mine),
+            )
             sources[s.name] = {
                 "domain": s.domain,
                 "available_tokens": avail,
                 "tokens": sel,
-                "documents": int((m & (copies > 0)).sum()),
-                "copies": int(copies[m].sum()),
+                "documents": self._by(totals, "selected_docs", mine),
+                "copies": self._by(totals, "copies", mine),
                 "rate": round(sel / avail, 6) if avail else 0.0,
             }
         languages: dict[str, dict[str, Any]] = {}
-        for (d, lang), unit in sorted(plan.units.items()):
-            m = (groups == d) & (r.language == r.languages.index(lang))
-            languages.setdefault(d, {})[lang] = {
-                **unit.to_json(),
-                "tokens": int(tok[m].sum()),
-            }
+        for (d, lang), unit in sorted(plan.mix.units.items()):
+            got = self._by(
+                totals,
+                "selected_tokens",
+                lambda s, la, d=d, lang=lang: g.groups[s] == d and la == lang,
+            )
+            languages.setdefault(d, {})[lang] = {**unit.to_json(), "tokens": got}
         total = sum(tokens.values()) or 1
+        pool = self._by(totals, "pool_docs", lambda *_: True)
         return {
             "target": self._target(available),
             "tokens": tokens,
             "available": available,
             "achieved": {d: round(t / total, 6) for d, t in tokens.items()},
-            "total_tokens": plan.total,
+            "total_tokens": plan.mix.total,
             "languages": languages,
             "sources": sources,
-            "notes": plan.notes,
-            "unselected_documents": int((pool & (copies == 0)).sum()),
+            "notes": plan.mix.notes,
+            "unselected_documents": pool - self._by(totals, "selected_docs", lambda *_: True),
         }
 
     def _target(self, available: dict[str, int]) -> dict[str, float]:
@@ -307,26 +248,22 @@ class Packer:
             target[s.domain] = target.get(s.domain, 0.0) + recipe.mix.weights.get(s.name, 0.0)
         return target
 
-    def _stats(self, val, copies) -> dict[str, Any]:
-        r = self.rec
+    def _stats(self, totals) -> dict[str, Any]:
         out: dict[str, Any] = {"groups": []}
-        for split, weight in (("train", copies), ("val", val.astype(np.int64))):
-            for i, s in enumerate(self.recipe.sources):
-                m = (weight > 0) & (r.source == i)
-                for lang_id in np.unique(r.language[m]).tolist():
-                    mm = m & (r.language == lang_id)
+        fields = {"train": ("copies", "selected_tokens"), "val": ("val_docs", "val_tokens")}
+        for split, (docs, toks) in fields.items():
+            for (s, lang), v in sorted(totals.items()):
+                n = int(v[GROUP_FIELDS.index(docs)])
+                if n:
+                    src = self.recipe.sources[s]
                     out["groups"].append(
                         {
                             "split": split,
-                            "domain": s.domain,
-                            "source": s.name,
-                            "language": r.languages[lang_id],
-                            "documents": int(weight[mm].sum()),
-                            "tokens": int((r.tokens * weight)[mm].sum()),
+                            "domain": src.domain,
+                            "source": src.name,
+                            "language": lang,
+                            "documents": n,
+                            "tokens": int(v[GROUP_FIELDS.index(toks)]),
                         }
                     )
         return out
-
-
-class PackError(ValueError):
-    """The tokenized corpus cannot be packed as the recipe asks (e.g. an empty domain)."""

@@ -1,0 +1,148 @@
+"""The pack stage's tasks as datatrove pipeline steps, run on the build's executor (local,
+Ray, Slurm) like the tokenize and dedup tasks, with completion markers:
+
+- `PackPrep` (one per tokenize task): the mix histogram and val summary (select.py), and
+  the task's part of `duplicates.jsonl` when the recipe asks for it;
+- `PackScatter` (one per tokenize task) and `PackGather` (one per output shard): shuffle.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from datatrove.data import DocumentsPipeline
+from datatrove.pipeline.base import PipelineStep
+
+from lemur.data.pack.records import TaskRecords, removals, task_records
+from lemur.data.pack.select import Groups, task_histogram
+from lemur.data.pack.shuffle import gather_task, scatter_task
+from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array
+
+
+def prep_task(
+    rank: int,
+    tok_dir: Path,
+    dedup_dir: Path | None,
+    out_dir: Path,
+    groups: Groups,
+    duplicates: tuple[str, list[str]] | None = None,
+) -> None:
+    """Write tokenize task `rank`'s histogram (`{rank}.hist`) and summary (`{rank}.json`, last).
+
+    `duplicates`: (tokenizer model, source names) to also write `{rank}.dups.jsonl`.
+    """
+    if (out_dir / f"{rank:05d}.json").is_file():
+        return
+    rec = task_records(tok_dir, rank, dedup_dir)
+    keys, hist, val = task_histogram(rec, groups)
+    if duplicates is not None:
+        rows = duplicate_rows(rec, tok_dir, dedup_dir, *duplicates)
+        payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        atomic_write_bytes(out_dir / f"{rank:05d}.dups.jsonl", payload.encode())
+    atomic_write_bytes(out_dir / f"{rank:05d}.hist", hist.tobytes())
+    atomic_write_json(
+        out_dir / f"{rank:05d}.json",
+        {"documents": len(rec), "keys": [list(k) for k in keys], "val": val},
+    )
+
+
+def duplicate_rows(
+    rec: TaskRecords, tok_dir: Path, dedup_dir: Path | None, model: str, sources: list[str]
+) -> list[dict]:
+    """The removed documents of one task with the id kept in their place, decoded."""
+    import numpy as np
+    import sentencepiece as spm
+
+    from lemur.shards.format import token_dtype
+
+    rows = removals(dedup_dir, rec.rank)
+    if not len(rows):
+        return []
+    sp = spm.SentencePieceProcessor(model_file=model)
+    run = open_array(tok_dir / f"{rec.rank:05d}.bin", token_dtype(sp.get_piece_size()))
+    ids: dict[int, list[str]] = {}  # kept documents' tasks, read one file each
+
+    def ids_of(task: int) -> list[str]:
+        if task not in ids:
+            ids[task] = (tok_dir / f"{task:05d}.ids.txt").read_text().splitlines()
+        return ids[task]
+
+    out = []
+    for row in np.sort(rows, order="local").tolist():
+        local, exact, keep_task, keep_local = (int(x) for x in row)
+        toks = run[rec.start[local] + 1 : rec.end[local] - 1]
+        out.append(
+            {
+                "id": ids_of(rec.rank)[local],
+                "source": sources[rec.source[local]],
+                "kind": "exact" if exact else "near",
+                "kept_id": ids_of(keep_task)[keep_local],
+                "text": sp.decode(toks.tolist()),
+            }
+        )
+    return out
+
+
+class _Task(PipelineStep):
+    """A pack task: `run(rank)` does task `rank` and yields nothing (like a writer)."""
+
+    type = "📦 - PACK"
+
+    def task(self, rank: int) -> None:
+        """Do task `rank`."""
+        raise NotImplementedError
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1):
+        """Run task `rank` (a generator that yields nothing)."""
+        with self.track_time():
+            self.task(rank)
+        return
+        yield
+
+
+class PackPrep(_Task):
+    """Prep task `rank`: histogram and val summary of tokenize task `rank`."""
+
+    name = "📊 pack histograms"
+
+    def __init__(self, tok_dir, dedup_dir, out_dir, groups: Groups, duplicates=None) -> None:
+        super().__init__()
+        self.args = (tok_dir, dedup_dir, out_dir, groups, duplicates)
+
+    def task(self, rank: int) -> None:
+        """Write prep task `rank`'s outputs."""
+        tok_dir, dedup_dir, out_dir, groups, duplicates = self.args
+        prep_task(
+            rank, Path(tok_dir), dedup_dir and Path(dedup_dir), Path(out_dir), groups, duplicates
+        )
+
+
+class PackScatter(_Task):
+    """Scatter task `rank`: tokenize task `rank`'s selected copies into bucket order."""
+
+    name = "🔀 shuffle scatter"
+
+    def __init__(self, tok_dir, dedup_dir, work, cfg: dict) -> None:
+        super().__init__()
+        self.args = (tok_dir, dedup_dir, work, cfg)
+
+    def task(self, rank: int) -> None:
+        """Write scatter task `rank`'s files."""
+        tok_dir, dedup_dir, work, cfg = self.args
+        scatter_task(rank, Path(tok_dir), dedup_dir and Path(dedup_dir), Path(work), cfg)
+
+
+class PackGather(_Task):
+    """Gather task `rank`: output shard `rank` from every scatter task's bucket."""
+
+    name = "🧱 shuffle gather"
+
+    def __init__(self, work, n_tasks: int, out, shards: list[tuple], cfg: dict) -> None:
+        super().__init__()
+        self.args = (work, n_tasks, out, shards, cfg)
+
+    def task(self, rank: int) -> None:
+        """Write shard `rank`."""
+        work, n_tasks, out, shards, cfg = self.args
+        gather_task(rank, Path(work), n_tasks, Path(out), shards[rank], cfg)
