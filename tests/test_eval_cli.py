@@ -73,6 +73,15 @@ def test_run_dir_loads_params_only(run_dir: Path, shards: Path, tmp_path: Path) 
         load_model(shards)
 
 
+def test_a_relative_run_path_loads(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`lemur-eval generate out/demo-train`: a path relative to the working directory."""
+    monkeypatch.chdir(run_dir.parent)
+    loaded = load_model(run_dir.name)
+    assert loaded.kind == "run" and loaded.config.d_model == 64
+
+
 def test_bpb_command(
     run_dir: Path, shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -20,6 +20,7 @@ import inspect
 import json
 import random
 import re
+import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
@@ -189,7 +190,23 @@ def conversations(seed: int = 0, limit: int = DEFAULT_LIMIT) -> list[dict[str, A
 
 
 def write_chat_demo(path: str | Path, seed: int = 0, limit: int = DEFAULT_LIMIT) -> int:
-    """Write the demo conversations to `path` as `messages` JSONL; return how many."""
+    """Write the demo conversations to `path` as `messages` JSONL; return how many.
+
+    The corpus is made in a fresh interpreter: a library the caller has imported may have
+    patched the standard library (transformers adds `warning_once` to `logging.Logger`,
+    others wrap `inspect` functions), which would change the docstring pairs and so the
+    file. In a clean child the same Python gives the same bytes from any caller.
+    """
+    argv = [sys.executable, "-m", __name__, str(path), "--seed", str(seed), "--limit", str(limit)]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode:
+        lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+        raise OSError(lines[-1].removeprefix(f"chat_demo: error: {path}: "))
+    return int(done.stdout.split()[1])
+
+
+def _write(path: str | Path, seed: int, limit: int) -> int:
+    """Make the conversations in this process and write them to `path`."""
     rows = conversations(seed, limit)
     text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     Path(path).write_text(text, encoding="utf-8")
@@ -206,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit < 1:
         parser.error("--limit must be >= 1")
     try:
-        n = write_chat_demo(args.out, args.seed, args.limit)
+        n = _write(args.out, args.seed, args.limit)
     except OSError as e:
         print(f"chat_demo: error: {args.out}: {e.strerror or e}", file=sys.stderr)
         return 2

@@ -101,7 +101,7 @@ def _latest_step(run_dir: Path) -> Path:
         import yaml
 
         raw = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-        ckpt = Path((raw.get("checkpoint") or {}).get("dir") or ckpt)
+        ckpt = Path((raw.get("checkpoint") or {}).get("dir") or ckpt).absolute()
     steps = sorted(
         (int(p.name), p)
         for p in ckpt.glob("*")
@@ -230,7 +230,7 @@ def load_model(
     `dtype` sets the compute dtype (None: the checkpoint's; "auto": see `resolve_dtype`).
     `tokenizer` overrides the tokenizer found beside the model.
     """
-    root = Path(path)
+    root = Path(path).expanduser().absolute()  # orbax refuses relative checkpoint paths
     if not root.is_dir():
         raise LoadError(f"{root}: no such directory")
     config, params, tok_path, kind = _read(root, step)

@@ -63,7 +63,8 @@ def from_run(run_dir: str, out_dir: str, step: int | None = None) -> None:
     start = time.time()
     if detect_kind(Path(run_dir)) not in ("run", "step"):
         raise ValueError(f"{run_dir}: not a lemur-train run directory or checkpoint step")
-    loaded = load_model(run_dir, step=step, dtype=None)
+    # Absolute: orbax refuses relative checkpoint paths.
+    loaded = load_model(Path(run_dir).resolve(), step=step, dtype=None)
     tokenizer = loaded.tokenizer.path if loaded.tokenizer is not None else None
     checkpoint.save_params(out_dir, loaded.params, loaded.config, tokenizer)
     print(

@@ -2,23 +2,23 @@
 
 `write_hf_tokenizer(model, folder)` writes what `transformers.AutoTokenizer` loads:
 `tokenizer.model` (a copy), `tokenizer.json` (the `tokenizers` serialization),
-`tokenizer_config.json` and `special_tokens_map.json`, and the model's
-`generation_config.json` (generation stops at `</s>`, and at `<|im_end|>`, the end of
-a chat answer, when the model has it). With the two ChatML pieces in the
-model, the config carries a chat template that renders a conversation exactly as a
-lemur chat build frames it: `<s>` + `<|im_start|>{role}\\n{content}<|im_end|>\\n` per
-message + `</s>`; with `add_generation_prompt` it ends on `<|im_start|>assistant\\n`
-instead (no `</s>`), the prompt a chat model answers.
+`tokenizer_config.json`, `special_tokens_map.json`, and the model's
+`generation_config.json` (generation stops at `</s>`, and at `<|im_end|>`, the end of a
+chat answer, when the model has it). With the two ChatML pieces in the model, the config
+carries a chat template that renders a conversation exactly as a lemur chat build frames
+it: `<s>` + `<|im_start|>{role}\n{content}<|im_end|>\n` per message + `</s>`; with
+`add_generation_prompt` it ends on `<|im_start|>assistant\n` instead (no `</s>`), the
+prompt a chat model answers.
 
 Why a hand-written tokenizer.json: transformers is a dev-only dependency, and without
 the file, transformers 4.x converts `tokenizer.model` itself with Llama-2 assumptions
 (a dummy-prefix "▁" before the text) that our models do not share. The file is plain
 JSON; its BPE merges are derived here from the SentencePiece vocabulary as transformers'
 own converter does, ranked by the merged piece's score, so the `tokenizers` library
-encodes as SentencePiece does. The
-one theoretical difference: where two different merges into the same piece overlap
-(x+y and y+z both that piece), SentencePiece takes the leftmost and `tokenizers` the
-lower rank.
+encodes as SentencePiece does. Two known differences: where two different merges into
+the same piece overlap (x+y and y+z both that piece), SentencePiece takes the leftmost
+and `tokenizers` the lower rank; and for a model with a dummy prefix (Llama-2's),
+transformers adds no "▁" before text that already starts with a space.
 
 Plain `tokenizer(text)` adds `<s>` only: a prompt must not end in `</s>`.
 """

@@ -62,30 +62,41 @@ def plot_parser() -> argparse.ArgumentParser:
 
 
 def dry_run_summary(config: TrainConfig) -> str:
-    """Derived sizes of a config as YAML comments (the vocab from the data when readable)."""
+    """Derived sizes of a config as YAML comments (the vocab, the steps of `epochs` and the
+    model of `init_from` from the data and the checkpoint when they are readable)."""
     from lemur.model.config import flops_per_token, param_count
-    from lemur.shards.check import ShardDir
+    from lemur.train.config import ConfigError
+    from lemur.train.setup import DataDirs, RunError, resolve_config
 
-    vocab = config.model.vocab_size
-    source = "model.vocab_size"
+    lines: list[str] = []
+    try:  # dry runs must work without the data or the checkpoint present
+        config, notes = resolve_config(config, DataDirs())
+        lines += [note.removeprefix("lemur-train: ") for note in notes]
+    except (RunError, ConfigError) as e:
+        lines.append(f"not resolved now: {str(e).removeprefix('lemur-train: ')}")
+    vocab, source = config.model.vocab_size, "model.vocab_size"
     if vocab is None:
         try:
-            vocab = int(ShardDir(config.data.dirs[0]).tokenizer["vocab_size"])
+            vocab = int(DataDirs()[config.data.dirs[0]].tokenizer["vocab_size"])
             source = f"{config.data.dirs[0]} tokenizer"
-        except Exception:  # dry runs must work without the data present
-            vocab, source = None, "the data (unreadable now: preset's vocab shown)"
-    model = config.model.llama(vocab)
+        except RunError:
+            source = "the data (unreadable now: preset's vocab shown)"
     tokens = config.tokens_per_step
-    lines = [
-        f"model: {model}",
-        f"vocab_size {model.vocab_size} from {source}",
-        f"parameters: {param_count(model):,}",
+    lines.append(
         f"tokens per step: {tokens:,} ({config.batch.size} x {config.batch.seq_len}, "
-        f"{config.batch.microbatches} microbatch(es))",
-        f"total tokens: {tokens * config.steps:,} over {config.steps:,} steps",
-        f"training FLOPs per token: {flops_per_token(model, config.batch.seq_len):.3e}",
-        f"checkpoints: {config.checkpoint_dir}",
-    ]
+        f"{config.batch.microbatches} microbatch(es))"
+    )
+    if config.steps is not None:
+        lines.append(f"total tokens: {tokens * config.steps:,} over {config.steps:,} steps")
+    if config.model.complete:
+        model = config.model.llama(vocab)
+        lines += [
+            f"model: {model}",
+            f"vocab_size {model.vocab_size} from {source}",
+            f"parameters: {param_count(model):,}",
+            f"training FLOPs per token: {flops_per_token(model, config.batch.seq_len):.3e}",
+        ]
+    lines.append(f"checkpoints: {config.checkpoint_dir}")
     return "".join(f"# {line}\n" for line in lines)
 
 

@@ -27,6 +27,12 @@ DISTRIBUTED = ("auto", "on", "off")
 # LlamaConfig fields a config may not override: the vocabulary comes from `model.vocab_size`
 # (or the shards' tokenizer), so it cannot disagree with the data.
 _FIXED_MODEL_FIELDS = ("vocab_size",)
+# LlamaConfig fields without a default: with `model.preset: null` the overrides (filled from
+# `model.init_from` at start-up) must give them all.
+SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff")
+# Pairs of keys that are alternatives: a `--set` of one clears the other.
+ALTERNATIVES = (("steps", "epochs"), ("schedule.warmup_steps", "schedule.warmup_fraction"))
+_ONE_OF_THEM = "has an alternative key set too (steps/epochs, warmup_steps/warmup_fraction)"
 
 
 class ConfigError(ValueError):
@@ -40,18 +46,22 @@ def _check(ok: bool, key: str, message: str) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Which Llama: a preset of lemur.model.config.PRESETS with field overrides."""
+    """Which Llama: a preset of lemur.model.config.PRESETS with field overrides.
 
-    preset: str = "tiny"
+    `preset: null` takes every field from the `init_from` checkpoint's config.json at
+    start-up (overrides still apply): a fine-tuning config fits any pre-trained model.
+    """
+
+    preset: str | None = "tiny"
     vocab_size: int | None = None  # None: the shards' tokenizer vocab size
     overrides: dict[str, Any] = field(default_factory=dict)  # LlamaConfig fields
     init_from: str | None = None  # a lemur model checkpoint (lemur-convert)
 
     def __post_init__(self) -> None:
         _check(
-            self.preset in PRESETS,
+            self.preset is None or self.preset in PRESETS,
             "model.preset",
-            f"must be one of {', '.join(PRESETS)}, got {self.preset!r}",
+            f"must be one of {', '.join(PRESETS)} or null, got {self.preset!r}",
         )
         _check(
             self.vocab_size is None or self.vocab_size > 0,
@@ -71,13 +81,26 @@ class ModelConfig:
             )
             coerced[name] = _LOADER.coerce(value, hints[name], key)
         object.__setattr__(self, "overrides", coerced)
-        self.llama(PRESETS[self.preset].vocab_size)  # validates the combination now
+        if self.complete:
+            self.llama(self.vocab_size or 32000)  # validates the combination now
+
+    @property
+    def complete(self) -> bool:
+        """Whether the config alone gives the model (a preset, or every shape overridden)."""
+        return self.preset is not None or set(SHAPE_FIELDS) <= set(self.overrides)
 
     def llama(self, data_vocab_size: int | None = None) -> LlamaConfig:
         """The LlamaConfig; `data_vocab_size` fills in a vocab_size left to the data."""
-        vocab = self.vocab_size or data_vocab_size or PRESETS[self.preset].vocab_size
+        if not self.complete:
+            raise ConfigError(
+                "config: model.preset is null: the model is model.init_from's, read at start-up"
+            )
+        preset = PRESETS[self.preset] if self.preset is not None else None
+        vocab = self.vocab_size or data_vocab_size or (preset.vocab_size if preset else 32000)
         try:
-            return dataclasses.replace(PRESETS[self.preset], vocab_size=vocab, **self.overrides)
+            if preset is None:
+                return LlamaConfig(vocab_size=vocab, **self.overrides)
+            return dataclasses.replace(preset, vocab_size=vocab, **self.overrides)
         except ValueError as e:
             raise ConfigError(f"config: model: {e}") from None
 
@@ -174,14 +197,20 @@ class ScheduleConfig:
     """Learning rate: linear warmup to `peak_lr`, then decay to `final_lr_ratio * peak_lr`."""
 
     peak_lr: float = 4e-5
-    warmup_steps: int = 2000
+    warmup_steps: int | None = None  # None: 2000, or warmup_fraction of the steps
+    warmup_fraction: float | None = None  # warmup as a share of the steps (set at start-up)
     decay: str = "cosine"  # cosine | linear | constant
     final_lr_ratio: float = 0.1
     decay_steps: int | None = None  # step where the decay ends (warmup included); None: steps
 
     def __post_init__(self) -> None:
         _check(self.peak_lr > 0, "schedule.peak_lr", "must be > 0")
-        _check(self.warmup_steps >= 0, "schedule.warmup_steps", "must be >= 0")
+        steps, fraction = self.warmup_steps, self.warmup_fraction
+        _check(steps is None or fraction is None, "schedule.warmup_steps", _ONE_OF_THEM)
+        if steps is None and fraction is None:
+            object.__setattr__(self, "warmup_steps", 2000)
+        _check(steps is None or steps >= 0, "schedule.warmup_steps", "must be >= 0")
+        _check(fraction is None or 0 <= fraction < 1, "schedule.warmup_fraction", "not in [0, 1)")
         _check(
             self.decay in DECAYS,
             "schedule.decay",
@@ -245,7 +274,8 @@ class TrainConfig:
 
     run_dir: str = "runs/lemur"
     seed: int = 0
-    steps: int = 1000
+    steps: int | None = None  # None: 1000, or the steps of `epochs`
+    epochs: float | None = None  # passes over the train tokens; steps set at start-up
     # JAX's persistent compilation cache: a restarted run (resume, preemption) skips compiling.
     compile_cache_dir: str | None = None
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -259,14 +289,16 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
-        _check(self.steps >= 1, "steps", "must be >= 1")
+        _check(self.steps is None or self.epochs is None, "steps", _ONE_OF_THEM)
+        if self.steps is None and self.epochs is None:
+            object.__setattr__(self, "steps", 1000)
+        _check(self.steps is None or self.steps >= 1, "steps", "must be >= 1")
+        _check(self.epochs is None or self.epochs > 0, "epochs", "must be > 0")
         _check(bool(self.run_dir), "run_dir", "must not be empty")
-        max_len = self.model.llama().max_seq_len
-        _check(
-            self.batch.seq_len <= max_len,
-            "batch.seq_len",
-            f"({self.batch.seq_len}) exceeds the model's max_seq_len ({max_len})",
-        )
+        if self.model.complete:  # else checked once init_from gives the model
+            max_len = self.model.llama().max_seq_len
+            too_long = f"({self.batch.seq_len}) exceeds the model's max_seq_len ({max_len})"
+            _check(self.batch.seq_len <= max_len, "batch.seq_len", too_long)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -309,7 +341,18 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `a.b=value` overrides in place (values parsed as YAML); returns `raw`."""
+    """Apply `a.b=value` overrides in place (values parsed as YAML); returns `raw`.
+
+    Setting one of two alternative keys (steps / epochs, schedule.warmup_steps /
+    schedule.warmup_fraction) clears the other, so `--set steps=40` runs a config that
+    trains by epochs for 40 steps.
+    """
+    others = {a: b for pair in ALTERNATIVES for a, b in (pair, pair[::-1])}
+    for other in filter(None, (others.get(o.partition("=")[0].strip()) for o in overrides)):
+        *parents, name = other.split(".")
+        node = raw.get(parents[0]) if parents else raw
+        if isinstance(node, dict):
+            node.pop(name, None)
     return typed_yaml.apply_overrides(raw, overrides, ConfigError)
 
 

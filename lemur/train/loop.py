@@ -38,10 +38,9 @@ from lemur.train.setup import (
     RunSummary,
     TrainingDiverged,
     check_writable_dir,
-    data_vocab,
     make_mesh,
     open_checkpointer,
-    resolve_model,
+    plan_run,
 )
 from lemur.train.windows import BATCH_KEYS
 
@@ -63,8 +62,9 @@ class Trainer(Inputs, Resume):
         self.is_main = jax.process_index() == 0
         self.run_dir = Path(config.run_dir)
         self.data_dirs = DataDirs()
-        vocab, self.tokenizer_sha = data_vocab(config, self.data_dirs)
-        self.model = resolve_model(config, vocab)
+        # init_from's model, the steps of epochs, the warmup of its fraction: see plan_run.
+        self.config, self.model, self.tokenizer_sha, self.notes = plan_run(config, self.data_dirs)
+        config = self.config
         self.mesh = make_mesh(config)
         self.schedule = step_lib.make_schedule(config.schedule, config.steps)
         self.tx = step_lib.make_optimizer(config.optimizer, self.schedule)

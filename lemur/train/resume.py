@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 
 from lemur.model import checkpoint as model_checkpoint
+from lemur.model import llama
+from lemur.model import sharding as model_sharding
+from lemur.model.config import Params
+from lemur.model.grow import grow_vocab
 from lemur.train import interrupt
 from lemur.train import step as step_lib
 from lemur.train.checkpoint import CheckpointDamaged
@@ -22,6 +27,8 @@ class Resume:
 
         The state is None when the newest checkpoint is already at `steps` (nothing to do).
         """
+        for note in self.notes:  # what plan_run resolved (the model, steps, warmup)
+            self.reporter.message(note)
         steps = self.checkpointer.all_steps()
         if steps and not self.config.checkpoint.resume:
             raise RunError(
@@ -32,14 +39,33 @@ class Resume:
             return self._resume(steps[::-1])
         init = functools.partial(step_lib.init_state, model=self.model, tx=self.tx)
         if self.config.model.init_from:
-            target = step_lib.with_shardings(self.abstract["params"], self.shardings["params"])
-            params, _ = model_checkpoint.load_params(self.config.model.init_from, target)
+            params = self._pretrained_params()
             state = jax.jit(
                 lambda key, p: init(key, params=p), out_shardings=self.shardings, donate_argnums=1
             )(self.key, params)
         else:
             state = jax.jit(init, out_shardings=self.shardings)(self.key)
         return state, 0, None
+
+    def _pretrained_params(self) -> Params:
+        """`model.init_from`'s params on the mesh, its vocabulary grown to the model's."""
+        path = self.config.model.init_from
+        saved = model_checkpoint.load_config(path).vocab_size  # checked by resolve_model
+        if saved == self.model.vocab_size:
+            target = step_lib.with_shardings(self.abstract["params"], self.shardings["params"])
+            return model_checkpoint.load_params(path, target)[0]
+        small = dataclasses.replace(self.model, vocab_size=saved)
+        abstract = jax.eval_shape(functools.partial(llama.init_params, small), self.key)
+        shardings = model_sharding.param_shardings(abstract, small, self.mesh)
+        params, _ = model_checkpoint.load_params(path, step_lib.with_shardings(abstract, shardings))
+        self.reporter.message(
+            f"lemur-train: {path}: vocabulary grown from {saved:,} to {self.model.vocab_size:,} "
+            "ids (the tokenizer's added pieces); new rows = the mean of the existing ones"
+        )
+        # Eagerly, on the sharded arrays: only the embedding and the head are new arrays;
+        # every other leaf passes through as it is (a jit would copy them).
+        grown, _ = grow_vocab(params, small, self.model.vocab_size)
+        return jax.tree.map(jax.device_put, grown, self.shardings["params"])
 
     def _resume(self, candidates: list[int]) -> tuple[step_lib.State | None, int, int]:
         """Restore the newest checkpoint that restores completely; set damaged ones aside."""

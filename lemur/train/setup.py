@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -17,10 +19,10 @@ from lemur.train import mesh as mesh_lib
 from lemur.train.checkpoint import CheckpointDamaged, Checkpointer
 from lemur.train.config import ConfigError, TrainConfig
 
-# LlamaConfig fields that define the parameter shapes: a pretrained checkpoint must match.
-# (tie_embeddings decides whether there is an lm_head at all.)
+# LlamaConfig fields that define the parameter shapes: a pretrained checkpoint must match
+# (tie_embeddings decides whether there is an lm_head at all); its vocabulary may be
+# smaller when the data's tokenizer appends pieces to it (it then grows, see grow_vocab).
 _SHAPE_FIELDS = (
-    "vocab_size",
     "d_model",
     "n_layers",
     "n_heads",
@@ -95,21 +97,87 @@ def check_writable_dir(path: Path, key: str) -> None:
             return
 
 
-def resolve_model(config: TrainConfig, vocab_size: int) -> LlamaConfig:
-    """The model of the run; with `init_from`, checked against the checkpoint's shapes."""
+def _saved_model(path: str) -> LlamaConfig:
+    """The LlamaConfig of the `model.init_from` checkpoint (RunError naming it if unreadable)."""
+    try:
+        return model_checkpoint.load_config(path)
+    except (OSError, ValueError, TypeError) as e:
+        raise RunError(f"model.init_from: {path}: no readable lemur checkpoint ({e})") from None
+
+
+def resolve_config(config: TrainConfig, dirs: DataDirs) -> tuple[TrainConfig, list[str]]:
+    """The config with what comes from the pre-trained model and the data filled in, and a
+    log line for each: the model of `init_from` (`model.preset: null`), `steps` from
+    `epochs`, `schedule.warmup_steps` from `schedule.warmup_fraction`."""
+    notes = []
+    if not config.model.complete:
+        path = config.model.init_from
+        if not path:
+            raise RunError(
+                "model.init_from: required (model.preset is null): fine-tuning needs a "
+                "pre-trained model, a lemur checkpoint (lemur-convert to-lemur or from-run)"
+            )
+        saved = dataclasses.asdict(_saved_model(path))
+        fields = {k: v for k, v in saved.items() if k != "vocab_size"}
+        model = dataclasses.replace(config.model, overrides={**fields, **config.model.overrides})
+        config = dataclasses.replace(config, model=model)
+    if config.epochs is not None:
+        tokens = sum(int(s["tokens"]) for d in config.data.dirs for s in dirs[d].shards("train"))
+        steps = max(1, math.ceil(config.epochs * tokens / config.tokens_per_step))
+        notes.append(
+            f"lemur-train: {config.epochs:g} epoch(s) of {tokens:,} train tokens = {steps:,} "
+            f"steps of {config.tokens_per_step:,} tokens"
+        )
+        config = dataclasses.replace(config, steps=steps, epochs=None)
+    if (fraction := config.schedule.warmup_fraction) is not None:
+        warmup = round(fraction * config.steps)
+        notes.append(f"lemur-train: warmup {warmup:,} of {config.steps:,} steps ({fraction:.1%})")
+        schedule = dataclasses.replace(config.schedule, warmup_steps=warmup, warmup_fraction=None)
+        config = dataclasses.replace(config, schedule=schedule)
+    return config, notes
+
+
+def resolve_model(config: TrainConfig, vocab_size: int, dirs: DataDirs) -> LlamaConfig:
+    """The model of the run; with `init_from`, checked against the checkpoint's shapes (a
+    smaller vocabulary only when the data's tokenizer appends the missing ids)."""
     model = config.model.llama(vocab_size)
     if config.model.init_from:
-        try:
-            saved = model_checkpoint.load_config(config.model.init_from)
-        except OSError as e:
-            raise RunError(f"model.init_from: {e}") from None
+        saved = _saved_model(config.model.init_from)
         for name in _SHAPE_FIELDS:
             if getattr(saved, name) != getattr(model, name):
                 raise RunError(
                     f"model.init_from: {config.model.init_from} has {name} "
                     f"{getattr(saved, name)}, the config gives {getattr(model, name)}"
                 )
+        if saved.vocab_size != model.vocab_size:
+            _check_growth(config, saved.vocab_size, model.vocab_size, dirs)
     return model
+
+
+def plan_run(
+    config: TrainConfig, dirs: DataDirs
+) -> tuple[TrainConfig, LlamaConfig, str | None, list[str]]:
+    """(resolved config, model, the data's tokenizer sha256, log lines): `resolve_config`,
+    then the vocabulary of the data and the model checked against `init_from`."""
+    config, notes = resolve_config(config, dirs)
+    vocab, tokenizer_sha = data_vocab(config, dirs)
+    return config, resolve_model(config, vocab, dirs), tokenizer_sha, notes
+
+
+def _check_growth(config: TrainConfig, saved: int, vocab: int, dirs: DataDirs) -> None:
+    """RunError unless ids saved..vocab-1 are pieces the data's tokenizer appends."""
+    data = config.data.dirs[0]
+    head = f"model.init_from: {config.model.init_from} has vocab_size {saved}, the model {vocab}"
+    if saved > vocab:
+        raise RunError(f"{head}: a smaller vocabulary cannot hold the checkpoint's tokens")
+    tokenizer: dict[str, Any] = dirs[data].tokenizer
+    added = {int(p["id"]) for p in tokenizer.get("added_pieces") or [] if "id" in p}
+    if not set(range(saved, vocab)) <= added:
+        raise RunError(
+            f"{head}: ids {saved}..{vocab - 1} are not all pieces that the tokenizer of "
+            f"{data} appends (manifest tokenizer.added_pieces), so its vocabulary does not "
+            "extend the checkpoint's"
+        )
 
 
 def sum_over_processes(value: int) -> int:

@@ -26,7 +26,7 @@ import numpy as np
 
 from lemur.process_guard import guard_if_child
 from lemur.shards.check import ShardDir, token_error
-from lemur.shards.format import ShardFormatError
+from lemur.shards.format import MASK_DTYPE, ShardFormatError
 
 # Keys of every record and batch, all int32 of shape [seq_len] ([batch, seq_len] batched).
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
@@ -42,6 +42,10 @@ DEFAULT_RELEASE_BYTES = 128 << 20
 _FAULT_BYTES = 2 << 20
 
 
+# One opened shard: tokens, document ends, loss mask (None without), the mappings under them.
+_Mapped = tuple[np.ndarray, np.ndarray, np.ndarray | None, list[mmap.mmap]]
+
+
 _LOOP_MAX_DOCS = 24  # below this many documents a window, slice assignment beats vectorizing
 
 
@@ -54,7 +58,11 @@ def _constants(seq_len: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def window_record(
-    tokens: np.ndarray, ends: np.ndarray, start: int, seq_len: int
+    tokens: np.ndarray,
+    ends: np.ndarray,
+    start: int,
+    seq_len: int,
+    mask: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The record for the window `tokens[start : start + seq_len + 1]` of one shard.
 
@@ -62,8 +70,9 @@ def window_record(
     the documents of the window from 1; `positions` count from 0 at each document start
     and at the window start (a document continued from the previous window restarts
     at 0: the model cannot attend across windows, and RoPE only sees differences);
-    `loss_mask` is 0 where the target is the first token of another document. Arrays
-    may be shared and read-only (batching copies them).
+    `loss_mask` is 0 where the target is the first token of another document, and,
+    given the shard's loss `mask` (a chat build's, one 0/1 per token), 0 where the
+    target's mask is 0. Arrays may be shared and read-only (batching copies them).
     """
     L = seq_len
     ones, arange = _constants(L)
@@ -91,6 +100,9 @@ def window_record(
             doc_starts = np.concatenate(([0], inner)).astype(np.int32)
             positions = arange - doc_starts[seg]
             segment_ids = seg + 1
+    if mask is not None:
+        # Input i predicts token start + i + 1: its loss counts where that target's does.
+        loss_mask = loss_mask * mask[start + 1 : start + L + 1]
     return {
         "inputs": w[:-1],
         "targets": w[1:],
@@ -107,6 +119,19 @@ def _map_file(path: Path, dtype: np.dtype) -> tuple[mmap.mmap | None, np.ndarray
     with open(path, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     return mm, np.frombuffer(mm, dtype)
+
+
+def _content_id(shards: list[dict[str, Any]]) -> str:
+    """Identity of the data, not of its path: the shuffle seed and the state fingerprint
+    use it, so a job resumes the same order after the directory moves or is copied."""
+    # A loss mask is part of the data; listed only when present, so the ids of directories
+    # without masks (and so their shuffles) are what they were.
+    listing = [
+        [s["file"], s["tokens"], s["documents"], s.get("sha256")]
+        + ([s.get("mask_sha256")] if "mask" in s else [])
+        for s in shards
+    ]
+    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
 
 
 class ShardSource(grain.sources.RandomAccessDataSource):
@@ -153,19 +178,15 @@ class ShardSource(grain.sources.RandomAccessDataSource):
         # folios on both ends, plus one folio of the index.
         window_bytes = (self.seq_len + 1) * self.dtype.itemsize
         self._resident_per_record = window_bytes + 3 * _FAULT_BYTES
+        if any("mask" in s for s in self.shards):  # and the window of the loss mask
+            self._resident_per_record += self.seq_len + 1 + 2 * _FAULT_BYTES
         windows = [max(0, (int(s["tokens"]) - 1) // self.seq_len) for s in self.shards]
         # First global window index of each shard, and the total at the end.
         self._offsets = [0]
         for n in windows:
             self._offsets.append(self._offsets[-1] + n)
         self.tokens = sum(int(s["tokens"]) for s in self.shards)
-        # Identity of the data, not of its path: the shuffle seed and the state fingerprint
-        # use it, so a job resumes the same order after the directory moves or is copied.
-        self.content_id = hashlib.sha256(
-            json.dumps(
-                [[s["file"], s["tokens"], s["documents"], s.get("sha256")] for s in self.shards]
-            ).encode()
-        ).hexdigest()[:16]
+        self.content_id = _content_id(self.shards)
         # Tokens never used as an input: each shard's tail shorter than a window, plus the
         # last window's final target (a shard of T tokens yields (T - 1) // seq_len windows).
         self.dropped_tokens = self.tokens - self._offsets[-1] * self.seq_len
@@ -177,7 +198,7 @@ class ShardSource(grain.sources.RandomAccessDataSource):
         self._init_process_state()
 
     def _init_process_state(self) -> None:
-        self._open: dict[int, tuple[np.ndarray, np.ndarray, list[mmap.mmap]]] = {}
+        self._open: dict[int, _Mapped] = {}
         self._touched: set[int] = set()
         self._since_release = 0
         self._lock = threading.Lock()
@@ -207,7 +228,7 @@ class ShardSource(grain.sources.RandomAccessDataSource):
             f"{domain}, windows={len(self)})"
         )
 
-    def _shard(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+    def _shard(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         if (entry := self._open.get(i)) is None:
             with self._lock:  # two reader threads must not both map the same shard
                 if (entry := self._open.get(i)) is None:
@@ -216,9 +237,17 @@ class ShardSource(grain.sources.RandomAccessDataSource):
                     # int64 view of the uint64 offsets, so searchsorted never promotes
                     # (uint64 vs int keys would compare as float64 on a converted copy).
                     imm, ends = _map_file(base / shard["index"], np.dtype("<i8"))
-                    entry = (tokens, ends, [m for m in (tmm, imm) if m is not None])
+                    # Mapped like the tokens (not format.open_mask's memmap): its pages are
+                    # released with theirs.
+                    mmm, mask = (
+                        _map_file(base / shard["mask"], MASK_DTYPE)
+                        if "mask" in shard
+                        else (None, None)
+                    )
+                    maps = [m for m in (tmm, imm, mmm) if m is not None]
+                    entry = (tokens, ends, mask, maps)
                     self._open[i] = entry
-        return entry[0], entry[1]
+        return entry[0], entry[1], entry[2]
 
     def locate(self, index: int) -> tuple[int, int]:
         """(shard number in `shards`, first token offset) of window `index`."""
@@ -231,8 +260,8 @@ class ShardSource(grain.sources.RandomAccessDataSource):
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         """The record of window `index` (see `window_record`)."""
         i, start = self.locate(index)
-        tokens, ends = self._shard(i)
-        record = window_record(tokens, ends, start, self.seq_len)
+        tokens, ends, mask = self._shard(i)
+        record = window_record(tokens, ends, start, self.seq_len, mask)
         if self.vocab_size is not None:
             self._check_ids(i, start, record)
         self._touched.add(i)
@@ -261,7 +290,7 @@ class ShardSource(grain.sources.RandomAccessDataSource):
         # Swap first, so reader threads keep adding to a fresh set while we madvise.
         touched, self._touched, self._since_release = self._touched, set(), 0
         for i in tuple(touched):  # a thread that read the old set may still add to it
-            for m in self._open.get(i, ((), (), ()))[2]:
+            for m in self._open.get(i, ((), (), None, ()))[3]:
                 # Safe while other threads read: a read-only file mapping refaults from
                 # the page cache; only this process's resident set shrinks.
                 m.madvise(mmap.MADV_DONTNEED)
