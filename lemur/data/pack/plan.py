@@ -66,7 +66,9 @@ def unit_bins(tokens: np.ndarray, budget: int) -> tuple[int, bytes]:
     if total == 0 or budget <= 0:
         return 0, np.packbits(np.zeros(N_BINS, bool)).tobytes()
     passes, rest = divmod(int(budget), total)
-    take = fill_to_budget(tokens, rest) & (tokens > 0)
+    full = np.flatnonzero(tokens > 0)  # empty bins would stop first fit from looking ahead
+    take = np.zeros(N_BINS, bool)
+    take[full[fill_to_budget(tokens[full], rest)]] = True
     return passes, np.packbits(take).tobytes()
 
 
