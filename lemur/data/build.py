@@ -332,8 +332,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     key = _work_key(recipe, inputs_sha, tok["sha256"])
     work = work_root / f"tokens-{key}"
     n_tasks = tokenize_stage(recipe, inputs, tok_path, work, report)
-    counts = collect_counts(work, recipe, n_tasks, listing)
-    _check_sources(counts)
+    _check_sources(collect_counts(work, recipe, n_tasks, listing))
     # The build's own directory: no file of it shares a path with the previous build's, so
     # that build stays whole for readers until the manifest is replaced.
     # Named by content, not place: the same build in another directory gets the same names.
@@ -349,10 +348,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     if plan_only:
         return {"plan": pack_plan.mix.to_json()}
     packed = packer.pack(pack_plan, report)  # scatter tasks, then gather tasks
-    counts["dedup"] = packed["dedup"]
-    counts["duplicates"] = packed["dedup"]["exact"] + packed["dedup"]["near"]
-    if recipe.dedup.write_duplicates and (recipe.dedup.exact or recipe.dedup.near):
-        counts["dedup"]["file"] = f"{prefix}/duplicates.jsonl"
+    counts = collect_counts(work, recipe, n_tasks, listing, dedup=packed["dedup"])
     atomic_write_bytes(out / prefix / "tokenizer.model", tok_path.read_bytes())
     atomic_write_json(out / prefix / "stats.json", packed["stats"])
     manifest = {

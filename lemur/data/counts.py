@@ -127,8 +127,11 @@ def _merge_skipped(listing: Listing) -> dict[str, int]:
     return dict(sorted(total.items()))
 
 
-def collect_counts(work: Path, recipe: Recipe, n_tasks: int, listing: Listing) -> dict[str, Any]:
-    """Merge per-task datatrove stats and error logs into the manifest's `counts`."""
+def collect_counts(
+    work: Path, recipe: Recipe, n_tasks: int, listing: Listing, dedup: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The manifest's `counts`: per-task datatrove stats and error logs merged, and the
+    dedup stage's section (`Packer`'s summary of the removals) when it has run."""
     labels = _task_labels(work, n_tasks)
     sources: dict[str, dict[str, Any]] = {
         s.name: {
@@ -152,7 +155,7 @@ def collect_counts(work: Path, recipe: Recipe, n_tasks: int, listing: Listing) -
     return {
         "read": read,
         "dropped": dict(sorted(dropped.items())),
-        "duplicates": 0,
+        "duplicates": dedup["exact"] + dedup["near"] if dedup else 0,
         "kept": read - sum(dropped.values()),
         "tokenized": labels[DOCUMENTS],
         "skipped_files": _merge_skipped(listing),
@@ -168,4 +171,5 @@ def collect_counts(work: Path, recipe: Recipe, n_tasks: int, listing: Listing) -
         "pii": dict(sorted(pii.items())),
         "sources": sources,
         **truncated,
+        **({"dedup": dedup} if dedup is not None else {}),
     }

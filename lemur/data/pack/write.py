@@ -166,6 +166,7 @@ class Packer:
             for i, s in enumerate(self.recipe.sources)
         }
         summary = json.loads((self.dedup_dir / CLUSTER / "out" / "summary.json").read_text())
+        written = self._duplicates() is not None
         return {
             "exact": int(dedup["exact"].sum()),
             "near": int(dedup["near"].sum()),
@@ -173,6 +174,7 @@ class Packer:
             "cluster_sizes": self._cluster_sizes(),
             "candidate_pairs": summary["candidate_pairs"],
             "verified_pairs": summary["verified_pairs"],
+            **({"file": f"{self.prefix}/duplicates.jsonl"} if written else {}),
         }
 
     def _cluster_sizes(self) -> dict[str, int]:
