@@ -1,4 +1,4 @@
-"""Benchmark: peak memory and wall time of each global stage of a build, at 1M and 4M documents.
+"""Benchmark: peak memory and wall time of each global stage of a build, from 1M to 16M documents.
 
 Synthetic tokenize-stage outputs (as the tokenize step writes them: per task `{rank}.bin`
 tokens, `{rank}.docs.npy` records, `{rank}.json` language table, and the exact-dedup sorted
@@ -11,13 +11,20 @@ so the peak RSS it reports is the largest single task (plus the interpreter):
 Near-dup signing and verification are measured by tools/bench_dedup.py; here dedup is the
 exact channel (the bucket and cluster tasks' shape is the same).
 
-    python tools/bench_scale.py --docs 1000000 4000000 --tasks 16
+`--old DIR` also runs the previous single-process pack stage (val split, mix plan, shuffle
+and shard writing in the build process) from a checkout of it, on the same inputs and the
+same dedup decisions: `git worktree add /tmp/oldpack c0e72b6` (the parent of the commit
+that made the pack stage tasks; its tokenize outputs and dedup files are these).
+
+    python tools/bench_scale.py --docs 1000000 4000000 16000000 --tasks 64 --old /tmp/oldpack
+    python tools/bench_scale.py --docs 16000000 --tasks 1024 --bucket-tasks 400
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -41,7 +48,9 @@ def make_recipe(out: Path):
         "tokenizer": {"train": {"vocab_size": 32000}},
         "val_fraction": 0.005,
         "shard_tokens": 1 << 24,
-        "dedup": {"exact": True, "near": False},
+        # BENCH_SCALE_BUCKET_TASKS: dedup.bucket_tasks (the exact channel gets
+        # ceil(bucket_tasks / bands) key ranges); read here so every stage's subprocess sees it
+        "dedup": {"exact": True, "near": False, "bucket_tasks": bucket_tasks()},
         "mix": {"ratio": {"code": 10, "text": 1}, "shares": {"code": {"SQL": 0.1}}},
         "sources": [
             {"name": "code", "domain": "code", "format": "files", "paths": [str(out)]},
@@ -49,6 +58,12 @@ def make_recipe(out: Path):
         ],
     }
     return recipe_from_dict(raw, check_paths=False)
+
+
+def bucket_tasks() -> int | None:
+    """`--bucket-tasks`, passed to the stages' subprocesses in the environment."""
+    value = os.environ.get("BENCH_SCALE_BUCKET_TASKS")
+    return int(value) if value else None
 
 
 def generate(root: Path, n_docs: int, n_tasks: int) -> None:
@@ -129,18 +144,36 @@ def _run(step, tasks: int) -> None:
             pass
 
 
-def measure(root: Path, stage: str, n_tasks: int) -> dict:
-    """Wall time and peak RSS of one stage run in a fresh subprocess."""
+def run_old_pack(root: Path, n_tasks: int) -> None:
+    """The previous pack stage, in this process (sys.path starts with its checkout)."""
+    from lemur.data.dedup.stage import dedup_dir
+    from lemur.data.pack.write import Packer
+
+    recipe = make_recipe(root)
+    ddir = dedup_dir(root, recipe.dedup)
+    packer = Packer(recipe, root / "tokens", root / "old-out", n_tasks, 32000, "b", None, ddir)
+    packer.pack(packer.plan())
+
+
+def measure(root: Path, stage: str, n_tasks: int, old: Path | None = None) -> dict:
+    """Wall time and peak RSS of one stage run in a fresh subprocess (`old`: the old pack)."""
+    run = (
+        f"bench_scale.run_old_pack(Path({str(root)!r}), {n_tasks})\n"
+        if old
+        else f"bench_scale.run_stage(Path({str(root)!r}), {stage!r}, {n_tasks})\n"
+    )
     code = (
         "import sys\n"
         "from pathlib import Path\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "import bench_scale\n"
-        f"bench_scale.run_stage(Path({str(root)!r}), {stage!r}, {n_tasks})\n"
-        "print(bench_scale.peak_kib())\n"
+        + (f"sys.path.insert(0, {str(old)!r})\n" if old else "")
+        + "import bench_scale\n"
+        + run
+        + "print(bench_scale.peak_kib())\n"
     )
+    env = {**os.environ, "PYTHONPATH": str(old)} if old else None
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     if res.returncode:
         raise SystemExit(f"{stage}: {res.stderr[-2000:]}")
@@ -163,17 +196,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, nargs="+", default=[1_000_000, 4_000_000])
     ap.add_argument("--tasks", type=int, default=16)
+    ap.add_argument("--bucket-tasks", type=int, help="dedup.bucket_tasks (default: one per band)")
+    ap.add_argument("--old", type=Path, help="a checkout of the previous pack stage (c0e72b6)")
     args = ap.parse_args()
+    if args.bucket_tasks:
+        os.environ["BENCH_SCALE_BUCKET_TASKS"] = str(args.bucket_tasks)
     floor = baseline()
     for n in args.docs:
         root = WORK / f"{n}-{args.tasks}"
         subprocess.run(["rm", "-rf", str(root)], check=True)
         generate(root, n, args.tasks)
         tokens = sum(np.load(p)["tokens"].sum() for p in (root / "tokens").glob("*.docs.npy"))
-        result = {"docs": n, "tasks": args.tasks, "tokens": int(tokens), "import_rss_mib": floor}
+        result = {
+            "docs": n,
+            "tasks": args.tasks,
+            "bucket_tasks": args.bucket_tasks,
+            "tokens": int(tokens),
+            "import_rss_mib": floor,
+        }
         for stage in STAGES:
             result[stage] = measure(root, stage, args.tasks)
         plan = pickle.loads((root / "plan.pkl").read_bytes())
+        if args.old:
+            result["old pack (one process)"] = measure(root, "old pack", args.tasks, args.old)
+        du = subprocess.run(["du", "-sm", str(root)], capture_output=True, text=True, check=True)
+        result["disk_mib"] = int(du.stdout.split()[0])
         result["train_shards"] = plan.train_shards
         result["expected_peak_mib"] = {k: round(v / 2**20, 1) for k, v in plan.memory.items()}
         print(json.dumps(result), flush=True)
