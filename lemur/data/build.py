@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from lemur.data.budget import read_sources
 from lemur.data.counts import collect_counts
 from lemur.data.dedup.signer import DedupSigner
 from lemur.data.dedup.stage import run_dedup
@@ -329,26 +330,35 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     tok_path = prepare_tokenizer(recipe, inputs, work_root)
     tok = tokenizer_info(tok_path, CHAT_PIECES if recipe.is_chat() else ())
     report("tokenizer", 1, 1)
-    key = _work_key(recipe, inputs_sha, tok["sha256"])
-    work = work_root / f"tokens-{key}"
-    n_tasks = tokenize_stage(recipe, inputs, tok_path, work, report)
-    _check_sources(collect_counts(work, recipe, n_tasks, listing))
+    stage = partial(run_stage, recipe, report)
+
+    def read_round(units: list[InputFile], kind: str) -> tuple[Path, int, Path | None]:
+        """Tokenize `units` (a sample, or what is read) and, when read, dedup them."""
+        key = _work_key(recipe, inputs_sha256(units), tok["sha256"])
+        work = work_root / f"{'tokens' if kind == 'read' else kind}-{key}"
+        n = tokenize_stage(recipe, units, tok_path, work, report)
+        if kind != "read":
+            return work, n, None
+        _check_sources(collect_counts(work, recipe, n_tasks=n, listing=listing))
+        return work, n, run_dedup(recipe.dedup, work, n, stage)
+
+    reading, work, n_tasks, dd = read_sources(recipe, listing, read_round)
+    key = work.name.removeprefix("tokens-")
     # The build's own directory: no file of it shares a path with the previous build's, so
     # that build stays whole for readers until the manifest is replaced.
     # Named by content, not place: the same build in another directory gets the same names.
     settings = {k: v for k, v in recipe.to_dict().items() if k != "output"}
     prefix = f"build-{_sha([settings, key])[:12]}"
-    stage = partial(run_stage, recipe, report)
-    dd = run_dedup(recipe.dedup, work, n_tasks, stage)
     vocab = tok["vocab_size"]
     packer = Packer(recipe, work / "tokens", out, n_tasks, vocab, prefix, tok_path, dd, stage)
     pack_plan = packer.plan()  # histogram tasks, then the plan in this process
+    read = reading.summary(recipe)
     if on_plan:
-        on_plan({**pack_plan.mix.to_json(), "memory": pack_plan.memory})
+        on_plan({**pack_plan.mix.to_json(), "memory": pack_plan.memory, "reading": read})
     if plan_only:
-        return {"plan": pack_plan.mix.to_json()}
+        return {"plan": pack_plan.mix.to_json(), "reading": read}
     packed = packer.pack(pack_plan, report)  # scatter tasks, then gather tasks
-    counts = collect_counts(work, recipe, n_tasks, listing, dedup=packed["dedup"])
+    counts = collect_counts(work, recipe, n_tasks, listing, packed["dedup"], read["sources"])
     atomic_write_bytes(out / prefix / "tokenizer.model", tok_path.read_bytes())
     atomic_write_json(out / prefix / "stats.json", packed["stats"])
     manifest = {
