@@ -39,7 +39,7 @@ from lemur.data.filter.text import (
 )
 from lemur.data.pack.shuffle import ShuffleError
 from lemur.data.pack.write import Packer
-from lemur.data.read.listing import InputFile, list_inputs
+from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
 from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
@@ -284,6 +284,28 @@ def _check_sources(counts: dict[str, Any]) -> None:
             )
 
 
+def _read_round(
+    recipe: Recipe,
+    listing: Listing,
+    tok_path: Path,
+    tok_sha: str,
+    report: Reporter,
+    units: list[InputFile],
+    kind: str,
+) -> tuple[Path, int, Path | None]:
+    """Tokenize `units` (kind `sample`, or `read`: then checked and deduplicated) under
+    `<output>/.work/<tokens|sample>-<key>`; (work folder, tasks, dedup folder or None)."""
+    key = _work_key(recipe, inputs_sha256(units), tok_sha)
+    work = (
+        Path(recipe.output).expanduser() / ".work" / f"{'tokens' if kind == 'read' else kind}-{key}"
+    )
+    n = tokenize_stage(recipe, units, tok_path, work, report)
+    if kind != "read":
+        return work, n, None
+    _check_sources(collect_counts(work, recipe, n, listing))
+    return work, n, run_dedup(recipe.dedup, work, n, partial(run_stage, recipe, report))
+
+
 def build(
     recipe: Recipe,
     report: Reporter | None = None,
@@ -331,17 +353,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     tok = tokenizer_info(tok_path, CHAT_PIECES if recipe.is_chat() else ())
     report("tokenizer", 1, 1)
     stage = partial(run_stage, recipe, report)
-
-    def read_round(units: list[InputFile], kind: str) -> tuple[Path, int, Path | None]:
-        """Tokenize `units` (a sample, or what is read) and, when read, dedup them."""
-        key = _work_key(recipe, inputs_sha256(units), tok["sha256"])
-        work = work_root / f"{'tokens' if kind == 'read' else kind}-{key}"
-        n = tokenize_stage(recipe, units, tok_path, work, report)
-        if kind != "read":
-            return work, n, None
-        _check_sources(collect_counts(work, recipe, n_tasks=n, listing=listing))
-        return work, n, run_dedup(recipe.dedup, work, n, stage)
-
+    read_round = partial(_read_round, recipe, listing, tok_path, tok["sha256"], report)
     reading, work, n_tasks, dd = read_sources(recipe, listing, read_round)
     key = work.name.removeprefix("tokens-")
     # The build's own directory: no file of it shares a path with the previous build's, so
