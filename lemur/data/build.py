@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from lemur.data.budget import read_sources
+from lemur.data.budget import is_enabled, read_sources
 from lemur.data.counts import collect_counts
 from lemur.data.dedup.signer import DedupSigner
 from lemur.data.dedup.stage import run_dedup
@@ -370,7 +370,9 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     if plan_only:
         return {"plan": pack_plan.mix.to_json(), "reading": read}
     packed = packer.pack(pack_plan, report)  # scatter tasks, then gather tasks
-    counts = collect_counts(work, recipe, n_tasks, listing, packed["dedup"], read["sources"])
+    # What was read of each source, when budgeted reading chose (a full read's counts stay).
+    units = read["sources"] if is_enabled(recipe) else None
+    counts = collect_counts(work, recipe, n_tasks, listing, packed["dedup"], units)
     atomic_write_bytes(out / prefix / "tokenizer.model", tok_path.read_bytes())
     atomic_write_json(out / prefix / "stats.json", packed["stats"])
     manifest = {
