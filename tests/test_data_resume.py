@@ -14,8 +14,11 @@ import yaml
 from conftest import real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.build import build
+from lemur.data.dedup.cluster import SUMMARY
+from lemur.data.dedup.stage import bucket_tasks
 from lemur.data.demo import DEMO_TEXT_FILTERS
 from lemur.data.load import recipe_from_dict
+from lemur.data.recipe import DedupConfig
 
 # Runs a build in a child process that SIGKILLs itself when the build reports `stage`
 # at progress >= `at`: a real kill at a precise point, with no hook in lemur itself.
@@ -43,6 +46,30 @@ if stage in ("scatter", "gather"):  # die as pack task `at` has written its file
         if rank == at:
             os.kill(os.getpid(), signal.SIGKILL)
     setattr(steps, f"{stage}_task", task)
+if stage == "buckets":  # die as bucket task `at` has named its pairs file, before its marker
+    from lemur.data.dedup import stage as dedup_stage
+    original_bucket = dedup_stage.bucket_task
+    def bucket(*args):
+        original_bucket(*args)
+        if args[-1] == at:  # the rank
+            os.kill(os.getpid(), signal.SIGKILL)
+    dedup_stage.bucket_task = bucket
+if stage == "buckets-mid":  # die inside bucket task `at`: its pairs still a temp file
+    from lemur.data.dedup import buckets
+    original_counts = buckets.atomic_write_bytes
+    def counts(path, data):
+        if path.name == f"{at:05d}.json":
+            os.kill(os.getpid(), signal.SIGKILL)
+        original_counts(path, data)
+    buckets.atomic_write_bytes = counts
+if stage == "cluster":  # die inside the cluster task, once it wrote task `at`'s removals
+    from lemur.data.dedup import cluster
+    original_removed = cluster.atomic_write_bytes
+    def removed(path, data):
+        original_removed(path, data)
+        if path.name == f"{at:05d}.removed":
+            os.kill(os.getpid(), signal.SIGKILL)
+    cluster.atomic_write_bytes = removed
 build(load_recipe(sys.argv[1]), report=report)
 """
 
@@ -103,8 +130,8 @@ def clean(sources, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("stage, at", [("task", 2), ("scatter", 1), ("gather", 2)])
-def test_sigkill_then_rerun_equals_clean_build(sources, clean, tmp_path, stage, at):
+def killed_build(sources: Path, tmp_path: Path, stage: str, at: int) -> Path:
+    """Run a build in a child process that KILLER SIGKILLs at (`stage`, `at`); its output."""
     out = tmp_path / "out"
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe(sources, out)))
@@ -115,6 +142,12 @@ def test_sigkill_then_rerun_equals_clean_build(sources, clean, tmp_path, stage, 
         )
     assert res.returncode == -9, log.read_text()[-2000:]
     assert not (out / "manifest.json").exists()
+    return out
+
+
+@pytest.mark.parametrize("stage, at", [("task", 2), ("scatter", 1), ("gather", 2)])
+def test_sigkill_then_rerun_equals_clean_build(sources, clean, tmp_path, stage, at):
+    out = killed_build(sources, tmp_path, stage, at)
     done_tasks = sorted(out.glob(".work/tokens-*/logs/completions/*"))
     outputs = [p.parents[2] / "tokens" / f"{p.name}.bin" for p in done_tasks]
     done_shards = sorted(out.glob(".work/shuffle-*/done/*.json"))
@@ -143,6 +176,34 @@ def test_sigkill_then_rerun_equals_clean_build(sources, clean, tmp_path, stage, 
     # finished work was not redone: completed tasks and shards kept their files
     assert mtimes([Path(p) for p in before]) == before
     assert not list(out.glob(".work/shuffle-*"))  # cleaned up after the manifest
+
+
+@pytest.mark.parametrize("stage, at", [("buckets", 3), ("buckets-mid", 10), ("cluster", 2)])
+def test_sigkill_in_dedup_then_rerun_equals_clean_build(sources, clean, tmp_path, stage, at):
+    out = killed_build(sources, tmp_path, stage, at)
+    (ddir,) = out.glob(".work/tokens-*/dedup-*")
+    pair_dir, cluster_out = ddir / "buckets" / "pairs", ddir / "cluster" / "out"
+    n_buckets = len(bucket_tasks(DedupConfig()))  # the recipe's dedup: defaults, near on
+    pairs = sorted(pair_dir.glob("*.pairs"))
+    marked = list((ddir / "buckets" / "logs" / "completions").glob("*"))
+    tokens = sorted(out.glob(".work/tokens-*/tokens/*[0-9].bin"))  # token files
+    assert len(tokens) == 4 and not list(out.glob(".work/shuffle-*"))
+    if stage == "buckets":  # tasks run in rank order: task `at` named its pairs, no marker
+        assert len(marked) == at and len(pairs) == at + 1
+    if stage == "buckets-mid":  # task `at` died with its pairs in a temp file
+        assert len(marked) == at and len(pairs) == at
+        assert list(pair_dir.glob(f".{at:05d}.pairs.tmp-*"))
+    if stage == "cluster":  # every bucket task done; the cluster task died half-way
+        assert len(marked) == len(pairs) == n_buckets
+        assert len(list(cluster_out.glob("*.removed"))) == at + 1
+        assert not (cluster_out / SUMMARY).exists()
+    before = mtimes(pairs + tokens)
+    build(recipe_from_dict(recipe(sources, out)))
+    assert shard_bytes(out) == shard_bytes(clean)
+    assert mtimes([Path(p) for p in before]) == before  # finished work was not redone
+    assert len(list(pair_dir.glob("*.pairs"))) == n_buckets and (cluster_out / SUMMARY).is_file()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"] == json.loads((clean / "manifest.json").read_text())["counts"]
 
 
 def test_achieved_mix_within_one_percent_with_shares_and_repeats(sources, tmp_path):
