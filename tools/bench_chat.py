@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from benchlib import best_of
 from datatrove.data import Document
 
 from lemur.data.chat_demo import conversations as demo_conversations
@@ -47,13 +47,6 @@ def conversations(max_bytes: int) -> list[tuple[str, list, list]]:
                 break
         seed += 1
     return out
-
-
-def cpu_time(fn) -> tuple[float, int]:
-    """CPU seconds of fn(), and what it returned."""
-    t0 = time.process_time()
-    n = fn()
-    return time.process_time() - t0, n
 
 
 def main() -> int:
@@ -104,20 +97,13 @@ def main() -> int:
         assert (tmp / "out" / "00000.mask").stat().st_size == n
         return n
 
-    best: dict[str, float] = {}
-    tokens = {}
-    for _ in range(args.repeats):
-        for name, fn in (
-            ("plain-loop", plain_loop),
-            ("plain-batch", plain_batch),
-            ("lemur-chat", chat),
-            ("lemur-chat (offset_mapping)", lambda: chat(fallback=True)),
-        ):
-            secs, n = cpu_time(fn)
-            tokens[name] = n
-            best[name] = min(best.get(name, float("inf")), secs)
-    assert len(set(tokens.values())) == 1, f"token counts differ: {tokens}"
-    n = tokens["plain-loop"]
+    runs = {
+        "plain-loop": plain_loop,
+        "plain-batch": plain_batch,
+        "lemur-chat": chat,
+        "lemur-chat (offset_mapping)": lambda: chat(fallback=True),
+    }
+    best, n = best_of(runs, args.repeats)
     print(
         f"{len(texts):,} conversations, {mb:.1f} MB, {n:,} tokens, vocab {sp.vocab_size()}, "
         f"best of {args.repeats}"

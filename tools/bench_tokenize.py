@@ -15,9 +15,9 @@ import argparse
 import sys
 import sysconfig
 import tempfile
-import time
 from pathlib import Path
 
+from benchlib import best_of
 from datatrove.data import Document
 
 from lemur.data.demo import doc_files, pydoc_topics
@@ -48,13 +48,6 @@ def real_documents(max_bytes: int) -> list[str]:
         if size >= max_bytes:
             break
     return texts
-
-
-def cpu_time(fn) -> tuple[float, int]:
-    """CPU seconds (all threads of this process) of fn(), and what it returned."""
-    t0 = time.process_time()
-    n = fn()
-    return time.process_time() - t0, n
 
 
 def main() -> int:
@@ -92,19 +85,12 @@ def main() -> int:
             pass
         return (tmp / "out" / "00000.bin").stat().st_size // 2
 
-    best: dict[str, float] = {}
-    tokens = {}
-    for _ in range(args.repeats):
-        for name, fn in (
-            ("plain-loop", plain_loop),
-            ("plain-batch", plain_batch),
-            ("lemur-stage", stage),
-        ):
-            secs, n = cpu_time(fn)
-            tokens[name] = n
-            best[name] = min(best.get(name, float("inf")), secs)
-    assert len(set(tokens.values())) == 1, f"token counts differ: {tokens}"
-    n = tokens["plain-loop"]
+    runs = {
+        "plain-loop": plain_loop,
+        "plain-batch": plain_batch,
+        "lemur-stage": stage,
+    }
+    best, n = best_of(runs, args.repeats)
     print(
         f"{len(texts):,} documents, {mb:.1f} MB, {n:,} tokens, vocab {sp.vocab_size()}, "
         f"best of {args.repeats}"

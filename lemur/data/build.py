@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from lemur.data.budget import is_enabled, read_sources
 from lemur.data.counts import collect_counts
 from lemur.data.dedup.signer import DedupSigner
 from lemur.data.dedup.stage import run_dedup
@@ -38,7 +39,7 @@ from lemur.data.filter.text import (
 )
 from lemur.data.pack.shuffle import ShuffleError
 from lemur.data.pack.write import Packer
-from lemur.data.read.listing import InputFile, list_inputs
+from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
 from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
@@ -283,6 +284,28 @@ def _check_sources(counts: dict[str, Any]) -> None:
             )
 
 
+def _read_round(
+    recipe: Recipe,
+    listing: Listing,
+    tok_path: Path,
+    tok_sha: str,
+    report: Reporter,
+    units: list[InputFile],
+    kind: str,
+) -> tuple[Path, int, Path | None]:
+    """Tokenize `units` (kind `sample`, or `read`: then checked and deduplicated) under
+    `<output>/.work/<tokens|sample>-<key>`; (work folder, tasks, dedup folder or None)."""
+    key = _work_key(recipe, inputs_sha256(units), tok_sha)
+    work = (
+        Path(recipe.output).expanduser() / ".work" / f"{'tokens' if kind == 'read' else kind}-{key}"
+    )
+    n = tokenize_stage(recipe, units, tok_path, work, report)
+    if kind != "read":
+        return work, n, None
+    _check_sources(collect_counts(work, recipe, n, listing))
+    return work, n, run_dedup(recipe.dedup, work, n, partial(run_stage, recipe, report))
+
+
 def build(
     recipe: Recipe,
     report: Reporter | None = None,
@@ -329,26 +352,27 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     tok_path = prepare_tokenizer(recipe, inputs, work_root)
     tok = tokenizer_info(tok_path, CHAT_PIECES if recipe.is_chat() else ())
     report("tokenizer", 1, 1)
-    key = _work_key(recipe, inputs_sha, tok["sha256"])
-    work = work_root / f"tokens-{key}"
-    n_tasks = tokenize_stage(recipe, inputs, tok_path, work, report)
-    _check_sources(collect_counts(work, recipe, n_tasks, listing))
+    stage = partial(run_stage, recipe, report)
+    read_round = partial(_read_round, recipe, listing, tok_path, tok["sha256"], report)
+    reading, work, n_tasks, dd = read_sources(recipe, listing, read_round)
+    key = work.name.removeprefix("tokens-")
     # The build's own directory: no file of it shares a path with the previous build's, so
     # that build stays whole for readers until the manifest is replaced.
     # Named by content, not place: the same build in another directory gets the same names.
     settings = {k: v for k, v in recipe.to_dict().items() if k != "output"}
     prefix = f"build-{_sha([settings, key])[:12]}"
-    stage = partial(run_stage, recipe, report)
-    dd = run_dedup(recipe.dedup, work, n_tasks, stage)
     vocab = tok["vocab_size"]
     packer = Packer(recipe, work / "tokens", out, n_tasks, vocab, prefix, tok_path, dd, stage)
     pack_plan = packer.plan()  # histogram tasks, then the plan in this process
+    read = reading.summary(recipe)
     if on_plan:
-        on_plan({**pack_plan.mix.to_json(), "memory": pack_plan.memory})
+        on_plan({**pack_plan.mix.to_json(), "memory": pack_plan.memory, "reading": read})
     if plan_only:
-        return {"plan": pack_plan.mix.to_json()}
+        return {"plan": pack_plan.mix.to_json(), "reading": read}
     packed = packer.pack(pack_plan, report)  # scatter tasks, then gather tasks
-    counts = collect_counts(work, recipe, n_tasks, listing, dedup=packed["dedup"])
+    # What was read of each source, when budgeted reading chose (a full read's counts stay).
+    units = read["sources"] if is_enabled(recipe) else None
+    counts = collect_counts(work, recipe, n_tasks, listing, packed["dedup"], units)
     atomic_write_bytes(out / prefix / "tokenizer.model", tok_path.read_bytes())
     atomic_write_json(out / prefix / "stats.json", packed["stats"])
     manifest = {

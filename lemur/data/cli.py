@@ -123,7 +123,7 @@ class _Progress:
 
 def print_plan(plan: dict[str, Any], console: Any) -> None:
     """Print the mix plan: budget, availability and rate per domain and language."""
-    from lemur.data.stats import language_rows, table
+    from lemur.data.stats import language_rows, print_reading, table
 
     t = table(
         f"mix plan: {plan['total_tokens']:,} train tokens",
@@ -134,6 +134,7 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
     console.print(t)
     for note in plan.get("notes", []):
         console.print(f"note: {note}")
+    print_reading(plan.get("reading") or {}, console)
     if plan.get("memory"):  # what each pack stage's process is expected to hold at its peak
         m = table("expected peak memory per process, above the interpreter", ["stage", "MiB"])
         for stage, n in plan["memory"].items():

@@ -128,10 +128,16 @@ def _merge_skipped(listing: Listing) -> dict[str, int]:
 
 
 def collect_counts(
-    work: Path, recipe: Recipe, n_tasks: int, listing: Listing, dedup: dict[str, Any] | None = None
+    work: Path,
+    recipe: Recipe,
+    n_tasks: int,
+    listing: Listing,
+    dedup: dict[str, Any] | None = None,
+    reading: dict[str, dict[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """The manifest's `counts`: per-task datatrove stats and error logs merged, and the
-    dedup stage's section (`Packer`'s summary of the removals) when it has run."""
+    """The manifest's `counts`: per-task datatrove stats and error logs merged, the dedup
+    stage's section (`Packer`'s summary of the removals) when it has run, and per source
+    the input units and bytes read of those listed (`reading`, see budget.py) when given."""
     labels = _task_labels(work, n_tasks)
     sources: dict[str, dict[str, Any]] = {
         s.name: {
@@ -144,6 +150,8 @@ def collect_counts(
         }
         for s in recipe.sources
     }
+    for name, read in (reading or {}).items():
+        sources[name].update(read)  # read_bytes, available_bytes, units_read, units_total
     totals = _per_source(labels, sources)
     dropped, error_kinds, pii = totals["dropped"], totals["errors"], totals["pii"]
     errors, by_file = _errors(work, n_tasks)

@@ -192,6 +192,7 @@ def _validate_mix(recipe: Recipe) -> None:
         raise RecipeError("recipe: mix.total_tokens must be > 0")
     if not recipe.mix.max_repeats >= 1:
         raise RecipeError("recipe: mix.max_repeats must be >= 1")
+    _validate_budget(recipe)
     for d, per in (recipe.mix.shares or {}).items():
         if d not in domains:
             raise RecipeError(f"recipe: mix.shares.{d}: no source has domain '{d}'")
@@ -200,6 +201,17 @@ def _validate_mix(recipe: Recipe) -> None:
                 raise RecipeError(f"recipe: mix.shares.{d}.{lang} must be in [0, 1], got {share}")
         if sum(per.values()) > 1 + 1e-9:
             raise RecipeError(f"recipe: mix.shares.{d} sum to {sum(per.values()):.4f} > 1")
+
+
+def _validate_budget(recipe: Recipe) -> None:
+    """The budgeted-reading knobs: a margin of at least 1, a sample fraction in (0, 1]."""
+    mix = recipe.mix
+    if mix.read_margin is not None and not mix.read_margin >= 1:
+        raise RecipeError(f"recipe: mix.read_margin must be >= 1, got {mix.read_margin}")
+    if mix.sample_fraction is not None and not 0 < mix.sample_fraction <= 1:
+        raise RecipeError(
+            f"recipe: mix.sample_fraction must be in (0, 1], got {mix.sample_fraction}"
+        )
 
 
 def _validate_sizes(recipe: Recipe) -> None:

@@ -218,6 +218,11 @@ class MixConfig:
     # Chat builds only: token shares between chat sources ({source name: weight}); without
     # it a chat build takes every kept conversation once (`ratio` does not apply to chat).
     weights: dict[str, float] | None = None
+    # Budgeted reading (lemur/data/budget.py, docs/scale.md): read only the units of a
+    # source its domain's budget needs. Unset means off (and keeps older recipes' hashes).
+    budgeted_reading: bool | None = None
+    read_margin: float | None = None  # units read for need x margin (default 1.3)
+    sample_fraction: float | None = None  # units per source sampled to estimate (0.02)
 
 
 CHAT_LONG = ("truncate", "drop")

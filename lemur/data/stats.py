@@ -195,6 +195,43 @@ def _print_dedup(console: Any, dedup: dict[str, Any]) -> None:
         )
 
 
+def print_reading(reading: dict[str, Any], console: Any) -> None:
+    """The `--plan-only` view of budgeted reading: estimates, and units and bytes to read."""
+    est = reading.get("estimate") or {}
+    if not est:
+        return  # everything is read: nothing was estimated
+    t = table("budgeted reading", ["source", "tokens/byte", "est. tokens", "units", "bytes"])
+    for name, r in reading.get("sources", {}).items():
+        t.add_row(
+            name,
+            f"{est['tokens_per_byte'].get(name, 0):.4f}",
+            f"{est['estimated_tokens'].get(name, 0):,}",
+            f"{r['units_read']:,} / {r['units_total']:,}",
+            f"{r['read_bytes']:,} / {r['available_bytes']:,}",
+        )
+    console.print(t)
+    needs = ", ".join(f"{d} {n:,}" for d, n in est.get("needed_tokens", {}).items())
+    console.print(f"tokens needed (val included): {needs}; read margin {est.get('margin')}")
+
+
+def _print_reading(console: Any, sources: dict[str, Any]) -> None:
+    """Units and bytes read per source, of those listed (budgeted reading reads a part)."""
+    rows = {n: s for n, s in sources.items() if "units_total" in s}
+    if not rows:
+        return  # manifests from before budgeted reading
+    t = table("input read", ["source", "units read", "bytes read", "of bytes", "share"])
+    for name, s in rows.items():
+        share = s["read_bytes"] / s["available_bytes"] if s["available_bytes"] else 1.0
+        t.add_row(
+            name,
+            f"{s['units_read']:,} / {s['units_total']:,}",
+            f"{s['read_bytes']:,}",
+            f"{s['available_bytes']:,}",
+            f"{share:.1%}",
+        )
+    console.print(t)
+
+
 def _print_counts(console: Any, counts: dict[str, Any]) -> None:
     t = table("documents in -> out", ["stage", "documents"])
     t.add_row("read", f"{counts.get('read', 0):,}")
@@ -205,6 +242,7 @@ def _print_counts(console: Any, counts: dict[str, Any]) -> None:
     for kind, n in counts.get("error_kinds", {}).items():
         t.add_row(f"skipped input ({kind})", f"{n:,}")
     console.print(t)
+    _print_reading(console, counts.get("sources") or {})
     _print_dedup(console, counts.get("dedup") or {})
     errors = counts.get("errors", [])
     if errors:
