@@ -4,8 +4,9 @@ Data (built once, cached): >= 200 MB of real code and text as JSONL.zst (Python 
 /usr/include, Perl modules, npm JavaScript; English man pages, /usr/share/doc, pydoc
 topics). One SentencePiece model is trained up front and given to both sides.
 
-  lemur    : `lemur-data build` (read, tag, all filters, exact + MinHash dedup, tokenize,
-             mix 10:1, external shuffle, pack), executor local, --workers processes
+  lemur    : `lemur-data build` (read, tag, all filters, PII, exact + MinHash dedup,
+             tokenize; dedup, histogram, scatter and gather tasks; mix 10:1), executor
+             local, --workers processes
   datatrove: read -> GopherQualityFilter -> JsonlWriter; MinhashDedupSignature ->
              MinhashDedupBuckets -> MinhashDedupCluster; read -> MinhashDedupFilter ->
              DocumentTokenizer (the same model, converted to HF `tokenizer.json`)
@@ -13,7 +14,7 @@ topics). One SentencePiece model is trained up front and given to both sides.
 Both run as subprocess trees with the same number of worker processes; CPU seconds are
 the children's user + system time, so MB/s per core = MB / CPU s.
 
-    python tools/bench_build.py --mb 210 --workers 2
+    python tools/bench_build.py --mb 230 --workers 2   # needs spaCy: pip install -e '.[bench]'
 """
 
 from __future__ import annotations
