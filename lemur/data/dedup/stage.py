@@ -11,13 +11,13 @@ import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
 from lemur.data.dedup.buckets import Priorities, bucket_task
 from lemur.data.dedup.cluster import DedupResult, cluster_task, load_result
 from lemur.data.dedup.runs import channels
 from lemur.data.recipe import DedupConfig
+from lemur.data.run.task import TaskStep
 
 BUCKETS, CLUSTER = "buckets", "cluster"  # the stages' folders under the dedup directory
 
@@ -40,7 +40,7 @@ def dedup_dir(tok_work: Path, config: DedupConfig) -> Path:
     return Path(tok_work) / f"dedup-{key}"
 
 
-class DedupBuckets(PipelineStep):
+class DedupBuckets(TaskStep):
     """Bucket task `rank`: merge one channel's sorted runs over one key range, verify pairs."""
 
     name = "🪣 dedup buckets"
@@ -53,24 +53,14 @@ class DedupBuckets(PipelineStep):
         self.n_tasks = n_tasks
         self.out_dir = out_dir
 
-    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1):
-        """Run bucket task `rank` (a generator that yields nothing, like a writer)."""
+    def task(self, rank: int) -> None:
+        """Bucket task `rank`: its channel and key range."""
         channel, part = bucket_tasks(self.config)[rank]
-        with self.track_time():
-            bucket_task(
-                Path(self.tok_dir),
-                self.n_tasks,
-                channel,
-                (part, key_ranges(self.config)),
-                self.config,
-                Path(self.out_dir),
-                rank,
-            )
-        return
-        yield
+        tok_dir, ranges = Path(self.tok_dir), (part, key_ranges(self.config))
+        bucket_task(tok_dir, self.n_tasks, channel, ranges, self.config, Path(self.out_dir), rank)
 
 
-class DedupClusters(PipelineStep):
+class DedupClusters(TaskStep):
     """The one cluster task: union-find over all verified pairs, removals per tokenize task."""
 
     name = "🧩 dedup clusters"
@@ -83,12 +73,9 @@ class DedupClusters(PipelineStep):
         self.pair_dir = pair_dir
         self.out_dir = out_dir
 
-    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1):
-        """Run the cluster task (a generator that yields nothing)."""
-        with self.track_time():
-            cluster_task(Path(self.pair_dir), Path(self.tok_dir), self.n_tasks, Path(self.out_dir))
-        return
-        yield
+    def task(self, rank: int) -> None:
+        """The cluster task (there is one)."""
+        cluster_task(Path(self.pair_dir), Path(self.tok_dir), self.n_tasks, Path(self.out_dir))
 
 
 def dedup_stages(

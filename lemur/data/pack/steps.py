@@ -11,12 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from datatrove.data import DocumentsPipeline
-from datatrove.pipeline.base import PipelineStep
-
 from lemur.data.pack.records import TaskRecords, removals, task_records
 from lemur.data.pack.select import Groups, task_histogram
 from lemur.data.pack.shuffle import gather_task, scatter_task
+from lemur.data.run.task import TaskStep
 from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array
 
 
@@ -89,24 +87,13 @@ def duplicate_rows(
     return out
 
 
-class _Task(PipelineStep):
-    """A pack task: `run(rank)` does task `rank` and yields nothing (like a writer)."""
+class _PackTask(TaskStep):
+    """A pack stage's task (datatrove shows its type in logs)."""
 
     type = "📦 - PACK"
 
-    def task(self, rank: int) -> None:
-        """Do task `rank`."""
-        raise NotImplementedError
 
-    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1):
-        """Run task `rank` (a generator that yields nothing)."""
-        with self.track_time():
-            self.task(rank)
-        return
-        yield
-
-
-class PackPrep(_Task):
+class PackPrep(_PackTask):
     """Prep task `rank`: histogram and val summary of tokenize task `rank`."""
 
     name = "📊 pack histograms"
@@ -123,7 +110,7 @@ class PackPrep(_Task):
         )
 
 
-class PackScatter(_Task):
+class PackScatter(_PackTask):
     """Scatter task `rank`: tokenize task `rank`'s selected copies into bucket order."""
 
     name = "🔀 shuffle scatter"
@@ -138,7 +125,7 @@ class PackScatter(_Task):
         scatter_task(rank, Path(tok_dir), dedup_dir and Path(dedup_dir), Path(work), cfg)
 
 
-class PackGather(_Task):
+class PackGather(_PackTask):
     """Gather task `rank`: output shard `rank` from every scatter task's bucket."""
 
     name = "🧱 shuffle gather"

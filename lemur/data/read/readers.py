@@ -13,6 +13,7 @@ import codecs
 import json
 import os
 import zlib
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -81,16 +82,16 @@ class ReadLog:
         atomic_write_bytes(Path(errors_dir) / f"{rank:05d}.files.json", totals.encode())
 
 
-class BaseReader:
+class BaseReader(ABC):
     """What every format shares: documents with the source's metadata, bad input logged."""
 
     def __init__(self, sources: list[SourceConfig], log: ReadLog) -> None:
         self.sources = sources
         self.log = log
 
+    @abstractmethod
     def read(self, f: InputFile) -> Iterator[Document]:
         """Documents of one input file of this reader's format."""
-        raise NotImplementedError
 
     def error(self, kind: str, f: InputFile, message: str, line: int | None = None) -> None:
         """Log one bad input (see `ReadLog.error`)."""

@@ -1,0 +1,27 @@
+"""A global stage's task as a datatrove step: `run(rank)` does task `rank`, yields nothing."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+from datatrove.data import DocumentsPipeline
+from datatrove.pipeline.base import PipelineStep
+
+
+class TaskStep(PipelineStep):
+    """A step that works on files, not documents: the executor runs task `rank` of a stage.
+
+    Dedup buckets and clusters, pack histograms, scatter and gather are all such steps, so
+    they run on any datatrove executor (local, Ray, Slurm) with its completion markers.
+    """
+
+    @abstractmethod
+    def task(self, rank: int) -> None:
+        """Do task `rank`."""
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1):
+        """Run task `rank` (a generator that yields nothing, like a writer)."""
+        with self.track_time():
+            self.task(rank)
+        return
+        yield
