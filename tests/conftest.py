@@ -36,9 +36,9 @@ def real_text_docs(n: int) -> list[dict[str, str]]:
     return [{"id": name, "text": topics[name]} for name in sorted(topics)[:n]]
 
 
-def write_jsonl(path: Path, rows: list[dict], compress: str | None = None) -> Path:
-    """Write rows as JSON lines, optionally gzip- or zstd-compressed."""
-    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+def write_jsonl(path: Path, rows: list, compress: str | None = None) -> Path:
+    """Write rows as JSON lines (a str row as it is), optionally gzip- or zstd-compressed."""
+    data = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
     if compress == "gz":
         data = gzip.compress(data)
     elif compress == "zst":

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-import zstandard
+from conftest import write_jsonl
 
 from lemur.data.chat_demo import conversations, write_chat_demo
 from lemur.data.load import load_recipe, recipe_from_dict
@@ -133,13 +133,7 @@ def write_rows(path: Path, rows: list, kind: str = "jsonl") -> Path:
     if kind == "parquet":
         pq.write_table(pa.Table.from_pylist(rows), path)
         return path
-    data = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
-    if kind == "gz":
-        data = gzip.compress(data)
-    elif kind == "zst":
-        data = zstandard.ZstdCompressor().compress(data)
-    path.write_bytes(data)
-    return path
+    return write_jsonl(path, rows, None if kind == "jsonl" else kind)
 
 
 def msg(role: str, content: str | None) -> dict:

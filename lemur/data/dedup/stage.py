@@ -17,7 +17,7 @@ from lemur.data.dedup.buckets import Priorities, bucket_task
 from lemur.data.dedup.cluster import DedupResult, cluster_task, load_result
 from lemur.data.dedup.runs import channels
 from lemur.data.recipe import DedupConfig
-from lemur.data.run.task import TaskStep
+from lemur.data.run.task import TaskStep, run_here
 
 BUCKETS, CLUSTER = "buckets", "cluster"  # the stages' folders under the dedup directory
 
@@ -114,8 +114,6 @@ def run_dedup(
 
 def run_in_process(config: DedupConfig, tok_dir: Path, n_tasks: int, ddir: Path) -> DedupResult:
     """Run every dedup task in this process, one after the other (tests and benchmarks)."""
-    for _, step, tasks in dedup_stages(config, tok_dir, n_tasks, ddir):
-        for rank in range(tasks):
-            for _ in step.run(None, rank, tasks):
-                pass
+    for stage, step, tasks in dedup_stages(config, tok_dir, n_tasks, ddir):
+        run_here([step], ddir / stage, tasks, stage)
     return dedup_result(tok_dir, n_tasks, ddir)

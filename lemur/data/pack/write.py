@@ -29,17 +29,11 @@ from lemur.data.pack.shuffle import (
 )
 from lemur.data.pack.steps import PackGather, PackPrep, PackScatter
 from lemur.data.recipe import Recipe
+from lemur.data.run.task import run_here
 from lemur.shards.format import ShardInfo, token_dtype
 
 __all__ = ["PackError", "PackPlan", "Packer"]
 StageRunner = Callable[[list, Path, int, str], None]  # (pipeline, folder, tasks, name)
-
-
-def run_in_process(pipeline: list, folder: Path, tasks: int, name: str) -> None:
-    """Run every task of a one-step pipeline here, one after the other (tests, benchmarks)."""
-    for rank in range(tasks):
-        for _ in pipeline[0].run(None, rank, tasks):
-            pass
 
 
 class Packer:
@@ -55,7 +49,7 @@ class Packer:
         prefix: str = "",
         tokenizer: Path | None = None,
         dedup_dir: Path | None = None,
-        run_stage: StageRunner = run_in_process,
+        run_stage: StageRunner = run_here,
     ):
         self.recipe = recipe
         self.tok_dir = tok_dir

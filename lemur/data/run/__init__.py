@@ -4,7 +4,7 @@ logs, the output lock."""
 from lemur.data.run.executors import LemurLocalExecutor, make_executor
 from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.run.logs import quiet_datatrove
-from lemur.data.run.task import TaskStep
+from lemur.data.run.task import TaskStep, run_here
 
 __all__ = [
     "DirectoryLock",
@@ -13,4 +13,5 @@ __all__ = [
     "TaskStep",
     "make_executor",
     "quiet_datatrove",
+    "run_here",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from pathlib import Path
 
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
@@ -25,3 +26,14 @@ class TaskStep(PipelineStep):
             self.task(rank)
         return
         yield
+
+
+def run_here(pipeline: list, folder: Path, tasks: int, name: str) -> None:
+    """Run every task of a one-step pipeline in this process, one after the other.
+
+    The stage runner of tests and benchmarks (the build's runs on its executor); `folder`
+    and `name` are the executor's logging folder and stage name, unused here.
+    """
+    for rank in range(tasks):
+        for _ in pipeline[0].run(None, rank, tasks):
+            pass
