@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap as mmap_module
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes | memoryview) -> None:
     """Write a file under a temporary name and rename it, so readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,7 +116,8 @@ def write_shard(
     builds) as one uint8 per token. Returns the shard's manifest entry.
     """
     rel_bin, rel_idx = f"{rel}.bin", f"{rel}.idx"
-    payload = tokens.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes()
+    # the array's own buffer when it already is little-endian and contiguous: no copy
+    payload = np.ascontiguousarray(tokens, np.dtype(dtype).newbyteorder("<")).data
     atomic_write_bytes(root / rel_idx, np.asarray(ends, INDEX_DTYPE).tobytes())
     masked: dict[str, str] = {}
     if mask is not None:
@@ -229,6 +231,19 @@ def open_array(
     if Path(path).stat().st_size == 0:
         return np.zeros((0, *shape_tail), dtype)
     return np.memmap(path, dtype=dtype, mode="r").reshape(-1, *shape_tail)
+
+
+def release_pages(arr: np.ndarray) -> None:
+    """Drop a memory-mapped array's pages from this process's resident set.
+
+    Reading a whole file through a memmap would otherwise leave all of it resident
+    (file-backed, but counted in RSS), growing memory with corpus size.
+    """
+    mm = getattr(arr, "_mmap", None)
+    if mm is None and isinstance(getattr(arr, "base", None), np.memmap):
+        mm = getattr(arr.base, "_mmap", None)
+    if mm is not None and hasattr(mmap_module, "MADV_DONTNEED"):
+        mm.madvise(mmap_module.MADV_DONTNEED)
 
 
 def open_tokens(directory: str | os.PathLike, shard: dict[str, Any], dtype: str) -> np.ndarray:

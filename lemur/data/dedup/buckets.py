@@ -24,7 +24,7 @@ from lemur.data.dedup.merge import (
     merge_runs,
     read_span,
 )
-from lemur.data.dedup.rows import RowFile
+from lemur.data.dedup.rows import RowFile, raise_open_files_limit
 from lemur.data.dedup.runs import EXACT, channel_name, open_run
 from lemur.data.dedup.sketch import Sketches
 from lemur.data.recipe import DedupConfig
@@ -86,7 +86,7 @@ def star_pairs(block: Block, prio: Priorities) -> tuple[np.ndarray, ...]:
 
 
 def big_group_pairs(
-    group: BigGroup, runs: list[np.ndarray], prio: Priorities, chunk: int
+    group: BigGroup, runs: list[RowFile], prio: Priorities, chunk: int
 ) -> Iterator[tuple[np.ndarray, ...]]:
     """Star pairs of a group too big for the buffers, in two streaming passes over its spans.
 
@@ -176,6 +176,8 @@ def bucket_task(
     final = pairs_path(out_dir, rank)
     if final.is_file():
         return
+    # a run, a record file, and for bands a signature and a sketch file per tokenize task
+    raise_open_files_limit((2 if channel == EXACT else 5) * n_tasks + 64)
     runs = [open_run(tok_dir, t, channel) for t in range(n_tasks)]
     lo, hi = zip(*(key_range(r, *part) for r in runs), strict=True) if runs else ((), ())
     buffer = int(config.merge_buffer_mb * 2**20)

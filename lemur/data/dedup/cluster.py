@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 
 from lemur.data.dedup.buckets import PAIR, Priorities
-from lemur.data.dedup.runs import release_pages
-from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array
+from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array, release_pages
 
 # A removed document of a task: its local index, whether it is an exact copy, and the
 # document kept in its place.

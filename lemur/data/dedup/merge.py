@@ -2,9 +2,9 @@
 
 Hand-written because the merge must hand over whole groups of equal keys with a bounded
 buffer: `heapq.merge` works one Python object per entry (far too slow for billions of keys)
-and knows nothing of groups. Each round reads at most `chunk` entries of every run (through
-the memory map, whose pages are released after the round), so memory depends on the number
-of runs and the chunk size, never on the size of the corpus.
+and knows nothing of groups. Each round reads at most `chunk` entries of every run (with
+`pread`, not through a memory map: see rows.py), so memory depends on the number of runs
+and the chunk size, never on the size of the corpus.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lemur.data.dedup.runs import release_pages
+from lemur.data.dedup.rows import RowFile
 
 
 @dataclass
@@ -48,7 +48,7 @@ def chunk_entries(buffer_bytes: int, n_runs: int) -> int:
 
 
 def merge_runs(
-    runs: list[np.ndarray], lo: list[int], hi: list[int], chunk: int
+    runs: list[RowFile], lo: list[int], hi: list[int], chunk: int
 ) -> Iterator[Block | BigGroup]:
     """Merge runs[t][lo[t]:hi[t]] (sorted by key) into blocks of complete groups.
 
@@ -61,15 +61,13 @@ def merge_runs(
         live = [t for t in range(len(runs)) if pos[t] < hi[t]]
         if not live:
             return
-        bufs = {t: np.array(runs[t][pos[t] : min(pos[t] + chunk, hi[t])]) for t in live}
+        bufs = {t: runs[t][pos[t] : min(pos[t] + chunk, hi[t])] for t in live}
         ends = [int(bufs[t]["key"][-1]) for t in live if pos[t] + len(bufs[t]) < hi[t]]
         bound = min(ends) if ends else None
         take = {
             t: len(b) if bound is None else int(np.searchsorted(b["key"], np.uint64(bound)))
             for t, b in bufs.items()
         }
-        for t in live:
-            release_pages(runs[t])
         if bound is not None and not any(take.values()):
             spans = [(t, pos[t], _span_end(runs[t], pos[t], hi[t], bound, chunk)) for t in live]
             for t, _, end in spans:
@@ -86,32 +84,40 @@ def merge_runs(
         yield Block(key[order], task[order], local[order])
 
 
-def _span_end(run: np.ndarray, start: int, hi: int, key: int, chunk: int) -> int:
+def _span_end(run: RowFile, start: int, hi: int, key: int, chunk: int) -> int:
     """End of the entries equal to `key` from `start` on (read chunk by chunk)."""
     s = start
     k = np.uint64(key)
     while s < hi:
-        seg = np.asarray(run["key"][s : min(s + chunk, hi)])
+        seg = run[s : min(s + chunk, hi)]["key"]
         i = int(np.searchsorted(seg, k, side="right"))
-        release_pages(run)
         if i < len(seg):
             return s + i
         s += len(seg)
     return hi
 
 
-def read_span(run: np.ndarray, start: int, end: int, chunk: int) -> Iterator[np.ndarray]:
+def read_span(run: RowFile, start: int, end: int, chunk: int) -> Iterator[np.ndarray]:
     """The local indexes of run[start:end], chunk by chunk."""
     for s in range(start, end, chunk):
-        yield np.array(run["local"][s : min(s + chunk, end)])
-        release_pages(run)
+        yield run[s : min(s + chunk, end)]["local"]
 
 
-def key_range(run: np.ndarray, part: int, parts: int) -> tuple[int, int]:
+def key_range(run: RowFile, part: int, parts: int) -> tuple[int, int]:
     """Positions [lo, hi) of the keys of a run in key range `part` of `parts` equal ranges."""
     edges = [(part * 2**64) // parts, ((part + 1) * 2**64) // parts]
-    keys = run["key"]
-    lo = 0 if part == 0 else int(np.searchsorted(keys, np.uint64(edges[0])))
-    hi = len(run) if part == parts - 1 else int(np.searchsorted(keys, np.uint64(edges[1])))
-    release_pages(run)
+    lo = 0 if part == 0 else _lower_bound(run, edges[0])
+    hi = len(run) if part == parts - 1 else _lower_bound(run, edges[1])
     return lo, hi
+
+
+def _lower_bound(run: RowFile, key: int) -> int:
+    """First position whose key is >= `key`: a binary search of single-row reads."""
+    lo, hi = 0, len(run)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if int(run[mid : mid + 1]["key"][0]) < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -7,14 +7,14 @@ Keys mix in the document's domain, so documents of different domains never share
 
 from __future__ import annotations
 
-import mmap as mmap_module
 import os
 from pathlib import Path
 
 import numpy as np
 
+from lemur.data.dedup.rows import RowFile
 from lemur.data.recipe import DedupConfig
-from lemur.shards.format import open_array
+from lemur.shards.format import release_pages
 
 # 2^64 / golden ratio: the odd multiplier of every multiplicative hash mix in the build.
 GOLDEN64 = np.uint64(0x9E3779B97F4A7C15)
@@ -39,22 +39,9 @@ def run_path(tok_dir: Path, rank: int, channel: int) -> Path:
     return Path(tok_dir) / RUNS_DIR / f"{rank:05d}.{channel_name(channel)}.run"
 
 
-def open_run(tok_dir: Path, rank: int, channel: int) -> np.ndarray:
-    """A read-only memory map of one sorted run (an empty array for an empty task)."""
-    return open_array(run_path(tok_dir, rank, channel), RUN)
-
-
-def release_pages(arr: np.ndarray) -> None:
-    """Drop a memory-mapped array's pages from this process's resident set.
-
-    Reading a whole file through a memmap would otherwise leave all of it resident
-    (file-backed, but counted in RSS), growing memory with corpus size.
-    """
-    mm = getattr(arr, "_mmap", None)
-    if mm is None and isinstance(getattr(arr, "base", None), np.memmap):
-        mm = getattr(arr.base, "_mmap", None)
-    if mm is not None and hasattr(mmap_module, "MADV_DONTNEED"):
-        mm.madvise(mmap_module.MADV_DONTNEED)
+def open_run(tok_dir: Path, rank: int, channel: int) -> RowFile:
+    """One sorted run, read by `pread` in slices (not mapped: see rows.py)."""
+    return RowFile(run_path(tok_dir, rank, channel), RUN)
 
 
 def band_keys(block: np.ndarray, dom: np.ndarray) -> np.ndarray:

@@ -27,6 +27,7 @@ from lemur.shards.format import (
     atomic_write_bytes,
     atomic_write_json,
     open_array,
+    release_pages,
     write_shard,
 )
 
@@ -67,6 +68,7 @@ def _slices(run: np.ndarray, start: np.ndarray, end: np.ndarray, dtype: np.dtype
     for c in range(0, len(start), CHUNK):
         parts = [run[s:e] for s, e in zip(start[c : c + CHUNK], end[c : c + CHUNK], strict=True)]
         yield np.asarray(np.concatenate(parts), dtype).tobytes()
+        release_pages(run)  # the run's pages read so far leave this process's resident set
 
 
 def scatter_task(rank: int, tok_dir: Path, dedup_dir: Path | None, work: Path, cfg: dict) -> dict:
@@ -151,8 +153,8 @@ GROUP_FIELDS = (
 )
 
 
-def _read(path: Path, dtype: np.dtype, lo: int, hi: int, expected: int) -> np.ndarray:
-    """Values [lo, hi) of a scatter file that must hold exactly `expected` values."""
+def _check_size(path: Path, dtype: np.dtype, expected: int) -> None:
+    """Raise unless a scatter file holds exactly `expected` values of `dtype`."""
     need = expected * np.dtype(dtype).itemsize
     # A missing or short file is never read as empty: that would write a shard of fewer
     # tokens than its index claims (seen when another process deleted the work files).
@@ -160,7 +162,21 @@ def _read(path: Path, dtype: np.dtype, lo: int, hi: int, expected: int) -> np.nd
     if size != need:
         state = "missing" if size < 0 else f"{size} bytes, expected {need}"
         raise ShuffleError(f"{path}: shuffle bucket {state}")
+
+
+def _read(path: Path, dtype: np.dtype, lo: int, hi: int, expected: int) -> np.ndarray:
+    """Values [lo, hi) of a scatter file that must hold exactly `expected` values."""
+    _check_size(path, dtype, expected)
     return np.fromfile(path, dtype=dtype, count=hi - lo, offset=lo * np.dtype(dtype).itemsize)
+
+
+def _read_into(path: Path, lo: int, expected: int, into: np.ndarray) -> None:
+    """Fill `into` with values [lo, lo + len(into)) of a scatter file of `expected` values."""
+    _check_size(path, into.dtype, expected)
+    with open(path, "rb") as fh:
+        fh.seek(lo * into.dtype.itemsize)
+        if fh.readinto(memoryview(into).cast("B")) != into.nbytes:
+            raise ShuffleError(f"{path}: shuffle bucket shorter than its offsets")
 
 
 def check_scatter(work: Path, n_tasks: int, dtype: np.dtype, masks: bool) -> list[tuple[int, str]]:
@@ -181,37 +197,58 @@ def check_scatter(work: Path, n_tasks: int, dtype: np.dtype, masks: bool) -> lis
 
 
 def gather_task(b: int, work: Path, n_tasks: int, out: Path, shard: tuple, cfg: dict) -> None:
-    """Write shard `b` (`shard`: path without extension, split, domain) from every scatter task."""
+    """Write shard `b` (`shard`: path without extension, split, domain) from every scatter task.
+
+    Holds the shard twice (as read, then in shuffled order) plus ~40 bytes per document:
+    every task's part is read straight into one buffer, and the shuffled copy is filled
+    document by document, never through a list of per-document arrays.
+    """
     info_path = work / DONE / f"{b:05d}.json"
     if info_path.is_file():
         return  # finished shards are never rewritten
     dtype, masks = np.dtype(cfg["dtype"]), cfg["masks"]
-    keys, tokens, mask = [], [], []
+    parts = []  # (task, first copy, end copy, first token, end token, copies, tokens)
     for t in range(n_tasks):
         off = open_array(work / _name(t, "offsets"), "<i8", (2,))
         (e0, t0), (e1, t1) = off[b].tolist(), off[b + 1].tolist()
-        if e1 == e0:
-            continue
-        n, total = int(off[-1, 0]), int(off[-1, 1])
-        keys.append(_read(work / _name(t, "keys"), KEYREC, e0, e1, n))
-        tokens.append(_read(work / _name(t, "bin"), dtype, t0, t1, total))
-        if masks:
-            mask.append(_read(work / _name(t, "mask"), MASK_DTYPE, t0, t1, total))
-    if not keys:
+        if e1 > e0:
+            parts.append((t, e0, e1, t0, t1, int(off[-1, 0]), int(off[-1, 1])))
+    if not parts:
         atomic_write_json(info_path, {"empty": True})
         return
-    k = np.concatenate(keys)
-    order = np.lexsort((np.arange(len(k)), k["key"]))  # ties: task, then scatter order
-    lengths = k["length"].astype(np.int64)
+    keys = np.concatenate(
+        [_read(work / _name(t, "keys"), KEYREC, e0, e1, n) for t, e0, e1, _, _, n, _ in parts]
+    )
+    order = np.lexsort((np.arange(len(keys)), keys["key"]))  # ties: task, then scatter order
+    lengths = keys["length"].astype(np.int64)
+    del keys
     starts = np.cumsum(lengths) - lengths
-    arrays = [np.concatenate(tokens)] + ([np.concatenate(mask)] if masks else [])
-    ordered = [
-        np.concatenate([a[s : s + n] for s, n in zip(starts[order], lengths[order], strict=True)])
-        for a in arrays
-    ]
-    ends = np.cumsum(lengths[order]).astype(INDEX_DTYPE)
+    ends = np.cumsum(lengths[order])
+    total = int(ends[-1]) if len(ends) else 0
+    layers = [("bin", dtype)] + ([("mask", np.dtype(MASK_DTYPE))] if masks else [])
+    ordered = []
+    for ext, dt in layers:
+        read = np.empty(total, dt)
+        pos = 0
+        for t, _, _, t0, t1, _, tokens in parts:
+            _read_into(work / _name(t, ext), t0, tokens, read[pos : pos + t1 - t0])
+            pos += t1 - t0
+        shuffled = np.empty(total, dt)
+        dst = 0
+        for s, n in zip(starts[order].tolist(), lengths[order].tolist(), strict=True):
+            shuffled[dst : dst + n] = read[s : s + n]
+            dst += n
+        del read
+        ordered.append(shuffled)
     rel, split, domain = shard
     info = write_shard(
-        out, rel, ordered[0], ends, dtype, split, domain, ordered[1] if masks else None
+        out,
+        rel,
+        ordered[0],
+        ends.astype(INDEX_DTYPE),
+        dtype,
+        split,
+        domain,
+        ordered[1] if masks else None,
     )
     atomic_write_json(info_path, info.to_json())
