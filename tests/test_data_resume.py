@@ -264,6 +264,7 @@ def test_plan_only_writes_no_shards(sources, tmp_path):
     # the expected peak of each pack stage, for the input at hand
     for stage in ("plan", "histograms (per task)", "scatter (per task)", "gather (per shard)"):
         assert stage in res.stdout
+    assert "dedup buckets (per task)" in res.stdout and "dedup cluster" in res.stdout
     assert not (tmp_path / "out" / "manifest.json").exists() and not list(
         (tmp_path / "out").glob("train/*")
     )

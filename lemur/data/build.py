@@ -25,7 +25,7 @@ from typing import Any
 from lemur.data.budget import is_enabled, read_sources
 from lemur.data.counts import collect_counts
 from lemur.data.dedup.signer import DedupSigner
-from lemur.data.dedup.stage import run_dedup
+from lemur.data.dedup.stage import expected_memory, run_dedup
 from lemur.data.filter.base import EmptyDocumentFilter, LanguageFilter, LemurFilter
 from lemur.data.filter.code import code_filters
 from lemur.data.filter.decontaminate import decontamination_filter
@@ -366,7 +366,8 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     pack_plan = packer.plan()  # histogram tasks, then the plan in this process
     read = reading.summary(recipe)
     if on_plan:
-        on_plan({**pack_plan.mix.to_json(), "memory": pack_plan.memory, "reading": read})
+        memory = {**expected_memory(recipe.dedup, dd), **pack_plan.memory}
+        on_plan({**pack_plan.mix.to_json(), "memory": memory, "reading": read})
     if plan_only:
         return {"plan": pack_plan.mix.to_json(), "reading": read}
     packed = packer.pack(pack_plan, report)  # scatter tasks, then gather tasks

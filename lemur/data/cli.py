@@ -135,7 +135,7 @@ def print_plan(plan: dict[str, Any], console: Any) -> None:
     for note in plan.get("notes", []):
         console.print(f"note: {note}")
     print_reading(plan.get("reading") or {}, console)
-    if plan.get("memory"):  # what each pack stage's process is expected to hold at its peak
+    if plan.get("memory"):  # what each global stage's process is expected to hold at its peak
         m = table("expected peak memory per process, above the interpreter", ["stage", "MiB"])
         for stage, n in plan["memory"].items():
             m.add_row(stage, f"{n / 2**20:,.1f}")

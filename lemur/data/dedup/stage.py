@@ -14,12 +14,16 @@ from pathlib import Path
 from datatrove.pipeline.base import PipelineStep
 
 from lemur.data.dedup.buckets import Priorities, bucket_task
-from lemur.data.dedup.cluster import DedupResult, cluster_task, load_result
+from lemur.data.dedup.cluster import SUMMARY, DedupResult, cluster_task, load_result
 from lemur.data.dedup.runs import channels
 from lemur.data.recipe import DedupConfig
 from lemur.data.run.task import TaskStep, run_here
 
 BUCKETS, CLUSTER = "buckets", "cluster"  # the stages' folders under the dedup directory
+# Peak bytes of the cluster task per document that has a duplicate (codes, keep-order
+# fields, ranks, parents and the union-find's temporaries): 128 measured with
+# tools/bench_scale.py at 16M documents (docs/benchmarks.md), rounded up.
+CLUSTER_BYTES_PER_DOC = 140
 
 
 def key_ranges(config: DedupConfig) -> int:
@@ -89,6 +93,24 @@ def dedup_stages(
         len(bucket_tasks(config)),
     )
     yield CLUSTER, DedupClusters(str(tok_dir), n_tasks, str(pairs), str(ddir / CLUSTER / "out")), 1
+
+
+def expected_memory(config: DedupConfig, ddir: Path | None) -> dict[str, int]:
+    """Expected peak bytes above the interpreter of a bucket task and of the cluster task.
+
+    A bucket task's merge rounds stay within `merge_buffer_mb`; a band's task verifies a
+    round's pairs beside it (a second buffer). The cluster task holds its documents that
+    have a duplicate, counted by the finished stage.
+    """
+    if ddir is None:
+        return {}
+    buffer = int(config.merge_buffer_mb * 2**20)
+    summary = Path(ddir) / CLUSTER / "out" / SUMMARY
+    clustered = json.loads(summary.read_text())["clustered_documents"] if summary.is_file() else 0
+    return {
+        "dedup buckets (per task)": buffer * (2 if config.near else 1),
+        "dedup cluster": clustered * CLUSTER_BYTES_PER_DOC,
+    }
 
 
 def dedup_result(tok_dir: Path, n_tasks: int, ddir: Path) -> DedupResult:

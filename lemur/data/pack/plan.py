@@ -22,13 +22,13 @@ from lemur.data.recipe import Recipe
 from lemur.shards.format import open_array
 
 # Peak bytes per document of a histogram / scatter task (records, hashes, copies, keys,
-# order), and per token of a gather task (raw, ordered and written copies of the shard,
-# the index and checksums):
-# measured with tools/bench_scale.py (docs/benchmarks.md) and rounded up. A scatter task
-# also maps its tokenize task's run; the interpreter itself adds ~65 MiB.
+# order); copies of a shard's tokens a gather task holds (as read, shuffled) and its bytes
+# per document (keys, order, offsets): measured with tools/bench_scale.py
+# (docs/benchmarks.md) and rounded up. The interpreter itself adds ~65 MiB.
 PREP_BYTES_PER_DOC = 150
 SCATTER_BYTES_PER_DOC = 300
-GATHER_COPIES = 5
+GATHER_COPIES = 2
+GATHER_BYTES_PER_DOC = 100
 
 
 class PackError(ValueError):
@@ -164,13 +164,15 @@ def make_plan(recipe: Recipe, prep_dir: Path, n_tasks: int, itemsize: int) -> Pa
     val_shards = {d: math.ceil(val_tokens.get(d, 0) / st) for d in recipe.domains()}
     plan = PackPlan(mix, val_cut, units, max(1, math.ceil(planned / st)), val_shards)
     mask = 1 if recipe.is_chat() else 0
-    shard = max(1, planned // plan.train_shards)
+    shard = int(max(1, planned // plan.train_shards) * 1.05)  # buckets vary around the mean
+    shard_docs = int(shard * sum(sums.task_docs) / max(1, sum(sums.task_tokens)))
     docs, tokens = max(sums.task_docs, default=0), max(sums.task_tokens, default=0)
     plan.memory = {
         "plan": len(sums.tokens) * N_BINS * 16,
         "histograms (per task)": docs * PREP_BYTES_PER_DOC,
         "scatter (per task)": docs * SCATTER_BYTES_PER_DOC + tokens * (itemsize + mask),
-        "gather (per shard)": int(shard * 1.05) * GATHER_COPIES * (itemsize + mask),
+        "gather (per shard)": shard * GATHER_COPIES * (itemsize + mask)
+        + shard_docs * GATHER_BYTES_PER_DOC,
     }
     return plan
 
