@@ -146,11 +146,75 @@ class DataLikeFilter(CodeRule):
         return True
 
 
-# StarCoder's three patterns, compiled apart so the costly ones only run when their
-# prefix occurs in the file at all.
-_BASE64 = re.compile(r"[a-zA-Z0-9+/\n=]{64,}")
+# StarCoder's three patterns. Base64 runs are found with numpy (`_base64_runs`; the regex
+# `[a-zA-Z0-9+/\n=]{64,}` is its reference in the tests); the unicode pattern starts
+# with its literal so the regex engine jumps to the candidates; the hex one only runs over
+# the stretches of a file that could hold a match (`_hex_spans`). Together ~3x faster than
+# the three regexes over whole files, with the same matches.
 _HEX = re.compile(r"(?:\b(?:0x|\\x)?[0-9a-fA-F]{2}(?:,|\b\s*)){8,}")
-_UNICODE = re.compile(r"(?:\\u[0-9a-fA-F]{4}){8,}")
+_UNICODE = re.compile(r"\\u[0-9a-fA-F]{4}(?:\\u[0-9a-fA-F]{4}){7,}")
+_BASE64_BYTES = np.zeros(256, np.int8)
+_BASE64_BYTES[[ord(c) for c in string.ascii_letters + string.digits + "+/\n="]] = 1
+_LETTER_BYTES = np.zeros(256, np.int64)
+_LETTER_BYTES[[ord(c) for c in string.ascii_letters]] = 1
+BASE64_MIN_RUN = 64
+# Characters a _HEX match can contain (hex digits, the 0x / \\x prefixes, commas, ASCII
+# whitespace as `\s` matches it), and the hex digits, of which a match holds >= 16.
+_HEX_RUN_BYTES = np.zeros(256, np.int8)
+_HEX_RUN_BYTES[[ord(c) for c in string.hexdigits + "x\\," + string.whitespace]] = 1
+_HEX_RUN_BYTES[0x1C:0x20] = 1  # str.isspace() separators, which `\s` also matches
+_HEX_DIGIT_BYTES = np.zeros(256, np.int64)
+_HEX_DIGIT_BYTES[[ord(c) for c in string.hexdigits]] = 1
+HEX_MIN_DIGITS = 16  # eight items of two digits
+
+
+def _runs(member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the maximal runs of 1s of a 0/1 array."""
+    edges = np.diff(member, prepend=0, append=0)
+    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+
+
+def _base64_runs(text: str, b: np.ndarray) -> list[int]:
+    """Lengths of the base64-like runs of a text (`b`: its UTF-8) that count as encoded data.
+
+    A run is a maximal stretch of >= 64 characters of [a-zA-Z0-9+/\\n=] (all ASCII, so
+    its UTF-8 bytes are its characters); one without a newline made only of letters is
+    a long word or identifier, not data, and does not count.
+    """
+    starts, ends = _runs(_BASE64_BYTES[b])
+    long = ends - starts >= BASE64_MIN_RUN
+    starts, ends = starts[long], ends[long]
+    if not len(starts):
+        return []
+    newlines = np.concatenate(([0], np.cumsum(b == 10)))
+    letters = np.concatenate(([0], np.cumsum(_LETTER_BYTES[b])))
+    length = ends - starts
+    word = (newlines[ends] == newlines[starts]) & (letters[ends] - letters[starts] == length)
+    return length[~word].tolist()
+
+
+def _hex_spans(text: str, b: np.ndarray) -> list[int]:
+    """Lengths of the _HEX matches of a text (`b`: its UTF-8) that count as encoded data.
+
+    A match only holds characters of `_HEX_RUN_BYTES` and at least 16 hex digits, so the
+    regex runs only over such stretches, from their start to one past their end (so that
+    `\\b` sees the next character); the same matches as over the whole text. A text with
+    non-ASCII characters (other whitespace, byte offsets that are not character offsets)
+    is searched whole.
+    """
+    if len(b) != len(text):
+        windows = [(0, len(text))]
+    else:
+        starts, ends = _runs(_HEX_RUN_BYTES[b])
+        digits = np.concatenate(([0], np.cumsum(_HEX_DIGIT_BYTES[b])))
+        keep = digits[ends] - digits[starts] >= HEX_MIN_DIGITS
+        windows = zip(starts[keep].tolist(), (ends[keep] + 1).tolist(), strict=True)
+    return [
+        m.end() - m.start()
+        for lo, hi in windows
+        for m in _HEX.finditer(text, lo, hi)
+        if "\n" in m.group() or not m.group().isalpha()
+    ]
 
 
 class EncodedDataFilter(CodeRule):
@@ -163,19 +227,19 @@ class EncodedDataFilter(CodeRule):
         if self.c.max_encoded_match is None and self.c.max_encoded_fraction is None:
             return True
         text = doc.text
-        patterns = [_BASE64]
+        b = _utf8(text)
+        # Long identifiers and prose also match; only runs that are not plain words count.
+        spans = _base64_runs(text, b)
         if "0x" in text or "\\x" in text or "," in text:
-            patterns.append(_HEX)
+            spans += _hex_spans(text, b)
         if "\\u" in text:
-            patterns.append(_UNICODE)
-        matches = [m for p in patterns for m in p.finditer(text)]
+            spans += [
+                m.end() - m.start()
+                for m in _UNICODE.finditer(text)
+                if "\n" in m.group() or not m.group().isalpha()
+            ]
         total = 0
-        for m in matches:
-            span = m.end() - m.start()
-            # Long identifiers and prose also match [a-zA-Z0-9+/]; real base64 has no spaces,
-            # so only count runs that are not plain words.
-            if "\n" not in m.group() and m.group().isalpha():
-                continue
+        for span in spans:
             if self.c.max_encoded_match is not None and span > self.c.max_encoded_match:
                 return False, "encoded_data"
             total += span
