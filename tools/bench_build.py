@@ -15,6 +15,7 @@ Both run as subprocess trees with the same number of worker processes; CPU secon
 the children's user + system time, so MB/s per core = MB / CPU s.
 
     python tools/bench_build.py --mb 230 --workers 2   # needs spaCy: pip install -e '.[bench]'
+    python tools/bench_build.py --mb 230 --skip-datatrove --set pii.enabled=false
 """
 
 from __future__ import annotations
@@ -184,6 +185,13 @@ def main() -> int:
     ap.add_argument("--mb", type=float, default=210.0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--skip-datatrove", action="store_true")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe override for the lemur side (e.g. pii.enabled=false), repeatable",
+    )
     args = ap.parse_args()
     data = build_data(args.mb)
     mb = sum(p.stat().st_size for p in data.glob("*.jsonl.zst")) / 1e6  # compressed, for reference
@@ -198,9 +206,11 @@ def main() -> int:
     subprocess.run(["rm", "-rf", str(out)], check=True)
     rpath = WORK / "recipe.yaml"
     rpath.write_text(yaml.safe_dump(recipe(data, out, model, args.workers)))
-    r = timed([sys.executable, "-m", "lemur.data.cli", "build", str(rpath)])
+    sets = [a for kv in args.set for a in ("--set", kv)]
+    r = timed([sys.executable, "-m", "lemur.data.cli", "build", str(rpath), *sets])
     manifest = json.loads((out / "manifest.json").read_text())
-    r.update(name="lemur-data build", tokens=sum(s["tokens"] for s in manifest["shards"]))
+    name = " ".join(["lemur-data build", *args.set])
+    r.update(name=name, tokens=sum(s["tokens"] for s in manifest["shards"]))
     rows.append(r)
     print(r, file=sys.stderr, flush=True)
     if not args.skip_datatrove:
