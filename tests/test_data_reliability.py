@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from conftest import NO_FILTERS, base_recipe, real_python_files, real_text_docs, write_jsonl
@@ -25,6 +26,7 @@ from test_data_resume import KILLER
 
 from lemur.data.build import BuildError, build
 from lemur.data.load import recipe_from_dict
+from lemur.data.pack.shuffle import KEYREC
 from lemur.data.run.lock import DirectoryLock
 from lemur.shards.check import check_compatible
 from lemur.shards.verify import verify
@@ -207,6 +209,24 @@ def test_missing_shuffle_bucket_is_an_error(sources, tmp_path):
     # the error names the damaged scatter task, and a plain rerun redoes it alone
     build(recipe_from_dict(raw_recipe(sources, out)))
     assert verify(out) == []
+
+
+def test_scatter_keys_that_disagree_with_their_offsets_are_an_error(sources, tmp_path):
+    out = tmp_path / "out"
+    recipe = write_recipe(raw_recipe(sources, out), tmp_path / "recipe.yaml")
+    res = subprocess.run(
+        [sys.executable, "-c", KILLER, str(recipe), "shuffle: write", "1"],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == -9, res.stderr[-2000:]
+    for keys in out.glob(".work/shuffle-*/buckets/scatter-*.keys"):
+        rows = np.fromfile(keys, KEYREC)
+        rows["length"] += 1  # same size, wrong lengths: a shard would be cut in the wrong places
+        rows.tofile(keys)
+    with pytest.raises(BuildError, match=r"copy lengths disagree with the offsets"):
+        build(recipe_from_dict(raw_recipe(sources, out)))
+    assert not (out / "manifest.json").exists()
 
 
 def test_an_added_input_file_makes_the_build_stale(tmp_path):

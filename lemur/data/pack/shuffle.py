@@ -199,7 +199,7 @@ def check_scatter(work: Path, n_tasks: int, dtype: np.dtype, masks: bool) -> lis
 def gather_task(b: int, work: Path, n_tasks: int, out: Path, shard: tuple, cfg: dict) -> None:
     """Write shard `b` (`shard`: path without extension, split, domain) from every scatter task.
 
-    Holds the shard twice (as read, then in shuffled order) plus ~40 bytes per document:
+    Holds the shard twice (as read, then in shuffled order) plus ~100 bytes per document:
     every task's part is read straight into one buffer, and the shuffled copy is filled
     document by document, never through a list of per-document arrays.
     """
@@ -225,6 +225,8 @@ def gather_task(b: int, work: Path, n_tasks: int, out: Path, shard: tuple, cfg: 
     starts = np.cumsum(lengths) - lengths
     ends = np.cumsum(lengths[order])
     total = int(ends[-1]) if len(ends) else 0
+    if total != sum(t1 - t0 for _, _, _, t0, t1, _, _ in parts):
+        raise ShuffleError(f"{work / BUCKETS}: bucket {b}: copy lengths disagree with the offsets")
     layers = [("bin", dtype)] + ([("mask", np.dtype(MASK_DTYPE))] if masks else [])
     ordered = []
     for ext, dt in layers:
