@@ -191,7 +191,8 @@ def test_stale_lock_file_of_a_dead_build_is_taken_over(sources, tmp_path):
     assert verify(out) == [] and not (out / ".lock").exists()
 
 
-def test_missing_shuffle_bucket_is_an_error(sources, tmp_path):
+def killed_in_the_shuffle(sources, tmp_path) -> Path:
+    """The output folder of a build killed (SIGKILL) as it writes its first shard."""
     out = tmp_path / "out"
     recipe = write_recipe(raw_recipe(sources, out), tmp_path / "recipe.yaml")
     res = subprocess.run(
@@ -200,6 +201,11 @@ def test_missing_shuffle_bucket_is_an_error(sources, tmp_path):
         text=True,
     )
     assert res.returncode == -9, res.stderr[-2000:]
+    return out
+
+
+def test_missing_shuffle_bucket_is_an_error(sources, tmp_path):
+    out = killed_in_the_shuffle(sources, tmp_path)
     buckets = sorted(out.glob(".work/shuffle-*/buckets/scatter-*.bin"))
     assert buckets
     buckets[-1].unlink()
@@ -212,14 +218,7 @@ def test_missing_shuffle_bucket_is_an_error(sources, tmp_path):
 
 
 def test_scatter_keys_that_disagree_with_their_offsets_are_an_error(sources, tmp_path):
-    out = tmp_path / "out"
-    recipe = write_recipe(raw_recipe(sources, out), tmp_path / "recipe.yaml")
-    res = subprocess.run(
-        [sys.executable, "-c", KILLER, str(recipe), "shuffle: write", "1"],
-        capture_output=True,
-        text=True,
-    )
-    assert res.returncode == -9, res.stderr[-2000:]
+    out = killed_in_the_shuffle(sources, tmp_path)
     for keys in out.glob(".work/shuffle-*/buckets/scatter-*.keys"):
         rows = np.fromfile(keys, KEYREC)
         rows["length"] += 1  # same size, wrong lengths: a shard would be cut in the wrong places
