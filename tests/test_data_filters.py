@@ -132,7 +132,7 @@ def test_encoded_data_runs_equal_starcoder_regexes_on_real_code_and_fuzz():
     hexes = 0
     for text in texts:
         b = _utf8(text)
-        assert _base64_runs(text, b) == counted(base64_re.finditer(text)), text[:80]
+        assert _base64_runs(b) == counted(base64_re.finditer(text)), text[:80]
         want = counted(_HEX.finditer(text))
         assert _hex_spans(text, b) == want, text[:80]
         hexes += bool(want)

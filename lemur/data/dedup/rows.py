@@ -1,10 +1,10 @@
 """Random reads of rows of flat files with `pread`, for the dedup tasks' scattered lookups.
 
 Not a memory map: on a fault the kernel maps up to 16 cached pages around the one read
-(fault-around, which `MADV_RANDOM` does not turn off), and on kernels whose page cache holds
-large folios (ext4 and xfs on Linux 6.x) a whole folio of up to a few MiB, so reading a few
+(fault-around, which `MADV_RANDOM` does not turn off), and where the page cache holds large
+folios (measured on Linux 6.18, ext4) a whole folio of up to a few MiB, so reading a few
 thousand random signatures through a map made ~250 MiB resident at once on a 1M-document
-corpus, and a merge round over 1,024 sorted runs mapped nearly all of them (measured: 169
+corpus, and the merge rounds over 64 sorted runs of 16M documents mapped most of them (169
 MiB of file pages for 6 MiB read). `pread` brings in only what it returns, and sorted,
 coalesced reads keep it to one call per run of consecutive rows.
 """

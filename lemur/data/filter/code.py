@@ -174,8 +174,8 @@ def _runs(member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
 
 
-def _base64_runs(text: str, b: np.ndarray) -> list[int]:
-    """Lengths of the base64-like runs of a text (`b`: its UTF-8) that count as encoded data.
+def _base64_runs(b: np.ndarray) -> list[int]:
+    """Lengths of the base64-like runs of a text's UTF-8 `b` that count as encoded data.
 
     A run is a maximal stretch of >= 64 characters of [a-zA-Z0-9+/\\n=] (all ASCII, so
     its UTF-8 bytes are its characters); one without a newline made only of letters is
@@ -229,7 +229,7 @@ class EncodedDataFilter(CodeRule):
         text = doc.text
         b = _utf8(text)
         # Long identifiers and prose also match; only runs that are not plain words count.
-        spans = _base64_runs(text, b)
+        spans = _base64_runs(b)
         if "0x" in text or "\\x" in text or "," in text:
             spans += _hex_spans(text, b)
         if "\\u" in text:
