@@ -169,7 +169,22 @@ class BaseReader(ABC):
         )
 
 
-class JsonlReader(BaseReader):
+class RowReader(BaseReader):
+    """A reader of rows (jsonl lines, parquet rows): a document per good row."""
+
+    @abstractmethod
+    def rows(self, f: InputFile) -> Iterator[tuple[int, Row]]:
+        """(line or row number, row) of every readable row of a file (or part of one)."""
+
+    def read(self, f: InputFile) -> Iterator[Document]:
+        """A document per good row."""
+        for number, row in self.rows(f):
+            doc = self.row_doc(f, row, number)
+            if doc is not None:
+                yield doc
+
+
+class JsonlReader(RowReader):
     """JSON lines, plain, gzip or zstd; a bad line is logged and its neighbours kept."""
 
     def parse(self, f: InputFile, raw: bytes, line_no: int) -> Row | None:
@@ -234,15 +249,8 @@ class JsonlReader(BaseReader):
         except OSError as e:
             self.error("corrupt_file", f, f"bytes {f.start}-{f.end} unreadable: {e}")
 
-    def read(self, f: InputFile) -> Iterator[Document]:
-        """A document per good line."""
-        for line_no, row in self.rows(f):
-            doc = self.row_doc(f, row, line_no)
-            if doc is not None:
-                yield doc
 
-
-class ParquetReader(BaseReader):
+class ParquetReader(RowReader):
     """Parquet, one row group at a time in batches; a damaged row group is logged."""
 
     def meta_columns(self, source: SourceConfig, names: set[str]) -> list[str]:
@@ -305,13 +313,6 @@ class ParquetReader(BaseReader):
         for group in groups:
             yield from self._row_group(f, pf, group, columns, first)
             first += pf.metadata.row_group(group).num_rows
-
-    def read(self, f: InputFile) -> Iterator[Document]:
-        """A document per row."""
-        for row_no, row in self.rows(f):
-            doc = self.row_doc(f, row, row_no)
-            if doc is not None:
-                yield doc
 
 
 class FilesReader(BaseReader):
