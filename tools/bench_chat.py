@@ -19,12 +19,11 @@ their text and docstrings, drawn with several seeds up to --mb), alternating, be
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
 
-from benchlib import best_of
+from benchlib import best_of, tokenizer_bench_args
 from datatrove.data import Document
 
 from lemur.data.chat_demo import conversations as demo_conversations
@@ -51,14 +50,12 @@ def conversations(max_bytes: int) -> list[tuple[str, list, list]]:
 
 def main() -> int:
     """Run the benchmark and print a markdown table."""
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    args = tokenizer_bench_args(
+        __doc__,
+        20.0,
+        "MB of conversations",
+        "existing tokenizer.model to extend (default: train 16k)",
     )
-    ap.add_argument("--mb", type=float, default=20.0, help="MB of conversations")
-    ap.add_argument("--tokenizer", help="existing tokenizer.model to extend (default: train 16k)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--batch-docs", type=int, default=256)
-    args = ap.parse_args()
 
     convs = conversations(int(args.mb * 1e6))
     texts = [c[0] for c in convs]

@@ -11,13 +11,12 @@ from /usr/share/doc and pydoc topics), alternating, best of --repeats:
 
 from __future__ import annotations
 
-import argparse
 import sys
 import sysconfig
 import tempfile
 from pathlib import Path
 
-from benchlib import best_of
+from benchlib import best_of, tokenizer_bench_args
 from datatrove.data import Document
 
 from lemur.data.demo import doc_files, pydoc_topics
@@ -52,14 +51,9 @@ def real_documents(max_bytes: int) -> list[str]:
 
 def main() -> int:
     """Run the benchmark and print a markdown table."""
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    args = tokenizer_bench_args(
+        __doc__, 40.0, "MB of real documents", "existing tokenizer.model (default: train a 16k BPE)"
     )
-    ap.add_argument("--mb", type=float, default=40.0, help="MB of real documents")
-    ap.add_argument("--tokenizer", help="existing tokenizer.model (default: train a 16k BPE)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--batch-docs", type=int, default=256)
-    args = ap.parse_args()
 
     texts = real_documents(int(args.mb * 1e6))
     mb = sum(len(t.encode()) for t in texts) / 1e6

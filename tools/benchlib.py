@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 
@@ -30,3 +31,17 @@ def best_of(runs: dict[str, Callable[[], int]], repeats: int) -> tuple[dict[str,
     if len(set(tokens.values())) != 1:
         raise AssertionError(f"token counts differ: {tokens}")
     return best, next(iter(tokens.values()))
+
+
+def tokenizer_bench_args(
+    doc: str, mb: float, mb_help: str, tokenizer_help: str
+) -> argparse.Namespace:
+    """The tokenizer benchmarks' options: --mb, --tokenizer, --repeats, --batch-docs."""
+    ap = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--mb", type=float, default=mb, help=mb_help)
+    ap.add_argument("--tokenizer", help=tokenizer_help)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch-docs", type=int, default=256)
+    return ap.parse_args()
