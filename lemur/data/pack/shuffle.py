@@ -227,6 +227,7 @@ def gather_task(b: int, work: Path, n_tasks: int, out: Path, shard: tuple, cfg: 
     total = int(ends[-1]) if len(ends) else 0
     if total != sum(t1 - t0 for _, _, _, t0, t1, _, _ in parts):
         raise ShuffleError(f"{work / BUCKETS}: bucket {b}: copy lengths disagree with the offsets")
+    src, size = starts[order].tolist(), lengths[order].tolist()  # once for every layer
     layers = [("bin", dtype)] + ([("mask", np.dtype(MASK_DTYPE))] if masks else [])
     ordered = []
     for ext, dt in layers:
@@ -237,7 +238,7 @@ def gather_task(b: int, work: Path, n_tasks: int, out: Path, shard: tuple, cfg: 
             pos += t1 - t0
         shuffled = np.empty(total, dt)
         dst = 0
-        for s, n in zip(starts[order].tolist(), lengths[order].tolist(), strict=True):
+        for s, n in zip(src, size, strict=True):
             shuffled[dst : dst + n] = read[s : s + n]
             dst += n
         del read
