@@ -222,7 +222,12 @@ def main() -> None:
         du = subprocess.run(["du", "-sm", str(root)], capture_output=True, text=True, check=True)
         result["disk_mib"] = int(du.stdout.split()[0])
         result["train_shards"] = plan.train_shards
-        result["expected_peak_mib"] = {k: round(v / 2**20, 1) for k, v in plan.memory.items()}
+        # what `lemur-data build --plan-only` prints for these inputs (dedup, then pack)
+        from lemur.data.dedup.stage import dedup_dir, expected_memory
+
+        config = make_recipe(root).dedup
+        expected = {**expected_memory(config, dedup_dir(root, config)), **plan.memory}
+        result["expected_peak_mib"] = {k: round(v / 2**20, 1) for k, v in expected.items()}
         print(json.dumps(result), flush=True)
         subprocess.run(["rm", "-rf", str(root)], check=True)
 
