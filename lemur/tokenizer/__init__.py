@@ -1,0 +1,18 @@
+"""Tokenizers behind one interface: SentencePiece models and `tokenizer.json` files."""
+
+from lemur.tokenizer.base import Tokenizer, TokenizerError
+from lemur.tokenizer.bytelevel import ByteLevelTokenizer
+from lemur.tokenizer.hf_files import HFTokenizerFiles, read_hf_tokenizer
+from lemur.tokenizer.load import is_tokenizer_json, open_tokenizer
+from lemur.tokenizer.sentencepiece import SentencePieceTokenizer
+
+__all__ = [
+    "ByteLevelTokenizer",
+    "HFTokenizerFiles",
+    "SentencePieceTokenizer",
+    "Tokenizer",
+    "TokenizerError",
+    "is_tokenizer_json",
+    "open_tokenizer",
+    "read_hf_tokenizer",
+]

@@ -1,0 +1,119 @@
+"""Reading a Hugging Face tokenizer: `tokenizer.json`, or a model folder holding one.
+
+A folder's `tokenizer_config.json` (and `special_tokens_map.json`) say which tokens are
+BOS and EOS and carry the chat template; a bare `tokenizer.json` has no such settings, so
+its BOS/EOS come from the recipe or from the usual names of its added tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from lemur.tokenizer.base import TokenizerError
+
+CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+# End-of-document tokens of the families we know, in the order they are tried when a bare
+# tokenizer.json says nothing (Llama-3, GPT/Qwen, Llama-2/Mistral).
+EOS_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>")
+BOS_NAMES = ("<|begin_of_text|>", "<s>")
+
+
+@dataclass(frozen=True)
+class HFTokenizerFiles:
+    """The parsed files of one HF tokenizer and the BOS/EOS a document is framed with."""
+
+    path: Path  # the tokenizer.json
+    data: dict[str, Any]  # its parsed JSON
+    sha256: str
+    config: dict[str, Any]  # tokenizer_config.json merged over special_tokens_map.json
+    bos: str | None
+    eos: str
+
+    @property
+    def added(self) -> dict[str, dict[str, Any]]:
+        """Added tokens by content (`id`, `special`, ...)."""
+        return {t["content"]: t for t in self.data.get("added_tokens", [])}
+
+    @property
+    def chat_template(self) -> str | None:
+        """The folder's Jinja chat template, if it has one."""
+        template = self.config.get("chat_template")
+        if isinstance(template, list):  # the named-templates form: take "default"
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default")
+        return template if isinstance(template, str) else None
+
+
+def _token_text(value: Any) -> str | None:
+    """A special-token setting: a string, an AddedToken dict ({"content": ...}) or null."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def _read_json(path: Path, raw: bytes | None = None) -> dict[str, Any]:
+    try:
+        data = orjson.loads(path.read_bytes() if raw is None else raw)
+    except (OSError, orjson.JSONDecodeError) as e:
+        raise TokenizerError(f"{path}: not a readable JSON file ({e})") from None
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path}: expected a JSON object")
+    return data
+
+
+def tokenizer_json_path(path: str | Path) -> Path:
+    """The tokenizer.json a recipe's `tokenizer.hf` names: the file, or the one in a folder."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    if not p.is_file():
+        raise TokenizerError(f"{p}: no such tokenizer.json")
+    return p
+
+
+def read_hf_tokenizer(
+    path: str | Path, bos: str | None = None, eos: str | None = None, no_bos: bool = False
+) -> HFTokenizerFiles:
+    """Read a tokenizer.json (and the config files beside it) and settle BOS and EOS.
+
+    `bos`/`eos` override the folder's settings (e.g. an instruct folder whose `eos_token`
+    is the end-of-turn token, while documents end with `<|end_of_text|>`); `no_bos` frames
+    documents without a BOS whatever the folder says.
+    """
+    file = tokenizer_json_path(path)
+    raw = file.read_bytes()
+    data = _read_json(file, raw)
+    if not isinstance(data.get("model"), dict):
+        raise TokenizerError(f"{file}: not a tokenizer.json (no 'model')")
+    config: dict[str, Any] = {}
+    for name in reversed(CONFIG_FILES):  # tokenizer_config.json wins
+        beside = file.parent / name
+        if beside.is_file():
+            config.update(_read_json(beside))
+    added = {t.get("content") for t in data.get("added_tokens", [])}
+    bos_token = None if no_bos else (bos or _configured(config, "bos_token", BOS_NAMES, added))
+    eos_token = eos or _configured(config, "eos_token", EOS_NAMES, added)
+    if eos_token is None:
+        raise TokenizerError(f"{file}: no EOS token: set tokenizer.eos in the recipe")
+    return HFTokenizerFiles(
+        path=file,
+        data=data,
+        sha256=hashlib.sha256(raw).hexdigest(),
+        config=config,
+        bos=bos_token,
+        eos=eos_token,
+    )
+
+
+def _configured(
+    config: dict[str, Any], key: str, names: tuple[str, ...], added: set[str]
+) -> str | None:
+    """The token a config names for `key`; without a config, the first known name present."""
+    if key in config:  # present and null (Qwen2.5's bos_token) means: none
+        return _token_text(config[key])
+    return next((n for n in names if n in added), None)

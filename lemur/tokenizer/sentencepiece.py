@@ -1,0 +1,77 @@
+"""The SentencePiece engine (Llama-2-style models): the tokenizer interface over spm."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+
+from lemur.tokenizer.base import TokenizerError
+
+SPACE = "\u2581"  # SentencePiece's whitespace marker
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece model: `<s>` doc `</s>` framing, pieces as ids."""
+
+    kind = "sentencepiece"
+    engine = "sentencepiece"
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path).expanduser()
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.Load(str(self.path))
+        except (OSError, RuntimeError) as e:
+            raise TokenizerError(f"{self.path}: not a SentencePiece model ({e})") from None
+        self.vocab_size = int(self.sp.vocab_size())
+        bos, self.eos_id = int(self.sp.bos_id()), int(self.sp.eos_id())
+        self.bos_id: int | None = bos if bos >= 0 else None
+        if self.eos_id < 0:
+            raise TokenizerError(f"{self.path}: the model has no </s> id")
+        self.sha256 = hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text` (no `<s>`/`</s>`; a literal `<s>` is text)."""
+        return list(self.sp.encode(text))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """`encode` of each text, on one thread."""
+        return self.sp.encode(list(texts), num_threads=1)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of `ids`."""
+        return self.sp.decode([int(i) for i in ids])
+
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 bytes each id decodes to in the middle of a text (control ids 0)."""
+        return np.array([self._piece_bytes(i) for i in range(self.vocab_size)], np.int64)
+
+    def _piece_bytes(self, i: int) -> int:
+        sp = self.sp
+        if sp.is_control(i):
+            return 0
+        if sp.is_byte(i):
+            return 1
+        if sp.is_unknown(i):
+            return len(sp.decode([i]).encode())  # the " ⁇ " surface
+        return len(sp.id_to_piece(i).replace(SPACE, " ").encode())
+
+    def piece_id(self, piece: str) -> int | None:
+        """The id of `piece` when it is one piece of the vocabulary, else None."""
+        i = int(self.sp.piece_to_id(piece))
+        return i if self.sp.id_to_piece(i) == piece and not self.sp.is_unknown(i) else None
+
+    def info(self) -> dict[str, Any]:
+        """The manifest's tokenizer entry (without the file name)."""
+        return {
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+        }

@@ -1,0 +1,201 @@
+"""Real byte-level BPE tokenizers for tests, made at test time from files inside wheels.
+
+- Llama-3: the 128,000 tiktoken ranks in the `llama-models` wheel, turned into a
+  tokenizer.json by transformers' TikTokenConverter, with Llama-3's 256 special tokens
+  (`<|begin_of_text|>` = 128000) and its BOS post-processor.
+- tekken: Mistral's tiktoken-style vocabulary in the `mistral-common` wheel (131,072 ids,
+  1,000 special ids first), converted the same way.
+- A Qwen2.5-like folder: a small byte-level BPE trained with `tokenizers` on stdlib text,
+  Qwen2's pre-tokenizer pattern and NFC normalizer, no BOS, ChatML specials.
+Nothing is committed or downloaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA3_SPECIALS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|step_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+    *(f"<|reserved_special_token_{i}|>" for i in range(2, 247)),
+]
+# Llama-3-Instruct's chat template (the published one, without tool calling).
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + "
+    "message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- endif %}"
+)
+QWEN_TEMPLATE = (
+    "{%- if messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def _wheel_file(module: str, *parts: str) -> Path:
+    mod = __import__(module)
+    return Path(os.path.dirname(mod.__file__), *parts)
+
+
+def llama3_folder(out: Path, instruct: bool = False) -> Path:
+    """An HF folder with Llama-3's real tokenizer (tokenizer.json + tokenizer_config.json)."""
+    from tokenizers import processors
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = _wheel_file("llama_models", "llama3", "tokenizer.model")
+    tok = TikTokenConverter(
+        str(ranks), pattern=LLAMA3_PATTERN, extra_special_tokens=LLAMA3_SPECIALS
+    ).converted()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A",
+        pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+        special_tokens=[("<|begin_of_text|>", 128000)],
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    config = {
+        "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|eot_id|>" if instruct else "<|end_of_text|>",
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": 131072,
+        "clean_up_tokenization_spaces": True,
+    }
+    if instruct:
+        config["chat_template"] = LLAMA3_TEMPLATE
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def tekken_folder(out: Path) -> Path:
+    """A tokenizer.json of Mistral's tekken vocabulary (ids 0-999 special, `<s>` = 1)."""
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    data = json.loads(_wheel_file("mistral_common", "data", "tekken_240718.json").read_text())
+    specials = data["config"]["default_num_special_tokens"]
+    n = data["config"]["default_vocab_size"] - specials
+    out.mkdir(parents=True, exist_ok=True)
+    ranks = out / "tekken.tiktoken"
+    ranks.write_text(
+        "".join(f"{v['token_bytes']} {v['rank'] + specials}\n" for v in data["vocab"][:n])
+    )
+    tok = TikTokenConverter(str(ranks), pattern=data["config"]["pattern"]).converted()
+    ranks.unlink()
+    tok.save(str(out / "tokenizer.json"))
+    spec = json.loads((out / "tokenizer.json").read_text())
+    names = ["<unk>", "<s>", "</s>", *(f"<SPECIAL_{i}>" for i in range(3, specials))]
+    # As in HF's Mistral files: the special tokens are also the model vocabulary's first ids.
+    spec["model"]["vocab"] = {**{n: i for i, n in enumerate(names)}, **spec["model"]["vocab"]}
+    spec["added_tokens"] = [
+        {
+            "id": i,
+            "content": name,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, name in enumerate(names)
+    ]
+    (out / "tokenizer.json").write_text(json.dumps(spec))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+    )
+    return out
+
+
+def qwen_like_folder(out: Path, texts: list[str], vocab_size: int = 3000) -> Path:
+    """A Qwen2.5-style folder: trained byte-level BPE, NFC, no BOS, ChatML template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers.trainers import BpeTrainer
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    config = {
+        "bos_token": None,
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "tokenizer_class": "Qwen2Tokenizer",
+        "chat_template": QWEN_TEMPLATE,
+        "model_max_length": 32768,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def _reference(path: str, mtime: float):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(path)
+    tok.encode_special_tokens = True
+    return tok
+
+
+def reference_ids(folder: Path, text: str) -> list[int]:
+    """The reference encoding: `tokenizers`, special-token parsing off, nothing added."""
+    file = folder / "tokenizer.json"
+    tok = _reference(str(file), file.stat().st_mtime)
+    clean = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return tok.encode(clean, add_special_tokens=False).ids
+
+
+def pathological_texts() -> list[str]:
+    """Documents that break naive encoders: long runs, literal special tokens, surrogates."""
+    return [
+        " " * 1_000_000,  # tiktoken alone overflows its regex stack here
+        "a" * 200_000,
+        "7" * 50_000,
+        "\n" * 50_000 + "x",
+        "=" * 100_000,
+        "\n/" * 20_000,
+        "é" * 20_000 + " done",
+        "\u3000 " * 10_000,
+        "def f():\n" + "    " * 5_000 + "return 1\n",
+        "ab " * 5000 + "-" * 6000 + "\n\n\n" * 3000 + "tail",
+        "x<|begin_of_text|>y<|end_of_text|><|eot_id|> <s></s><unk> <|endoftext|><|im_start|>",
+        "lone \ud800 surrogate \udfff and a pair \ud83d\ude00",
+        "e\u0301 NFC-able and ﬁ ligature, Ａ fullwidth",
+        "",
+    ]
