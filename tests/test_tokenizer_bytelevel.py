@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from bytelevel_fixtures import (
     llama3_folder,
     pathological_texts,
@@ -15,6 +14,7 @@ from bytelevel_fixtures import (
     tekken_folder,
 )
 from conftest import real_python_files, real_text_docs
+
 from lemur.tokenizer import ByteLevelTokenizer, TokenizerError, open_tokenizer, read_hf_tokenizer
 from lemur.tokenizer.bytelevel import MAX_RUN, has_long_run
 from lemur.tokenizer.tiktoken_exact import restartable
