@@ -46,9 +46,14 @@ from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before
 from lemur.data.run.executors import make_executor
 from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.tokenize.chat import CHAT_PIECES, ChatEncoder
-from lemur.data.tokenize.prepare import prepare_tokenizer, sample_texts
+from lemur.data.tokenize.prepare import (
+    build_tokenizer_info,
+    copy_tokenizer_files,
+    open_build_tokenizer,
+    prepare_tokenizer,
+    sample_texts,
+)
 from lemur.data.tokenize.step import TokenizeWriter
-from lemur.data.tokenize.tokenizer import tokenizer_info
 from lemur.shards.check import check_structure
 from lemur.shards.commit import commit
 from lemur.shards.format import (
@@ -180,6 +185,14 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
     return filters
 
 
+def framing(recipe: Recipe, tok_path: Path) -> tuple[tuple[int | None, int] | None, str]:
+    """(BOS/EOS ids, engine) the tokenize tasks use: a tokenizer.json's from the recipe."""
+    if recipe.tokenizer.hf is None:
+        return None, "auto"
+    tok = open_build_tokenizer(recipe, tok_path)
+    return (tok.bos_id, tok.eos_id), tok.engine
+
+
 def tokenize_stage(
     recipe: Recipe, inputs: list[InputFile], tok_path: Path, work: Path, report: Reporter
 ) -> int:
@@ -207,7 +220,9 @@ def tokenize_stage(
             if recipe.dedup.exact or recipe.dedup.near
             else []
         ),
-        TokenizeWriter(str(tok_path), str(work / "tokens"), batch, masks=chat),
+        TokenizeWriter(
+            str(tok_path), str(work / "tokens"), batch, chat, *framing(recipe, tok_path)
+        ),
     ]
     run_stage(recipe, report, pipeline, work, n_tasks, "tokenize")
     missing = [r for r in range(n_tasks) if not (work / "tokens" / f"{r:05d}.bin").is_file()]
@@ -350,10 +365,14 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     work_root = out / ".work"
     report("tokenizer", 0, 1)
     tok_path = prepare_tokenizer(recipe, inputs, work_root)
-    tok = tokenizer_info(tok_path, CHAT_PIECES if recipe.is_chat() else ())
+    tok = build_tokenizer_info(recipe, tok_path)
     report("tokenizer", 1, 1)
     stage = partial(run_stage, recipe, report)
-    read_round = partial(_read_round, recipe, listing, tok_path, tok["sha256"], report)
+    # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.
+    tok_key = (
+        tok["sha256"] if "kind" not in tok else f"{tok['sha256']}:{tok['bos_id']}:{tok['eos_id']}"
+    )
+    read_round = partial(_read_round, recipe, listing, tok_path, tok_key, report)
     reading, work, n_tasks, dd = read_sources(recipe, listing, read_round)
     key = work.name.removeprefix("tokens-")
     # The build's own directory: no file of it shares a path with the previous build's, so
@@ -374,13 +393,13 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     # What was read of each source, when budgeted reading chose (a full read's counts stay).
     units = read["sources"] if is_enabled(recipe) else None
     counts = collect_counts(work, recipe, n_tasks, listing, packed["dedup"], units)
-    atomic_write_bytes(out / prefix / "tokenizer.model", tok_path.read_bytes())
+    tok_file = copy_tokenizer_files(tok_path, out / prefix)
     atomic_write_json(out / prefix / "stats.json", packed["stats"])
     manifest = {
         "format": FORMAT,
         "dtype": dtype_name(token_dtype(tok["vocab_size"])),
         "seq_len": recipe.seq_len,
-        "tokenizer": {"file": f"{prefix}/tokenizer.model", **tok},
+        "tokenizer": {"file": f"{prefix}/{tok_file}", **tok},
         "stats": f"{prefix}/stats.json",
         "shards": packed["shards"],
         "mix": packed["mix"],

@@ -259,6 +259,12 @@ def _validate_executor_and_tokenizer(recipe: Recipe, check_paths: bool) -> None:
             raise RecipeError(
                 f"recipe: tokenizer.model '{tok.model}' is not a file or a shard directory"
             )
+    if tok.hf is not None and check_paths:
+        hf = Path(tok.hf).expanduser()
+        if not (hf / "tokenizer.json" if hf.is_dir() else hf).is_file():
+            raise RecipeError(
+                f"recipe: tokenizer.hf '{tok.hf}' is not a tokenizer.json or a folder holding one"
+            )
     if tok.train is not None:
         check_train_settings(tok.train)
 

@@ -193,17 +193,42 @@ class TokenizerTrainConfig:
     input_sentence_size: int = 2_000_000
 
 
+TOKENIZER_ENGINES = ("auto", "tiktoken", "tokenizers")
+
+
 @dataclass(frozen=True)
 class TokenizerConfig:
-    """Either an existing SentencePiece model (`model`: a file, or a shard directory whose
-    tokenizer is taken) or training settings (`train`)."""
+    """An existing SentencePiece model (`model`: a file, or a shard directory whose
+    tokenizer is taken), a Hugging Face `tokenizer.json` (`hf`: the file or a model folder
+    holding it), or training settings (`train`).
+
+    For `hf` only: `bos`/`eos` name the tokens a document is framed with (default: the
+    folder's `bos_token`/`eos_token`), `no_bos` frames without a BOS, `engine` picks the
+    encoder (`auto`: tiktoken where its ids are exact, else `tokenizers`).
+    """
 
     model: str | None = None
+    hf: str | None = None
     train: TokenizerTrainConfig | None = None
+    bos: str | None = None
+    eos: str | None = None
+    # None (not False / "auto") when unset, so that older recipes keep their hashes.
+    no_bos: bool | None = None
+    engine: str | None = None
 
     def __post_init__(self) -> None:
-        if (self.model is None) == (self.train is None):
-            raise RecipeError("recipe: tokenizer: give exactly one of 'model' or 'train'")
+        if sum(x is not None for x in (self.model, self.hf, self.train)) != 1:
+            raise RecipeError("recipe: tokenizer: give exactly one of 'model', 'hf' or 'train'")
+        hf_only = (self.bos, self.eos, self.no_bos, self.engine)
+        if self.hf is None and any(x is not None for x in hf_only):
+            raise RecipeError(
+                "recipe: tokenizer: bos, eos, no_bos and engine apply to 'hf' tokenizers only"
+            )
+        if self.engine is not None and self.engine not in TOKENIZER_ENGINES:
+            raise RecipeError(
+                f"recipe: tokenizer.engine {self.engine!r} is not one of "
+                f"{', '.join(TOKENIZER_ENGINES)}"
+            )
 
 
 @dataclass(frozen=True)

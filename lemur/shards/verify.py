@@ -21,7 +21,8 @@ from lemur.shards.format import (
 
 CHUNK_TOKENS = 1 << 24
 # Manifest fields every reader relies on, with their JSON types.
-TOKENIZER_FIELDS = {"file": str, "sha256": str, "vocab_size": int, "bos_id": int, "eos_id": int}
+# `bos_id` is checked apart: it may be null (a model that frames without BOS, Qwen2.5).
+TOKENIZER_FIELDS = {"file": str, "sha256": str, "vocab_size": int, "eos_id": int}
 SHARD_FIELDS = {
     "file": str,
     "index": str,
@@ -63,7 +64,12 @@ def _field_problem(entry: Any, fields: dict[str, type], where: str) -> str | Non
 def manifest_problems(manifest: dict[str, Any], path: Path) -> list[str]:
     """Fields of a manifest with a wrong type, each a one-line message naming the field."""
     found = [_field_problem(manifest, {"seq_len": int}, "manifest")]
-    found.append(_field_problem(manifest.get("tokenizer"), TOKENIZER_FIELDS, "tokenizer"))
+    tok = manifest.get("tokenizer")
+    found.append(_field_problem(tok, TOKENIZER_FIELDS, "tokenizer"))
+    if isinstance(tok, dict):
+        bos = tok.get("bos_id", "missing")
+        if bos is not None and (not isinstance(bos, int) or isinstance(bos, bool) or bos < 0):
+            found.append(f"tokenizer.bos_id must be an integer >= 0 or null, got {_short(bos)}")
     shards = manifest.get("shards")
     if not isinstance(shards, list):
         found.append(f"shards must be a list, got {_short(shards)}")
@@ -138,7 +144,10 @@ def verify_shard(root: Path, shard: dict[str, Any], manifest: dict[str, Any]) ->
     if not problems and len(ends):
         tokens = np.memmap(bin_path, dtype=dtype, mode="r")
         starts = np.concatenate(([0], ends[:-1]))
-        if np.any(tokens[starts] != tok["bos_id"]) or np.any(tokens[ends - 1] != tok["eos_id"]):
+        bos, eos = tok["bos_id"], tok["eos_id"]
+        if bos is None and np.any(tokens[ends - 1] != eos):
+            problems.append(f"{idx_path}: a document does not end with EOS (id {eos})")
+        elif bos is not None and (np.any(tokens[starts] != bos) or np.any(tokens[ends - 1] != eos)):
             problems.append(f"{idx_path}: a document does not start with <s> and end with </s>")
         del tokens
     if "mask" in shard and (bad_mask := _check_mask(root, shard, ends)):

@@ -55,15 +55,17 @@ def duplicate_rows(
 ) -> list[dict]:
     """The removed documents of one task with the id kept in their place, decoded."""
     import numpy as np
-    import sentencepiece as spm
 
-    from lemur.shards.format import token_dtype
+    from lemur.tokenizer import open_tokenizer
 
     rows = removals(dedup_dir, rec.rank)
     if not len(rows):
         return []
-    sp = spm.SentencePieceProcessor(model_file=model)
-    run = open_array(tok_dir / f"{rec.rank:05d}.bin", token_dtype(sp.get_piece_size()))
+    tok = open_tokenizer(model)
+    table = json.loads((tok_dir / f"{rec.rank:05d}.json").read_text())
+    run = open_array(tok_dir / f"{rec.rank:05d}.bin", np.dtype(table["dtype"]))
+    # A document is framed BOS ... EOS, or ... EOS when the model has no BOS (Qwen2.5).
+    head = 0 if table.get("framing", [1])[0] is None else 1
     ids: dict[int, list[str]] = {}  # kept documents' tasks, read one file each
 
     def ids_of(task: int) -> list[str]:
@@ -74,14 +76,14 @@ def duplicate_rows(
     out = []
     for row in np.sort(rows, order="local").tolist():
         local, exact, keep_task, keep_local = (int(x) for x in row)
-        toks = run[rec.start[local] + 1 : rec.end[local] - 1]
+        toks = run[rec.start[local] + head : rec.end[local] - 1]
         out.append(
             {
                 "id": ids_of(rec.rank)[local],
                 "source": sources[rec.source[local]],
                 "kind": "exact" if exact else "near",
                 "kept_id": ids_of(keep_task)[keep_local],
-                "text": sp.decode(toks.tolist()),
+                "text": tok.decode(toks.tolist()),
             }
         )
     return out

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from loguru import logger
 
 from lemur.data.read.listing import InputFile
 from lemur.data.read.sources import SourcesReader
@@ -19,6 +23,8 @@ from lemur.data.tokenize.tokenizer import (
     train_tokenizer,
 )
 from lemur.shards.format import ShardFormatError, atomic_write_bytes, read_manifest
+from lemur.tokenizer import Tokenizer, open_tokenizer, read_hf_tokenizer
+from lemur.tokenizer.hf_files import CONFIG_FILES
 
 # Part of a trained tokenizer's file name key (the build's WORK_VERSION when it was set).
 KEY_VERSION = 2
@@ -65,6 +71,30 @@ def given_model(path: str) -> Path:
     return p
 
 
+HF_FILES = ("tokenizer.json", *CONFIG_FILES)
+
+
+def copy_hf_tokenizer(src: str, work: Path) -> Path:
+    """A recipe's `tokenizer.hf` copied under `work/` (tokenizer.json and its config files).
+
+    Checked first: a tokenizer.json that `tokenizers` cannot load is a TokenizerError
+    naming it. The copy is named by the tokenizer.json's hash and appears whole.
+    """
+    files = read_hf_tokenizer(src)
+    open_tokenizer(files.path)  # loads (and so validates) before anything is copied
+    target = work / f"hf-tokenizer-{files.sha256[:16]}"
+    if not (target / "tokenizer.json").is_file():
+        tmp = work / f".{target.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in HF_FILES:
+            if (files.path.parent / name).is_file():
+                shutil.copyfile(files.path.parent / name, tmp / name)
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    return target / "tokenizer.json"
+
+
 def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Path:
     """The recipe's tokenizer as a checked file under `<output>/.work/` (copied or trained).
 
@@ -74,6 +104,13 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
     to a given model (every other id unchanged).
     """
     chat = recipe.is_chat()
+    if recipe.tokenizer.hf is not None:
+        if chat:
+            raise TokenizerError(
+                "recipe: tokenizer.hf: chat builds with a tokenizer.json (the model's own chat "
+                "template) are not supported yet; use a SentencePiece tokenizer (ChatML)"
+            )
+        return copy_hf_tokenizer(recipe.tokenizer.hf, work)
     if recipe.tokenizer.model is not None:
         src = given_model(recipe.tokenizer.model)
         sha = tokenizer_info(src)["sha256"]  # TokenizerError naming `src` if unusable
@@ -93,3 +130,41 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
         texts = sample_texts(recipe, inputs, train.sample_bytes)
         train_tokenizer(texts, train, target, CHAT_PIECES if chat else ())
     return target
+
+
+def open_build_tokenizer(recipe: Recipe, path: Path) -> Tokenizer:
+    """The prepared tokenizer with the recipe's framing settings (BOS/EOS, engine)."""
+    cfg = recipe.tokenizer
+    if cfg.hf is None:
+        return open_tokenizer(path)
+    return open_tokenizer(
+        path, bos=cfg.bos, eos=cfg.eos, no_bos=bool(cfg.no_bos), engine=cfg.engine or "auto"
+    )
+
+
+def build_tokenizer_info(recipe: Recipe, path: Path) -> dict[str, Any]:
+    """The manifest's tokenizer entry (without the file) of the prepared tokenizer.
+
+    A tokenizer.json's entry also names its kind and the engine that encodes it (tiktoken
+    or tokenizers, and why not tiktoken), which the build logs.
+    """
+    if recipe.tokenizer.hf is None:
+        return tokenizer_info(path, CHAT_PIECES if recipe.is_chat() else ())
+    info = open_build_tokenizer(recipe, path).info()
+    why = f" ({info['engine_reason']})" if info.get("engine_reason") else ""
+    logger.info(f"tokenizer {path}: {info['vocab_size']} ids, encoded by {info['engine']}{why}")
+    return info
+
+
+def copy_tokenizer_files(path: Path, out: Path) -> str:
+    """Copy the prepared tokenizer into a build's directory; the name of its main file.
+
+    A tokenizer.json travels with the config files beside it (BOS/EOS, chat template).
+    """
+    if path.name != "tokenizer.json":
+        atomic_write_bytes(out / "tokenizer.model", path.read_bytes())
+        return "tokenizer.model"
+    for name in HF_FILES:
+        if (path.parent / name).is_file():
+            atomic_write_bytes(out / name, (path.parent / name).read_bytes())
+    return "tokenizer.json"

@@ -1,4 +1,4 @@
-"""The tokenize step: documents to `<s> tokens </s>` runs on disk, with per-document records
+"""The tokenize step: documents to `BOS tokens EOS` runs on disk, with per-document records
 (and, for chat builds, a loss mask aligned with the tokens)."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from datatrove.utils.batching import batched
 from lemur.data.counts import DOCUMENTS, TOKENS
 from lemur.data.filter.tagging import mix_language
 from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY
-from lemur.data.tokenize.tokenizer import load_tokenizer
 from lemur.shards.format import atomic_write_bytes, token_dtype
+from lemur.tokenizer import Tokenizer, open_tokenizer
 
 # The task-local record of every tokenized document; the pack stage reads these.
 DOC_RECORD = np.dtype(
@@ -31,47 +31,64 @@ DOC_RECORD = np.dtype(
 class TokenizeWriter(PipelineStep):
     """Tokenizes documents in batches and writes this task's token run to `out_dir`.
 
-    Output per task: `{rank}.bin` (flat tokens, `<s> doc </s>` per document),
-    `{rank}.docs.npy` (one DOC_RECORD per document) and `{rank}.json` (language table).
+    Output per task: `{rank}.bin` (flat tokens, `BOS doc EOS` per document: `<s> doc </s>`
+    for Llama-2, `doc <|endoftext|>` for Qwen2.5), `{rank}.docs.npy` (one DOC_RECORD per
+    document) and `{rank}.json` (language table, dtype, framing). `framing` is the
+    (BOS id or None, EOS id) the build settled from the recipe; None: the tokenizer's own.
     With `masks` (a chat build), documents arrive encoded by ChatEncoder and the task also
-    writes `{rank}.mask`: one uint8 loss-mask value per token of `{rank}.bin` (0 at `<s>`
-    and `</s>`). Files appear atomically when the task finishes; a killed task leaves
-    nothing behind that the pack stage could mistake for output.
+    writes `{rank}.mask`: one uint8 loss-mask value per token of `{rank}.bin` (0 at BOS and
+    EOS). Files appear atomically when the task finishes; a killed task leaves nothing
+    behind that the pack stage could mistake for output.
     """
 
     name = "🔢 lemur tokenize"
     type = "🔢 - TOKENIZER"
 
     def __init__(
-        self, tokenizer_path: str, out_dir: str, batch_docs: int = 256, masks: bool = False
+        self,
+        tokenizer_path: str,
+        out_dir: str,
+        batch_docs: int = 256,
+        masks: bool = False,
+        framing: tuple[int | None, int] | None = None,
+        engine: str = "auto",
     ) -> None:
         super().__init__()
         self.tokenizer_path = tokenizer_path
         self.out_dir = out_dir
         self.batch_docs = batch_docs
         self.masks = masks
+        self.framing = framing
+        self.engine = engine
 
-    def _encode(self, sp, batch: list[Document], dtype: np.dtype) -> tuple[list[int], bytes, bytes]:
-        """(lengths, token bytes, mask bytes) of a batch, each document framed `<s> ... </s>`."""
+    def _encode(
+        self, tok: Tokenizer, batch: list[Document], dtype: np.dtype
+    ) -> tuple[list[int], bytes, bytes]:
+        """(lengths, token bytes, mask bytes) of a batch, each document framed BOS ... EOS."""
+        bos, eos = self.framing or (tok.bos_id, tok.eos_id)
+        head = () if bos is None else (bos,)
         if not self.masks:
-            # One thread per task: parallelism comes from the executor's tasks.
-            encoded = sp.encode([d.text for d in batch], add_bos=True, add_eos=True, num_threads=1)
-            lengths = [len(t) for t in encoded]
-            flat = np.fromiter(chain.from_iterable(encoded), dtype, count=sum(lengths))
-            return lengths, flat.tobytes(), b""
+            encoded = tok.encode_batch([d.text for d in batch])
+            lengths = [len(t) + len(head) + 1 for t in encoded]
+            framed = chain.from_iterable(chain(head, t, (eos,)) for t in encoded)
+            return lengths, np.fromiter(framed, dtype, count=sum(lengths)).tobytes(), b""
         ids = [d.metadata.pop(TOKENS_KEY) for d in batch]
         masks = [d.metadata.pop(MASK_KEY) for d in batch]
-        lengths = [len(t) + 2 for t in ids]
-        bos, eos = np.array([sp.bos_id()], dtype), np.array([sp.eos_id()], dtype)
+        lengths = [len(t) + len(head) + 1 for t in ids]
+        first, last = np.array(head, dtype), np.array([eos], dtype)
         zero = np.zeros(1, np.uint8)
-        tokens = np.concatenate([x for t in ids for x in (bos, t.astype(dtype), eos)] or [bos[:0]])
-        mask = np.concatenate([x for m in masks for x in (zero, m, zero)] or [zero[:0]])
+        tokens = np.concatenate(
+            [x for t in ids for x in (first, t.astype(dtype), last)] or [first[:0]]
+        )
+        mask = np.concatenate(
+            [x for m in masks for x in (zero[: len(head)], m, zero)] or [zero[:0]]
+        )
         return lengths, tokens.tobytes(), mask.tobytes()
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
         """Consume documents; write the task's tokens, records and language table."""
-        sp = load_tokenizer(self.tokenizer_path)
-        dtype = token_dtype(sp.vocab_size())
+        tok = open_tokenizer(self.tokenizer_path, engine=self.engine)
+        dtype = token_dtype(tok.vocab_size)
         out = Path(self.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         tmp_bin = out / f".{rank:05d}.bin.tmp-{os.getpid()}"
@@ -83,7 +100,7 @@ class TokenizeWriter(PipelineStep):
         with open(tmp_bin, "wb") as fh, open(tmp_mask, "wb") if self.masks else nullcontext() as fm:
             for batch in batched(data or [], self.batch_docs):
                 with self.track_time("batch"):
-                    lengths, tokens, mask = self._encode(sp, batch, dtype)
+                    lengths, tokens, mask = self._encode(tok, batch, dtype)
                     fh.write(tokens)
                     if fm is not None:
                         fm.write(mask)
@@ -93,7 +110,10 @@ class TokenizeWriter(PipelineStep):
                     ids.append(doc.id)
                     self.stat_update(DOCUMENTS)
                     self.stat_update(TOKENS, value=n)
-        self._finish(out, rank, records, ids, languages, dtype)
+        framing = list(self.framing or (tok.bos_id, tok.eos_id))
+        self._finish(
+            out, rank, records, ids, {"languages": list(languages), "framing": framing}, dtype
+        )
         if self.masks:
             os.replace(tmp_mask, out / f"{rank:05d}.mask")
         # The token file is renamed last: its presence marks the task's output complete.
@@ -111,8 +131,8 @@ class TokenizeWriter(PipelineStep):
         return (doc.metadata["source_index"], lang, n, id_hash, end)
 
     @staticmethod
-    def _finish(out: Path, rank: int, records: list, ids: list[str], languages, dtype) -> None:
-        """Write the task's records, ids and language table (each atomically)."""
+    def _finish(out: Path, rank: int, records: list, ids: list[str], table: dict, dtype) -> None:
+        """Write the task's records, ids and table (languages, framing; each atomically)."""
         rec = np.array(records, dtype=DOC_RECORD)
         buf = io.BytesIO()
         np.save(buf, rec)
@@ -123,5 +143,5 @@ class TokenizeWriter(PipelineStep):
         )
         atomic_write_bytes(
             out / f"{rank:05d}.json",
-            json.dumps({"languages": list(languages), "dtype": dtype.name}).encode(),
+            json.dumps({**table, "dtype": dtype.name}).encode(),
         )
