@@ -33,7 +33,8 @@ from typing import Any
 
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
-IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+from lemur.chatml import IM_END, IM_START
+
 CHATML_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
