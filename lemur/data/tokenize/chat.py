@@ -119,8 +119,8 @@ class ChatEncoder(PipelineStep):
 
     Kept documents carry their ids and mask in metadata (TOKENS_KEY, MASK_KEY) for
     TokenizeWriter; a truncated one also carries its cut text (so dedup signs what is
-    trained on). Drops are counted under CONTROL_TEXT, TOO_LONG, NO_LOSS or BAD_SPANS, cuts under
-    `truncated:<source>`. Sits before the dedup signer: every document it passes is
+    trained on). Drops are counted under CONTROL_TEXT, TOO_LONG, NO_LOSS or BAD_SPANS,
+    cuts under `truncated:<source>`. Sits before the dedup signer: every document it passes is
     tokenized, so signatures and token records stay one to one.
     """
 
@@ -145,8 +145,8 @@ class ChatEncoder(PipelineStep):
         for batch in batched(data or [], self.batch_docs):
             with self.track_time("batch"):
                 batch = [d for d in batch if not self._spells_control(d, control)]
-                if batch:
-                    yield from self._batch(batch, *offsets.encode_flat([d.text for d in batch]))
+                kept = self._batch(batch, *offsets.encode_flat([d.text for d in batch]))
+            yield from kept
 
     def _spells_control(self, doc: Document, control: re.Pattern[str] | None) -> bool:
         """Whether `doc` holds a control piece's text (then dropped as CONTROL_TEXT)."""
