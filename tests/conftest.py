@@ -114,3 +114,14 @@ def tokenizer_model(tmp_path_factory) -> Path:
     texts = [p.read_text() for p in real_python_files(30)] + [d["text"] for d in real_text_docs(40)]
     out = tmp_path_factory.mktemp("tok") / "tokenizer.model"
     return train_tokenizer(texts, TokenizerTrainConfig(vocab_size=800), out)
+
+
+@pytest.fixture(scope="session")
+def llama2_tokenizer() -> Path:
+    """A real 32k SentencePiece BPE with Llama-2's conventions (`<unk>` 0, `<s>` 1, `</s>` 2,
+    dummy prefix, byte fallback): `tokenizer.model.v1` of the mistral-common wheel, read
+    where the wheel installed it (never committed)."""
+    mistral_common = pytest.importorskip("mistral_common")
+    path = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
+    assert path.is_file(), f"{path}: the mistral-common wheel no longer ships it"
+    return path

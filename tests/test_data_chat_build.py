@@ -17,6 +17,7 @@ from lemur.data.recipe import TokenizerTrainConfig
 from lemur.data.tokenize.chat import (
     BAD_SPANS,
     CHAT_PIECES,
+    CONTROL_TEXT,
     MASK_KEY,
     NO_LOSS,
     TOKENS_KEY,
@@ -240,6 +241,29 @@ def test_bad_spans_and_nothing_to_learn_are_dropped(chat_trained_model):
     kept, counts = encode_docs(chat_trained_model, [good, bad, empty])
     assert [d.id for d in kept] == ["chat/0"]
     assert counts == {f"dropped:chat:{BAD_SPANS}": 1, f"dropped:chat:{NO_LOSS}": 1}
+
+
+@pytest.mark.parametrize("model", ["chat_trained_model", "llama2_tokenizer"])
+def test_text_spelling_a_control_token_is_dropped(model, request, tmp_path):
+    """`<s>`, `</s>`, `<unk>` in content would be control tokens to transformers: dropped and
+    counted; text that only looks like them stays, encoded as text."""
+    path = request.getfixturevalue(model)
+    if model == "llama2_tokenizer":
+        path = extend_tokenizer(path, CHAT_PIECES, tmp_path / "t.model")
+    spelled = ["Use <s>old</s> to strike.", "It ends in </s>", "prints <unk>"]
+    near = ["<S> s> <s <|im_start", "</ s> <unk", "a\u2581<0x0A>"]
+    convs = [
+        [{"role": "user", "content": text}, {"role": "assistant", "content": "ok"}]
+        for text in spelled + near
+    ]
+    # In a system turn too; the second batch (7 documents a batch) holds only a dropped one.
+    convs += [[{"role": "system", "content": s}, *convs[3]] for s in ("Strike <s>.", "</s>")]
+    kept, counts = encode_docs(path, [chat_doc(m, i) for i, m in enumerate(convs)])
+    assert [d.id for d in kept] == ["chat/3", "chat/4", "chat/5"]
+    assert counts == {f"dropped:chat:{CONTROL_TEXT}": 5}
+    sp = load_tokenizer(path)
+    controls = [i for i in range(sp.vocab_size()) if sp.is_control(i) or sp.is_unknown(i)]
+    assert not np.isin(np.concatenate([d.metadata[TOKENS_KEY] for d in kept]), controls).any()
 
 
 # --- shard files and verify ---------------------------------------------------------------

@@ -121,6 +121,23 @@ def test_generate_command(run_dir: Path, tmp_path: Path) -> None:
     assert cli.main(["generate", str(run_dir), "--prompt", "x", "--chat"]) == 2  # no ChatML
 
 
+def test_chat_prompt_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A "messages" row needs --chat and well-formed messages: else one line, exit 2."""
+    rows = tmp_path / "rows.jsonl"
+    good = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    for row, chat, message in [
+        ({"messages": good}, False, 'rows.jsonl:1: needs a string "prompt"'),
+        ({"messages": [{"role": "user"}]}, True, 'rows.jsonl:1: "messages" must be'),
+        ({"messages": []}, True, 'rows.jsonl:1: "messages" must be'),
+        ({"messages": good, "prompt": "x"}, True, 'rows.jsonl:1: "messages" must be'),
+    ]:
+        rows.write_text(json.dumps(row) + "\n")
+        argv = ["generate", str(tmp_path / "none"), "--prompts", str(rows)]
+        assert cli.main(argv + ["--chat"] * chat) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+
+
 def test_humaneval_command(run_dir: Path, tmp_path: Path) -> None:
     argv = [
         "humaneval",

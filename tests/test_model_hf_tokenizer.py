@@ -16,6 +16,8 @@ from sentencepiece import sentencepiece_model_pb2 as model_pb2
 from lemur.data.read.chat import render_chatml
 from lemur.data.tokenize.chat import CHAT_PIECES, TOKENS_KEY, ChatEncoder
 from lemur.data.tokenize.tokenizer import extend_tokenizer
+from lemur.eval.generate import chat_prompt_ids
+from lemur.eval.load import SentencePieceTokenizer
 from lemur.model import checkpoint, convert, hf_tokenizer
 from lemur.model.config import config_from_preset
 from lemur.model.grow import grow_vocab
@@ -176,6 +178,22 @@ def test_dummy_prefix_model(tmp_path: Path) -> None:
         assert sp.encode(text)[:2] and sp.id_to_piece(sp.encode(text)[0]).startswith("▁")
         assert tok(text, add_special_tokens=False)["input_ids"] == sp.encode(text), text[:60]
         assert tok.decode(sp.encode(text)) == text
+
+
+def test_llama2_chat_ids_equal_the_template(llama2_tokenizer: Path, tmp_path: Path) -> None:
+    """Llama-2's real tokenizer (a dummy prefix) extended with the markers: the build's ids,
+    `generate --chat`'s prompts and the template's agree, with no `▁` before `<|im_start|>`."""
+    model = extend_tokenizer(llama2_tokenizer, CHAT_PIECES, tmp_path / "tokenizer.model")
+    write_hf_tokenizer(model, tmp_path / "hf")
+    tok = load(tmp_path / "hf")
+    start = spm.SentencePieceProcessor(model_file=str(model)).piece_to_id(IM_START)
+    whole = build_ids(model, MESSAGES)
+    assert whole[:2] == [1, start]  # not [1, 28705 "▁", start]
+    assert ids_of(tok.apply_chat_template(MESSAGES, tokenize=True)) == whole
+    ours = SentencePieceTokenizer(model)
+    for k in (2, 4):  # the prompt before each reply: the start of the trained document
+        prompt = ids_of(tok.apply_chat_template(MESSAGES[:k], add_generation_prompt=True))
+        assert chat_prompt_ids(ours, MESSAGES[:k]) == prompt == whole[: len(prompt)]
 
 
 def test_merges_rank_by_score(chat_model: Path) -> None:

@@ -88,8 +88,14 @@ def parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="complete prompts")
     _model_args(gen)
     gen.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
-    gen.add_argument("--prompts", default=None, help='JSONL file of {"prompt": ...} objects')
-    gen.add_argument("--chat", action="store_true", help="wrap prompts in ChatML")
+    gen.add_argument(
+        "--prompts",
+        default=None,
+        help='JSONL file of {"prompt": ...} objects (with --chat also {"messages": [...]})',
+    )
+    gen.add_argument(
+        "--chat", action="store_true", help="wrap prompts in ChatML (as the chat build does)"
+    )
     gen.add_argument("--out", default=None, help="write JSONL here instead of printing")
     _gen_args(gen, 256)
     he = sub.add_parser("humaneval", help="HumanEval (or --tasks) pass@k in a sandbox")
@@ -214,8 +220,23 @@ def cmd_bpb(args: argparse.Namespace) -> int:
     return 0
 
 
+def _messages(value: Any) -> bool:
+    """Whether `value` is a list of {"role": str, "content": str} messages (a chat prompt)."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(
+            isinstance(m, dict)
+            and set(m) == {"role", "content"}
+            and all(isinstance(v, str) for v in m.values())
+            for m in value
+        )
+    )
+
+
 def _read_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Prompt records from --prompt and --prompts (each a dict with at least "prompt")."""
+    """Prompt records from --prompt and --prompts (each a dict with "prompt", or with --chat
+    "messages": the conversation so far)."""
     rows = [{"prompt": p} for p in args.prompt]
     if args.prompts:
         for i, line in enumerate(Path(args.prompts).read_text().splitlines(), start=1):
@@ -225,7 +246,13 @@ def _read_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise UsageError(f"{args.prompts}:{i}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            if args.chat and isinstance(row, dict) and "messages" in row:
+                if not _messages(row["messages"]) or "prompt" in row:
+                    raise UsageError(
+                        f'{args.prompts}:{i}: "messages" must be a non-empty list of '
+                        '{"role": str, "content": str} (and no "prompt" beside it)'
+                    )
+            elif not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
                 raise UsageError(f'{args.prompts}:{i}: needs a string "prompt"')
             rows.append(row)
     if not rows:
@@ -245,7 +272,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         model.params,
         model.config,
         model.tokenizer,
-        [r["prompt"] for r in rows],
+        [r.get("prompt", r.get("messages")) for r in rows],
         _sampling(args),
         chat=args.chat,
     )
@@ -264,7 +291,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         _say(f"wrote {len(out)} completions to {args.out}")
     else:
         for o in out:
-            print(f"{o['prompt']}{o['completion']}\n--- ({o['finish']}, {o['new_tokens']} tokens)")
+            shown = o["prompt"] if "prompt" in o else o["messages"][-1]["content"]
+            print(f"{shown}{o['completion']}\n--- ({o['finish']}, {o['new_tokens']} tokens)")
     return 0
 
 

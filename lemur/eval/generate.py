@@ -20,18 +20,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lemur.chatml import IM_END as CHATML_END
+from lemur.chatml import IM_START as CHATML_START
 from lemur.eval.sampling import Sampling, sample
 from lemur.model import decode
 from lemur.model.config import LlamaConfig, Params
 
-CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
+# A chat prompt: one user turn, or the conversation so far ({"role", "content"} messages).
+ChatPrompt = str | Sequence[Mapping[str, str]]
 
 
 class Tokenizer(Protocol):
@@ -42,6 +45,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`, without <s> or </s>."""
+        ...
+
+    def encode_chat(self, text: str) -> list[int]:
+        """Ids of ChatML text as the chat build encodes it (lemur/chatml.py), without <s>."""
         ...
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -320,35 +327,47 @@ def generate_ids(
     return [Completion(len(r.prompt), r.tokens, r.text, r.finish or "length") for r in rows]
 
 
-def chat_prompt(tokenizer: Tokenizer, user: str, system: str | None = None) -> str:
-    """A ChatML prompt ending where the assistant's answer starts; refuses a tokenizer
-    without the ChatML pieces."""
+def chat_prompt(tokenizer: Tokenizer, prompt: ChatPrompt, system: str | None = None) -> str:
+    """ChatML text of `prompt` (a user turn, or messages) ending where the assistant's answer
+    starts; refuses a tokenizer without the ChatML pieces."""
     missing = [p for p in (CHATML_START, CHATML_END) if tokenizer.piece_id(p) is None]
     if missing:
         raise ValueError(
             f"the tokenizer has no {' / '.join(missing)} piece (--chat needs "
             "a ChatML tokenizer, e.g. one a Lemur-Chat build extended)"
         )
-    turns = ([("system", system)] if system else []) + [("user", user)]
-    text = "".join(f"{CHATML_START}{role}\n{content}{CHATML_END}\n" for role, content in turns)
+    if isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    turns = ([{"role": "system", "content": system}] if system else []) + list(prompt)
+    text = "".join(f"{CHATML_START}{m['role']}\n{m['content']}{CHATML_END}\n" for m in turns)
     return text + f"{CHATML_START}assistant\n"
+
+
+def chat_prompt_ids(
+    tokenizer: Tokenizer, prompt: ChatPrompt, system: str | None = None
+) -> list[int]:
+    """`<s>` + the ids of `chat_prompt`: what the exported tokenizer's chat template gives
+    with `add_generation_prompt=True`, and the start of the build's ids of the conversation."""
+    return [tokenizer.bos_id, *tokenizer.encode_chat(chat_prompt(tokenizer, prompt, system))]
 
 
 def generate(
     params: Params,
     config: LlamaConfig,
     tokenizer: Tokenizer,
-    prompts: Sequence[str],
+    prompts: Sequence[str] | Sequence[ChatPrompt],
     gen: GenerationConfig,
     *,
     chat: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Completion]:
-    """Complete text prompts (<s> prepended; ChatML-wrapped with `chat`)."""
+    """Complete text prompts (<s> prepended), or with `chat` ChatML prompts: user turns or
+    conversations so far (`chat_prompt_ids`)."""
     if chat:
-        prompts = [chat_prompt(tokenizer, p) for p in prompts]
+        ids = [chat_prompt_ids(tokenizer, p) for p in prompts]
         gen = dataclasses.replace(gen, stop=(*gen.stop, CHATML_END))
-    ids = [[tokenizer.bos_id, *tokenizer.encode(p)] for p in prompts]
+    else:
+        ids = [[tokenizer.bos_id, *tokenizer.encode(str(p))] for p in prompts]
     return generate_ids(
         params, config, ids, gen, eos_id=tokenizer.eos_id, tokenizer=tokenizer, progress=progress
     )

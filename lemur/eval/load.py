@@ -29,6 +29,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import sentencepiece as spm
 
+from lemur.chatml import chat_processor
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import hf
 from lemur.model.config import LlamaConfig, Params, param_shapes
@@ -50,10 +51,17 @@ class SentencePieceTokenizer:
         self.bos_id, self.eos_id = int(self.sp.bos_id()), int(self.sp.eos_id())
         self.vocab_size = int(self.sp.vocab_size())
         self.sha256 = hashlib.sha256(self.path.read_bytes()).hexdigest()
+        self._chat_sp: spm.SentencePieceProcessor | None = None
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`, without <s> or </s>."""
         return list(self.sp.encode(text))
+
+    def encode_chat(self, text: str) -> list[int]:
+        """Ids of ChatML text as the chat build encodes it (no dummy-prefix `▁`: chatml.py)."""
+        if self._chat_sp is None:
+            self._chat_sp = chat_processor(self.sp)
+        return list(self._chat_sp.encode(text))
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`."""

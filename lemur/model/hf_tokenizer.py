@@ -8,7 +8,9 @@ chat answer, when the model has it). With the two ChatML pieces in the model, th
 carries a chat template that renders a conversation exactly as a lemur chat build frames
 it: `<s>` + `<|im_start|>{role}\n{content}<|im_end|>\n` per message + `</s>`; with
 `add_generation_prompt` it ends on `<|im_start|>assistant\n` instead (no `</s>`), the
-prompt a chat model answers.
+prompt a chat model answers. transformers encodes what it renders (`legacy: false`: no `▁`
+before the first marker, none after any) to the ids of the build and of `lemur-eval
+generate --chat` (lemur/chatml.py), for a model with a dummy prefix too.
 
 Why a hand-written tokenizer.json: transformers is a dev-only dependency, and without
 the file, transformers 4.x converts `tokenizer.model` itself with Llama-2 assumptions
@@ -33,7 +35,8 @@ from typing import Any
 
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
-IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+from lemur.chatml import IM_END, IM_START
+
 CHATML_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"

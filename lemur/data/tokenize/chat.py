@@ -6,11 +6,15 @@ A chat document (see lemur/data/read/chat.py) is a conversation rendered as Chat
 char offsets are turned into UTF-8 byte offsets, and the mask of a token is 1 exactly when
 every byte it stands for lies inside a loss span, by the byte offsets of the tokens of one
 encoding of the whole conversation (offsets.py), so the tokens are those a plain `encode`
-of the text gives.
+of the text gives, by the model without its dummy prefix (lemur/chatml.py: the ids
+transformers' `apply_chat_template` gives with the exported tokenizer). A conversation
+whose text spells a control piece (`<s>`, `</s>`, `<unk>`) is dropped: transformers would
+read it as that token, and content never becomes a control token in training data.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +23,7 @@ from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
+from lemur.chatml import chat_processor, control_pattern
 from lemur.data.counts import dropped_label, truncated_label
 from lemur.data.read.chat import IM_END, IM_START
 from lemur.data.tokenize.offsets import TokenOffsets, byte_offsets
@@ -32,6 +37,7 @@ LONG_POLICIES = ("truncate", "drop")
 TOO_LONG = "chat:too_long"  # over seq_len, and no cut at a turn boundary fits (or `drop`)
 NO_LOSS = "chat:no_loss_tokens"  # no token lies wholly inside a loss span
 BAD_SPANS = "chat:bad_spans"  # loss spans or turn ends outside the text or out of order
+CONTROL_TEXT = "chat:control_in_content"  # text spelling `<s>`, `</s>`, `<unk>`: see chatml.py
 
 
 def loss_mask(
@@ -113,8 +119,8 @@ class ChatEncoder(PipelineStep):
 
     Kept documents carry their ids and mask in metadata (TOKENS_KEY, MASK_KEY) for
     TokenizeWriter; a truncated one also carries its cut text (so dedup signs what is
-    trained on). Drops are counted under TOO_LONG, NO_LOSS or BAD_SPANS, cuts under
-    `truncated:<source>`. Sits before the dedup signer: every document it passes is
+    trained on). Drops are counted under CONTROL_TEXT, TOO_LONG, NO_LOSS or BAD_SPANS,
+    cuts under `truncated:<source>`. Sits before the dedup signer: every document it passes is
     tokenized, so signatures and token records stay one to one.
     """
 
@@ -134,11 +140,20 @@ class ChatEncoder(PipelineStep):
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
         """Pass on each kept chat document with its ids and mask; count the rest."""
-        offsets = TokenOffsets(load_tokenizer(self.tokenizer_path))
+        sp = load_tokenizer(self.tokenizer_path)
+        offsets, control = TokenOffsets(chat_processor(sp)), control_pattern(sp)
         for batch in batched(data or [], self.batch_docs):
             with self.track_time("batch"):
+                batch = [d for d in batch if not self._spells_control(d, control)]
                 kept = self._batch(batch, *offsets.encode_flat([d.text for d in batch]))
             yield from kept
+
+    def _spells_control(self, doc: Document, control: re.Pattern[str] | None) -> bool:
+        """Whether `doc` holds a control piece's text (then dropped as CONTROL_TEXT)."""
+        if control is None or control.search(doc.text) is None:
+            return False
+        self._drop(doc, CONTROL_TEXT)
+        return True
 
     def _drop(self, doc: Document, reason: str) -> None:
         self.stat_update(dropped_label(str(doc.metadata.get("source")), reason))
