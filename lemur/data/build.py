@@ -45,7 +45,7 @@ from lemur.data.recipe import Recipe
 from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
 from lemur.data.run.executors import make_executor
 from lemur.data.run.lock import DirectoryLock, LockedError
-from lemur.data.tokenize.chat import CHAT_PIECES, ChatEncoder
+from lemur.data.tokenize.chat import ChatEncoder
 from lemur.data.tokenize.prepare import (
     build_tokenizer_info,
     copy_tokenizer_files,
@@ -60,7 +60,6 @@ from lemur.shards.format import (
     FORMAT,
     MANIFEST,
     ShardFormatError,
-    atomic_write_bytes,
     atomic_write_json,
     dtype_name,
     read_manifest,
