@@ -17,7 +17,6 @@ from test_eval_bpb import _write_shards
 from test_train_loop import build_corpus, compile_cache, tiny_config
 
 from lemur.eval import cli
-from lemur.eval.find_tokenizer import started_from
 from lemur.eval.load import LoadError, load_model
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import convert, llama
@@ -115,6 +114,8 @@ def test_a_legacy_relative_run_finds_its_data_from_elsewhere(
 
 
 def test_started_from() -> None:
+    from lemur.eval.find_tokenizer import started_from
+
     assert started_from("runs/x", Path("/home/u/proj/runs/x")) == Path("/home/u/proj")
     assert started_from("./runs/x/", Path("/home/u/proj/runs/x")) == Path("/home/u/proj")
     assert started_from("runs/x", Path("/elsewhere/y")) is None

@@ -102,10 +102,11 @@ def test_a_file_or_a_source_as_destination_is_one_line(
     checkpoints: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "file").write_text("keep")
-    assert convert.main(["to-hf", str(checkpoints / "b"), str(tmp_path / "file"), "--force"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "exists and is not a directory" in err[0], err
-    assert (tmp_path / "file").read_text() == "keep"
+    for force in ([], ["--force"]):  # a file is no export, to replace or not
+        assert convert.main(["to-hf", str(checkpoints / "b"), str(tmp_path / "file"), *force]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "exists and is not a directory" in err[0], err
+        assert (tmp_path / "file").read_text() == "keep"
     assert convert.main(["to-hf", str(checkpoints / "b"), str(tmp_path / "file" / "x")]) == 2
     assert "is not a directory" in capsys.readouterr().err
     # DST is the source, or holds it: replacing it would delete the source.
