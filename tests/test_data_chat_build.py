@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sentencepiece as spm
+import yaml
 from conftest import real_python_files, real_text_docs
 from datatrove.data import Document
 
@@ -694,3 +695,23 @@ def test_piece_offsets_agree_with_sentencepiece_offset_mapping(kind, request, tm
             # (a literal U+2581 reads back as a space: SentencePiece's own space marker)
             wanted = "".join(text[s:e] for s, e in spans).replace("\u2581", " ")
             assert masked_text(sp, a[0], loss_mask(a[1], byte_spans, size)) == wanted
+
+
+def test_a_chat_build_that_keeps_no_conversation_is_an_error(tmp_path, tokenizer_model, capsys):
+    """seq_len 16 holds no reply: every conversation is dropped, and that is no corpus (exit
+    2, saying what became of the conversations), not a manifest without shards."""
+    from lemur.data.cli import main
+
+    paths, _ = chat_corpus(tmp_path / "data")
+    raw = chat_recipe(tmp_path, paths, {"model": str(tokenizer_model)}, seq_len=16)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump(raw))
+    with pytest.raises(SystemExit) as exit_:
+        main(["build", str(recipe)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        "lemur-data: error: chat: no conversation is left to train on (seq_len 16, chat.long "
+        "truncate); read 33 documents, dropped 33 (chat:too_long 33), 0 input errors"
+    )
+    assert not (tmp_path / "out" / "manifest.json").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -147,6 +148,31 @@ def test_cli_bad_recipe_exit_2_one_line(tmp_path):
         "tokenize_batch_docs, tokenizer, val_fraction)"
     ]
     assert "Traceback" not in res.stderr
+
+
+def test_unusable_tokenizer_model_is_exit_2_before_reading(tmp_path):
+    """docs/recipe.md: a given model that is not a SentencePiece model with <s>=1, </s>=2 is a
+    one-line error naming it, exit 2, before any input is read."""
+    bogus = tmp_path / "passwd"
+    bogus.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(_recipe(tmp_path, tokenizer={"model": str(bogus)})))
+    res = _cli("build", str(path))
+    assert res.returncode == 2, res.stderr
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"lemur-data: error: recipe: tokenizer.model: {bogus}: not a SentencePiece model"
+    ), err
+    assert not (tmp_path / "out").exists()
+    # A shard directory lends the tokenizer its manifest names: that file must be usable too.
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    manifest = {"format": "lemur-shards/1", "dtype": "uint16", "seq_len": 8, "shards": []}
+    (shards / "manifest.json").write_text(
+        json.dumps({**manifest, "tokenizer": {"file": "gone.model"}})
+    )
+    with pytest.raises(RecipeError, match=r"tokenizer.model: .*gone.model: not a SentencePiece"):
+        recipe_from_dict(_recipe(tmp_path, tokenizer={"model": str(shards)}))
 
 
 def test_cli_dry_run_prints_resolved_recipe(tmp_path):

@@ -117,7 +117,7 @@ def test_bad_tokenizer_model_is_refused_before_any_copy(built, sources, tmp_path
     bogus.write_text("root:x:0:0:root:/root:/bin/bash\n")
     raw = raw_recipe(sources, out, tokenizer={"model": str(bogus)})
     res = cli(["build", str(write_recipe(raw, tmp_path / "bogus.yaml"))])
-    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert res.returncode == 2 and "Traceback" not in res.stderr  # a recipe mistake
     assert f"{bogus}: not a SentencePiece model" in res.stderr.strip().splitlines()[-1]
     assert_valid(out, before)
 

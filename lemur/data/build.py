@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lemur.data.budget import is_enabled, read_sources
-from lemur.data.counts import collect_counts
+from lemur.data.counts import collect_counts, drops
 from lemur.data.dedup.signer import DedupSigner
 from lemur.data.dedup.stage import expected_memory, run_dedup
 from lemur.data.filter.base import EmptyDocumentFilter, LanguageFilter, LemurFilter
@@ -37,6 +37,7 @@ from lemur.data.filter.text import (
     GopherQualityFilter,
     GopherRepetitionFilter,
 )
+from lemur.data.pack.plan import PackError
 from lemur.data.pack.shuffle import ShuffleError
 from lemur.data.pack.write import Packer
 from lemur.data.read.listing import InputFile, Listing, list_inputs
@@ -381,7 +382,10 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     prefix = f"build-{_sha([settings, key])[:12]}"
     vocab = tok["vocab_size"]
     packer = Packer(recipe, work / "tokens", out, n_tasks, vocab, prefix, tok_path, dd, stage)
-    pack_plan = packer.plan()  # histogram tasks, then the plan in this process
+    try:
+        pack_plan = packer.plan()  # histogram tasks, then the plan in this process
+    except PackError as e:  # e.g. nothing left to pack: say what the documents became
+        raise PackError(f"{e}; {drops(collect_counts(work, recipe, n_tasks, listing))}") from None
     read = reading.summary(recipe)
     if on_plan:
         memory = {**expected_memory(recipe.dedup, dd), **pack_plan.memory}

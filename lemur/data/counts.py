@@ -181,3 +181,14 @@ def collect_counts(
         **truncated,
         **({"dedup": dedup} if dedup is not None else {}),
     }
+
+
+def drops(counts: dict[str, Any]) -> str:
+    """One line of what became of the documents read: `read N, dropped M (reason n, ...)`."""
+    reasons = ", ".join(f"{r} {n:,}" for r, n in counts["dropped"].items())
+    dropped = sum(counts["dropped"].values())
+    return (
+        f"read {counts['read']:,} documents, dropped {dropped:,}"
+        + (f" ({reasons})" if reasons else "")
+        + f", {counts['errors_total']:,} input errors"
+    )

@@ -265,8 +265,22 @@ def _validate_executor_and_tokenizer(recipe: Recipe, check_paths: bool) -> None:
             raise RecipeError(
                 f"recipe: tokenizer.hf '{tok.hf}' is not a tokenizer.json or a folder holding one"
             )
+    if tok.model is not None and check_paths:
+        _check_given_tokenizer(tok.model)
     if tok.train is not None:
         check_train_settings(tok.train)
+
+
+def _check_given_tokenizer(value: str) -> None:
+    """Load the model `tokenizer.model` names (a file, or a shard directory's), so that an
+    unusable one is a recipe mistake found before any input is read (exit 2)."""
+    from lemur.data.tokenize.prepare import given_model
+    from lemur.data.tokenize.tokenizer import TokenizerError, load_tokenizer
+
+    try:
+        load_tokenizer(given_model(value))
+    except TokenizerError as e:
+        raise RecipeError(f"recipe: tokenizer.model: {e}") from None
 
 
 def _validate_decontaminate(dc: DecontaminateConfig, check_paths: bool) -> None:

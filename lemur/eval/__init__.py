@@ -9,6 +9,7 @@
 | `sandbox` | `run_python`, `Limits`, `probe` (what this machine can contain) |
 | `jail` | the script that enters the sandbox before exec (run by path, stdlib only) |
 | `load` | `load_model`: a run dir, orbax step, lemur checkpoint or HF Llama folder |
+| `find_tokenizer` | a run's tokenizer (its first data directory), or the one given |
 | `cli` | the `lemur-eval` command |
 
 The names below are importable from `lemur.eval` directly; each loads its module on first

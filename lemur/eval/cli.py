@@ -39,7 +39,10 @@ def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     )
     p.add_argument("--step", type=int, default=None, help="checkpoint step of a run dir")
     p.add_argument(
-        "--tokenizer", default=None, help="SentencePiece model (overrides the one found)"
+        "--tokenizer",
+        default=None,
+        help="SentencePiece model, or a shard directory or model folder holding one "
+        "(overrides the one found)",
     )
     p.add_argument(
         "--dtype",
@@ -153,15 +156,27 @@ def _sampling(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> Any:
     )
 
 
-def _check_tokenizer(model: Any, directory: Any) -> None:
-    """Refuse shards (an open `ShardDir`) tokenized with another tokenizer than the model's
-    (when it is known)."""
+def _need_tokenizer(args: argparse.Namespace, model: Any) -> None:
+    """UsageError, saying why, when the model came without a tokenizer."""
+    if model.tokenizer is None:
+        why = f" ({model.tokenizer_problem})" if model.tokenizer_problem else ""
+        raise UsageError(f"{args.checkpoint}: no tokenizer found{why}; give --tokenizer")
+
+
+def _check_tokenizer(args: argparse.Namespace, model: Any, directory: Any) -> None:
+    """Refuse shards (an open `ShardDir`) tokenized with another tokenizer than the model's:
+    its file's, else the hash its run recorded. A run whose tokenizer is unknown is refused
+    too (a number from the wrong ids would look like any other)."""
     want = directory.tokenizer.get("sha256")
-    if model.tokenizer is not None and want and model.tokenizer.sha256 != want:
+    have = model.tokenizer.sha256 if model.tokenizer is not None else model.tokenizer_sha256
+    if have is None and model.tokenizer_problem is not None:
         raise UsageError(
-            f"{directory}: shards were tokenized with another tokenizer than "
-            f"the model's {model.tokenizer.path}"
+            f"{args.checkpoint}: cannot check the shards' tokenizer: "
+            f"{model.tokenizer_problem}; give --tokenizer"
         )
+    if have is not None and want and have != want:
+        what = f"the model's {model.tokenizer.path}" if model.tokenizer else "the run's"
+        raise UsageError(f"{directory}: shards were tokenized with another tokenizer than {what}")
 
 
 def _bpb_table(results: list[dict[str, Any]]) -> None:
@@ -201,7 +216,7 @@ def cmd_bpb(args: argparse.Namespace) -> int:
     model = _load(args)
     dirs = [ShardDir(d) for d in args.dirs]  # each manifest read once, here
     for d in dirs:
-        _check_tokenizer(model, d)
+        _check_tokenizer(args, model, d)
     seq_len = args.seq_len or min(2048, model.config.max_seq_len)
     settings = bpb.BpbSettings(
         seq_len=seq_len,
@@ -266,8 +281,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     rows = _read_prompts(args)
     model = _load(args, for_decoding=True)
-    if model.tokenizer is None:
-        raise UsageError(f"{args.checkpoint}: no tokenizer found; give --tokenizer")
+    _need_tokenizer(args, model)
     completions = generate(
         model.params,
         model.config,
@@ -308,8 +322,7 @@ def _humaneval_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list
     if args.checkpoint is None:
         raise UsageError("humaneval needs a CHECKPOINT (or --canonical)")
     model = _load(args, for_decoding=True)
-    if model.tokenizer is None:
-        raise UsageError(f"{args.checkpoint}: no tokenizer found; give --tokenizer")
+    _need_tokenizer(args, model)
     if args.n > 1 and args.temperature == 0:
         _say(f"--n {args.n} with greedy decoding: every sample of a task is the same")
     gen = _sampling(args)

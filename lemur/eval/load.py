@@ -11,7 +11,8 @@ Accepted, told apart by the files inside:
 Only the params are read from a run's train state (orbax partial restore: the optimizer
 moments, twice the params' size, stay on disk). The tokenizer is the SentencePiece model
 beside HF weights (`tokenizer.model`), or the one of the run's first data directory, or
-the one given.
+the one given (a file, or a shard directory or model folder holding one: see
+lemur.eval.find_tokenizer); a run's recorded tokenizer hash must match it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ import orbax.checkpoint as ocp
 import sentencepiece as spm
 
 from lemur.chatml import chat_processor
+from lemur.eval.find_tokenizer import (
+    Found,
+    TokenizerLookupError,
+    given_tokenizer,
+    run_path,
+    run_tokenizer,
+    started_from,
+)
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import hf
 from lemur.model.config import LlamaConfig, Params, param_shapes
@@ -82,6 +91,10 @@ class LoadedModel:
     tokenizer: SentencePieceTokenizer | None
     kind: str  # "run", "lemur", "hf"
     source: str
+    # Why there is no tokenizer (e.g. the run's data directory is gone), and the hash of the
+    # one the model was trained with (a run's; None when unknown).
+    tokenizer_problem: str | None = None
+    tokenizer_sha256: str | None = None
 
 
 def detect_kind(path: Path) -> str:
@@ -109,7 +122,9 @@ def _latest_step(run_dir: Path) -> Path:
         import yaml
 
         raw = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-        ckpt = Path((raw.get("checkpoint") or {}).get("dir") or ckpt).absolute()
+        stored = (raw.get("checkpoint") or {}).get("dir")
+        if stored:  # relative in runs older than absolute paths: to where the run started
+            ckpt = run_path(str(stored), started_from(raw.get("run_dir"), run_dir))
     steps = sorted(
         (int(p.name), p)
         for p in ckpt.glob("*")
@@ -162,17 +177,13 @@ def _run_params(step_dir: Path, abstract: Any) -> Params:
     return restored["params"]
 
 
-def _run_tokenizer(meta: dict[str, Any]) -> Path | None:
-    """The tokenizer of a run's first data directory, if that directory is still there."""
-    dirs = (meta.get("config", {}).get("data") or {}).get("dirs") or []
-    if not dirs:
-        return None
-    manifest = Path(dirs[0]) / "manifest.json"
-    try:
-        entry = json.loads(manifest.read_text())["tokenizer"]
-    except (OSError, ValueError, KeyError):
-        return None
-    return Path(dirs[0]) / entry.get("file", "tokenizer.model")
+def _run_origin(step_dir: Path, meta: dict[str, Any]) -> Path | None:
+    """Where a run with relative paths in its config was started (see find_tokenizer)."""
+    config = meta.get("config") or {}
+    stored = (config.get("checkpoint") or {}).get("dir")
+    if not stored and config.get("run_dir"):
+        stored = str(Path(config["run_dir"]) / "checkpoints")
+    return started_from(stored, step_dir.parent)
 
 
 def _load_hf(path: Path) -> tuple[LlamaConfig, Params]:
@@ -185,17 +196,15 @@ def _load_hf(path: Path) -> tuple[LlamaConfig, Params]:
         return config, hf.params_from_hf(get_tensor, config)
 
 
-def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Path | None, str]:
-    """(config, host params, tokenizer path or None, kind) of any accepted path."""
+def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Found, str]:
+    """(config, host params, the tokenizer found, kind) of any accepted path."""
     kind = detect_kind(path)
     if kind == "hf":
         config, params = _load_hf(path)
-        tok = path / "tokenizer.model"
-        return config, params, tok if tok.is_file() else None, kind
+        return config, params, Found(model_checkpoint.tokenizer_path(path)), kind
     if kind == "lemur":
         params, config = model_checkpoint.load_params(path)
-        tok = path / "tokenizer.model"
-        return config, params, tok if tok.is_file() else None, kind
+        return config, params, Found(model_checkpoint.tokenizer_path(path)), kind
     step_dir = (
         path
         if kind == "step"
@@ -205,7 +214,8 @@ def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Path | Non
         raise LoadError(f"{step_dir}: no such checkpoint")
     abstract = _abstract_params(step_dir)
     config, meta = _run_config(step_dir, abstract)
-    return config, _run_params(step_dir, abstract), _run_tokenizer(meta), "run"
+    found = run_tokenizer(meta, _run_origin(step_dir, meta))
+    return config, _run_params(step_dir, abstract), found, "run"
 
 
 def _to_device(params: Params) -> Params:
@@ -241,14 +251,34 @@ def load_model(
     root = Path(path).expanduser().absolute()  # orbax refuses relative checkpoint paths
     if not root.is_dir():
         raise LoadError(f"{root}: no such directory")
-    config, params, tok_path, kind = _read(root, step)
+    config, params, found, kind = _read(root, step)
     if (dtype := resolve_dtype(dtype)) is not None:
         config = dataclasses.replace(config, dtype=dtype)
-    tok_path = Path(tokenizer) if tokenizer is not None else tok_path
-    tok = SentencePieceTokenizer(tok_path) if tok_path is not None and tok_path.is_file() else None
-    if tok is not None and tok.vocab_size > config.vocab_size:
+    tok = _tokenizer(tokenizer, found, config)
+    problem = None if tok is not None else found.problem
+    return LoadedModel(config, _to_device(params), tok, kind, str(root), problem, found.sha256)
+
+
+def _tokenizer(
+    given: str | os.PathLike[str] | None, found: Found, config: LlamaConfig
+) -> SentencePieceTokenizer | None:
+    """The given tokenizer (else the one found), checked against the model: no more pieces
+    than its ids, and the hash its run recorded (when it recorded one)."""
+    try:
+        path = given_tokenizer(given) if given is not None else found.path
+    except TokenizerLookupError as e:
+        raise LoadError(str(e)) from None
+    if path is None:
+        return None
+    tok = SentencePieceTokenizer(path)
+    if tok.vocab_size > config.vocab_size:
         raise LoadError(
-            f"{tok_path}: tokenizer of {tok.vocab_size} pieces for a model of "
+            f"{path}: tokenizer of {tok.vocab_size} pieces for a model of "
             f"vocab_size {config.vocab_size}"
         )
-    return LoadedModel(config, _to_device(params), tok, kind, str(root))
+    if found.sha256 and tok.sha256 != found.sha256:
+        raise LoadError(
+            f"{path}: not the tokenizer the model was trained with (sha256 "
+            f"{tok.sha256[:12]}..., the run's {found.sha256[:12]}...)"
+        )
+    return tok

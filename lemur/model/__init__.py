@@ -11,6 +11,7 @@
 | `grow` | `grow_vocab`: new embedding rows / head columns for appended pieces (ChatML) |
 | `hf_tokenizer` | `write_hf_tokenizer`: HF tokenizer files (chat template) of a SP model |
 | `convert` | the `lemur-convert` command: HF safetensors <-> lemur checkpoint |
+| `export_dir` | `replacing`: an export written beside DST, renamed into place when complete |
 
 The names below are importable from `lemur.model` directly; each loads its module on first
 use, so importing the package does not pull in JAX. See docs/model.md.

@@ -2,7 +2,7 @@
 
     lemur-convert to-lemur HF_DIR OUT_DIR [--dtype float32]
     lemur-convert to-hf LEMUR_DIR OUT_DIR [--dtype bfloat16] [--shard-gb 5] [--tokenizer PATH]
-    lemur-convert from-run RUN_DIR OUT_DIR [--step N]
+    lemur-convert from-run RUN_DIR OUT_DIR [--step N] [--tokenizer PATH]
 
 HF_DIR holds config.json and model.safetensors or sharded model-*.safetensors with
 model.safetensors.index.json (what `save_pretrained` and the Hub give). Tensors stream
@@ -14,6 +14,9 @@ to-lemur copies it from HF_DIR, from-run takes the run's data tokenizer, and to-
 it as HF tokenizer files (lemur.model.hf_tokenizer: a ChatML tokenizer gets its chat
 template). from-run turns a lemur-train run's checkpoint (its params only) into a lemur
 checkpoint, e.g. to fine-tune from it (`model.init_from`) or to export it.
+
+OUT_DIR is written whole or not at all (lemur.model.export_dir): each command refuses a
+non-empty OUT_DIR unless given --force, which replaces it once the new export is complete.
 """
 
 from __future__ import annotations
@@ -27,50 +30,99 @@ from pathlib import Path
 
 import numpy as np
 
-from lemur.model import checkpoint, hf, hf_tokenizer
+from lemur.model import checkpoint, export_dir, hf, hf_tokenizer
 from lemur.model.config import DTYPES, param_count
 
+# What each command reads, and the command that reads each other kind of folder.
+WANTS = {"to-lemur": "hf", "to-hf": "lemur", "from-run": "run"}
+KIND_NAMES = {
+    "hf": "a Hugging Face folder (config.json + safetensors)",
+    "lemur": "a lemur checkpoint (config.json + params/)",
+    "run": "a lemur-train run directory (or one checkpoint step of it)",
+}
+READS = {"hf": "to-lemur", "lemur": "to-hf", "run": "from-run"}
 
-def to_lemur(hf_dir: str, out_dir: str, dtype: str = "float32") -> None:
+
+def check_source(command: str, src: str) -> None:
+    """Refuse a source that `command` does not read, naming the command that reads it."""
+    # lemur.eval reads every kind of model folder and depends on lemur.model: imported here
+    # so that lemur.model keeps no import of it at module level.
+    from lemur.eval.load import LoadError, detect_kind
+
+    path = Path(src).expanduser()
+    if not path.is_dir():
+        raise ValueError(f"{src}: no such directory")
+    try:
+        kind = detect_kind(path)
+    except LoadError:
+        kind = None
+    kind = "run" if kind == "step" else kind
+    want = WANTS[command]
+    if kind == want or (kind is None and want == "hf"):
+        return  # an HF folder's reader names what is missing (e.g. only .bin weights)
+    if kind is None:
+        raise ValueError(f"{src}: not {KIND_NAMES[want]}")
+    then = " (then to-hf its output)" if command == "to-hf" and kind == "run" else ""
+    raise ValueError(
+        f"{src}: {KIND_NAMES[kind]}, not {KIND_NAMES[want]}; use "
+        f"`lemur-convert {READS[kind]}`{then}"
+    )
+
+
+def to_lemur(hf_dir: str, out_dir: str, dtype: str = "float32", force: bool = False) -> None:
     """HF directory -> lemur checkpoint directory, tensor by tensor."""
     start = time.time()
-    with hf.open_hf_checkpoint(hf_dir) as (hf_config, get_tensor):
-        config = hf.config_from_hf(hf_config)
-        print(f"{hf_dir}: {param_count(config):,} params, {config}", flush=True)
-        names = hf.hf_names(config)
+    check_source("to-lemur", hf_dir)
+    with export_dir.replacing(out_dir, force, (Path(hf_dir),)) as partial:
+        with hf.open_hf_checkpoint(hf_dir) as (hf_config, get_tensor):
+            config = hf.config_from_hf(hf_config)
+            print(f"{hf_dir}: {param_count(config):,} params, {config}", flush=True)
+            names = hf.hf_names(config)
+            counter = itertools.count(1)
 
-        counter = itertools.count(1)
+            def logged(name: str) -> np.ndarray:
+                done = next(counter)
+                if done % 50 == 0 or done == len(names):
+                    print(
+                        f"  read {done}/{len(names)} tensors ({time.time() - start:.0f}s)",
+                        flush=True,
+                    )
+                return get_tensor(name)
 
-        def logged(name: str) -> np.ndarray:
-            done = next(counter)
-            if done % 50 == 0 or done == len(names):
-                print(
-                    f"  read {done}/{len(names)} tensors ({time.time() - start:.0f}s)", flush=True
-                )
-            return get_tensor(name)
-
-        params = hf.params_from_hf(logged, config, dtype)
-    checkpoint.save_params(out_dir, params, config, checkpoint.tokenizer_path(hf_dir))
+            params = hf.params_from_hf(logged, config, dtype)
+        checkpoint.save_params(partial, params, config, checkpoint.tokenizer_path(hf_dir))
     print(f"wrote {out_dir} ({dtype}) in {time.time() - start:.0f}s", flush=True)
 
 
-def from_run(run_dir: str, out_dir: str, step: int | None = None) -> None:
-    """A lemur-train run's latest (or `step`) checkpoint -> lemur checkpoint + tokenizer."""
-    # lemur.eval reads runs (params only, no optimizer state) and depends on lemur.model;
-    # imported here so that lemur.model keeps no import of it at module level.
-    from lemur.eval.load import detect_kind, load_model
+def from_run(
+    run_dir: str,
+    out_dir: str,
+    step: int | None = None,
+    tokenizer: str | None = None,
+    force: bool = False,
+) -> None:
+    """A lemur-train run's latest (or `step`) checkpoint -> lemur checkpoint + tokenizer.
+
+    The tokenizer is the run's (its first data directory's), else `tokenizer`; a run whose
+    tokenizer is gone and none given is refused: the checkpoint would be unusable alone.
+    """
+    from lemur.eval.load import load_model
 
     start = time.time()
-    if detect_kind(Path(run_dir)) not in ("run", "step"):
-        raise ValueError(f"{run_dir}: not a lemur-train run directory or checkpoint step")
-    # Absolute: orbax refuses relative checkpoint paths.
-    loaded = load_model(Path(run_dir).resolve(), step=step, dtype=None)
-    tokenizer = loaded.tokenizer.path if loaded.tokenizer is not None else None
-    checkpoint.save_params(out_dir, loaded.params, loaded.config, tokenizer)
+    check_source("from-run", run_dir)
+    with export_dir.replacing(out_dir, force, (Path(run_dir),)) as partial:
+        # Absolute: orbax refuses relative checkpoint paths.
+        loaded = load_model(Path(run_dir).resolve(), step=step, tokenizer=tokenizer, dtype=None)
+        if loaded.tokenizer is None:
+            raise ValueError(
+                f"{run_dir}: no tokenizer found ({loaded.tokenizer_problem}); give "
+                "--tokenizer PATH (the run's tokenizer.model, or a shard directory holding it)"
+            )
+        tok = loaded.tokenizer.path
+        checkpoint.save_params(partial, loaded.params, loaded.config, tok)
     print(
-        f"wrote {out_dir}: {param_count(loaded.config):,} params"
-        + (f", tokenizer {tokenizer}" if tokenizer else ", no tokenizer (data directory gone)")
-        + f" in {time.time() - start:.0f}s",
+        f"wrote {out_dir}: {param_count(loaded.config):,} params, tokenizer {tok} "
+        f"in {time.time() - start:.0f}s",
         flush=True,
     )
 
@@ -92,22 +144,29 @@ def to_hf(
     dtype: str = "bfloat16",
     shard_gb: float = 5.0,
     tokenizer: str | None = None,
+    force: bool = False,
 ) -> None:
     """lemur checkpoint -> HF directory (safetensors shards + index + config + tokenizer)."""
     start = time.time()
+    check_source("to-hf", lemur_dir)
     config = checkpoint.load_config(lemur_dir)
     tok_path = _tokenizer_to_export(lemur_dir, tokenizer, config.vocab_size)  # fail early
-    params, config = checkpoint.load_params(lemur_dir)
-    print(f"{lemur_dir}: {param_count(config):,} params ({time.time() - start:.0f}s)", flush=True)
-    files = hf.write_hf_checkpoint(
-        out_dir,
-        config,
-        hf.params_to_hf(params, config, dtype),
-        dtype=dtype,
-        max_shard_bytes=int(shard_gb * 2**30),
-    )
-    if tok_path is not None:
-        hf_tokenizer.write_hf_tokenizer(tok_path, out_dir, model_max_length=config.max_seq_len)
+    sources = (Path(lemur_dir),) + ((tok_path,) if tok_path is not None else ())
+    with export_dir.replacing(out_dir, force, sources) as partial:
+        params, config = checkpoint.load_params(lemur_dir)
+        print(
+            f"{lemur_dir}: {param_count(config):,} params ({time.time() - start:.0f}s)",
+            flush=True,
+        )
+        files = hf.write_hf_checkpoint(
+            partial,
+            config,
+            hf.params_to_hf(params, config, dtype),
+            dtype=dtype,
+            max_shard_bytes=int(shard_gb * 2**30),
+        )
+        if tok_path is not None:
+            hf_tokenizer.write_hf_tokenizer(tok_path, partial, model_max_length=config.max_seq_len)
     print(
         f"wrote {len(files)} safetensors file(s) to {out_dir} ({dtype})"
         + (f" and the tokenizer of {tok_path}" if tok_path is not None else ", no tokenizer")
@@ -143,6 +202,18 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("src", help="a run directory, or one checkpoint step of it")
     c.add_argument("dst")
     c.add_argument("--step", type=int, default=None, help="default: the latest checkpoint")
+    c.add_argument(
+        "--tokenizer",
+        default=None,
+        help="SentencePiece model (or a shard directory holding it) when the run's data "
+        "directory is gone; checked against the hash the run recorded",
+    )
+    for command in (a, b, c):
+        command.add_argument(
+            "--force",
+            action="store_true",
+            help="replace a non-empty DST (whole, once the new export is complete)",
+        )
     return p
 
 
@@ -151,14 +222,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.command == "to-lemur":
-            to_lemur(args.src, args.dst, args.dtype)
+            to_lemur(args.src, args.dst, args.dtype, args.force)
         elif args.command == "from-run":
-            from_run(args.src, args.dst, args.step)
+            from_run(args.src, args.dst, args.step, args.tokenizer, args.force)
         else:
-            to_hf(args.src, args.dst, args.dtype, args.shard_gb, args.tokenizer)
-    except (FileNotFoundError, ValueError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
+            to_hf(args.src, args.dst, args.dtype, args.shard_gb, args.tokenizer, args.force)
+    except (ValueError, KeyError) as e:
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
+    except OSError as e:  # what the checks could not foresee (a full disk, permissions), named
+        print(f"error: {e.filename or args.dst}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # the partial output is already removed
+        return 130
     return 0
 
 

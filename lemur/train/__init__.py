@@ -3,7 +3,7 @@ Grain streams over shard directories.
 
 | module | what it holds |
 |---|---|
-| `config` | `TrainConfig` and its sections, `load_config` |
+| `config`, `run_paths` | `TrainConfig` and its sections, `load_config`; paths stored absolute |
 | `loop`, `inputs`, `resume`, `setup` | `Trainer`, `train`; its data, start state, errors |
 | `step`, `mesh` | schedule, optimizer, the train/eval step; devices, mesh, global batches |
 | `windows`, `train_stream`, `eval_stream` | windows of shards; the train and eval streams |

@@ -32,6 +32,7 @@ from lemur.train.inputs import Inputs
 from lemur.train.metrics import MetricsWriter, StepWindow, peak_tflops_per_device
 from lemur.train.progress import Reporter
 from lemur.train.resume import Resume
+from lemur.train.run_paths import with_absolute_paths
 from lemur.train.setup import (
     DataDirs,
     RunError,
@@ -51,7 +52,8 @@ class Trainer(Inputs, Resume):
     def __init__(
         self, config: TrainConfig, on_metrics: Callable[[dict[str, Any]], None] | None = None
     ) -> None:
-        self.config = config
+        # Stored absolute (config.yaml, checkpoints): the run is read from other directories.
+        self.config = config = with_absolute_paths(config)
         self.on_metrics = on_metrics
         interrupt.guard_jax_cache_writes()
         mesh_lib.initialize_distributed(config.mesh.distributed)

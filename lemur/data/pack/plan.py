@@ -182,6 +182,11 @@ def _plan_mix(recipe: Recipe, available: dict[tuple[str, str], int]) -> MixPlan:
     try:
         if not recipe.is_chat():
             return plan_mix(available, mix.ratio, mix.total_tokens, mix.shares, mix.max_repeats)
+        if not any(available.values()):  # an empty corpus is no build (and no shard)
+            raise PackError(
+                f"chat: no conversation is left to train on (seq_len {recipe.seq_len}, "
+                f"chat.long {recipe.chat_settings().long})"
+            )
         if mix.weights:  # weighted chat builds plan tokens per source
             return plan_mix(available, mix.weights, mix.total_tokens, None, mix.max_repeats)
         return plan_all(available)  # no code:text ratio for chat: every conversation once
