@@ -61,6 +61,7 @@ SYSTEM = (
     "/etc/ld.so.cache",
     "/etc/ld.so.conf",
     "/etc/ld.so.conf.d",
+    "/etc/alternatives",  # links some distributions' /usr/bin/python3 goes through
     "/etc/localtime",
 )
 REPORT_FD = 3  # where a run's program finds its report channel (`run_python(report=True)`)
