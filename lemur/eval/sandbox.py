@@ -1,28 +1,33 @@
 """Run untrusted Python (generated code and its tests) in a contained child process.
 
-Every run gets a throw-away working directory, a wall-clock timeout and resource limits
-(address space, CPU seconds, file size, open files, processes), and is entered through
-lemur/eval/jail.py, which adds what the machine allows (probed once, `probe`):
+Every run gets a wall-clock timeout and resource limits (address space, CPU seconds, file
+size, open files, processes), and is entered through lemur/eval/jail.py, which adds what
+the machine allows (probed once, `probe`):
 
 - network: a new network namespace (what `unshare -n` does): no interface but a
   loopback that is down, so no connection anywhere, the host's localhost included;
-- filesystem: a new mount namespace where every mount is read-only and /tmp, /var/tmp
-  and /dev/shm are fresh tmpfs that vanish with the run; only the working directory is
-  writable (and it is deleted afterwards);
+- filesystem: a new mount and pid namespace with a root of its own: the interpreter's
+  prefixes and the system's libraries (SYSTEM), read-only, and nothing else of the host
+  (no project files, no host Unix sockets under /run or anywhere else); a fresh /proc
+  that shows the run's processes only; the working directory, /tmp, /var/tmp and
+  /dev/shm are tmpfs of `scratch_bytes` each that vanish with the run;
 - processes: as root, each run runs under its own unused uid, so RLIMIT_NPROC counts
   that run's processes alone (for root it counts nothing: root is exempt), and cleanup
   can find every process the run made, including ones that left the process group;
-  a pids cgroup (when one can be made) caps the count again, independent of uids.
+  a pids cgroup (when one can be made) caps the count again, independent of uids;
+- memory: a memory cgroup (when one can be made) caps all the run's processes together
+  at `memory_bytes`; without one, each process gets `memory_bytes / processes` of
+  address space, so that together they stay within it.
 
 After the program exits or times out, its process group, every process of its uid and
-every process of its cgroup are killed with SIGKILL, and the working directory is
-removed. Output goes to files, not pipes, so a leftover child holding a pipe open
-cannot stall the harness.
+every process of its cgroups are killed with SIGKILL (with a pid namespace, the kernel
+kills them all when its first process ends), and the run's directory is removed. Output
+goes to files, not pipes, so a leftover child holding a pipe open cannot stall the harness.
 
 Without root some of this is unavailable: unprivileged user namespaces may still give
-the network and mount namespaces; RLIMIT_NPROC then counts all of the user's processes
-(the limit is set to the user's current count plus the cap). `Isolation.describe` says
-what is missing; callers refuse to run without network isolation unless told otherwise.
+the network, mount and pid namespaces; RLIMIT_NPROC then counts all of the user's
+processes (the limit is set to the user's current count plus the cap). `Isolation.describe`
+says what is missing; callers refuse to run without network isolation unless told otherwise.
 """
 
 from __future__ import annotations
@@ -30,23 +35,36 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
+import marshal
 import os
-import random
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from lemur.eval import cgroups, procs
+
 JAIL = Path(__file__).with_name("jail.py")
-PIDS_V1 = Path("/sys/fs/cgroup/pids")
-# Unprivileged uids for runs: far above any real account (and nobody's 65534).
-UID_RANGE = (1 << 30, (1 << 31) - 2)
 TAIL = 4000  # characters of stdout/stderr kept per run
+# What of the host a run's own root shows besides the interpreter (read-only): the system's
+# programs and shared libraries, and the loader's cache. Absent ones are skipped; symbolic
+# links (a merged /usr) are recreated as links.
+SYSTEM = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/alternatives",  # links some distributions' /usr/bin/python3 goes through
+    "/etc/localtime",
+)
+REPORT_FD = 3  # where a run's program finds its report channel (`run_python(report=True)`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,16 +73,21 @@ class Limits:
 
     timeout_s: float = 10.0
     cpu_s: int = 10
-    memory_bytes: int = 2 << 30
+    memory_bytes: int = 2 << 30  # the whole run: all its processes and tmpfs together
     file_bytes: int = 16 << 20
     processes: int = 16
     open_files: int = 256
-    scratch_bytes: int = 64 << 20  # each private tmpfs
+    scratch_bytes: int = 64 << 20  # each private tmpfs: the workdir, /tmp, /var/tmp, /dev/shm
 
-    def rlimits(self) -> dict[str, int]:
-        """The jail's `limits` entry (processes added separately: it depends on the uid)."""
+    def rlimits(self, memory_cgroup: bool) -> dict[str, int]:
+        """The jail's `limits` entry (processes added separately: it depends on the uid).
+
+        With a memory cgroup capping the run, a process may use all of `memory_bytes`;
+        without one, `processes` processes at `memory_bytes / processes` each stay within it.
+        """
+        per_process = self.memory_bytes if memory_cgroup else self.memory_bytes // self.processes
         return {
-            "as": self.memory_bytes,
+            "as": per_process,
             "cpu": self.cpu_s,
             "fsize": self.file_bytes,
             "nofile": self.open_files,
@@ -80,6 +103,7 @@ class Isolation:
     filesystem: bool
     own_uid: bool
     pids_cgroup: bool
+    memory_cgroup: bool
 
     def describe(self) -> list[str]:
         """One line per mechanism: in force, or missing and why it matters."""
@@ -92,10 +116,12 @@ class Isolation:
             ),
             "filesystem: "
             + (
-                "read-only mounts, private /tmp, writable workdir only"
+                "own root (interpreter and system libraries read-only, nothing else of the "
+                "host), own pid namespace and /proc, size-capped tmpfs workdir and /tmp"
                 if self.filesystem
-                else "NOT isolated (mount namespaces unavailable): the program can "
-                "write wherever this user can"
+                else "NOT isolated (mount or pid namespaces unavailable): the program can "
+                "read and write wherever this user can, reach host Unix sockets, see other "
+                "processes' command lines, and fill the disk (RLIMIT_FSIZE caps each file only)"
             ),
             "processes: "
             + (
@@ -104,6 +130,13 @@ class Isolation:
                 else "RLIMIT_NPROC on this user's count"
             )
             + (" + pids cgroup" if self.pids_cgroup else ""),
+            "memory: "
+            + (
+                "memory cgroup caps the run as a whole"
+                if self.memory_cgroup
+                else "no memory cgroup: address space capped per process at the run's "
+                "memory divided by its process cap"
+            ),
         ]
 
 
@@ -117,6 +150,7 @@ class Result:
     stderr: str
     seconds: float
     uid: int | None = None
+    report: bytes = b""  # what the program wrote to REPORT_FD (run_python(report=True))
 
     @property
     def ok(self) -> bool:
@@ -128,121 +162,18 @@ class SandboxUnavailable(RuntimeError):
     """The machine cannot give the containment asked for."""
 
 
-def _proc_ids(uid: int | None = None) -> list[int]:
-    """Live (non-zombie) processes whose real uid is `uid` (all live ones when None)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = Path(entry.path, "status").read_text()
-        except OSError:
-            continue  # exited meanwhile
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if fields.get("State", "").strip().startswith("Z"):
-            continue  # a zombie is dead already; its parent (or init) reaps it
-        if uid is None or int(fields.get("Uid", "-1").split()[0]) == uid:
-            found.append(int(entry.name))
-    return found
-
-
-def _free_uid() -> int:
-    """A random uid in UID_RANGE that no process uses."""
-    rng = random.SystemRandom()
-    while True:
-        uid = rng.randint(*UID_RANGE)
-        if not _proc_ids(uid):
-            return uid
-
-
-def _own_cgroups() -> list[Path]:
-    """Candidate parents for a pids cgroup: this process's own pids (v1) or unified (v2) group."""
-    out = []
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, rel = line.split(":", 2)
-        if controllers == "pids":
-            out.append(PIDS_V1 / rel.lstrip("/"))
-        elif controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
-            out.append(Path("/sys/fs/cgroup") / rel.lstrip("/"))
-    return out
-
-
-@functools.cache
-def _cgroup_parent() -> Path | None:
-    """Where pids cgroups can be made here, or None."""
-    for parent in _own_cgroups():
-        probe_dir = parent / f"lemur-probe-{uuid.uuid4().hex[:8]}"
-        try:
-            probe_dir.mkdir()
-        except OSError:
-            continue
-        usable = (probe_dir / "pids.max").exists()
-        with contextlib.suppress(OSError):
-            probe_dir.rmdir()
-        if usable:
-            return parent
-    return None
-
-
-@contextlib.contextmanager
-def _pids_cgroup(limit: int) -> Iterator[Path | None]:
-    """A fresh pids cgroup capped at `limit` processes (None when unavailable); removed after."""
-    parent = _cgroup_parent()
-    if parent is None:
-        yield None
-        return
-    path = parent / f"lemur-sandbox-{uuid.uuid4().hex}"
-    path.mkdir()
-    try:
-        (path / "pids.max").write_text(str(limit))
-        yield path
-    finally:
-        _sweep(lambda: _cgroup_pids(path))
-        with contextlib.suppress(OSError):
-            path.rmdir()
-
-
-def _cgroup_pids(path: Path) -> list[int]:
-    """Processes in a cgroup."""
-    try:
-        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
-    except OSError:
-        return []
-
-
-def _sweep(find: Callable[[], list[int]], rounds: int = 500) -> None:
-    """SIGKILL what `find()` lists until it lists nothing (a fork loop may add more meanwhile)."""
-    for _ in range(rounds):
-        pids = find()
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.005)
-
-
-def _kill_everything(proc: subprocess.Popen, uid: int | None) -> None:
-    """Kill the run's process group and, with an own uid, every process of that uid."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    if uid is not None:
-        _sweep(lambda: _proc_ids(uid))
-    proc.wait()
-
-
 def _spec(
     work: Path,
     argv: list[str],
     limits: Limits,
     uid: int | None,
-    cgroup: Path | None,
+    cgroup_dirs: list[Path],
     isolation: Isolation,
 ) -> dict:
     """The jail's instructions for one run."""
-    rlimits = limits.rlimits()
+    rlimits = limits.rlimits(memory_cgroup=isolation.memory_cgroup)
     # With an own uid the count starts at 0; otherwise every process of the user counts.
-    base = 0 if uid is not None else len(_proc_ids(os.getuid()))
+    base = 0 if uid is not None else len(procs.proc_ids(os.getuid()))
     rlimits["nproc"] = base + limits.processes
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -257,13 +188,12 @@ def _spec(
         "argv": argv,
         "env": env,
         "uid": uid,
-        "cgroup": str(cgroup) if cgroup else None,
+        "cgroups": [str(c) for c in cgroup_dirs],
         "netns": isolation.network,
         "mountns": isolation.filesystem,
-        # The interpreter's prefixes: kept visible under the scratch tmpfs, and opened to
-        # the unprivileged uid when there is one.
-        "interpreter": interpreter_paths(),
-        "expose": uid is not None,
+        # The run's own root is built on this (empty) directory.
+        "root": str(work.parent / "root"),
+        "binds": sorted({*interpreter_paths(), *(p for p in SYSTEM if os.path.lexists(p))}),
         "scratch_bytes": limits.scratch_bytes,
         "limits": rlimits,
     }
@@ -292,11 +222,15 @@ def run_python(
     *,
     allow_network: bool = False,
     isolation: Isolation | None = None,
+    stdin: bytes = b"",
+    report: bool = False,
 ) -> Result:
     """Run `source` as program.py in a fresh sandbox; never raises for what the program does.
 
-    Raises SandboxUnavailable when the network cannot be isolated and `allow_network` is
-    False.
+    `stdin` is the program's standard input (a pipe; nothing else can read it); with
+    `report`, the program can write to file descriptor REPORT_FD, and `Result.report`
+    holds what it wrote. Raises SandboxUnavailable when the network cannot be isolated
+    and `allow_network` is False.
     """
     iso = probe() if isolation is None else isolation
     if not iso.network and not allow_network:
@@ -307,45 +241,60 @@ def run_python(
         )
     with tempfile.TemporaryDirectory(prefix="lemur-sandbox-", ignore_cleanup_errors=True) as tmp:
         os.chmod(tmp, 0o711)  # the run's uid traverses it; stdout/stderr files stay private
-        work = Path(tmp) / "work"
+        work, root = Path(tmp) / "work", Path(tmp) / "root"
         work.mkdir()
+        root.mkdir()
         (work / "program.py").write_text(source)
-        uid = _free_uid() if iso.own_uid else None
+        uid = procs.free_uid() if iso.own_uid else None
         if uid is not None:
             for path in (work, work / "program.py"):
                 os.chown(path, uid, uid)
         argv = [sys.executable, "-I", "-B", "program.py"]
-        cgroups = _pids_cgroup(limits.processes) if iso.pids_cgroup else contextlib.nullcontext()
-        with cgroups as cgroup:
-            spec = _spec(work, argv, limits, uid, cgroup, iso)
-            returncode, timed_out, seconds = _launch(spec, Path(tmp), limits.timeout_s, uid)
+        # The jail and its namespace's init sit in the cgroup too (with a root of its own).
+        extra = 2 if iso.filesystem else 0
+        caps = {"pids": limits.processes + extra} if iso.pids_cgroup else {}
+        caps |= {"memory": limits.memory_bytes} if iso.memory_cgroup else {}
+        with cgroups.run_cgroups(caps, procs.sweep) as cgroup_dirs, tempfile.TemporaryFile() as rep:
+            spec = _spec(work, argv, limits, uid, cgroup_dirs, iso)
+            spec["report_fd"] = rep.fileno() if report else None
+            returncode, timed_out, seconds = _launch(spec, Path(tmp), limits, uid, stdin)
+            rep.seek(0)
+            reported = rep.read(limits.file_bytes)
         stdout, stderr = _tail(Path(tmp) / "stdout"), _tail(Path(tmp) / "stderr")
     status = _status(returncode, timed_out, stderr)
-    return Result(status, returncode, stdout, stderr, seconds, uid)
+    return Result(status, returncode, stdout, stderr, seconds, uid, reported)
 
 
 def _launch(
-    spec: dict, tmp: Path, timeout_s: float, uid: int | None
+    spec: dict, tmp: Path, limits: Limits, uid: int | None, stdin: bytes
 ) -> tuple[int | None, bool, float]:
     """Start the jail, wait up to the timeout, kill everything: (returncode, timed out, s)."""
-    jail = [sys.executable, "-I", "-S", str(JAIL), json.dumps(spec)]
+    jail = [sys.executable, "-I", "-S", str(JAIL), marshal.dumps(spec).hex()]
+    keep = (spec["report_fd"],) if spec["report_fd"] is not None else ()
     with open(tmp / "stdout", "wb") as out, open(tmp / "stderr", "wb") as err:
         start = time.monotonic()
         # No preexec_fn (unsafe in a threaded process): the jail script does the work.
         proc = subprocess.Popen(
             jail,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=out,
             stderr=err,
             start_new_session=True,
             close_fds=True,
+            pass_fds=keep,
         )
         try:
-            returncode, timed_out = proc.wait(timeout=timeout_s), False
+            if stdin:
+                with contextlib.suppress(BrokenPipeError):
+                    proc.stdin.write(stdin)  # small: the pipe's buffer takes it at once
+                proc.stdin.close()
+            returncode, timed_out = proc.wait(timeout=limits.timeout_s), False
         except subprocess.TimeoutExpired:
             returncode, timed_out = None, True
         finally:
-            _kill_everything(proc, uid)
+            # Every descendant stays in the run's cgroups, which are swept when removed;
+            # without one, the sweep goes by uid (a scan of every process: slower).
+            procs.kill_everything(proc, None if spec["cgroups"] else uid)
         return returncode, timed_out, time.monotonic() - start
 
 
@@ -375,7 +324,7 @@ def _open_to_others(path: str) -> bool:
 
 def _works(network: bool = False, filesystem: bool = False, own_uid: bool = False) -> bool:
     """Whether a run with only these mechanisms starts (and, for the network, isolates)."""
-    iso = Isolation(network=network, filesystem=filesystem, own_uid=own_uid, pids_cgroup=False)
+    iso = Isolation(network, filesystem, own_uid, pids_cgroup=False, memory_cgroup=False)
     limits = Limits(timeout_s=20, cpu_s=10)
     return run_python(
         PROBE_NET if network else "pass\n", limits, allow_network=True, isolation=iso
@@ -387,11 +336,12 @@ def probe() -> Isolation:
     """The containment this machine gives (each mechanism tried once per process)."""
     root = os.geteuid() == 0
     filesystem = _works(filesystem=True, own_uid=root)
-    # Without a private mount namespace the unprivileged uid must reach the interpreter itself.
+    # Without a root of its own the unprivileged uid must reach the interpreter itself.
     own_uid = root and (filesystem or all(map(_open_to_others, interpreter_paths())))
     return Isolation(
         network=_works(network=True),
         filesystem=filesystem,
         own_uid=own_uid,
-        pids_cgroup=_cgroup_parent() is not None,
+        pids_cgroup=cgroups.parent("pids") is not None,
+        memory_cgroup=cgroups.parent("memory") is not None,
     )
