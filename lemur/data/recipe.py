@@ -269,14 +269,22 @@ class ChatConfig:
 
 @dataclass(frozen=True)
 class ExecutorConfig:
-    """Where the per-file stages run: `local` (tasks x workers), `ray` or `slurm`."""
+    """Where the stages' tasks run: `local` (tasks x workers), `ray` or `slurm`.
+
+    Every key, with an example per engine, is in docs/scale.md.
+    """
 
     kind: str = "local"
     tasks: int = 4
     workers: int = 2
     cpus_per_task: int = 1
     mem_per_cpu_gb: float = 2.0
+    # Ray: `local` (a private instance), `auto` or `host:port`; unset: $RAY_ADDRESS, else local.
+    address: str | None = None
+    # Ray: a task whose process or node is lost is run again this many times, then fails.
+    retries: int = 1
     partition: str | None = None
+    # Slurm's time limit of an array task; Ray: a task still running after it fails.
     time: str | None = None
     job_name: str = "lemur-data"
     sbatch_args: dict[str, str] | None = None
