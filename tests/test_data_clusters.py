@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -167,14 +168,33 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    """A 2-node Ray cluster on localhost (nodes `lemur_node0`, `lemur_node1`), stopped by its groups."""
+def ray_cluster(request):
+    """A 2-node Ray cluster on localhost (nodes `lemur_node0`, `lemur_node1`), started
+    while the local reference build runs, and stopped by its process groups."""
     pytest.importorskip("ray")
     cluster = RayCluster(nodes=2, env={"PYTHONPATH": environment()["PYTHONPATH"]})
-    with cluster:
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            cluster.start()
+        except BaseException as e:  # noqa: BLE001 - reported in the test's thread
+            failed.append(e)
+
+    starting = threading.Thread(target=start)
+    starting.start()
+    try:
+        request.getfixturevalue("corpus")
+    finally:
+        starting.join(400)  # RayCluster.start gives up after 2 x 180 s
+    try:
+        if failed or starting.is_alive():
+            pytest.fail(f"the Ray cluster did not start: {failed[0] if failed else 'timeout'}")
         nodes = cluster.node_ids()
         assert sorted(nodes.values()) == ["lemur_node0", "lemur_node1"], nodes
         yield cluster, nodes
+    finally:
+        cluster.stop()
 
 
 def ray_env(cluster: RayCluster) -> dict[str, str]:
