@@ -58,6 +58,20 @@ sys.exit(main(["build", sys.argv[1]]))
 """
 
 
+STARTED: list[subprocess.Popen] = []  # build processes a test started in the background
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_leftover_builds():
+    """Kill any background build a failed test left running (its Slurm jobs are cancelled
+    by the `slurm` fixture, its Ray tasks die with it)."""
+    yield
+    for proc in STARTED:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
 def environment() -> dict[str, str]:
     """This environment without an activated virtualenv, Ray address or venv on PATH."""
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "RAY_ADDRESS")}
@@ -137,6 +151,7 @@ def start_paused(recipe: Path, pause: Path, at: int, env: dict) -> tuple[subproc
         stdout=open(pause / "stdout", "w"),
         stderr=open(pause / "stderr", "w"),
     )
+    STARTED.append(proc)
     deadline = time.monotonic() + BUILD_TIMEOUT
     while not (pause / "pid").exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -265,6 +280,7 @@ def test_a_lost_ray_task_is_run_again_saying_so(ray_cluster, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
+    STARTED.append(proc)
     deadline = time.monotonic() + 120
     while not (pause / "pid").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
