@@ -40,7 +40,7 @@ ChatPrompt = str | Sequence[Mapping[str, str]]
 class Tokenizer(Protocol):
     """What generation needs from a tokenizer (lemur.eval.load.SentencePieceTokenizer)."""
 
-    bos_id: int
+    bos_id: int | None
     eos_id: int
 
     def encode(self, text: str) -> list[int]:
@@ -367,7 +367,9 @@ def generate(
         ids = [chat_prompt_ids(tokenizer, p) for p in prompts]
         gen = dataclasses.replace(gen, stop=(*gen.stop, CHATML_END))
     else:
-        ids = [[tokenizer.bos_id, *tokenizer.encode(str(p))] for p in prompts]
+        # A model that frames documents without BOS (Qwen2.5) gets none in prompts either.
+        head = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
+        ids = [[*head, *tokenizer.encode(str(p))] for p in prompts]
     return generate_ids(
         params, config, ids, gen, eos_id=tokenizer.eos_id, tokenizer=tokenizer, progress=progress
     )

@@ -42,6 +42,7 @@ from lemur.eval.find_tokenizer import (
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import hf
 from lemur.model.config import LlamaConfig, Params, param_shapes
+from lemur.tokenizer import TokenizerError, is_tokenizer_json, open_tokenizer
 
 
 class LoadError(ValueError):
@@ -80,6 +81,23 @@ class SentencePieceTokenizer:
         """The id of `piece` when it is one piece of the vocabulary, else None."""
         i = int(self.sp.piece_to_id(piece))
         return i if self.sp.id_to_piece(i) == piece and not self.sp.is_unknown(i) else None
+
+
+def _folder_tokenizer(path: Path) -> Path | None:
+    """The tokenizer a model folder carries: SentencePiece `tokenizer.model`, else an HF
+    `tokenizer.json` (Llama-3, Qwen2.5)."""
+    found = model_checkpoint.tokenizer_path(path)
+    return found or (path / "tokenizer.json" if (path / "tokenizer.json").is_file() else None)
+
+
+def _open(path: Path) -> Any:
+    """Eval's tokenizer for a file: ChatML-aware SentencePiece, or the tokenizer.json engine."""
+    if not is_tokenizer_json(path):
+        return SentencePieceTokenizer(path)
+    try:
+        return open_tokenizer(path)
+    except TokenizerError as e:
+        raise LoadError(str(e)) from None
 
 
 @dataclasses.dataclass
@@ -201,7 +219,7 @@ def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Found, str
     kind = detect_kind(path)
     if kind == "hf":
         config, params = _load_hf(path)
-        return config, params, Found(model_checkpoint.tokenizer_path(path)), kind
+        return config, params, Found(_folder_tokenizer(path)), kind
     if kind == "lemur":
         params, config = model_checkpoint.load_params(path)
         return config, params, Found(model_checkpoint.tokenizer_path(path)), kind
@@ -270,7 +288,7 @@ def _tokenizer(
         raise LoadError(str(e)) from None
     if path is None:
         return None
-    tok = SentencePieceTokenizer(path)
+    tok = _open(path)
     if tok.vocab_size > config.vocab_size:
         raise LoadError(
             f"{path}: tokenizer of {tok.vocab_size} pieces for a model of "

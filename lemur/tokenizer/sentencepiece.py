@@ -62,6 +62,21 @@ class SentencePieceTokenizer:
             return len(sp.decode([i]).encode())  # the " ⁇ " surface
         return len(sp.id_to_piece(i).replace(SPACE, " ").encode())
 
+    def first_space(self) -> tuple[np.ndarray, bool]:
+        """(ids whose piece starts with `▁`, whether decode drops that space at a text's start).
+
+        A model with a dummy prefix (Llama-2's) adds `▁` before a text when encoding and
+        drops it when decoding, so the first piece of a document decodes one byte shorter.
+        """
+        sp, V = self.sp, self.vocab_size
+        space_first = np.array([sp.id_to_piece(i).startswith(SPACE) for i in range(V)])
+        space_first &= ~np.array([sp.is_control(i) or sp.is_byte(i) for i in range(V)])
+        ids = np.flatnonzero(space_first)
+        if ids.size == 0:
+            return space_first, False
+        i = int(ids[0])
+        return space_first, len(sp.decode([i]).encode()) == self._piece_bytes(i) - 1
+
     def piece_id(self, piece: str) -> int | None:
         """The id of `piece` when it is one piece of the vocabulary, else None."""
         i = int(self.sp.piece_to_id(piece))

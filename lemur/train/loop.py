@@ -21,9 +21,9 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lemur.eval.bpb import TokenBytes
 from lemur.model.config import flops_per_token, param_count
 from lemur.shards.format import ShardFormatError, atomic_write_bytes
+from lemur.tokenizer import TokenBytes
 from lemur.train import interrupt
 from lemur.train import mesh as mesh_lib
 from lemur.train import step as step_lib
