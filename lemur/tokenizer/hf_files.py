@@ -49,6 +49,9 @@ class HFTokenizerFiles:
         return template if isinstance(template, str) else None
 
 
+_parsed: dict[str, dict[str, Any]] = {}
+
+
 def _token_text(value: Any) -> str | None:
     """A special-token setting: a string, an AddedToken dict ({"content": ...}) or null."""
     if isinstance(value, dict):
@@ -87,7 +90,11 @@ def read_hf_tokenizer(
     """
     file = tokenizer_json_path(path)
     raw = file.read_bytes()
-    data = _read_json(file, raw)
+    sha = hashlib.sha256(raw).hexdigest()
+    if sha not in _parsed:  # 17 MB of JSON for Llama-3: parsed once per process
+        _parsed.clear()
+        _parsed[sha] = _read_json(file, raw)
+    data = _parsed[sha]
     if not isinstance(data.get("model"), dict):
         raise TokenizerError(f"{file}: not a tokenizer.json (no 'model')")
     config: dict[str, Any] = {}
@@ -103,7 +110,7 @@ def read_hf_tokenizer(
     return HFTokenizerFiles(
         path=file,
         data=data,
-        sha256=hashlib.sha256(raw).hexdigest(),
+        sha256=sha,
         config=config,
         bos=bos_token,
         eos=eos_token,
