@@ -66,6 +66,7 @@ from lemur.shards.format import (
     read_manifest,
     token_dtype,
 )
+from lemur.tokenizer import is_tokenizer_json
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 WORK_VERSION = 2  # 2: records carry mix language families
@@ -187,7 +188,7 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
 
 def framing(recipe: Recipe, tok_path: Path) -> tuple[tuple[int | None, int] | None, str]:
     """(BOS/EOS ids, engine) the tokenize tasks use: a tokenizer.json's from the recipe."""
-    if recipe.tokenizer.hf is None:
+    if not is_tokenizer_json(tok_path):
         return None, "auto"
     tok = open_build_tokenizer(recipe, tok_path)
     return (tok.bos_id, tok.eos_id), tok.engine

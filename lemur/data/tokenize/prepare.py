@@ -15,6 +15,7 @@ from loguru import logger
 from lemur.data.read.listing import InputFile
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
+from lemur.data.tokenize.byte_bpe import train_byte_bpe
 from lemur.data.tokenize.chat import CHAT_PIECES
 from lemur.data.tokenize.tokenizer import (
     TokenizerError,
@@ -23,7 +24,7 @@ from lemur.data.tokenize.tokenizer import (
     train_tokenizer,
 )
 from lemur.shards.format import ShardFormatError, atomic_write_bytes, read_manifest
-from lemur.tokenizer import Tokenizer, open_tokenizer, read_hf_tokenizer
+from lemur.tokenizer import Tokenizer, is_tokenizer_json, open_tokenizer, read_hf_tokenizer
 from lemur.tokenizer.hf_files import CONFIG_FILES
 
 # Part of a trained tokenizer's file name key (the build's WORK_VERSION when it was set).
@@ -123,6 +124,16 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
         return target
     train = recipe.tokenizer.train
     what: dict[str, Any] = {"train": train, "sources": recipe.sources, "v": KEY_VERSION}
+    if train.kind == "byte-bpe":
+        if chat:
+            raise TokenizerError(
+                "recipe: tokenizer.train.kind byte-bpe: chat builds need a SentencePiece "
+                "tokenizer (ChatML) or a given tokenizer.json with its chat template"
+            )
+        folder = work / f"byte-bpe-{_sha(what)[:16]}"
+        if not (folder / "tokenizer.json").is_file():
+            train_byte_bpe(sample_texts(recipe, inputs, train.sample_bytes), train, folder)
+        return folder / "tokenizer.json"
     if chat:
         what["symbols"] = CHAT_PIECES
     target = work / f"tokenizer-{_sha(what)[:16]}.model"
@@ -135,7 +146,7 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
 def open_build_tokenizer(recipe: Recipe, path: Path) -> Tokenizer:
     """The prepared tokenizer with the recipe's framing settings (BOS/EOS, engine)."""
     cfg = recipe.tokenizer
-    if cfg.hf is None:
+    if cfg.hf is None:  # SentencePiece, or a trained byte-level BPE: its own framing
         return open_tokenizer(path)
     return open_tokenizer(
         path, bos=cfg.bos, eos=cfg.eos, no_bos=bool(cfg.no_bos), engine=cfg.engine or "auto"
@@ -148,7 +159,7 @@ def build_tokenizer_info(recipe: Recipe, path: Path) -> dict[str, Any]:
     A tokenizer.json's entry also names its kind and the engine that encodes it (tiktoken
     or tokenizers, and why not tiktoken), which the build logs.
     """
-    if recipe.tokenizer.hf is None:
+    if not is_tokenizer_json(path):
         return tokenizer_info(path, CHAT_PIECES if recipe.is_chat() else ())
     info = open_build_tokenizer(recipe, path).info()
     why = f" ({info['engine_reason']})" if info.get("engine_reason") else ""
