@@ -36,6 +36,11 @@ _KNOWN = re.compile(
 _CREDENTIAL = re.compile(r"key|secret|passw|pwd|token|auth|aws|ibm|iam|cred|cloudant|softlayer")
 
 
+def names_credential(text: str) -> bool:
+    """`text` names a credential (`key`, `secret`, `token`, `password`, `aws`, ...)."""
+    return bool(_CREDENTIAL.search(text.lower()))
+
+
 def long_tokens(text: str) -> list[tuple[int, int, bool]]:
     """(start, end, has a digit) of every long token with a letter."""
     if not text.isascii():
@@ -86,7 +91,7 @@ def candidate_lines(text: str) -> list[tuple[int, int, str]]:
                 continue
             if not _quoted(text, start, end):
                 if a not in credential:
-                    credential[a] = bool(_CREDENTIAL.search(text[a:b].lower()))
+                    credential[a] = names_credential(text[a:b])
                 if not credential[a]:
                     continue
         lines[a] = text[a:b]
