@@ -10,8 +10,9 @@ with `pii.report` each redaction is written to `<report>/<task>.jsonl` as
 `{id, source, kind, line, detector}`, never the value itself.
 
 Rules (after StarCoder's PII pipeline, bigcode-dataset `pii/`):
-- e-mail: `local@domain.tld`; addresses at reserved example domains (RFC 2606) and
-  asset names like `icon@2x.png` are left alone;
+- e-mail: `local@domain.tld`; addresses at reserved example domains (RFC 2606), asset
+  names like `icon@2x.png` and the login of a URL or git remote (`ssh://git@host/...`,
+  `git@github.com:org/repo.git`) are left alone;
 - IP: an IPv4 or IPv6 address that `ipaddress` calls global (IPv6 also in 2000::/3);
   not popular public DNS resolvers; not part of a longer dotted number (OIDs, versions);
   not after `-` (`linux-2.6.16.60`); not on a line that speaks of versions or OIDs; an

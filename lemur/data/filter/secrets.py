@@ -4,6 +4,9 @@ detect-secrets costs ~85 us per line with these plugins (0.4 MB/s on Python code
 almost no line of code holds a secret: `candidates.candidate_lines` picks the few lines
 worth scanning, and detect-secrets scans them as its `scan_file` does (line by line; the
 entropy plugins read quoted strings only), so every finding is one detect-secrets made.
+Two things `secret_spans` adds: the span of each finding is the whole secret (detect-secrets
+reports `ghp` for a GitHub token), and an unquoted credential assignment (`KEY=value`,
+`key: value`) is scanned with its value in quotes, as the entropy plugins need.
 
 Plugins and filters are StarCoder's (bigcode-dataset `pii/utils/keys_detection.py`): the
 high-signal detectors, no keyword, basic-auth or private-key plugin. StarCoder then dropped
