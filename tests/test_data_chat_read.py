@@ -35,6 +35,8 @@ from lemur.data.read.chat import (
     group_oasst1,
     normalize_row,
     oasst1_messages,
+    oasst1_orphans,
+    orphan_reason,
     render_chatml,
 )
 from lemur.data.read.listing import list_inputs
@@ -381,6 +383,33 @@ def test_oasst1_file(tmp_path, kind, name):
         MISSING_FIELD: 1,
     }
     assert stats["read:c"] == len(docs) + sum(drops(stats).values()) == 7
+
+
+def test_oasst1_trees_split_over_files_count_every_row(tmp_path):
+    # Rows moved to a second file: b0's replies b1 -> b2 -> b3, a1's reply a3 (and a4 under
+    # it), and a loop of two rows that are each other's parents (a tree with no root).
+    moved = {"b1", "b2", "b3", "a3", "a4"}
+    first = [r for r in OASST_ROWS if r["message_id"] not in moved]
+    second = [r for r in OASST_ROWS if r["message_id"] in moved]
+    second += [oasst("y1", "y2", "prompter", "q", 0), oasst("y2", "y1", "assistant", "a", 0)]
+    write_rows(tmp_path / "o1.jsonl", first)
+    write_rows(tmp_path / "o2.parquet", second, "parquet")
+    docs, stats, errors = read_chat(
+        tmp_path, schema="oasst1", languages=["en"], paths=[str(tmp_path)]
+    )
+    assert [d.id for d in docs] == ["c/a0"] and not errors
+    assert drops(stats) == {
+        "language": 1,
+        TREE_NOT_READY: 1,
+        DELETED: 1,
+        ENDS_ON_USER: 2,  # f0, and b0 without its replies
+        MISSING_FIELD: 1,
+        orphan_reason("o2.parquet"): 3,
+    }
+    assert stats["read:c"] == len(docs) + sum(drops(stats).values()) == 10
+    roots, replies = group_oasst1(second)
+    tops = oasst1_orphans(second, replies)
+    assert not roots and [r["message_id"] for r in tops] == ["a3", "b1", "y1"]
 
 
 def test_chat_file_errors_are_logged_like_jsonl(tmp_path):

@@ -166,6 +166,7 @@ READY = "ready_for_export"
 TREE_NOT_READY = "chat:tree_not_ready"
 DELETED = "chat:deleted"
 LANGUAGE = "language"  # the reason `languages:` drops have in every source
+ORPHAN = "chat:orphan"  # `chat:orphan:<file>`: replies whose tree has no root in that file
 
 
 def group_oasst1(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list]]:
@@ -179,6 +180,43 @@ def group_oasst1(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict
         else:
             replies.setdefault(str(parent), []).append(row)
     return roots, replies
+
+
+def orphan_reason(path: str) -> str:
+    """The drop reason of a group of replies whose tree's root is not in file `path`."""
+    return f"{ORPHAN}:{path}"
+
+
+def oasst1_orphans(rows: list[dict[str, Any]], replies: dict[str, list]) -> list[dict[str, Any]]:
+    """The first row of each group of rows that no root of the file reaches.
+
+    A group is a reply whose parent is not in the file (its tree's root is in another file)
+    with its replies in the file, or a loop of rows that are each other's parents. With the
+    trees of the roots, every row of the file is in exactly one tree or group.
+    """
+    ids = {str(row.get("message_id")) for row in rows if row.get("message_id") is not None}
+    seen: set[int] = set()
+
+    def reach(top: dict[str, Any]) -> None:
+        stack = [top]
+        while stack:
+            row = stack.pop()
+            if id(row) not in seen:
+                seen.add(id(row))
+                if row.get("message_id") is not None:
+                    stack += replies.get(str(row["message_id"]), ())
+
+    for row in rows:
+        if row.get("parent_id") is None:
+            reach(row)
+    tops = [r for r in rows if r.get("parent_id") is not None and str(r["parent_id"]) not in ids]
+    for row in tops:
+        reach(row)
+    for row in rows:  # what is left hangs from a loop: each loop is one group
+        if id(row) not in seen:
+            tops.append(row)
+            reach(row)
+    return tops
 
 
 def _best_reply(message: dict[str, Any], replies: dict[str, list]) -> dict[str, Any] | None:
