@@ -264,7 +264,7 @@ def test_convert_tool_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         ({"rope_parameters": {"rope_type": "longrope"}}, "rope_type='longrope'"),
         ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "without factor"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
-        ({"model_type": "mistral"}, "not a Llama"),
+        ({"model_type": "gemma"}, "not a Llama, Qwen2 or Mistral"),
     ],
 )
 def test_config_from_hf_refuses_other_architectures(change: dict, message: str) -> None:
