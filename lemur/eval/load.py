@@ -5,13 +5,15 @@ Accepted, told apart by the files inside:
   complete checkpoint, or `step`;
 - one orbax step of a run (`<step>/state` + `<step>/meta`);
 - a lemur model checkpoint (`config.json` + `params/`, what lemur-convert writes);
-- a Hugging Face Llama folder (`config.json` + safetensors), converted on the fly with
-  lemur.model.hf, so Llama-2 itself can be scored as the baseline.
+- a Hugging Face Llama, Qwen2 or Mistral folder (`config.json` + safetensors), converted
+  on the fly with lemur.model.hf, so Llama-2 itself can be scored as the baseline.
 
 Only the params are read from a run's train state (orbax partial restore: the optimizer
 moments, twice the params' size, stay on disk). The tokenizer is the SentencePiece model
 beside HF weights (`tokenizer.model`), or the one of the run's first data directory, or
-the one given.
+the one given. `hf_tokenizer` lists the HF tokenizer files that belong to the model
+(lemur.model.pretrained): an HF folder's, a lemur checkpoint's `hf_tokenizer/`, or those of
+a run's `model.init_from` when the run's data was built with that same tokenizer.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import orbax.checkpoint as ocp
 import sentencepiece as spm
 
 from lemur.model import checkpoint as model_checkpoint
-from lemur.model import hf
+from lemur.model import hf, pretrained
 from lemur.model.config import LlamaConfig, Params, param_shapes
 
 
@@ -74,6 +76,7 @@ class LoadedModel:
     tokenizer: SentencePieceTokenizer | None
     kind: str  # "run", "lemur", "hf"
     source: str
+    hf_tokenizer: dict[str, Path] = dataclasses.field(default_factory=dict)
 
 
 def detect_kind(path: Path) -> str:
@@ -167,6 +170,20 @@ def _run_tokenizer(meta: dict[str, Any]) -> Path | None:
     return Path(dirs[0]) / entry.get("file", "tokenizer.model")
 
 
+def _run_hf_tokenizer(meta: dict[str, Any]) -> dict[str, Path]:
+    """The HF tokenizer files of the run's `model.init_from` when the run's data was built
+    with that same tokenizer (its tokenizer.json or tokenizer.model, by sha256), else {}."""
+    init_from = ((meta.get("config") or {}).get("model") or {}).get("init_from")
+    data_sha = meta.get("tokenizer_sha256")
+    if not init_from or not data_sha or not Path(init_from).is_dir():
+        return {}
+    files = pretrained.tokenizer_files(init_from)
+    for name in ("tokenizer.json", "tokenizer.model"):
+        if name in files and hashlib.sha256(files[name].read_bytes()).hexdigest() == data_sha:
+            return files
+    return {}
+
+
 def _load_hf(path: Path) -> tuple[LlamaConfig, Params]:
     """Config and numpy params of an HF Llama folder (lemur.model.hf, one tensor at a time)."""
     with hf.open_hf_checkpoint(path) as (hf_config, get_tensor):
@@ -177,17 +194,19 @@ def _load_hf(path: Path) -> tuple[LlamaConfig, Params]:
         return config, hf.params_from_hf(get_tensor, config)
 
 
-def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Path | None, str]:
-    """(config, host params, tokenizer path or None, kind) of any accepted path."""
+def _read(
+    path: Path, step: int | None
+) -> tuple[LlamaConfig, Params, Path | None, str, dict[str, Path]]:
+    """(config, host params, tokenizer path or None, kind, HF tokenizer files) of any path."""
     kind = detect_kind(path)
-    if kind == "hf":
-        config, params = _load_hf(path)
+    if kind in ("hf", "lemur"):
+        if kind == "hf":
+            config, params = _load_hf(path)
+        else:
+            params, config = model_checkpoint.load_params(path)
         tok = path / "tokenizer.model"
-        return config, params, tok if tok.is_file() else None, kind
-    if kind == "lemur":
-        params, config = model_checkpoint.load_params(path)
-        tok = path / "tokenizer.model"
-        return config, params, tok if tok.is_file() else None, kind
+        files = pretrained.tokenizer_files(path)
+        return config, params, tok if tok.is_file() else None, kind, files
     step_dir = (
         path
         if kind == "step"
@@ -197,7 +216,8 @@ def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Path | Non
         raise LoadError(f"{step_dir}: no such checkpoint")
     abstract = _abstract_params(step_dir)
     config, meta = _run_config(step_dir, abstract)
-    return config, _run_params(step_dir, abstract), _run_tokenizer(meta), "run"
+    params = _run_params(step_dir, abstract)
+    return config, params, _run_tokenizer(meta), "run", _run_hf_tokenizer(meta)
 
 
 def _to_device(params: Params) -> Params:
@@ -233,14 +253,16 @@ def load_model(
     root = Path(path).expanduser().absolute()  # orbax refuses relative checkpoint paths
     if not root.is_dir():
         raise LoadError(f"{root}: no such directory")
-    config, params, tok_path, kind = _read(root, step)
+    config, params, tok_path, kind, hf_files = _read(root, step)
     if (dtype := resolve_dtype(dtype)) is not None:
         config = dataclasses.replace(config, dtype=dtype)
     tok_path = Path(tokenizer) if tokenizer is not None else tok_path
-    tok = SentencePieceTokenizer(tok_path) if tok_path is not None and tok_path.is_file() else None
+    # A tokenizer.json (the data of an HF model) is not a SentencePiece model: no tokenizer.
+    sentencepiece = tok_path is not None and tok_path.is_file() and tok_path.suffix != ".json"
+    tok = SentencePieceTokenizer(tok_path) if sentencepiece else None
     if tok is not None and tok.vocab_size > config.vocab_size:
         raise LoadError(
             f"{tok_path}: tokenizer of {tok.vocab_size} pieces for a model of "
             f"vocab_size {config.vocab_size}"
         )
-    return LoadedModel(config, _to_device(params), tok, kind, str(root))
+    return LoadedModel(config, _to_device(params), tok, kind, str(root), hf_files)

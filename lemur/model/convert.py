@@ -1,4 +1,4 @@
-"""Convert Hugging Face Llama checkpoints to lemur checkpoints (orbax) and back.
+"""Convert Hugging Face Llama/Qwen2/Mistral checkpoints to lemur checkpoints (orbax) and back.
 
     lemur-convert to-lemur HF_DIR OUT_DIR [--dtype float32]
     lemur-convert to-hf LEMUR_DIR OUT_DIR [--dtype bfloat16] [--shard-gb 5] [--tokenizer PATH]
@@ -12,7 +12,10 @@ plus one output shard, never two full copies of the model. No torch needed.
 A lemur checkpoint carries the SentencePiece model (`tokenizer.model`) when there is one:
 to-lemur copies it from HF_DIR, from-run takes the run's data tokenizer, and to-hf writes
 it as HF tokenizer files (lemur.model.hf_tokenizer: a ChatML tokenizer gets its chat
-template). from-run turns a lemur-train run's checkpoint (its params only) into a lemur
+template). It also carries HF_DIR's own tokenizer files unchanged (tokenizer.json, its
+config and chat template; lemur.model.pretrained), which to-hf copies back out instead:
+from-run keeps those of the run's `model.init_from` when the run's data was built with
+that very tokenizer. from-run turns a lemur-train run's checkpoint (its params only) into a lemur
 checkpoint, e.g. to fine-tune from it (`model.init_from`) or to export it.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -27,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lemur.model import checkpoint, hf, hf_tokenizer
+from lemur.model import checkpoint, hf, hf_tokenizer, pretrained
 from lemur.model.config import DTYPES, param_count
 
 
@@ -50,7 +54,13 @@ def to_lemur(hf_dir: str, out_dir: str, dtype: str = "float32") -> None:
             return get_tensor(name)
 
         params = hf.params_from_hf(logged, config, dtype)
-    checkpoint.save_params(out_dir, params, config, checkpoint.tokenizer_path(hf_dir))
+    checkpoint.save_params(
+        out_dir,
+        params,
+        config,
+        checkpoint.tokenizer_path(hf_dir),
+        hf_tokenizer=pretrained.tokenizer_files(hf_dir),
+    )
     print(f"wrote {out_dir} ({dtype}) in {time.time() - start:.0f}s", flush=True)
 
 
@@ -66,7 +76,9 @@ def from_run(run_dir: str, out_dir: str, step: int | None = None) -> None:
     # Absolute: orbax refuses relative checkpoint paths.
     loaded = load_model(Path(run_dir).resolve(), step=step, dtype=None)
     tokenizer = loaded.tokenizer.path if loaded.tokenizer is not None else None
-    checkpoint.save_params(out_dir, loaded.params, loaded.config, tokenizer)
+    checkpoint.save_params(
+        out_dir, loaded.params, loaded.config, tokenizer, hf_tokenizer=loaded.hf_tokenizer
+    )
     print(
         f"wrote {out_dir}: {param_count(loaded.config):,} params"
         + (f", tokenizer {tokenizer}" if tokenizer else ", no tokenizer (data directory gone)")
@@ -93,10 +105,15 @@ def to_hf(
     shard_gb: float = 5.0,
     tokenizer: str | None = None,
 ) -> None:
-    """lemur checkpoint -> HF directory (safetensors shards + index + config + tokenizer)."""
+    """lemur checkpoint -> HF directory (safetensors shards + index + config + tokenizer).
+
+    The tokenizer: `tokenizer` (a SentencePiece model) when given, else the HF tokenizer
+    files the checkpoint carries (copied unchanged), else its `tokenizer.model`.
+    """
     start = time.time()
     config = checkpoint.load_config(lemur_dir)
-    tok_path = _tokenizer_to_export(lemur_dir, tokenizer, config.vocab_size)  # fail early
+    carried = pretrained.tokenizer_files(lemur_dir) if tokenizer is None else {}
+    tok_path = None if carried else _tokenizer_to_export(lemur_dir, tokenizer, config.vocab_size)
     params, config = checkpoint.load_params(lemur_dir)
     print(f"{lemur_dir}: {param_count(config):,} params ({time.time() - start:.0f}s)", flush=True)
     files = hf.write_hf_checkpoint(
@@ -105,13 +122,22 @@ def to_hf(
         hf.params_to_hf(params, config, dtype),
         dtype=dtype,
         max_shard_bytes=int(shard_gb * 2**30),
+        token_ids=pretrained.hf_token_ids(carried),
     )
+    for name, src in carried.items():
+        shutil.copyfile(src, Path(out_dir) / name)
     if tok_path is not None:
         hf_tokenizer.write_hf_tokenizer(tok_path, out_dir, model_max_length=config.max_seq_len)
+    said = (
+        f" and its tokenizer files ({', '.join(carried)})"
+        if carried
+        else f" and the tokenizer of {tok_path}"
+        if tok_path is not None
+        else ", no tokenizer"
+    )
     print(
-        f"wrote {len(files)} safetensors file(s) to {out_dir} ({dtype})"
-        + (f" and the tokenizer of {tok_path}" if tok_path is not None else ", no tokenizer")
-        + f" in {time.time() - start:.0f}s",
+        f"wrote {len(files)} safetensors file(s) to {out_dir} ({dtype}){said} "
+        f"in {time.time() - start:.0f}s",
         flush=True,
     )
 
@@ -137,7 +163,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--tokenizer",
         default=None,
-        help="SentencePiece model to export (default: the checkpoint's tokenizer.model)",
+        help="SentencePiece model to export (default: the HF tokenizer files the checkpoint "
+        "carries, unchanged, else its tokenizer.model)",
     )
     c = sub.add_parser("from-run", help="lemur-train run checkpoint -> lemur (orbax)")
     c.add_argument("src", help="a run directory, or one checkpoint step of it")
