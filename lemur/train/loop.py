@@ -39,6 +39,7 @@ from lemur.train.setup import (
     RunSummary,
     TrainingDiverged,
     check_writable_dir,
+    data_vocab,
     make_mesh,
     open_checkpointer,
     plan_run,
@@ -67,6 +68,7 @@ class Trainer(Inputs, Resume):
         # init_from's model, the steps of epochs, the warmup of its fraction: see plan_run.
         self.config, self.model, self.tokenizer_sha, self.notes = plan_run(config, self.data_dirs)
         config = self.config
+        self.data_vocab = data_vocab(config, self.data_dirs)[0]  # may be < the model's (padded)
         self.mesh = make_mesh(config)
         self.schedule = step_lib.make_schedule(config.schedule, config.steps)
         self.tx = step_lib.make_optimizer(config.optimizer, self.schedule)
