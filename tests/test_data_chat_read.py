@@ -72,6 +72,7 @@ def test_render_chatml_text_spans_and_turn_ends():
     assert spans == [[91, 107], [162, 173]] and ends == [39, 69, 108, 140, 174]
     assert IM_END == "<|im_end|>" and IM_START == "<|im_start|>"
 
+
 QUESTION, ANSWER = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
 TOOL = {"role": "tool", "content": "out"}
 
