@@ -155,7 +155,8 @@ class ModelReplies:
         prompts = [prompt_ids(self.tokenizer, c.messages) for c in conversations]
         out: list[Reply | None] = [None] * len(prompts)
         fits = [i for i, p in enumerate(prompts) if self.decoder.fits(len(p))]
-        turns = self.decoder.reply([(conversations[i].task.task_id, prompts[i]) for i in fits])
+        requests = [(conversations[i].task.task_id, prompts[i]) for i in fits]
+        turns = self.decoder.reply(requests) if requests else []
         for i, t in zip(fits, turns, strict=True):
             c = t.completion
             ids = t.prompt_ids if self.record_ids else None

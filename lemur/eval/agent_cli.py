@@ -9,6 +9,7 @@ See lemur.eval.agent and docs/eval.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,12 @@ def add_parsers(sub: Any, model_args: Any, gen_args: Any) -> None:
     )
     ag.add_argument(
         "--record-ids", action="store_true", help="each turn's prompt ids in transcripts"
+    )
+    ag.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="context length (default the model's; longer runs positions it never trained on)",
     )
     ag.add_argument("--out", default=None, help="run directory (default agent-FEEDBACK)")
     gen_args(ag, 512)
@@ -77,6 +84,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     )
     model = cli._load(args, for_decoding=True)
     cli._need_tokenizer(args, model)
+    if args.max_seq_len is not None:
+        model.config = dataclasses.replace(model.config, max_seq_len=args.max_seq_len)
     gen = cli._sampling(args)
     replies = agent.ModelReplies(
         model.params,

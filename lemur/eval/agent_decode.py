@@ -59,7 +59,7 @@ def _extend(
     return decode.extend(params, tokens_BxT, start_B, last_B, cache, config)
 
 
-@functools.partial(jax.jit, static_argnames="length", donate_argnums=0)
+@functools.partial(jax.jit, static_argnames="length")
 def _grow(cache: decode.KVCache, *, length: int) -> decode.KVCache:
     """The cache with slots added at the end, up to `length`."""
     pad = ((0, 0), (0, 0), (0, length - cache.length), (0, 0))

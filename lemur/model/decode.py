@@ -13,7 +13,12 @@ Everything here is shape-polymorphic in nothing: callers pick P and the cache le
 from a few buckets (lemur.eval.generate), so a prefill compiles once per (B, P, S) and a
 decode step once per (B, S), whatever the prompt and output lengths.
 
-Shape letters as in llama.py, plus P prompt slots and S cache slots.
+`extend` lays a batch out the other way, for conversations that grow turn by turn
+(lemur.eval.agent_decode): row b's tokens fill its own slots 0 .. length[b]-1 with rotary
+position = slot, and new tokens (a turn's prompt, or one decoded token) are written at each
+row's own length, so rows of different lengths grow with no padding between turns.
+
+Shape letters as in llama.py, plus P prompt slots, S cache slots and T new tokens per row.
 """
 
 from __future__ import annotations
