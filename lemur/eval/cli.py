@@ -4,6 +4,8 @@
     lemur-eval generate CHECKPOINT (--prompt TEXT ... | --prompts FILE.jsonl) [--chat]
     lemur-eval humaneval CHECKPOINT [--n 1 --k 1 --temperature 0] [--tasks FILE.jsonl]
     lemur-eval humaneval --canonical          # the harness on the reference solutions
+    lemur-eval agent CHECKPOINT --tasks humaneval|FILE --turns K --feedback exec|binary|none
+    lemur-eval plot RUN_DIR... --out success.png   # agent runs' success rate by turn
 
 CHECKPOINT is a lemur-train run directory (its latest checkpoint, or --step), one orbax
 step of a run, a lemur model checkpoint (config.json + params/) or a Hugging Face Llama
@@ -19,7 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-USAGE = "lemur-eval {bpb,generate,humaneval} ... (lemur-eval COMMAND --help)"
+from lemur.eval import agent_cli
+
+USAGE = "lemur-eval {bpb,generate,humaneval,agent,plot} ... (lemur-eval COMMAND --help)"
 
 
 class UsageError(Exception):
@@ -121,6 +125,7 @@ def parser() -> argparse.ArgumentParser:
     )
     he.add_argument("--out", default="humaneval-results", help="samples.jsonl + summary.json")
     _gen_args(he, 512)
+    agent_cli.add_parsers(sub, _model_args, _gen_args)
     return top
 
 
@@ -382,7 +387,13 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"bpb": cmd_bpb, "generate": cmd_generate, "humaneval": cmd_humaneval}
+COMMANDS = {
+    "bpb": cmd_bpb,
+    "generate": cmd_generate,
+    "humaneval": cmd_humaneval,
+    "agent": agent_cli.cmd_agent,
+    "plot": agent_cli.cmd_plot,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
