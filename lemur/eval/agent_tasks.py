@@ -40,7 +40,7 @@ STDERR_CHARS, STDOUT_CHARS = 1200, 600
 # A fenced block: ```python, ```py, ```python3 or a bare ```; the last one may be unclosed.
 # The run's throw-away path (it would make the feedback differ between runs) and the
 # ^^^^ lines under a traceback's source line (tokens that say nothing the line does not).
-SANDBOX_PATH = re.compile(r'File "[^"]*/program\.py"')
+SANDBOX_PATH = re.compile(r'File "(?:[^"]*/program|check_program)\.py"')
 CARETS = re.compile(r"\s*[\^~]+\s*")
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
@@ -155,21 +155,47 @@ def execute(
     isolation: sandbox.Isolation,
     allow_network: bool = False,
 ) -> Execution:
-    """Run the code with the task's tests in the sandbox (the one place agent code runs)."""
-    secret = secrets.token_hex(16)
+    """Run the code with the task's tests in the sandbox (the one place agent code runs).
+
+    HumanEval's runner decides (lemur.eval.humaneval.RUNNER): a pass is the run's secret
+    reported after `check()` returned; an exit before that (`sys.exit`, `os._exit`) is
+    `ended_early`, whatever its status.
+    """
+    secret = secrets.token_hex(16).encode()
     prefix = "\n" if task.check.prompt else ""  # HumanEval: the code after the prompt
-    source = humaneval.program(task.check, prefix + code) + f"\nprint({secret!r})\n"
-    r = sandbox.run_python(source, limits, allow_network=allow_network, isolation=isolation)
-    stdout = r.stdout.replace(secret + "\n", "").replace(secret, "")
-    if r.status == "timeout":
+    r = sandbox.run_python(
+        humaneval.runner(task.check, prefix + code),
+        limits,
+        allow_network=allow_network,
+        isolation=isolation,
+        stdin=secret,
+        report=True,
+    )
+    last = (r.stderr.strip().splitlines() or [""])[-1]
+    if r.report.endswith(secret):
+        status = "passed"
+    elif r.status == "timeout":
         status = "timeout"
     elif r.status == "error":
         status = "error"  # the jail itself failed
-    elif r.ok and secret in r.stdout:
-        status = "passed"
+    elif r.returncode == 0 or last.startswith("SystemExit"):
+        status = "ended_early"
     else:
-        status = "ended_early" if r.ok else "failed"
-    return Execution(status, r.returncode, stdout, r.stderr, round(r.seconds, 3))
+        status = "failed"
+    return Execution(
+        status, _exit_status(r.returncode, last), r.stdout, r.stderr, round(r.seconds, 3)
+    )
+
+
+def _exit_status(returncode: int | None, last_line: str) -> int | None:
+    """The status the program asked for: the runner turns `sys.exit(n)` into a traceback
+    ending `SystemExit: n` and exits 1 itself; `os._exit(n)` leaves `returncode` n."""
+    if not last_line.startswith("SystemExit"):
+        return returncode
+    code = last_line.removeprefix("SystemExit").lstrip(": ").strip()
+    if not code or code == "None":
+        return 0
+    return int(code) if code.lstrip("-").isdigit() else 1
 
 
 def _tail(text: str, chars: int) -> str:
