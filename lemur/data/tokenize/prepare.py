@@ -35,6 +35,10 @@ def _sha(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _file_sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def _ordered(files: list[InputFile]) -> list[InputFile]:
     """Files in a seed-free pseudo-random order, so a sample spans the whole source."""
     return sorted(files, key=lambda f: hashlib.blake2b(f.path.encode(), digest_size=8).digest())
@@ -83,14 +87,16 @@ def copy_hf_tokenizer(src: str, work: Path) -> Path:
     """
     files = read_hf_tokenizer(src)
     open_tokenizer(files.path)  # loads (and so validates) before anything is copied
-    target = work / f"hf-tokenizer-{files.sha256[:16]}"
+    present = [n for n in HF_FILES if (files.path.parent / n).is_file()]
+    # Named by every file's content: a changed tokenizer_config.json (BOS/EOS) is another copy.
+    key = _sha([files.sha256] + [(n, _file_sha(files.path.parent / n)) for n in present[1:]])
+    target = work / f"hf-tokenizer-{key[:16]}"
     if not (target / "tokenizer.json").is_file():
         tmp = work / f".{target.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        for name in HF_FILES:
-            if (files.path.parent / name).is_file():
-                shutil.copyfile(files.path.parent / name, tmp / name)
+        for name in present:
+            shutil.copyfile(files.path.parent / name, tmp / name)
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
     return target / "tokenizer.json"
@@ -148,9 +154,14 @@ def open_build_tokenizer(recipe: Recipe, path: Path) -> Tokenizer:
     cfg = recipe.tokenizer
     if cfg.hf is None:  # SentencePiece, or a trained byte-level BPE: its own framing
         return open_tokenizer(path)
-    return open_tokenizer(
+    tok = open_tokenizer(
         path, bos=cfg.bos, eos=cfg.eos, no_bos=bool(cfg.no_bos), engine=cfg.engine or "auto"
     )
+    if tok.eos_id is None:
+        raise TokenizerError(
+            f"{cfg.hf}: its files name no EOS token to end documents with: set tokenizer.eos"
+        )
+    return tok
 
 
 def build_tokenizer_info(recipe: Recipe, path: Path) -> dict[str, Any]:
