@@ -46,7 +46,6 @@ from lemur.data.recipe import Recipe
 from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
 from lemur.data.run.executors import make_executor
 from lemur.data.run.lock import DirectoryLock, LockedError
-from lemur.data.tokenize.chat import ChatEncoder
 from lemur.data.tokenize.prepare import (
     build_tokenizer_info,
     copy_tokenizer_files,
@@ -55,6 +54,7 @@ from lemur.data.tokenize.prepare import (
     sample_texts,
 )
 from lemur.data.tokenize.step import TokenizeWriter
+from lemur.data.tokenize.template_chat import chat_step, uses_template
 from lemur.shards.check import check_structure
 from lemur.shards.commit import commit
 from lemur.shards.format import (
@@ -211,18 +211,19 @@ def tokenize_stage(
             else []
         ),
         # Chat: encode once, mask and cut before signing, so dedup sees what is trained on.
-        *(
-            [ChatEncoder(str(tok_path), recipe.seq_len, recipe.chat_settings().long, batch)]
-            if chat
-            else []
-        ),
+        *([chat_step(recipe, str(tok_path), batch)] if chat else []),
         *(
             [DedupSigner(recipe.dedup, str(work / "tokens"), tuple(recipe.domains()))]
             if recipe.dedup.exact or recipe.dedup.near
             else []
         ),
         TokenizeWriter(
-            str(tok_path), str(work / "tokens"), batch, chat, *framing(recipe, tok_path)
+            str(tok_path),
+            str(work / "tokens"),
+            batch,
+            chat,
+            *framing(recipe, tok_path),
+            template=uses_template(recipe),
         ),
     ]
     run_stage(recipe, report, pipeline, work, n_tasks, "tokenize")
@@ -373,6 +374,8 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     tok_key = (
         tok["sha256"] if "kind" not in tok else f"{tok['sha256']}:{tok['bos_id']}:{tok['eos_id']}"
     )
+    if "chat_template_sha256" in tok:  # a template build's documents are the template's
+        tok_key += f":{tok['chat_template_sha256']}"
     read_round = partial(_read_round, recipe, listing, tok_path, tok_key, report)
     reading, work, n_tasks, dd = read_sources(recipe, listing, read_round)
     key = work.name.removeprefix("tokens-")
@@ -404,6 +407,8 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "dtype": dtype_name(token_dtype(tok["vocab_size"])),
         "seq_len": recipe.seq_len,
         "tokenizer": {"file": f"{prefix}/{tok_file}", **tok},
+        # Chat documents as the model's template renders them: no BOS/EOS added.
+        **({"framing": "template"} if uses_template(recipe) else {}),
         "stats": f"{prefix}/stats.json",
         "shards": packed["shards"],
         "mix": packed["mix"],

@@ -62,6 +62,17 @@ def render_chatml(messages: list[Message]) -> tuple[str, list[list[int]], list[i
     return "".join(parts), spans, ends
 
 
+def parse_chatml(text: str) -> list[Message]:
+    """The messages `render_chatml` rendered as `text` (exact: no content holds a marker,
+    `check_messages` refuses it), for a build that renders them with another template."""
+    out = []
+    for block in text.split(IM_START)[1:]:
+        role, _, rest = block.partition("\n")
+        content, _, _ = rest.rpartition(f"{IM_END}\n")
+        out.append({"role": role, "content": content})
+    return out
+
+
 def check_messages(messages: list[Message]) -> list[Message]:
     """`messages` if they can be trained on, else `ChatDrop` with the reason.
 
