@@ -52,6 +52,7 @@ from lemur.data.tokenize.prepare import (
     open_build_tokenizer,
     prepare_tokenizer,
     sample_texts,
+    tokenizer_key,
 )
 from lemur.data.tokenize.step import TokenizeWriter
 from lemur.data.tokenize.template_chat import chat_step, uses_template
@@ -371,11 +372,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     report("tokenizer", 1, 1)
     stage = partial(run_stage, recipe, report)
     # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.
-    tok_key = (
-        tok["sha256"] if "kind" not in tok else f"{tok['sha256']}:{tok['bos_id']}:{tok['eos_id']}"
-    )
-    if "chat_template_sha256" in tok:  # a template build's documents are the template's
-        tok_key += f":{tok['chat_template_sha256']}"
+    tok_key = tokenizer_key(tok)
     read_round = partial(_read_round, recipe, listing, tok_path, tok_key, report)
     reading, work, n_tasks, dd = read_sources(recipe, listing, read_round)
     key = work.name.removeprefix("tokens-")
@@ -407,8 +404,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "dtype": dtype_name(token_dtype(tok["vocab_size"])),
         "seq_len": recipe.seq_len,
         "tokenizer": {"file": f"{prefix}/{tok_file}", **tok},
-        # Chat documents as the model's template renders them: no BOS/EOS added.
-        **({"framing": "template"} if uses_template(recipe) else {}),
+        **({"framing": "template"} if uses_template(recipe) else {}),  # no BOS/EOS added
         "stats": f"{prefix}/stats.json",
         "shards": packed["shards"],
         "mix": packed["mix"],

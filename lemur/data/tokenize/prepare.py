@@ -186,6 +186,15 @@ def build_tokenizer_info(recipe: Recipe, path: Path) -> dict[str, Any]:
     return info
 
 
+def tokenizer_key(info: dict[str, Any]) -> str:
+    """What a build's token runs depend on of its tokenizer: the file, and for a
+    tokenizer.json the recipe's BOS/EOS and, in a chat build, the chat template."""
+    if "kind" not in info:
+        return str(info["sha256"])
+    key = f"{info['sha256']}:{info['bos_id']}:{info['eos_id']}"
+    return key + (f":{info['chat_template_sha256']}" if "chat_template_sha256" in info else "")
+
+
 def copy_tokenizer_files(path: Path, out: Path) -> str:
     """Copy the prepared tokenizer into a build's directory; the name of its main file.
 
