@@ -33,7 +33,7 @@ from lemur.data.tokenize.template_chat import TemplateChatEncoder
 from lemur.eval.generate import GenerationConfig, chat_prompt_ids, generate, generate_ids
 from lemur.model.config import config_from_preset
 from lemur.model.llama import init_params
-from lemur.tokenizer import open_tokenizer
+from lemur.tokenizer import TokenizerError, open_tokenizer
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -255,3 +255,27 @@ def test_chat_generation_stops_at_the_end_of_turn(qwen):
     hf = transformers.AutoTokenizer.from_pretrained(str(qwen))
     assert reply.prompt_tokens == len(hf_ids(hf, msgs, prompt=True))
     assert ChatTemplate(tok).stop_ids() == (tok.eos_id, hf.convert_tokens_to_ids("<|im_end|>"))
+
+
+def test_a_tokenizer_whose_runs_encode_differently_alone_is_refused(tmp_path):
+    """A Metaspace tokenizer prepends `▁` only at the start of the input: split at added
+    tokens, its runs would each get one. The start-up probe catches it."""
+    from bytelevel_fixtures import QWEN_TEMPLATE
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.trainers import BpeTrainer
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(prepend_scheme="first")
+    specials = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = BpeTrainer(vocab_size=600, special_tokens=specials, show_progress=False)
+    tok.train_from_iterator([d["text"] for d in real_text_docs(20)], trainer)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    config = {"bos_token": None, "eos_token": "<|endoftext|>", "chat_template": QWEN_TEMPLATE}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    template = ChatTemplate(open_tokenizer(tmp_path))
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    msgs = CONVERSATIONS[0]
+    assert template.encode_text(template.render(msgs))[0] != hf_ids(hf, msgs)
+    with pytest.raises(TokenizerError, match="not supported"):
+        template.check()

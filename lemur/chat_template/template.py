@@ -204,9 +204,24 @@ class ChatTemplate:
             mask[(ranges[:, 0] < e) & (ranges[:, 1] > s)] = 1
         return TemplateChat(text, np.asarray(ids, np.int64), mask)
 
+    def probe(self) -> list[dict[str, str]]:
+        """A plain conversation the template renders: PROBE, or PROBE without its system
+        turn (templates without one, e.g. Gemma's, refuse it); TokenizerError if neither."""
+        try:
+            self.render(PROBE)
+            return PROBE
+        except TemplateDrop:
+            try:
+                self.render(PROBE[1:])
+                return PROBE[1:]
+            except TemplateDrop as e:
+                raise TokenizerError(
+                    f"{self.tok.files.path}: the chat template fails on a plain conversation: {e}"
+                ) from None
+
     def end_of_turn_id(self) -> int | None:
         """The control token that ends an assistant turn (the first after its content)."""
-        chat = self.encode(PROBE)
+        chat = self.encode(self.probe())
         last = np.flatnonzero(chat.mask)[-1]
         token = int(chat.ids[last])
         return token if self.added.is_control_id(token) else None
@@ -222,7 +237,7 @@ class ChatTemplate:
         whose text runs do not encode alone as they do in place (a Metaspace prefix)."""
         from tokenizers import Tokenizer
 
-        text = self.render(PROBE)
+        text = self.render(self.probe())
         reference = Tokenizer.from_file(str(self.tok.files.path))
         want = reference.encode(text, add_special_tokens=False).ids
         if self.encode_text(text)[0] != want:
