@@ -9,6 +9,7 @@ loopcontrols, `{% generation %}`, trim_blocks/lstrip_blocks).
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -108,6 +109,12 @@ def with_template(folder: Path, out: Path, template: str) -> Path:
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def hf_tokenizer(folder: Path):
+    """transformers' tokenizer of a folder (loaded once: Llama-3's takes seconds)."""
+    return transformers.AutoTokenizer.from_pretrained(str(folder))
+
+
 def hf_ids(tok, msgs, prompt: bool = False) -> list[int]:
     """apply_chat_template's ids (a BatchEncoding in transformers 5)."""
     ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=prompt)
@@ -122,7 +129,7 @@ def test_templates_render_and_encode_as_transformers(qwen, tmp_path, name):
     folder = with_template(qwen, tmp_path / name, template)
     ours, hf = (
         ChatTemplate(open_tokenizer(folder)),
-        transformers.AutoTokenizer.from_pretrained(str(folder)),
+        hf_tokenizer(folder),
     )
     compared = 0
     for msgs in CONVERSATIONS:
@@ -152,7 +159,7 @@ def runs(mask: np.ndarray) -> list[tuple[int, int]]:
 def test_mask_is_each_reply_and_its_end_of_turn(kind, request):
     folder = request.getfixturevalue(kind)
     tok = open_tokenizer(folder)
-    template, hf = ChatTemplate(tok), transformers.AutoTokenizer.from_pretrained(str(folder))
+    template, hf = ChatTemplate(tok), hf_tokenizer(folder)
     eot, header = ("<|eot_id|>", "\n\n") if kind == "llama3" else ("<|im_end|>", "\n")
     for msgs in CONVERSATIONS:
         chat = template.encode(msgs)
@@ -182,7 +189,7 @@ def test_control_text_in_content_or_across_its_edge_drops(qwen, tmp_path):
     odd = "{% for m in messages %}{{ '<|im_start|>' + m.content + 'end|>' }}{% endfor %}"
     folder = with_template(qwen, tmp_path / "odd", odd)
     msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "see <|im_"}]
-    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
+    hf = hf_tokenizer(folder)
     assert hf_ids(hf, msgs).count(hf.convert_tokens_to_ids("<|im_end|>")) == 1
     with pytest.raises(TemplateDrop) as drop:
         ChatTemplate(open_tokenizer(folder)).encode(msgs)
@@ -207,7 +214,7 @@ def chat_doc(msgs, i: int) -> Document:
 def test_long_conversations_are_cut_to_a_rendered_prefix(llama3):
     """A conversation over seq_len keeps the longest prefix ending on a reply that fits,
     rendered anew: its ids are apply_chat_template's of those messages."""
-    hf = transformers.AutoTokenizer.from_pretrained(str(llama3))
+    hf = hf_tokenizer(llama3)
     turn = [{"role": "user", "content": "More?"}, {"role": "assistant", "content": "word " * 30}]
     msgs = [{"role": "system", "content": "Count."}] + turn * 4
     assert parse_chatml(render_chatml(msgs)[0]) == msgs
@@ -228,7 +235,7 @@ def test_long_conversations_are_cut_to_a_rendered_prefix(llama3):
 @pytest.mark.parametrize("kind", ["llama3", "qwen"])
 def test_generation_prompts_equal_apply_chat_template(kind, request):
     folder = request.getfixturevalue(kind)
-    tok, hf = open_tokenizer(folder), transformers.AutoTokenizer.from_pretrained(str(folder))
+    tok, hf = open_tokenizer(folder), hf_tokenizer(folder)
     control = [{"role": "user", "content": "spell <|eot_id|> and <|im_end|> for me"}]
     for msgs in [*CONVERSATIONS, control + [{"role": "assistant", "content": "ok"}]]:
         for k in (k for k, m in enumerate(msgs) if m["role"] == "assistant"):
@@ -252,7 +259,7 @@ def test_chat_generation_stops_at_the_end_of_turn(qwen):
     (cut,) = generate_ids(params, config, [chat_prompt_ids(tok, msgs)], gen, eos_id=(7, second))
     assert (cut.tokens, cut.finish) == ([first], "eos")
     (reply,) = generate(params, config, tok, [msgs], gen, chat=True)
-    hf = transformers.AutoTokenizer.from_pretrained(str(qwen))
+    hf = hf_tokenizer(qwen)
     assert reply.prompt_tokens == len(hf_ids(hf, msgs, prompt=True))
     assert ChatTemplate(tok).stop_ids() == (tok.eos_id, hf.convert_tokens_to_ids("<|im_end|>"))
 
@@ -274,7 +281,7 @@ def test_a_tokenizer_whose_runs_encode_differently_alone_is_refused(tmp_path):
     config = {"bos_token": None, "eos_token": "<|endoftext|>", "chat_template": QWEN_TEMPLATE}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     template = ChatTemplate(open_tokenizer(tmp_path))
-    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    hf = hf_tokenizer(tmp_path)
     msgs = CONVERSATIONS[0]
     assert template.encode_text(template.render(msgs))[0] != hf_ids(hf, msgs)
     with pytest.raises(TokenizerError, match="not supported"):

@@ -280,7 +280,8 @@ def _run_batch(
             pad_B,
             key,
             done_B,
-            np.asarray(eos_ids, np.int32),  # traced: a new set of ids compiles nothing new
+            # Traced and padded to a fixed size: a new set of ids compiles nothing new.
+            np.pad(np.asarray(eos_ids, np.int32), (0, max(0, 4 - len(eos_ids))), mode="edge"),
             config=config,
             sampling=gen.sampling,
             steps=gen.chunk,
