@@ -245,12 +245,18 @@ def test_generation_prompts_equal_apply_chat_template(kind, request):
     )
 
 
-def test_chat_generation_stops_at_the_end_of_turn(qwen):
-    """`generate(chat=True)` sends the template's prompt and ends a reply at the model's EOS
-    or its end of turn; `generate_ids` stops at any of several ids."""
+@pytest.fixture(scope="module")
+def tiny(qwen):
+    """A tiny random model of the Qwen-like folder's vocabulary: (tokenizer, config, params)."""
     tok = open_tokenizer(qwen)
     config = config_from_preset("tiny", vocab_size=tok.vocab_size, max_seq_len=256)
-    params = init_params(config, jax.random.key(0))
+    return tok, config, init_params(config, jax.random.key(0))
+
+
+def test_chat_generation_stops_at_the_end_of_turn(qwen, tiny):
+    """`generate(chat=True)` sends the template's prompt and ends a reply at the model's EOS
+    or its end of turn; `generate_ids` stops at any of several ids."""
+    tok, config, params = tiny
     gen = GenerationConfig(max_new_tokens=6, chunk=4, batch_size=1)
     msgs = [{"role": "user", "content": "Say hi."}]
     (free,) = generate_ids(params, config, [chat_prompt_ids(tok, msgs)], gen)
@@ -262,6 +268,27 @@ def test_chat_generation_stops_at_the_end_of_turn(qwen):
     hf = hf_tokenizer(qwen)
     assert reply.prompt_tokens == len(hf_ids(hf, msgs, prompt=True))
     assert ChatTemplate(tok).stop_ids() == (tok.eos_id, hf.convert_tokens_to_ids("<|im_end|>"))
+
+
+def test_generate_cli_chat_sends_the_template_prompts(qwen, tiny, tmp_path):
+    """`lemur-eval generate CKPT --chat` on a checkpoint carrying the folder's files."""
+    from lemur.eval import cli as eval_cli
+    from lemur.model import checkpoint
+    from lemur.model.pretrained import tokenizer_files
+
+    tok, config, params = tiny
+    checkpoint.save_params(tmp_path / "ckpt", params, config, hf_tokenizer=tokenizer_files(qwen))
+    rows = [
+        {"prompt": "Say hi."},
+        {"messages": [{"role": "system", "content": "Be brief."}, *CONVERSATIONS[1][1:4]]},
+    ]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["generate", str(tmp_path / "ckpt"), "--chat", "--prompts", str(tmp_path / "p.jsonl")]
+    assert eval_cli.main([*argv, "--max-new-tokens", "2", "--out", str(tmp_path / "o.jsonl")]) == 0
+    out = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    hf = hf_tokenizer(qwen)
+    chats = [[{"role": "user", "content": "Say hi."}], rows[1]["messages"]]
+    assert [o["prompt_tokens"] for o in out] == [len(hf_ids(hf, m, prompt=True)) for m in chats]
 
 
 def test_a_tokenizer_whose_runs_encode_differently_alone_is_refused(tmp_path):
