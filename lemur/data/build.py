@@ -187,12 +187,13 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
     return filters
 
 
-def framing(recipe: Recipe, tok_path: Path) -> tuple[tuple[int | None, int] | None, str]:
-    """(BOS/EOS ids, engine) the tokenize tasks use: a tokenizer.json's from the recipe."""
+def framing(recipe: Recipe, tok_path: Path) -> tuple[tuple[int | None, int] | None, str, bool]:
+    """(BOS/EOS ids, engine, chat template?) the tokenize tasks use: a tokenizer.json's from
+    the recipe; a chat template frames its documents itself."""
     if not is_tokenizer_json(tok_path):
-        return None, "auto"
+        return None, "auto", False
     tok = open_build_tokenizer(recipe, tok_path)
-    return (tok.bos_id, tok.eos_id), tok.engine
+    return (tok.bos_id, tok.eos_id), tok.engine, uses_template(recipe)
 
 
 def tokenize_stage(
@@ -219,12 +220,7 @@ def tokenize_stage(
             else []
         ),
         TokenizeWriter(
-            str(tok_path),
-            str(work / "tokens"),
-            batch,
-            chat,
-            *framing(recipe, tok_path),
-            template=uses_template(recipe),
+            str(tok_path), str(work / "tokens"), batch, chat, *framing(recipe, tok_path)
         ),
     ]
     run_stage(recipe, report, pipeline, work, n_tasks, "tokenize")
