@@ -57,6 +57,22 @@ def add_parsers(sub: Any, model_args: Any, gen_args: Any) -> None:
     pl.add_argument("--out", default="agent-success.png", help="the PNG to write")
 
 
+def _agent_config(args: argparse.Namespace) -> Any:
+    """The AgentConfig the command line asks for."""
+    from lemur.eval import agent, sandbox
+
+    return agent.AgentConfig(
+        turns=args.turns,
+        feedback=args.feedback,
+        observation_role=args.observation_role,
+        system=args.system,
+        limits=sandbox.Limits(timeout_s=args.timeout, cpu_s=max(1, int(args.timeout))),
+        allow_network=args.allow_network,
+        workers=args.workers,
+        record_ids=args.record_ids,
+    )
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     """Run (or resume) the agent evaluation; write transcripts, summary and plot."""
     from lemur.eval import agent, agent_report, agent_tasks, cli, sandbox
@@ -72,16 +88,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
             "refusing to run generated code: this machine cannot isolate the "
             "network (no network namespaces); pass --allow-network to run anyway"
         )
-    config = agent.AgentConfig(
-        turns=args.turns,
-        feedback=args.feedback,
-        observation_role=args.observation_role,
-        system=args.system,
-        limits=sandbox.Limits(timeout_s=args.timeout, cpu_s=max(1, int(args.timeout))),
-        allow_network=args.allow_network,
-        workers=args.workers,
-        record_ids=args.record_ids,
-    )
+    config = _agent_config(args)
     model = cli._load(args, for_decoding=True)
     cli._need_tokenizer(args, model)
     if args.max_seq_len is not None:
@@ -95,15 +102,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
         reuse=not args.no_cache_reuse,
         record_ids=args.record_ids,
     )
-    settings = {
-        "model": str(model.source),
-        "tasks_source": args.tasks,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "seed": args.seed,
-    }
+    settings = {"model": str(model.source), "tasks_source": args.tasks}
+    settings |= {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k")}
+    settings |= {"top_p": args.top_p, "seed": args.seed}
     out = Path(args.out or f"agent-{args.feedback}")
     records = agent.run_agent(
         tasks,

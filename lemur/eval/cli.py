@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lemur.eval import agent_cli
+from lemur.eval.prompts_file import PromptsError, read_prompts
 
 USAGE = "lemur-eval {bpb,generate,humaneval,agent,plot} ... (lemur-eval COMMAND --help)"
 
@@ -240,51 +241,14 @@ def cmd_bpb(args: argparse.Namespace) -> int:
     return 0
 
 
-def _messages(value: Any) -> bool:
-    """Whether `value` is a list of {"role": str, "content": str} messages (a chat prompt)."""
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(
-            isinstance(m, dict)
-            and set(m) == {"role", "content"}
-            and all(isinstance(v, str) for v in m.values())
-            for m in value
-        )
-    )
-
-
-def _read_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Prompt records from --prompt and --prompts (each a dict with "prompt", or with --chat
-    "messages": the conversation so far)."""
-    rows = [{"prompt": p} for p in args.prompt]
-    if args.prompts:
-        for i, line in enumerate(Path(args.prompts).read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{args.prompts}:{i}: not JSON ({e.msg})") from None
-            if args.chat and isinstance(row, dict) and "messages" in row:
-                if not _messages(row["messages"]) or "prompt" in row:
-                    raise UsageError(
-                        f'{args.prompts}:{i}: "messages" must be a non-empty list of '
-                        '{"role": str, "content": str} (and no "prompt" beside it)'
-                    )
-            elif not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-                raise UsageError(f'{args.prompts}:{i}: needs a string "prompt"')
-            rows.append(row)
-    if not rows:
-        raise UsageError("no prompts: give --prompt TEXT or --prompts FILE.jsonl")
-    return rows
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     """Complete prompts; print them or write JSONL."""
     from lemur.eval.generate import generate
 
-    rows = _read_prompts(args)
+    try:
+        rows = read_prompts(args.prompt, args.prompts, args.chat)
+    except PromptsError as e:
+        raise UsageError(str(e)) from None
     model = _load(args, for_decoding=True)
     _need_tokenizer(args, model)
     completions = generate(
