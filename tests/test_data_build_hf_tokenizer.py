@@ -20,6 +20,7 @@ from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
 from lemur.data.build import build
 from lemur.data.load import RecipeError, recipe_from_dict
 from lemur.shards.verify import verify
+from lemur.tokenizer import TokenizerError
 
 
 def shard_documents(directory: Path) -> tuple[dict, list[list[int]]]:
@@ -126,9 +127,51 @@ def test_recipe_framing_overrides_and_errors(tmp_path, llama3):
     manifest, docs = shard_documents(tmp_path / "out")
     assert (manifest["tokenizer"]["bos_id"], manifest["tokenizer"]["eos_id"]) == (None, 128009)
     assert all(d[0] != 128000 and d[-1] == 128009 for d in docs)
+    no_eos = tmp_path / "no-eos"
+    no_eos.mkdir()
+    (no_eos / "tokenizer.json").write_bytes((llama3 / "tokenizer.json").read_bytes())
+    (no_eos / "tokenizer_config.json").write_text('{"eos_token": null}')
+    with pytest.raises(TokenizerError, match="name no EOS token to end documents with"):
+        build(recipe_from_dict(recipe(tmp_path, {"hf": str(no_eos)}, sources[:1])))
     with pytest.raises(RecipeError, match="tokenizer.hf '.*nowhere' is not a tokenizer.json"):
         recipe_from_dict(recipe(tmp_path, {"hf": str(tmp_path / "nowhere")}, sources))
     with pytest.raises(RecipeError, match="apply to 'hf' tokenizers only"):
         recipe_from_dict(recipe(tmp_path, {"model": "x.model", "no_bos": True}, sources))
     with pytest.raises(RecipeError, match="give exactly one of 'model', 'hf' or 'train'"):
         recipe_from_dict(recipe(tmp_path, {"hf": str(llama3), "model": "x"}, sources))
+
+
+def test_trained_byte_bpe_is_tiktoken_exact_and_deterministic(tmp_path):
+    from lemur.data.recipe import TokenizerTrainConfig
+    from lemur.data.tokenize.byte_bpe import train_byte_bpe
+    from lemur.tokenizer import open_tokenizer
+
+    texts = [p.read_text(encoding="utf-8") for p in real_python_files(20)]
+    config = TokenizerTrainConfig(kind="byte-bpe", vocab_size=1500)
+    a = train_byte_bpe(texts, config, tmp_path / "a")
+    b = train_byte_bpe(texts, config, tmp_path / "b")
+    assert a.read_bytes() == b.read_bytes()  # the same sample gives the same tokenizer
+    tok = open_tokenizer(a)
+    assert (tok.engine, tok.vocab_size, tok.bos_id, tok.eos_id) == ("tiktoken", 1500, 0, 1)
+    held_out = [d["text"] for d in real_text_docs(20)] + pathological_texts()[1:]
+    for text in held_out:
+        assert tok.encode(text) == reference_ids(a.parent, text)
+        assert tok.decode(tok.encode(text)) == text.encode("utf-16", "surrogatepass").decode(
+            "utf-16", "replace"
+        )
+
+
+def test_build_trains_a_byte_bpe(tmp_path):
+    texts, sources = inputs(tmp_path)
+    raw = recipe(tmp_path, {"train": {"kind": "byte-bpe", "vocab_size": 2000}}, sources)
+    build(recipe_from_dict(raw))
+    manifest, docs = shard_documents(tmp_path / "out")
+    tok = manifest["tokenizer"]
+    assert (tok["kind"], tok["engine"], tok["vocab_size"]) == ("tokenizer.json", "tiktoken", 2000)
+    folder = (tmp_path / "out" / tok["file"]).parent
+    want = Counter(tuple([0, *reference_ids(folder, t), 1]) for t in texts)
+    assert Counter(tuple(d) for d in docs) == want
+    with pytest.raises(RecipeError, match="vocab_size must be > 258 for byte-bpe"):
+        recipe_from_dict(
+            recipe(tmp_path, {"train": {"kind": "byte-bpe", "vocab_size": 258}}, sources)
+        )

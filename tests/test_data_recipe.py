@@ -58,7 +58,7 @@ def test_valid_recipe_types_and_defaults(tmp_path):
             "mix.ratio.math: no source has domain 'math'",
         ),
         ({"mix": {"ratio": "10:1"}}, "mix.ratio must be a mapping"),
-        ({"tokenizer": {}}, "give exactly one of 'model' or 'train'"),
+        ({"tokenizer": {}}, "give exactly one of 'model', 'hf' or 'train'"),
         (
             {"tokenizer": {"model": "/nonexistent/tok.model"}},
             "tokenizer.model '/nonexistent/tok.model' is not a file",

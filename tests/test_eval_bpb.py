@@ -19,6 +19,7 @@ from lemur.eval import bpb
 from lemur.model import llama
 from lemur.model.config import LlamaConfig, Params
 from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
+from lemur.tokenizer import SentencePieceTokenizer
 
 SEQ = 32
 UNICODE = "Ünïcödé: 漢字かな, emoji 🦎🐍, math ∑∫, tabs\tand  double  spaces \n trailing "
@@ -62,7 +63,7 @@ def test_token_bytes_sum_to_decoded_bytes(
 ) -> None:
     path = tokenizer_model if which == "lemur" else dummy_prefix_model
     sp = spm.SentencePieceProcessor(model_file=str(path))
-    table = bpb.TokenBytes(sp)
+    table = bpb.TokenBytes(SentencePieceTokenizer(path))
     assert table.strips_first_space == (which == "dummy_prefix")
     assert table.table[sp.bos_id()] == table.table[sp.eos_id()] == 0
     assert table.table[sp.piece_to_id("<0xE6>")] == 1

@@ -29,6 +29,10 @@ VARIANTS = {
         rope_high_freq_factor=4.0,
         rope_original_max_seq_len=16,
     ),
+    # Qwen2 style: biases on q, k, v (random below, so they show), tied head, theta 1e6.
+    "qwen2-bias": dict(
+        n_heads=4, n_kv_heads=2, tie_embeddings=True, arch="qwen2", qkv_bias=True, rope_theta=1e6
+    ),
 }
 
 
@@ -50,7 +54,13 @@ def _model(name: str) -> tuple[LlamaConfig, Params]:
     config = _config(**VARIANTS[name])
     # rbg keys compile the initialiser 2-3x faster on CPU (docs/model.md).
     init = jax.jit(llama.init_params, static_argnums=0)
-    return config, init(config, jax.random.key(3, impl="rbg"))
+    params = init(config, jax.random.key(3, impl="rbg"))
+    if config.qkv_bias:  # init makes them zero: random ones test that decode adds them too
+        rng = np.random.default_rng(4)
+        for name in ("bq", "bk", "bv"):
+            w = params["layers"][name]
+            params["layers"][name] = jnp.asarray(rng.standard_normal(w.shape), w.dtype)
+    return config, params
 
 
 _forward = jax.jit(llama.forward, static_argnames="config")

@@ -223,10 +223,14 @@ def test_convert_tool_round_trip(tmp_path: Path) -> None:
         np.testing.assert_array_equal(back[name], w, err_msg=name)
 
     assert tool.main(["to-hf", str(tmp_path / "lemur"), str(tmp_path / "one")]) == 0
+    # save_pretrained's generation_config.json travels along unchanged (lemur.model.pretrained).
     assert sorted(p.name for p in (tmp_path / "one").iterdir()) == [
         "config.json",
+        "generation_config.json",
         "model.safetensors",
     ]
+    generation = (tmp_path / "one" / "generation_config.json").read_bytes()
+    assert generation == (src / "generation_config.json").read_bytes()
     back16 = load_file(tmp_path / "one" / "model.safetensors")  # default: bf16
     for name, w in original.items():
         assert back16[name].dtype == jnp.bfloat16
@@ -264,7 +268,7 @@ def test_convert_tool_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         ({"rope_parameters": {"rope_type": "longrope"}}, "rope_type='longrope'"),
         ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "without factor"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
-        ({"model_type": "mistral"}, "not a Llama"),
+        ({"model_type": "gemma"}, "not a Llama, Qwen2 or Mistral"),
     ],
 )
 def test_config_from_hf_refuses_other_architectures(change: dict, message: str) -> None:

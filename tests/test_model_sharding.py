@@ -50,7 +50,7 @@ def _mesh(data: int, fsdp: int, tensor: int) -> AbstractMesh:
     return AbstractMesh((data, fsdp, tensor), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
-@pytest.mark.parametrize("name", ["tiny", "llama2-70b", "llama3.2-1b"])
+@pytest.mark.parametrize("name", ["tiny", "llama2-70b", "llama3.2-1b", "qwen2.5-7b"])
 def test_every_param_has_a_spec_of_its_rank(name: str) -> None:
     config = PRESETS[name]
     abstract = _abstract(config)
@@ -69,6 +69,10 @@ def test_every_param_has_a_spec_of_its_rank(name: str) -> None:
     assert specs["embed"] == P("tensor", "fsdp")
     # A tied head has no matrix of its own (the logits use embed, split the same way).
     assert specs.get("lm_head") == (None if config.tie_embeddings else P("fsdp", "tensor"))
+    # Qwen2's biases are split by head, as the q/k/v projections' outputs they add to.
+    biases = {n: specs["layers"].get(n) for n in ("bq", "bk", "bv")}
+    want = P(None, "tensor", None) if config.qkv_bias else None
+    assert biases == dict.fromkeys(biases, want)
 
 
 def test_table_rejects_unknown_params_and_wrong_layer_count() -> None:
@@ -145,6 +149,12 @@ def _mesh_check() -> None:
             rope_low_freq_factor=1.0,
             rope_high_freq_factor=4.0,
             rope_original_max_seq_len=16,
+        )
+    )
+    # Qwen2 style: q/k/v biases (split by head over tensor), tied head, theta 1e6.
+    _mesh_check_one(
+        dataclasses.replace(
+            MESH_CONFIG, arch="qwen2", qkv_bias=True, tie_embeddings=True, rope_theta=1e6
         )
     )
     print("MESH OK")

@@ -15,7 +15,13 @@ from bytelevel_fixtures import (
 )
 from conftest import real_python_files, real_text_docs
 
-from lemur.tokenizer import ByteLevelTokenizer, TokenizerError, open_tokenizer, read_hf_tokenizer
+from lemur.tokenizer import (
+    ByteLevelTokenizer,
+    TokenBytes,
+    TokenizerError,
+    open_tokenizer,
+    read_hf_tokenizer,
+)
 from lemur.tokenizer.bytelevel import MAX_RUN, has_long_run
 from lemur.tokenizer.tiktoken_exact import restartable
 
@@ -127,6 +133,10 @@ def test_token_bytes_add_up_to_the_utf8_length(llama3):
     for text in real_documents(5, 5) + ["héllo wörld ✓ 😀", "<|eot_id|>"]:
         assert table[tok.encode(text)].sum() == len(text.encode("utf-8"))
     assert table[128000] == 0 and table[128009] == 0
+    framed = TokenBytes(tok)  # what bits per byte divide by: no dummy-prefix rule here
+    for text in real_documents(3, 3):
+        ids = tok.encode(text)
+        assert framed.document_bytes([128000, *ids, 128001]) == len(tok.decode(ids).encode())
 
 
 def test_bad_files_are_one_line_errors(tmp_path):

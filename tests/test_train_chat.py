@@ -371,3 +371,24 @@ def test_lemur_chat_config_is_the_paper_recipe_and_needs_init_from(
         and "model.init_from: required" in err[0]
         and "fine-tuning needs a pre-trained model" in err[0]
     )
+
+
+def test_init_from_trained_with_another_tokenizer_is_refused(
+    pretrained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#23.6: a checkpoint carrying one 800-piece tokenizer, shards of another 800-piece one
+    (the same vocab size, so no shape check notices): refused, one line naming both."""
+    from lemur.data.recipe import TokenizerTrainConfig
+    from lemur.data.tokenize.tokenizer import train_tokenizer
+
+    texts = [d["text"] for d in real_text_docs(60)][20:]  # other text: other merges
+    other = train_tokenizer(texts, TokenizerTrainConfig(vocab_size=800), tmp_path / "other.model")
+    assert load_tokenizer(other).vocab_size() == 800
+    data = write_dir(tmp_path / "data", other, text_docs(other, 8), 2, False)
+    argv = ["lemur-chat", "--set", f"data.dirs=[{data}]", "--set", f"model.init_from={pretrained}"]
+    sizes = ["--set", f"batch.seq_len={SEQ}", "--set", "batch.size=8"]
+    assert train_main([*argv, *sizes, "--set", f"run_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert f"the shards in {data} were built with {data / 'tokenizer.model'}" in err[0]
+    assert f"neither the model's tokenizer {pretrained / 'tokenizer.model'} nor it" in err[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -30,12 +31,12 @@ MODEL = LlamaConfig(
 B, L = 8, 16
 
 
-def _params() -> Params:
+def _params(model: LlamaConfig = MODEL) -> Params:
     """Random params from numpy (compiling the threefry init would cost seconds here)."""
     rng = np.random.default_rng(0)
     return jax.tree.map(
         lambda shape: jnp.asarray(0.1 * rng.standard_normal(shape), jnp.float32),
-        param_shapes(MODEL),
+        param_shapes(model),
         is_leaf=lambda x: isinstance(x, tuple),
     )
 
@@ -76,11 +77,12 @@ def test_schedule_warmup_cosine_to_ten_percent() -> None:
     assert [float(const(s)) for s in (0, 3, 9)] == [0.25, 1.0, 1.0]
 
 
-def test_weight_decay_skips_norms() -> None:
-    params = _params()
+def test_weight_decay_skips_norms_and_biases() -> None:
+    params = _params(dataclasses.replace(MODEL, arch="qwen2", qkv_bias=True))
     mask = step_lib._decay_mask(params)
     assert mask["layers"]["wq"] and mask["embed"] and mask["lm_head"]
     assert not mask["final_norm"] and not mask["layers"]["attn_norm"]
+    assert not any(mask["layers"][name] for name in ("bq", "bk", "bv"))
     tx = step_lib.make_optimizer(OptimizerConfig(weight_decay=0.5, grad_clip=0.0), lambda s: 0.1)
 
     @jax.jit
@@ -90,6 +92,7 @@ def test_weight_decay_skips_norms() -> None:
 
     updates = update(params)
     assert float(jnp.abs(updates["final_norm"]).max()) == 0.0
+    assert float(jnp.abs(updates["layers"]["bq"]).max()) == 0.0
     assert float(jnp.abs(updates["layers"]["wq"]).max()) > 0.0
 
 

@@ -8,14 +8,18 @@ high-entropy base64 and hex, a PEM private key), into another 2% a HumanEval pro
 
 PII: our stage (candidate lines -> detect-secrets, plus e-mails and IPs) against
 detect-secrets with the same plugins and filters run over every line of the same
-documents, in the same process. Recall: planted secrets replaced by ours / reported by
-detect-secrets.
+documents, in the same process. Each secret is written where secrets are written: a code
+string, an env file line, a shell `export`, YAML, JSON or an `Authorization: Bearer` header
+(chosen with --seed). Recall: planted secrets of which ours leaves no 8 characters /
+reported by detect-secrets. The three PII runs take turns on each document and are timed in
+this process's CPU time, so their ratio holds on a machine shared with other jobs, where
+absolute rates do not.
 
 Decontamination: our filter against datatrove's NGramsDecontFilter reading the same
 `humaneval.index.hashes`, given our word splitter (`\\w+`) and no normalization beyond
 lowercasing, so the two must decide every document alike.
 
-    python tools/bench_pii.py --mb 30
+    python tools/bench_pii.py --mb 30              # --pii-only skips decontamination
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import string
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from datatrove.data import Document
@@ -77,32 +82,45 @@ def jwt_claims(subject: str) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
-def secret(kind: str, rng: random.Random) -> tuple[str, str]:
-    """(line to plant, the secret value) of one kind, random."""
+# Where a planted secret is written ({NAME} as in an env file, {name} in config and code).
+POSITIONS = {
+    "code string": '{name} = "{v}"',
+    "env file": "{NAME}={v}",
+    "shell export": "export {NAME}={v}",
+    "YAML": "  {name}: {v}",
+    "JSON": '  "{name}": "{v}",',
+    "HTTP header": "Authorization: Bearer {v}",
+}
+NOT_BEARER = {"aws_id", "aws_secret", "hex"}  # never in an Authorization header
+
+
+def secret(kind: str, rng: random.Random) -> tuple[str, str, str]:
+    """(line to plant, the secret value, its position) of one kind, random."""
 
     def r(alphabet: str, n: int) -> str:
         return "".join(rng.choice(alphabet) for _ in range(n))
 
     values = {
-        "aws_id": ("AWS_ACCESS_KEY_ID = '{}'", "AKIA" + r(string.ascii_uppercase + "234567", 16)),
-        "aws_secret": ('aws_secret_access_key = "{}"', r(B64, 40)),
-        "github": ('GITHUB_TOKEN = "{}"', "ghp_" + r(ALNUM, 36)),
+        "aws_id": ("AWS_ACCESS_KEY_ID", "AKIA" + r(string.ascii_uppercase + "234567", 16)),
+        "aws_secret": ("AWS_SECRET_ACCESS_KEY", r(B64, 40)),
+        "github": ("GITHUB_TOKEN", "ghp_" + r(ALNUM, 36)),
         "slack": (
-            "token = '{}'",
+            "SLACK_TOKEN",
             f"xoxb-{r(string.digits, 12)}-{r(string.digits, 13)}-{r(ALNUM, 24)}",
         ),
-        "stripe": ('stripe.api_key = "{}"', "sk_live_" + r(ALNUM, 24)),
-        "sendgrid": ('SENDGRID = "{}"', f"SG.{r(ALNUM, 22)}.{r(ALNUM, 43)}"),
-        "jwt": ("auth = '{}'", f"eyJhbGciOiJIUzI1NiJ9.{jwt_claims(r(ALNUM, 16))}.{r(ALNUM, 43)}"),
-        "base64": ('SESSION_SECRET = "{}"', r(B64, 44)),
-        "hex": ("signing_key = '{}'", r("0123456789abcdef", 40)),
-        "private_key": ('PEM = """{}"""', "\n".join(r(B64, 64) for _ in range(4))),
+        "stripe": ("STRIPE_API_KEY", "sk_live_" + r(ALNUM, 24)),
+        "sendgrid": ("SENDGRID_API_KEY", f"SG.{r(ALNUM, 22)}.{r(ALNUM, 43)}"),
+        "jwt": ("AUTH_TOKEN", f"eyJhbGciOiJIUzI1NiJ9.{jwt_claims(r(ALNUM, 16))}.{r(ALNUM, 43)}"),
+        "base64": ("SESSION_SECRET", r(B64, 44)),
+        "hex": ("SIGNING_KEY", r("0123456789abcdef", 40)),
     }
-    template, value = values[kind]
     if kind == "private_key":
+        value = "\n".join(r(B64, 64) for _ in range(4))
         block = f"-----BEGIN RSA PRIVATE KEY-----\n{value}\n-----END RSA PRIVATE KEY-----"
-        return template.format(block), value
-    return template.format(value), value
+        return f'PEM = """{block}"""', value, "code string"
+    name, value = values[kind]
+    where = rng.choice([p for p in POSITIONS if p != "HTTP header" or kind not in NOT_BEARER])
+    return POSITIONS[where].format(NAME=name, name=name.lower(), v=value), value, where
 
 
 KINDS = (
@@ -142,8 +160,10 @@ def insert(text: str, addition: str, rng: random.Random) -> str:
     return text[:at] + "\n" + addition + "\n" + text[at:]
 
 
-def corpus(budget: int, seed: int) -> tuple[list[Document], list[tuple[int, str, str]], set[int]]:
-    """Documents, planted secrets (doc index, kind, value), indexes of planted benchmarks."""
+def corpus(
+    budget: int, seed: int
+) -> tuple[list[Document], list[tuple[int, str, str, str]], set[int]]:
+    """Documents, planted secrets (doc index, kind, value, position), planted benchmarks."""
     rng = random.Random(seed)
     docs = [
         Document(text=t, id=p, metadata={"source": "code", "domain": "code"})
@@ -153,9 +173,9 @@ def corpus(budget: int, seed: int) -> tuple[list[Document], list[tuple[int, str,
     n, m = max(len(KINDS), len(docs) // 10), max(4, len(docs) // 50)
     planted, problems = [], humaneval()
     for j, i in enumerate(order[:n]):
-        line, value = secret(KINDS[j % len(KINDS)], rng)
+        line, value, where = secret(KINDS[j % len(KINDS)], rng)
         docs[i].text = insert(docs[i].text, line, rng)
-        planted.append((i, KINDS[j % len(KINDS)], value))
+        planted.append((i, KINDS[j % len(KINDS)], value, where))
     contaminated = set(order[n : n + m])
     for j, i in enumerate(order[n : n + m]):
         docs[i].text = insert(docs[i].text, benchmark_part(problems[j % len(problems)], j), rng)
@@ -168,32 +188,60 @@ def timed(fn, docs: list[Document]) -> tuple[float, list]:
     return time.perf_counter() - start, out
 
 
-def run_pii(docs: list[Document], planted: list[tuple[int, str, str]]) -> dict:
-    """Seconds, findings and recall per kind: ours (all kinds, keys only) and detect-secrets."""
+def interleaved(fns: dict[str, Callable], docs: list[Document]) -> tuple[dict, dict]:
+    """CPU seconds and outputs of each function, run in turn on each document.
+
+    On a machine shared with other jobs the load changes over minutes, and timing one tool
+    after the other over the whole corpus moved their ratio by 2x between runs: taking turns
+    per document, in this process's CPU time, exposes both to the same conditions.
+    """
+    seconds = dict.fromkeys(fns, 0.0)
+    outs: dict[str, list] = {name: [] for name in fns}
+    for j, d in enumerate(docs):
+        names = list(fns)
+        for name in names[j % len(names) :] + names[: j % len(names)]:
+            start = time.process_time()
+            outs[name].append(fns[name](d))
+            seconds[name] += time.process_time() - start
+    return seconds, outs
+
+
+def removed(value: str, text: str) -> bool:
+    """No 8 characters of `value` are left in `text` (a secret half replaced is not removed)."""
+    return not any(value[i : i + 8] in text for i in range(len(value) - 7))
+
+
+def run_pii(docs: list[Document], planted: list[tuple[int, str, str, str]]) -> dict:
+    """Seconds, findings and recall by kind and position: ours (all kinds, keys only) and
+    detect-secrets."""
     from lemur.data.filter.pii import redact
     from lemur.data.filter.secrets import scan_lines, secret_settings
 
+    fns = {
+        "ours (e-mail, IP, key)": lambda d: redact(d.text, d.id),
+        "ours (key only)": lambda d: redact(d.text, d.id, ("key",)),
+        "detect-secrets, every line": lambda d: list(
+            scan_lines(list(enumerate(d.text.split("\n"), 1)))
+        ),
+    }
     with secret_settings():
-        t_all, ours_all = timed(lambda d: redact(d.text, d.id), docs)
-        t_keys, ours_keys = timed(lambda d: redact(d.text, d.id, ("key",)), docs)
-        t_ds, theirs = timed(
-            lambda d: list(scan_lines(list(enumerate(d.text.split("\n"), 1)))), docs
+        seconds, outs = interleaved(fns, docs)
+    ours_all, ours_keys, theirs = outs.values()
+    recall: dict[str, dict[str, list[int]]] = {"kind": {}, "position": {}}
+    for i, kind, value, where in planted:
+        hit_ours = removed(value, ours_all[i][0])
+        # detect-secrets reports a GitHub token by its prefix (`ghp`): that is a detection.
+        hit_theirs = any(
+            value.startswith(v) or (len(v) > 8 and v in value) for _, v, _ in theirs[i]
         )
-    recall: dict[str, list[int]] = {}
-    for i, kind, value in planted:
-        hit_ours = value not in ours_all[i][0]
-        hit_theirs = any(v == value or (len(v) > 8 and v in value) for _, v, _ in theirs[i])
-        r = recall.setdefault(kind, [0, 0, 0])
-        r[0], r[1], r[2] = r[0] + 1, r[1] + hit_ours, r[2] + hit_theirs
-    planted_docs = {i for i, _, _ in planted}
+        for table, key in (("kind", kind), ("position", where)):
+            r = recall[table].setdefault(key, [0, 0, 0])
+            r[0], r[1], r[2] = r[0] + 1, r[1] + hit_ours, r[2] + hit_theirs
+    planted_docs = {i for i, _, _, _ in planted}
     clean_ours = sum(len(ours_keys[i][1]) for i in range(len(docs)) if i not in planted_docs)
     clean_theirs = sum(len(theirs[i]) for i in range(len(docs)) if i not in planted_docs)
     return {
-        "seconds": {
-            "ours (e-mail, IP, key)": t_all,
-            "ours (key only)": t_keys,
-            "detect-secrets, every line": t_ds,
-        },
+        "seconds": seconds,
         "recall": recall,
         "clean_findings": (clean_ours, clean_theirs),
     }
@@ -255,34 +303,41 @@ def speed_table(title: str, seconds: dict[str, float], n_docs: int, mb: float) -
         print(f"| {name} | {n_docs / s:,.0f} | {mb / s:.2f} | {base / s:.1f}x |")
 
 
-def main() -> None:
-    """Build the corpus, run both comparisons, print markdown tables."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mb", type=float, default=30, help="megabytes of real code")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    docs, planted, contaminated = corpus(int(args.mb * 1e6), args.seed)
-    mb = sum(len(d.text.encode()) for d in docs) / 1e6
-    originals = [d.text for d in docs]
-    dec = run_decontam(docs, contaminated)
-    speed_table("Decontamination", dec["seconds"], len(docs), mb)
-    print(
-        f"\nidentical decisions: {dec['identical']}; dropped {dec['dropped']}: planted "
-        f"{dec['planted_dropped']}/{dec['planted']}, real files {dec['clean_dropped']}"
-    )
-    for d, text in zip(docs, originals, strict=True):
-        d.text = text
-    pii = run_pii(docs, planted)
-    speed_table("PII", pii["seconds"], len(docs), mb)
-    print("\n| planted secret | n | ours | detect-secrets |\n|---|---|---|---|")
-    for kind, (n, ours, theirs) in sorted(pii["recall"].items()):
-        print(f"| {kind} | {n} | {ours}/{n} | {theirs}/{n} |")
-    total = [sum(v[k] for v in pii["recall"].values()) for k in range(3)]
+def print_pii(pii: dict, n_docs: int, mb: float) -> None:
+    """The PII speed table, recall by kind and by position, findings in clean files."""
+    speed_table("PII, CPU time, the three taking turns per document", pii["seconds"], n_docs, mb)
+    for table, title in (("kind", "planted secret"), ("position", "written as")):
+        print(f"\n| {title} | n | ours | detect-secrets |\n|---|---|---|---|")
+        for key, (n, ours, theirs) in sorted(pii["recall"][table].items()):
+            print(f"| {key} | {n} | {ours}/{n} | {theirs}/{n} |")
+    total = [sum(v[k] for v in pii["recall"]["kind"].values()) for k in range(3)]
     print(f"| all | {total[0]} | {total[1] / total[0]:.1%} | {total[2] / total[0]:.1%} |")
     print(
         f"\nkey findings in the unplanted files: ours {pii['clean_findings'][0]}, "
         f"detect-secrets {pii['clean_findings'][1]}"
     )
+
+
+def main() -> None:
+    """Build the corpus, run both comparisons, print markdown tables."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mb", type=float, default=30, help="megabytes of real code")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pii-only", action="store_true", help="skip decontamination")
+    args = ap.parse_args()
+    docs, planted, contaminated = corpus(int(args.mb * 1e6), args.seed)
+    mb = sum(len(d.text.encode()) for d in docs) / 1e6
+    originals = [d.text for d in docs]
+    if not args.pii_only:
+        dec = run_decontam(docs, contaminated)
+        speed_table("Decontamination", dec["seconds"], len(docs), mb)
+        print(
+            f"\nidentical decisions: {dec['identical']}; dropped {dec['dropped']}: planted "
+            f"{dec['planted_dropped']}/{dec['planted']}, real files {dec['clean_dropped']}"
+        )
+    for d, text in zip(docs, originals, strict=True):
+        d.text = text
+    print_pii(run_pii(docs, planted), len(docs), mb)
 
 
 if __name__ == "__main__":

@@ -45,15 +45,16 @@ from lemur.data.recipe import Recipe
 from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
 from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.run.stage import StageError, executor_session, run_tasks
-from lemur.data.tokenize.chat import ChatEncoder
 from lemur.data.tokenize.prepare import (
     build_tokenizer_info,
     copy_tokenizer_files,
     open_build_tokenizer,
     prepare_tokenizer,
     sample_texts,
+    tokenizer_key,
 )
 from lemur.data.tokenize.step import TokenizeWriter
+from lemur.data.tokenize.template_chat import chat_step, uses_template
 from lemur.shards.check import check_structure
 from lemur.shards.commit import commit
 from lemur.shards.format import (
@@ -65,6 +66,7 @@ from lemur.shards.format import (
     read_manifest,
     token_dtype,
 )
+from lemur.tokenizer import is_tokenizer_json
 
 WORK_VERSION = 2  # 2: records carry mix language families
 __all__ = ["BuildError", "build", "make_filters", "prepare_tokenizer", "sample_texts"]
@@ -120,12 +122,13 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
     return filters
 
 
-def framing(recipe: Recipe, tok_path: Path) -> tuple[tuple[int | None, int] | None, str]:
-    """(BOS/EOS ids, engine) the tokenize tasks use: a tokenizer.json's from the recipe."""
-    if recipe.tokenizer.hf is None:
-        return None, "auto"
+def framing(recipe: Recipe, tok_path: Path) -> tuple[tuple[int | None, int] | None, str, bool]:
+    """(BOS/EOS ids, engine, chat template?) the tokenize tasks use: a tokenizer.json's from
+    the recipe; a chat template frames its documents itself."""
+    if not is_tokenizer_json(tok_path):
+        return None, "auto", False
     tok = open_build_tokenizer(recipe, tok_path)
-    return (tok.bos_id, tok.eos_id), tok.engine
+    return (tok.bos_id, tok.eos_id), tok.engine, uses_template(recipe)
 
 
 def tokenize_stage(
@@ -145,11 +148,7 @@ def tokenize_stage(
             else []
         ),
         # Chat: encode once, mask and cut before signing, so dedup sees what is trained on.
-        *(
-            [ChatEncoder(str(tok_path), recipe.seq_len, recipe.chat_settings().long, batch)]
-            if chat
-            else []
-        ),
+        *([chat_step(recipe, str(tok_path), batch)] if chat else []),
         *(
             [DedupSigner(recipe.dedup, str(work / "tokens"), tuple(recipe.domains()))]
             if recipe.dedup.exact or recipe.dedup.near
@@ -304,9 +303,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     report("tokenizer", 1, 1)
     stage = partial(run_stage, recipe, report)
     # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.
-    tok_key = (
-        tok["sha256"] if "kind" not in tok else f"{tok['sha256']}:{tok['bos_id']}:{tok['eos_id']}"
-    )
+    tok_key = tokenizer_key(tok)
     read_round = partial(_read_round, recipe, listing, tok_path, tok_key, report)
     reading, work, n_tasks, dd = read_sources(recipe, listing, read_round)
     key = work.name.removeprefix("tokens-")
@@ -338,6 +335,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "dtype": dtype_name(token_dtype(tok["vocab_size"])),
         "seq_len": recipe.seq_len,
         "tokenizer": {"file": f"{prefix}/{tok_file}", **tok},
+        **({"framing": "template"} if uses_template(recipe) else {}),  # no BOS/EOS added
         "stats": f"{prefix}/stats.json",
         "shards": packed["shards"],
         "mix": packed["mix"],

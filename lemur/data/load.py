@@ -79,6 +79,15 @@ def _validate_output(recipe: Recipe, check_paths: bool) -> None:
 
 def check_train_settings(train: TokenizerTrainConfig, key: str = "tokenizer.train") -> None:
     """SentencePiece's own limits on the training settings, checked before reading anything."""
+    if train.kind not in (None, "sentencepiece", "byte-bpe"):
+        raise RecipeError(
+            f"recipe: {key}.kind {train.kind!r} is not one of sentencepiece, byte-bpe"
+        )
+    if train.kind == "byte-bpe" and train.vocab_size <= 258:
+        raise RecipeError(
+            f"recipe: {key}.vocab_size must be > 258 for byte-bpe (256 bytes and 2 special "
+            f"tokens), got {train.vocab_size}"
+        )
     if not 256 < train.vocab_size <= 2**32:
         raise RecipeError(f"recipe: {key}.vocab_size must be > 256, got {train.vocab_size}")
     if not 0.98 <= train.character_coverage <= 1:

@@ -184,8 +184,12 @@ class FineWebConfig:
 
 @dataclass(frozen=True)
 class TokenizerTrainConfig:
-    """Train a SentencePiece BPE model on a sample of the corpus (Llama-2 conventions)."""
+    """Train a tokenizer on a sample of the corpus: a SentencePiece BPE model with Llama-2's
+    conventions (`kind: sentencepiece`, the default), or a byte-level BPE tokenizer.json
+    with Llama-3's pre-tokenizer (`kind: byte-bpe`; the SentencePiece settings below do
+    not apply to it)."""
 
+    kind: str | None = None  # None: sentencepiece (unset keeps older recipes' hashes)
     vocab_size: int = 32000
     sample_bytes: int = 200_000_000
     character_coverage: float = 0.9999

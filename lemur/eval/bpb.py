@@ -8,16 +8,11 @@ token, so each token is harder to predict); bits per byte compare a 32k-vocabula
 with any other model on the same text. The NLL includes the prediction of `</s>` (a
 document's end is part of its probability), which decodes to no bytes.
 
-Bytes are counted per token from a table (`TokenBytes`), so the trainer can count them
-for any window without decoding: a SentencePiece piece decodes to its text with `▁` as
-one space, a byte-fallback piece `<0xNN>` to one byte, a control piece (`<s>`, `</s>`) to
-nothing. One context rule makes the sum exact: a tokenizer with a dummy prefix
-(Llama-2's) drops the leading space of a document's first piece when decoding, so the
-token right after `<s>` counts one byte less when its piece starts with `▁`. With these,
-the bytes of a document's tokens equal `len(decode(ids).encode())`, which the tests check
-on real code and text. The one case a per-token count cannot follow is a run of byte
-pieces that is not valid UTF-8 (decode turns it into U+FFFD, 3 bytes); real text, which
-the tokenizer encoded, never contains one.
+Bytes are counted per token from a table (`lemur.tokenizer.TokenBytes`), so the trainer
+can count them for any window without decoding; the bytes of a document's tokens equal
+`len(decode(ids).encode())`, which the tests check on real code and text. The one case a
+per-token count cannot follow is a run of byte pieces that is not valid UTF-8 (decode
+turns it into U+FFFD, 3 bytes); real text, which the tokenizer encoded, never contains one.
 """
 
 from __future__ import annotations
@@ -32,76 +27,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import sentencepiece as spm
 
 from lemur.model import llama
 from lemur.model.config import LlamaConfig, Params
 from lemur.shards.check import ShardDir
-
-SPACE = "\u2581"  # SentencePiece's whitespace marker
-
-
-class TokenBytes:
-    """UTF-8 bytes each token id decodes to (the table behind bits per byte)."""
-
-    def __init__(self, sp: spm.SentencePieceProcessor) -> None:
-        V = sp.vocab_size()
-        self.bos_id = int(sp.bos_id())
-        self.table = np.array([_piece_bytes(sp, i) for i in range(V)], np.int64)
-        self.space_first = np.array([sp.id_to_piece(i).startswith(SPACE) for i in range(V)])
-        self.space_first &= ~np.array([sp.is_control(i) or sp.is_byte(i) for i in range(V)])
-        self.strips_first_space = _strips_first_space(sp, self.table, self.space_first)
-
-    @classmethod
-    def from_model_file(cls, path: str | os.PathLike[str]) -> TokenBytes:
-        """The table of a SentencePiece model file."""
-        return cls(spm.SentencePieceProcessor(model_file=str(path)))
-
-    @classmethod
-    def for_shards(cls, directory: str | os.PathLike[str] | ShardDir) -> TokenBytes:
-        """The table of a shard directory's tokenizer (the copy its manifest names)."""
-        return cls.from_model_file(ShardDir.of(directory).tokenizer_path)
-
-    def target_bytes(self, inputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        """Bytes of each target token (any shape), given the token before it (`inputs`)."""
-        targets = np.asarray(targets, np.int64)
-        n = self.table[targets]
-        if self.strips_first_space:
-            n = n - ((np.asarray(inputs) == self.bos_id) & self.space_first[targets])
-        return n
-
-    def batch_bytes(self, batch: Mapping[str, np.ndarray]) -> int:
-        """Bytes of the scored targets of a loader batch (`inputs`, `targets`, `loss_mask`)."""
-        n = self.target_bytes(batch["inputs"], batch["targets"])
-        return int((n * np.asarray(batch["loss_mask"])).sum())
-
-    def document_bytes(self, ids: np.ndarray) -> int:
-        """Bytes of one document's ids (`<s> ... </s>` or bare), as decode would give them."""
-        ids = np.asarray(ids, np.int64)
-        before = np.concatenate(([self.bos_id], ids[:-1]))  # a bare document starts fresh
-        return int(self.target_bytes(before, ids).sum())
-
-
-def _piece_bytes(sp: spm.SentencePieceProcessor, i: int) -> int:
-    """UTF-8 bytes piece i decodes to in the middle of a text."""
-    if sp.is_control(i):
-        return 0
-    if sp.is_byte(i):
-        return 1
-    if sp.is_unknown(i):
-        return len(sp.decode([i]).encode())  # the " ⁇ " surface
-    return len(sp.id_to_piece(i).replace(SPACE, " ").encode())
-
-
-def _strips_first_space(
-    sp: spm.SentencePieceProcessor, table: np.ndarray, space_first: np.ndarray
-) -> bool:
-    """Whether decode drops the leading space of a text's first piece (dummy prefix)."""
-    ids = np.flatnonzero(space_first)
-    if ids.size == 0:
-        return False
-    i = int(ids[0])
-    return len(sp.decode([i]).encode()) == table[i] - 1
+from lemur.tokenizer import TokenBytes, Tokenizer, open_tokenizer
 
 
 def bits_per_byte(nll_nats: float, n_bytes: int) -> float:
@@ -236,13 +166,13 @@ class _Documents:
     def __init__(
         self,
         source: Any,
-        tokenizer: spm.SentencePieceProcessor,
+        tokenizer: Tokenizer,
         domain: str,
         tagger: LanguageTagger,
     ) -> None:
         from lemur.shards.format import open_index, open_tokens
 
-        self.source, self.sp, self.domain, self.tagger = source, tokenizer, domain, tagger
+        self.source, self.tok, self.domain, self.tagger = source, tokenizer, domain, tagger
         d, dtype = source.directory, source.dtype.name
         self.ends = [np.asarray(open_index(d, s), np.int64) for s in source.shards]
         self.tokens = [open_tokens(d, s, dtype) for s in source.shards]
@@ -262,9 +192,8 @@ class _Documents:
         if key not in self.cache:
             lo = int(self.ends[shard][doc - 1]) if doc else 0
             ids = np.asarray(self.tokens[shard][lo : int(self.ends[shard][doc])], np.int64)
-            text = self.sp.decode(
-                [int(t) for t in ids if t not in (self.sp.bos_id(), self.sp.eos_id())]
-            )
+            framing = (self.tok.bos_id, self.tok.eos_id)
+            text = self.tok.decode([int(t) for t in ids if t not in framing])
             self.cache[key] = self.tagger(self.domain, text)
         return self.cache[key]
 
@@ -319,13 +248,13 @@ def score_directory(
     from lemur.train.windows import ShardSource
 
     shard_dir = ShardDir.of(directory)
-    sp = spm.SentencePieceProcessor(model_file=str(shard_dir.tokenizer_path))
-    if sp.vocab_size() > config.vocab_size:
+    tok = open_tokenizer(shard_dir.tokenizer_path)
+    if tok.vocab_size > config.vocab_size:
         raise ValueError(
-            f"{directory}: tokenizer of {sp.vocab_size()} pieces, the model has "
+            f"{directory}: tokenizer of {tok.vocab_size} ids, the model has "
             f"vocab_size {config.vocab_size} (built with another tokenizer?)"
         )
-    token_bytes = TokenBytes(sp)
+    token_bytes = TokenBytes(tok)
     tagger = tagger or LanguageTagger()
     domains: dict[str, Any] = {}
     for domain in shard_dir.domains("val"):
@@ -340,7 +269,7 @@ def score_directory(
         except ShardFormatError as e:
             domains[domain] = {"skipped": str(e)}
             continue
-        docs = _Documents(source, sp, domain, tagger) if settings.languages else None
+        docs = _Documents(source, tok, domain, tagger) if settings.languages else None
         domains[domain] = _score_domain(params, config, source, token_bytes, settings, docs)
     return {
         "directory": str(directory),

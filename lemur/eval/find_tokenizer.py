@@ -90,9 +90,10 @@ def given_tokenizer(value: str | os.PathLike[str]) -> Path:
         if not found.is_file():
             raise TokenizerLookupError(f"{path}: its manifest's tokenizer {found} is missing")
         return found
-    if (path / TOKENIZER_FILE).is_file():
-        return path / TOKENIZER_FILE
+    for name in (TOKENIZER_FILE, "tokenizer.json"):  # SentencePiece, or an HF tokenizer
+        if (path / name).is_file():
+            return path / name
     raise TokenizerLookupError(
-        f"{path}: a directory without a tokenizer (give a {TOKENIZER_FILE}, a shard "
-        "directory or a model folder that holds one)"
+        f"{path}: a directory without a tokenizer (give a {TOKENIZER_FILE} or tokenizer.json, "
+        "a shard directory or a model folder that holds one)"
     )

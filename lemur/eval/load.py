@@ -5,14 +5,17 @@ Accepted, told apart by the files inside:
   complete checkpoint, or `step`;
 - one orbax step of a run (`<step>/state` + `<step>/meta`);
 - a lemur model checkpoint (`config.json` + `params/`, what lemur-convert writes);
-- a Hugging Face Llama folder (`config.json` + safetensors), converted on the fly with
-  lemur.model.hf, so Llama-2 itself can be scored as the baseline.
+- a Hugging Face Llama, Qwen2 or Mistral folder (`config.json` + safetensors), converted
+  on the fly with lemur.model.hf, so Llama-2 itself can be scored as the baseline.
 
 Only the params are read from a run's train state (orbax partial restore: the optimizer
 moments, twice the params' size, stay on disk). The tokenizer is the SentencePiece model
 beside HF weights (`tokenizer.model`), or the one of the run's first data directory, or
 the one given (a file, or a shard directory or model folder holding one: see
 lemur.eval.find_tokenizer); a run's recorded tokenizer hash must match it.
+`hf_tokenizer` lists the HF tokenizer files that belong to the model
+(lemur.model.pretrained): an HF folder's, a lemur checkpoint's `hf_tokenizer/`, or those of
+a run's `model.init_from` when the run's data was built with that same tokenizer.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ from lemur.eval.find_tokenizer import (
     started_from,
 )
 from lemur.model import checkpoint as model_checkpoint
-from lemur.model import hf
+from lemur.model import hf, pretrained
 from lemur.model.config import LlamaConfig, Params, param_shapes
+from lemur.tokenizer import TokenizerError, is_tokenizer_json, open_tokenizer
 
 
 class LoadError(ValueError):
@@ -82,6 +86,23 @@ class SentencePieceTokenizer:
         return i if self.sp.id_to_piece(i) == piece and not self.sp.is_unknown(i) else None
 
 
+def _folder_tokenizer(path: Path) -> Path | None:
+    """The tokenizer a model folder carries: SentencePiece `tokenizer.model`, else an HF
+    `tokenizer.json` (Llama-3, Qwen2.5; a lemur checkpoint keeps it in `hf_tokenizer/`)."""
+    found = model_checkpoint.tokenizer_path(path)
+    return found or pretrained.tokenizer_files(path).get("tokenizer.json")
+
+
+def _open(path: Path) -> Any:
+    """Eval's tokenizer for a file: ChatML-aware SentencePiece, or the tokenizer.json engine."""
+    if not is_tokenizer_json(path):
+        return SentencePieceTokenizer(path)
+    try:
+        return open_tokenizer(path)
+    except TokenizerError as e:
+        raise LoadError(str(e)) from None
+
+
 @dataclasses.dataclass
 class LoadedModel:
     """A model ready to run: config, params on the default device, tokenizer, provenance."""
@@ -95,6 +116,7 @@ class LoadedModel:
     # one the model was trained with (a run's; None when unknown).
     tokenizer_problem: str | None = None
     tokenizer_sha256: str | None = None
+    hf_tokenizer: dict[str, Path] = dataclasses.field(default_factory=dict)
 
 
 def detect_kind(path: Path) -> str:
@@ -186,6 +208,20 @@ def _run_origin(step_dir: Path, meta: dict[str, Any]) -> Path | None:
     return started_from(stored, step_dir.parent)
 
 
+def _run_hf_tokenizer(meta: dict[str, Any]) -> dict[str, Path]:
+    """The HF tokenizer files of the run's `model.init_from` when the run's data was built
+    with that same tokenizer (its tokenizer.json or tokenizer.model, by sha256), else {}."""
+    init_from = ((meta.get("config") or {}).get("model") or {}).get("init_from")
+    data_sha = meta.get("tokenizer_sha256")
+    if not init_from or not data_sha or not Path(init_from).is_dir():
+        return {}
+    files = pretrained.tokenizer_files(init_from)
+    for name in ("tokenizer.json", "tokenizer.model"):
+        if name in files and hashlib.sha256(files[name].read_bytes()).hexdigest() == data_sha:
+            return files
+    return {}
+
+
 def _load_hf(path: Path) -> tuple[LlamaConfig, Params]:
     """Config and numpy params of an HF Llama folder (lemur.model.hf, one tensor at a time)."""
     with hf.open_hf_checkpoint(path) as (hf_config, get_tensor):
@@ -196,15 +232,22 @@ def _load_hf(path: Path) -> tuple[LlamaConfig, Params]:
         return config, hf.params_from_hf(get_tensor, config)
 
 
-def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Found, str]:
-    """(config, host params, the tokenizer found, kind) of any accepted path."""
+def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Found, str, dict]:
+    """(config, host params, the tokenizer found, kind, HF tokenizer files) of any path."""
     kind = detect_kind(path)
     if kind == "hf":
         config, params = _load_hf(path)
-        return config, params, Found(model_checkpoint.tokenizer_path(path)), kind
+        return (
+            config,
+            params,
+            Found(_folder_tokenizer(path)),
+            kind,
+            pretrained.tokenizer_files(path),
+        )
     if kind == "lemur":
         params, config = model_checkpoint.load_params(path)
-        return config, params, Found(model_checkpoint.tokenizer_path(path)), kind
+        files = pretrained.tokenizer_files(path)
+        return config, params, Found(_folder_tokenizer(path)), kind, files
     step_dir = (
         path
         if kind == "step"
@@ -215,7 +258,7 @@ def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Found, str
     abstract = _abstract_params(step_dir)
     config, meta = _run_config(step_dir, abstract)
     found = run_tokenizer(meta, _run_origin(step_dir, meta))
-    return config, _run_params(step_dir, abstract), found, "run"
+    return config, _run_params(step_dir, abstract), found, "run", _run_hf_tokenizer(meta)
 
 
 def _to_device(params: Params) -> Params:
@@ -251,12 +294,21 @@ def load_model(
     root = Path(path).expanduser().absolute()  # orbax refuses relative checkpoint paths
     if not root.is_dir():
         raise LoadError(f"{root}: no such directory")
-    config, params, found, kind = _read(root, step)
+    config, params, found, kind, hf_files = _read(root, step)
     if (dtype := resolve_dtype(dtype)) is not None:
         config = dataclasses.replace(config, dtype=dtype)
     tok = _tokenizer(tokenizer, found, config)
     problem = None if tok is not None else found.problem
-    return LoadedModel(config, _to_device(params), tok, kind, str(root), problem, found.sha256)
+    return LoadedModel(
+        config,
+        _to_device(params),
+        tok,
+        kind,
+        str(root),
+        tokenizer_problem=problem,
+        tokenizer_sha256=found.sha256,
+        hf_tokenizer=hf_files,
+    )
 
 
 def _tokenizer(
@@ -270,7 +322,7 @@ def _tokenizer(
         raise LoadError(str(e)) from None
     if path is None:
         return None
-    tok = SentencePieceTokenizer(path)
+    tok = _open(path)
     if tok.vocab_size > config.vocab_size:
         raise LoadError(
             f"{path}: tokenizer of {tok.vocab_size} pieces for a model of "

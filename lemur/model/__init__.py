@@ -1,4 +1,4 @@
-"""The model: a compact JAX Llama-2/3 as pure functions over a params pytree (no flax).
+"""The model: compact JAX Llama-2/3, Qwen2 and Mistral as pure functions over params (no flax).
 
 | module | what it holds |
 |---|---|
@@ -6,8 +6,10 @@
 | `llama` | `init_params`, `forward` and its parts (RMSNorm, rotary, attention, SwiGLU) |
 | `decode` | `KVCache`, `prefill`, `decode_step`: KV-cache inference over left-padded batches |
 | `sharding` | the mesh axes and the one partition table of params and activations |
-| `hf` | HF names and layouts, configs, safetensors reading and writing |
+| `hf` | HF names and layouts, safetensors reading and writing |
+| `hf_config` | HF config.json <-> LlamaConfig for Llama, Qwen2 and Mistral |
 | `checkpoint` | a lemur model checkpoint: `config.json` + orbax `params/` |
+| `pretrained` | a lemur checkpoint or an HF folder, read either way (`model.init_from`) |
 | `grow` | `grow_vocab`: new embedding rows / head columns for appended pieces (ChatML) |
 | `hf_tokenizer` | `write_hf_tokenizer`: HF tokenizer files (chat template) of a SP model |
 | `convert` | the `lemur-convert` command: HF safetensors <-> lemur checkpoint |

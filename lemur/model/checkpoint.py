@@ -2,7 +2,9 @@
 
 This is what lemur-convert writes and reads, and what the trainer loads to
 start from pretrained weights. It may carry its SentencePiece model as
-`tokenizer.model` (lemur-convert copies it along), which `to-hf` exports with the weights.
+`tokenizer.model` (lemur-convert copies it along), which `to-hf` exports with the weights,
+and the tokenizer files of the HF folder it came from, unchanged, in `hf_tokenizer/`
+(lemur.model.pretrained), which `to-hf` copies back out.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import dataclasses
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ import orbax.checkpoint as ocp
 from lemur.model.config import LlamaConfig, Params
 
 TOKENIZER_FILE = "tokenizer.model"
+HF_TOKENIZER_DIR = "hf_tokenizer"
 
 
 def save_params(
@@ -28,8 +32,10 @@ def save_params(
     params: Params,
     config: LlamaConfig,
     tokenizer: str | os.PathLike[str] | None = None,
+    hf_tokenizer: Mapping[str, Path] | None = None,
 ) -> None:
-    """Write params (numpy or jax arrays, any dtype), the config and a copy of `tokenizer`."""
+    """Write params (numpy or jax arrays, any dtype), the config, a copy of `tokenizer` and
+    of the HF tokenizer files `hf_tokenizer` (file name -> path) under `hf_tokenizer/`."""
     root = Path(directory).resolve()
     root.mkdir(parents=True, exist_ok=True)
     # Orbax deep-copies numpy arrays before writing by default (a guard against the caller
@@ -44,6 +50,11 @@ def save_params(
     (root / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
     if tokenizer is not None and Path(tokenizer).resolve() != root / TOKENIZER_FILE:
         shutil.copyfile(tokenizer, root / TOKENIZER_FILE)
+    if hf_tokenizer:
+        (root / HF_TOKENIZER_DIR).mkdir(exist_ok=True)
+        for name, src in hf_tokenizer.items():
+            if Path(src).resolve() != root / HF_TOKENIZER_DIR / name:
+                shutil.copyfile(src, root / HF_TOKENIZER_DIR / name)
 
 
 def tokenizer_path(directory: str | os.PathLike[str]) -> Path | None:

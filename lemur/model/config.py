@@ -1,6 +1,11 @@
-"""Llama-2/3 model configs: `LlamaConfig` (validated shapes and numerics), the published
-presets, and what follows from a config alone: the params pytree's shapes, the parameter
-count, the training FLOPs per token.
+"""Llama-family model configs: `LlamaConfig` (validated shapes and numerics), the published
+presets (Llama-2/3, Qwen2.5, Mistral), and what follows from a config alone: the params
+pytree's shapes, the parameter count, the training FLOPs per token.
+
+One config covers the three families: they differ only in flags of the same block.
+Qwen2 adds biases to the q, k and v projections (`qkv_bias`) and ties the head on its
+small sizes; Mistral (without a sliding window) is Llama's block with other sizes. `arch`
+names the Hugging Face family the weights come from and go back to.
 
 The functions over params (init, forward) are in lemur.model.llama; see its docstring for
 the architecture and the params layout.
@@ -32,6 +37,10 @@ ATTENTION_IMPLS = (None, "xla", "cudnn")
 # Rotary frequency schemes: "default" is theta^(-2i/K) (Llama-2, Llama-3.0); "llama3"
 # stretches the low frequencies by rope_factor, smoothly (Llama-3.1 and later).
 ROPE_TYPES = ("default", "llama3")
+# The Hugging Face families (model_type) lemur's block reproduces exactly.
+ARCHS = ("llama", "qwen2", "mistral")
+# The per-layer bias vectors (Qwen2's q, k, v projections): zero at init, no weight decay.
+BIAS_NAMES = ("bq", "bk", "bv")
 # The fields of a "llama3" scaling, as HF's rope_scaling keys name them.
 LLAMA3_ROPE_FIELDS: dict[str, str] = {
     "rope_factor": "factor",
@@ -43,7 +52,7 @@ LLAMA3_ROPE_FIELDS: dict[str, str] = {
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
-    """Shapes and numerics of a Llama-2/3 model; hashable, so it can be a jit static arg."""
+    """Shapes and numerics of a Llama-family model; hashable, so it can be a jit static arg."""
 
     vocab_size: int
     d_model: int
@@ -61,6 +70,8 @@ class LlamaConfig:
     attention_impl: str | None = None  # "xla" | "cudnn" | None: cuDNN on GPU when it fits
     init_std: float = 0.02  # HF's initializer_range; norms start at 1
     tie_embeddings: bool = False  # logits = h @ embed.T, no lm_head (Llama-3.2 1B/3B)
+    arch: str = "llama"  # the HF family: "llama" | "qwen2" | "mistral"
+    qkv_bias: bool = False  # biases on the q, k, v projections (Qwen2; HF's Qwen2 always has them)
     # Rotary scaling: "default" (none) or "llama3"; the four rope_* fields below are set
     # for "llama3" only, and must be None otherwise so that an ignored value cannot hide.
     rope_type: str = "default"
@@ -108,9 +119,18 @@ class LlamaConfig:
                 f"LlamaConfig.attention_impl must be one of {ATTENTION_IMPLS}, "
                 f"got {self.attention_impl!r}"
             )
-        for name in ("scan_layers", "tie_embeddings"):
+        for name in ("scan_layers", "tie_embeddings", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"LlamaConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"LlamaConfig.arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.qkv_bias != (self.arch == "qwen2"):
+            # So that every config is a model its HF family can hold: Qwen2 always has
+            # the three biases, Llama and Mistral never.
+            raise ValueError(
+                f"LlamaConfig.qkv_bias is {self.qkv_bias} for arch {self.arch!r}: "
+                "q/k/v biases are Qwen2's (qkv_bias true exactly when arch is 'qwen2')"
+            )
         self._check_rope_scaling()
 
     def _check_rope_scaling(self) -> None:
@@ -169,6 +189,10 @@ _LLAMA3 = dict(
     rope_high_freq_factor=4.0,
     rope_original_max_seq_len=8192,
 )
+# Qwen2.5: 151,936-id embedding (152,064 on 7B and up; the tokenizer uses 151,665 of them),
+# biased q/k/v, theta 1e6, eps 1e-6; the small sizes tie the head. No sliding window
+# (their config.json says use_sliding_window: false).
+_QWEN25 = dict(arch="qwen2", qkv_bias=True, rope_theta=1000000.0, norm_eps=1e-6)
 PRESETS: dict[str, LlamaConfig] = {
     # Published Llama-2 shapes (Touvron et al. 2023; HF config.json of meta-llama/Llama-2-*).
     "llama2-7b": LlamaConfig(
@@ -193,6 +217,53 @@ PRESETS: dict[str, LlamaConfig] = {
         n_kv_heads=8,
         d_ff=8192,
         tie_embeddings=True,
+    ),
+    # HF config.json of Qwen/Qwen2.5-0.5B, -1.5B and -7B (the base models).
+    "qwen2.5-0.5b": LlamaConfig(
+        **_QWEN25,
+        vocab_size=151936,
+        max_seq_len=32768,
+        d_model=896,
+        n_layers=24,
+        n_heads=14,
+        n_kv_heads=2,
+        d_ff=4864,
+        tie_embeddings=True,
+    ),
+    "qwen2.5-1.5b": LlamaConfig(
+        **_QWEN25,
+        vocab_size=151936,
+        max_seq_len=131072,
+        d_model=1536,
+        n_layers=28,
+        n_heads=12,
+        n_kv_heads=2,
+        d_ff=8960,
+        tie_embeddings=True,
+    ),
+    "qwen2.5-7b": LlamaConfig(
+        **_QWEN25,
+        vocab_size=152064,
+        max_seq_len=131072,
+        d_model=3584,
+        n_layers=28,
+        n_heads=28,
+        n_kv_heads=4,
+        d_ff=18944,
+    ),
+    # HF config.json of mistralai/Mistral-7B-v0.3 (sliding_window: null; v0.1's 4096-token
+    # window is not supported).
+    "mistral-7b-v0.3": LlamaConfig(
+        arch="mistral",
+        vocab_size=32768,
+        max_seq_len=32768,
+        rope_theta=1000000.0,
+        norm_eps=1e-5,
+        d_model=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        d_ff=14336,
     ),
     # ~1.1B parameters with Llama-2's head_dim 128 and 4:1 GQA: one-GPU MFU benchmarks.
     "llama-1b": LlamaConfig(
@@ -220,7 +291,8 @@ def config_from_preset(name: str, **overrides: Any) -> LlamaConfig:
 
 
 def param_shapes(config: LlamaConfig) -> Params:
-    """The params pytree's shapes, without allocating anything (no lm_head when tied)."""
+    """The params pytree's shapes, without allocating anything (no lm_head when tied; q/k/v
+    biases, H x K and G x K per layer, with qkv_bias)."""
     D, N, H, G, K, F, V = (
         config.d_model,
         config.n_layers,
@@ -245,6 +317,8 @@ def param_shapes(config: LlamaConfig) -> Params:
         },
         "final_norm": (D,),
     }
+    if config.qkv_bias:
+        shapes["layers"] |= {"bq": (N, H, K), "bk": (N, G, K), "bv": (N, G, K)}
     if not config.tie_embeddings:
         shapes["lm_head"] = (D, V)
     return shapes

@@ -1,4 +1,4 @@
-"""Convert Hugging Face Llama checkpoints to lemur checkpoints (orbax) and back.
+"""Convert Hugging Face Llama/Qwen2/Mistral checkpoints to lemur checkpoints (orbax) and back.
 
     lemur-convert to-lemur HF_DIR OUT_DIR [--dtype float32]
     lemur-convert to-hf LEMUR_DIR OUT_DIR [--dtype bfloat16] [--shard-gb 5] [--tokenizer PATH]
@@ -12,7 +12,10 @@ plus one output shard, never two full copies of the model. No torch needed.
 A lemur checkpoint carries the SentencePiece model (`tokenizer.model`) when there is one:
 to-lemur copies it from HF_DIR, from-run takes the run's data tokenizer, and to-hf writes
 it as HF tokenizer files (lemur.model.hf_tokenizer: a ChatML tokenizer gets its chat
-template). from-run turns a lemur-train run's checkpoint (its params only) into a lemur
+template). It also carries HF_DIR's own tokenizer files unchanged (tokenizer.json, its
+config and chat template; lemur.model.pretrained), which to-hf copies back out instead:
+from-run keeps those of the run's `model.init_from` when the run's data was built with
+that very tokenizer. from-run turns a lemur-train run's checkpoint (its params only) into a lemur
 checkpoint, e.g. to fine-tune from it (`model.init_from`) or to export it.
 
 OUT_DIR is written whole or not at all (lemur.model.export_dir): each command refuses a
@@ -23,14 +26,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import shutil
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from lemur.model import checkpoint, export_dir, hf, hf_tokenizer
+from lemur.model import checkpoint, export_dir, hf, hf_tokenizer, pretrained
 from lemur.model.config import DTYPES, param_count
 
 # What each command reads, and the command that reads each other kind of folder.
@@ -90,7 +95,13 @@ def to_lemur(hf_dir: str, out_dir: str, dtype: str = "float32", force: bool = Fa
                 return get_tensor(name)
 
             params = hf.params_from_hf(logged, config, dtype)
-        checkpoint.save_params(partial, params, config, checkpoint.tokenizer_path(hf_dir))
+        checkpoint.save_params(
+            partial,
+            params,
+            config,
+            checkpoint.tokenizer_path(hf_dir),
+            hf_tokenizer=pretrained.tokenizer_files(hf_dir),
+        )
     print(f"wrote {out_dir} ({dtype}) in {time.time() - start:.0f}s", flush=True)
 
 
@@ -118,13 +129,30 @@ def from_run(
                 f"{run_dir}: no tokenizer found ({loaded.tokenizer_problem}); give "
                 "--tokenizer PATH (the run's tokenizer.model, or a shard directory holding it)"
             )
-        tok = loaded.tokenizer.path
-        checkpoint.save_params(partial, loaded.params, loaded.config, tok)
+        tok, files = _run_tokenizer_files(loaded)
+        checkpoint.save_params(partial, loaded.params, loaded.config, tok, hf_tokenizer=files)
+        tok = tok or files.get("tokenizer.json")
     print(
         f"wrote {out_dir}: {param_count(loaded.config):,} params, tokenizer {tok} "
         f"in {time.time() - start:.0f}s",
         flush=True,
     )
+
+
+def _run_tokenizer_files(loaded: Any) -> tuple[Path | None, dict[str, Path]]:
+    """(SentencePiece model, HF tokenizer files) a run's checkpoint carries.
+
+    A run built with a tokenizer.json carries it with the config files beside it in the
+    shard directory (or its `init_from` folder's, when they are the same tokenizer).
+    """
+    tok = loaded.tokenizer
+    if getattr(tok, "kind", "sentencepiece") != "tokenizer.json":
+        return tok.path, loaded.hf_tokenizer
+    if loaded.hf_tokenizer:
+        return None, loaded.hf_tokenizer
+    folder = tok.files.path.parent
+    names = ("tokenizer.json", *pretrained.HF_TOKENIZER_FILES)
+    return None, {n: folder / n for n in dict.fromkeys(names) if (folder / n).is_file()}
 
 
 def _tokenizer_to_export(lemur_dir: str, tokenizer: str | None, vocab_size: int) -> Path | None:
@@ -146,11 +174,16 @@ def to_hf(
     tokenizer: str | None = None,
     force: bool = False,
 ) -> None:
-    """lemur checkpoint -> HF directory (safetensors shards + index + config + tokenizer)."""
+    """lemur checkpoint -> HF directory (safetensors shards + index + config + tokenizer).
+
+    The tokenizer: `tokenizer` (a SentencePiece model) when given, else the HF tokenizer
+    files the checkpoint carries (copied unchanged), else its `tokenizer.model`.
+    """
     start = time.time()
     check_source("to-hf", lemur_dir)
     config = checkpoint.load_config(lemur_dir)
-    tok_path = _tokenizer_to_export(lemur_dir, tokenizer, config.vocab_size)  # fail early
+    carried = pretrained.tokenizer_files(lemur_dir) if tokenizer is None else {}
+    tok_path = None if carried else _tokenizer_to_export(lemur_dir, tokenizer, config.vocab_size)
     sources = (Path(lemur_dir),) + ((tok_path,) if tok_path is not None else ())
     with export_dir.replacing(out_dir, force, sources) as partial:
         params, config = checkpoint.load_params(lemur_dir)
@@ -164,13 +197,22 @@ def to_hf(
             hf.params_to_hf(params, config, dtype),
             dtype=dtype,
             max_shard_bytes=int(shard_gb * 2**30),
+            token_ids=pretrained.hf_token_ids(carried),
         )
+        for name, src in carried.items():
+            shutil.copyfile(src, Path(partial) / name)
         if tok_path is not None:
             hf_tokenizer.write_hf_tokenizer(tok_path, partial, model_max_length=config.max_seq_len)
+    said = (
+        f" and its tokenizer files ({', '.join(carried)})"
+        if carried
+        else f" and the tokenizer of {tok_path}"
+        if tok_path is not None
+        else ", no tokenizer"
+    )
     print(
-        f"wrote {len(files)} safetensors file(s) to {out_dir} ({dtype})"
-        + (f" and the tokenizer of {tok_path}" if tok_path is not None else ", no tokenizer")
-        + f" in {time.time() - start:.0f}s",
+        f"wrote {len(files)} safetensors file(s) to {out_dir} ({dtype}){said} "
+        f"in {time.time() - start:.0f}s",
         flush=True,
     )
 
@@ -196,7 +238,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--tokenizer",
         default=None,
-        help="SentencePiece model to export (default: the checkpoint's tokenizer.model)",
+        help="SentencePiece model to export (default: the HF tokenizer files the checkpoint "
+        "carries, unchanged, else its tokenizer.model)",
     )
     c = sub.add_parser("from-run", help="lemur-train run checkpoint -> lemur (orbax)")
     c.add_argument("src", help="a run directory, or one checkpoint step of it")

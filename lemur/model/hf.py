@@ -1,14 +1,15 @@
-"""Hugging Face Llama <-> lemur: tensor names, the q/k rotary permutation, configs, files.
+"""Hugging Face Llama/Qwen2/Mistral <-> lemur: tensor names, the q/k rotary permutation, files.
 
 HF's `LlamaForCausalLM` stores every projection as a torch Linear weight (out x in) and,
 because its rotary code rotates halves (x[i], x[i + K/2]) instead of Meta's interleaved
 pairs (x[2i], x[2i+1]), the rows of q_proj and k_proj inside each head are permuted
 (transformers' convert_llama_weights_to_hf.py `permute`). lemur keeps Meta's layout, so
 import undoes that permutation and export redoes it; the attention scores are unchanged.
+Qwen2's q and k biases are permuted the same way (they add to those rows).
 
-Supported: Llama-2 and Llama-3/3.1/3.2 (rope_scaling none, "default" or "llama3"; tied
-embeddings, where the checkpoint has no lm_head.weight or one equal to the embedding).
-Other rope scalings, biases, other activations and non-Llama model types are refused.
+Supported: Llama-2 and Llama-3/3.1/3.2, Qwen2/Qwen2.5 and Mistral without a sliding window
+(tied embeddings, where the checkpoint has no lm_head.weight or one equal to the
+embedding). The config.json side, and what it refuses, is lemur.model.hf_config.
 
 Everything here is numpy (safetensors' numpy API reads bf16 through ml_dtypes), so a
 conversion streams one tensor at a time and needs no torch.
@@ -28,7 +29,11 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from lemur.model.config import DTYPES, LLAMA3_ROPE_FIELDS, LlamaConfig, Params, param_shapes
+from lemur.model.config import DTYPES, LlamaConfig, Params, param_shapes
+
+# Re-exported (the `as` form): callers read and write configs through this module too.
+from lemur.model.hf_config import config_from_hf as config_from_hf
+from lemur.model.hf_config import config_to_hf as config_to_hf
 
 HF_GLOBAL_NAMES: dict[str, str] = {
     "embed": "model.embed_tokens.weight",
@@ -46,6 +51,24 @@ HF_LAYER_NAMES: dict[str, str] = {  # lemur per-layer name -> HF name inside mod
     "w_up": "mlp.up_proj.weight",
     "w_down": "mlp.down_proj.weight",
 }
+HF_BIAS_NAMES: dict[str, str] = {  # Qwen2's (qkv_bias), each after its weight in HF's order
+    "bq": "self_attn.q_proj.bias",
+    "bk": "self_attn.k_proj.bias",
+    "bv": "self_attn.v_proj.bias",
+}
+
+
+def _layer_names(config: LlamaConfig) -> dict[str, str]:
+    """lemur per-layer name -> HF name for this config, in HF's module order."""
+    if not config.qkv_bias:
+        return HF_LAYER_NAMES
+    bias_of = {"wq": "bq", "wk": "bk", "wv": "bv"}
+    names: dict[str, str] = {}
+    for ours, hf in HF_LAYER_NAMES.items():
+        names[ours] = hf
+        if ours in bias_of:
+            names[bias_of[ours]] = HF_BIAS_NAMES[bias_of[ours]]
+    return names
 
 
 def hf_names(config: LlamaConfig) -> list[tuple[str, str, int | None]]:
@@ -54,8 +77,9 @@ def hf_names(config: LlamaConfig) -> list[tuple[str, str, int | None]]:
     With tied embeddings there is no lm_head.weight (save_pretrained omits it too).
     """
     names: list[tuple[str, str, int | None]] = [(HF_GLOBAL_NAMES["embed"], "embed", None)]
+    layer_names = _layer_names(config)
     for i in range(config.n_layers):
-        names += [(f"model.layers.{i}.{hf}", ours, i) for ours, hf in HF_LAYER_NAMES.items()]
+        names += [(f"model.layers.{i}.{hf}", ours, i) for ours, hf in layer_names.items()]
     names.append((HF_GLOBAL_NAMES["final_norm"], "final_norm", None))
     if not config.tie_embeddings:
         names.append((HF_GLOBAL_NAMES["lm_head"], "lm_head", None))
@@ -68,6 +92,11 @@ def to_lemur_tensor(name: str, w: np.ndarray, config: LlamaConfig) -> np.ndarray
     if name in ("wq", "wk"):  # (n*K)xD, halves layout -> DxnxK, interleaved layout
         n = H if name == "wq" else G
         return w.reshape(n, 2, K // 2, D).transpose(3, 0, 2, 1).reshape(D, n, K)
+    if name in ("bq", "bk"):  # (n*K), halves layout -> nxK, interleaved (as the rows above)
+        n = H if name == "bq" else G
+        return w.reshape(n, 2, K // 2).transpose(0, 2, 1).reshape(n, K)
+    if name == "bv":
+        return w.reshape(G, K)
     if name == "wv":
         return w.T.reshape(D, G, K)
     if name == "wo":  # Dx(H*K) -> HxKxD
@@ -83,6 +112,11 @@ def to_hf_tensor(name: str, w: np.ndarray, config: LlamaConfig) -> np.ndarray:
     if name in ("wq", "wk"):
         n = H if name == "wq" else G
         return w.reshape(D, n, K // 2, 2).transpose(1, 3, 2, 0).reshape(n * K, D)
+    if name in ("bq", "bk"):
+        n = H if name == "bq" else G
+        return w.reshape(n, K // 2, 2).transpose(0, 2, 1).reshape(n * K)
+    if name == "bv":
+        return w.reshape(G * K)
     if name == "wv":
         return w.reshape(D, G * K).T
     if name == "wo":
@@ -144,118 +178,6 @@ def params_to_hf(
         yield hf_name, np.ascontiguousarray(to_hf_tensor(name, w, config).astype(DTYPES[dtype]))
 
 
-def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> LlamaConfig:
-    """LlamaConfig from an HF config.json dict; refuses features lemur's Llama does not have."""
-    if hf.get("model_type", "llama") != "llama":
-        raise ValueError(f"not a Llama config: model_type={hf.get('model_type')!r}")
-    unsupported = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}
-    for key, want in unsupported.items():
-        if hf.get(key, want) != want:
-            raise ValueError(f"unsupported HF config: {key}={hf[key]!r} (Llama has {want!r})")
-    d_model, n_heads = hf["hidden_size"], hf["num_attention_heads"]
-    if hf.get("head_dim") not in (None, d_model // n_heads):
-        raise ValueError(f"unsupported head_dim {hf['head_dim']} != hidden/heads")
-    max_seq_len = hf.get("max_position_embeddings", 4096)
-    fields: dict[str, Any] = dict(
-        vocab_size=hf["vocab_size"],
-        d_model=d_model,
-        n_layers=hf["num_hidden_layers"],
-        n_heads=n_heads,
-        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-        d_ff=hf["intermediate_size"],
-        max_seq_len=max_seq_len,
-        norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        **_rope_from_hf(hf, max_seq_len),
-    )
-    return LlamaConfig(**{**fields, **overrides})
-
-
-def _rope_from_hf(hf: Mapping[str, Any], max_seq_len: int) -> dict[str, Any]:
-    """The LlamaConfig rope fields of an HF config (4.x `rope_scaling` or 5.x `rope_parameters`).
-
-    Same precedence as transformers: rope_scaling over rope_parameters, and a rope_theta
-    inside the dict over the top-level one.
-    """
-    rope = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", "llama3"):
-        raise ValueError(
-            f"unsupported rope scaling rope_type={rope_type!r} (lemur supports "
-            "none, 'default' and 'llama3')"
-        )
-    if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ValueError(
-            "unsupported partial_rotary_factor "
-            f"{rope.get('partial_rotary_factor', hf.get('partial_rotary_factor'))}"
-        )
-    fields: dict[str, Any] = {
-        "rope_type": rope_type,
-        "rope_theta": float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-    }
-    if rope_type == "llama3":
-        missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in rope]
-        if missing:
-            raise ValueError(f"rope scaling 'llama3' without {', '.join(missing)}")
-        # transformers falls back to max_position_embeddings, as here.
-        original = rope.get(
-            "original_max_position_embeddings",
-            hf.get("original_max_position_embeddings", max_seq_len),
-        )
-        fields |= {
-            ours: float(rope[key])
-            for ours, key in LLAMA3_ROPE_FIELDS.items()
-            if ours != "rope_original_max_seq_len"
-        }
-        fields["rope_original_max_seq_len"] = int(original)
-    return fields
-
-
-def rope_scaling_to_hf(config: LlamaConfig) -> dict[str, Any] | None:
-    """HF's rope_scaling dict for the config (None when there is no scaling)."""
-    if config.rope_type == "default":
-        return None
-    return {
-        "rope_type": config.rope_type,
-        **{key: getattr(config, ours) for ours, key in LLAMA3_ROPE_FIELDS.items()},
-    }
-
-
-def config_to_hf(config: LlamaConfig, dtype: str = "bfloat16") -> dict[str, Any]:
-    """An HF config.json dict for LlamaForCausalLM (readable by transformers 4.x and 5.x)."""
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.d_model,
-        "intermediate_size": config.d_ff,
-        "num_hidden_layers": config.n_layers,
-        "num_attention_heads": config.n_heads,
-        "num_key_value_heads": config.n_kv_heads,
-        "head_dim": config.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": config.max_seq_len,
-        "rms_norm_eps": config.norm_eps,
-        # 5.x reads rope_parameters (but rope_scaling first, when set); 4.x reads rope_theta
-        # and rope_scaling. All three say the same thing.
-        "rope_theta": config.rope_theta,
-        "rope_scaling": rope_scaling_to_hf(config),
-        "rope_parameters": {
-            "rope_type": "default",
-            **(rope_scaling_to_hf(config) or {}),
-            "rope_theta": config.rope_theta,
-        },
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": config.tie_embeddings,
-        "initializer_range": config.init_std,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "torch_dtype": dtype,
-        "dtype": dtype,
-    }
-
-
 @contextlib.contextmanager
 def open_hf_checkpoint(
     directory: str | os.PathLike[str],
@@ -297,8 +219,10 @@ def write_hf_checkpoint(
     tensors: Iterable[tuple[str, np.ndarray]],
     dtype: str = "bfloat16",
     max_shard_bytes: int = 5 * 2**30,
+    token_ids: Mapping[str, Any] | None = None,
 ) -> list[Path]:
-    """Write config.json and safetensors shards (+ index when >1), holding one shard at a time."""
+    """Write config.json (its bos/eos ids: `token_ids`) and safetensors shards (+ index when
+    >1), holding one shard at a time."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     # Plan the shards from the shapes first: HF names files "-of-{total}".
@@ -332,7 +256,7 @@ def write_hf_checkpoint(
             "weight_map": {n: files[s] for n, s in shard_of.items()},
         }
         (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    (root / "config.json").write_text(json.dumps(config_to_hf(config, dtype), indent=2))
+    (root / "config.json").write_text(json.dumps(config_to_hf(config, dtype, token_ids), indent=2))
     return written
 
 

@@ -1,12 +1,14 @@
-"""Llama-2/3 as pure functions over a params pytree (no flax): init and the forward pass.
+"""Llama-family models as pure functions over a params pytree (no flax): init and forward.
 
 Exactly the Llama architecture (pre-norm RMSNorm, rotary embeddings, grouped-query
 attention, SwiGLU MLP, no biases), so real weights load and give the same logits as
 Hugging Face `LlamaForCausalLM` (see lemur.model.hf). Llama-2 unties the input and output
 embeddings; Llama-3.1 adds "llama3" rotary scaling; the small Llama-3.2 models also tie
 the output head to the embedding table (`tie_embeddings`: the params carry no `lm_head`
-and the logits use `embed` transposed). The config, presets, shapes and FLOPs are in
-lemur.model.config.
+and the logits use `embed` transposed). Qwen2 (`qkv_bias`) adds a bias to each of the q,
+k and v projections, before the rotation; `Qwen2ForCausalLM` and `MistralForCausalLM`
+(without a sliding window) are otherwise this same block. The config, presets, shapes
+and FLOPs are in lemur.model.config.
 
 Layout choices:
 - Per-layer parameters are stacked on a leading n_layers axis, whatever `scan_layers`
@@ -30,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from lemur.model.config import (
+    BIAS_NAMES,
     DTYPES,
     REMAT_POLICIES,
     LlamaConfig,
@@ -41,16 +44,20 @@ from lemur.model.sharding import constrain
 
 
 def init_params(config: LlamaConfig, key: jax.Array) -> Params:
-    """Random params: N(0, init_std) matrices, unit norms (HF's Llama init)."""
+    """Random params: N(0, init_std) matrices, unit norms, zero biases (HF's Llama init)."""
     dtype = DTYPES[config.param_dtype]
     flat, treedef = jax.tree_util.tree_flatten_with_path(param_shapes(config), is_leaf=is_shape)
     keys = jax.random.split(key, len(flat))
-    leaves = [
-        jnp.ones(shape, dtype)
-        if "norm" in jax.tree_util.keystr(path)
-        else (config.init_std * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
-        for (path, shape), k in zip(flat, keys, strict=True)
-    ]
+
+    def leaf(path: tuple, shape: tuple[int, ...], k: jax.Array) -> jax.Array:
+        name = path[-1].key
+        if "norm" in name:
+            return jnp.ones(shape, dtype)
+        if name in BIAS_NAMES:
+            return jnp.zeros(shape, dtype)
+        return (config.init_std * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
+
+    leaves = [leaf(path, shape, k) for (path, shape), k in zip(flat, keys, strict=True)]
     return jax.tree.unflatten(treedef, leaves)
 
 
@@ -149,12 +156,20 @@ def attention_qkv(
     cos_BxLxK2: jax.Array,
     sin_BxLxK2: jax.Array,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """q (BxLxHxK), k and v (BxLxGxK) of the pre-normed input, rotary applied to q and k."""
+    """q (BxLxHxK), k and v (BxLxGxK) of the pre-normed input (plus the Qwen2 biases),
+    rotary applied to q and k."""
     dt = config.compute_dtype
     h_BxLxD = rms_norm(x_BxLxD, layer["attn_norm"], config.norm_eps)
-    q_BxLxHxK = constrain(jnp.einsum("bld,dhk->blhk", h_BxLxD, layer["wq"].astype(dt)), "BLHK")
-    k_BxLxGxK = constrain(jnp.einsum("bld,dgk->blgk", h_BxLxD, layer["wk"].astype(dt)), "BLHK")
-    v_BxLxGxK = constrain(jnp.einsum("bld,dgk->blgk", h_BxLxD, layer["wv"].astype(dt)), "BLHK")
+    q_BxLxHxK = jnp.einsum("bld,dhk->blhk", h_BxLxD, layer["wq"].astype(dt))
+    k_BxLxGxK = jnp.einsum("bld,dgk->blgk", h_BxLxD, layer["wk"].astype(dt))
+    v_BxLxGxK = jnp.einsum("bld,dgk->blgk", h_BxLxD, layer["wv"].astype(dt))
+    if config.qkv_bias:  # added in the compute dtype, as torch's Linear does
+        q_BxLxHxK = q_BxLxHxK + layer["bq"].astype(dt)
+        k_BxLxGxK = k_BxLxGxK + layer["bk"].astype(dt)
+        v_BxLxGxK = v_BxLxGxK + layer["bv"].astype(dt)
+    q_BxLxHxK = constrain(q_BxLxHxK, "BLHK")
+    k_BxLxGxK = constrain(k_BxLxGxK, "BLHK")
+    v_BxLxGxK = constrain(v_BxLxGxK, "BLHK")
     q_BxLxHxK = apply_rope(q_BxLxHxK, cos_BxLxK2, sin_BxLxK2)
     k_BxLxGxK = apply_rope(k_BxLxGxK, cos_BxLxK2, sin_BxLxK2)
     return q_BxLxHxK, k_BxLxGxK, v_BxLxGxK

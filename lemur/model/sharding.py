@@ -37,6 +37,11 @@ PARAM_SPECS: dict[str, P] = {
     "wk": P("fsdp", "tensor", None),  # DxGxK
     "wv": P("fsdp", "tensor", None),  # DxGxK
     "wo": P("tensor", None, "fsdp"),  # HxKxD
+    # Qwen2's q/k/v biases: split by head like the projections they add to, so each
+    # tensor shard adds its own heads' biases with no communication; too small for fsdp.
+    "bq": P("tensor", None),  # HxK
+    "bk": P("tensor", None),  # GxK
+    "bv": P("tensor", None),  # GxK
     "mlp_norm": P(None),  # D
     "w_gate": P("fsdp", "tensor"),  # DxF
     "w_up": P("fsdp", "tensor"),  # DxF

@@ -100,6 +100,25 @@ def _plan(sha256: str, data: dict[str, Any], reference: Any) -> TiktokenPlan:
     return _plans[sha256]
 
 
+_encodings: dict[str, tuple[Any, Any]] = {}
+
+
+def _encoders(sha256: str, plan: TiktokenPlan) -> tuple[Any, Any]:
+    """(tiktoken Encoding, compiled piece regex) of a plan, built once per process."""
+    import regex
+    import tiktoken
+
+    if sha256 not in _encodings:
+        encoding = tiktoken.Encoding(
+            f"lemur-{sha256[:12]}",
+            pat_str=plan.pattern,
+            mergeable_ranks=plan.ranks,
+            special_tokens={},
+        )
+        _encodings[sha256] = (encoding, regex.compile(plan.pattern))
+    return _encodings[sha256]
+
+
 class ByteLevelTokenizer:
     """A tokenizer.json tokenizer, encoded by tiktoken where exact, else by `tokenizers`."""
 
@@ -113,7 +132,7 @@ class ByteLevelTokenizer:
         self.reference = _reference(str(files.path), files.sha256)
         self.vocab_size = int(self.reference.get_vocab_size(with_added_tokens=True))
         self.bos_id = self._special_id(files.bos) if files.bos else None
-        self.eos_id = self._special_id(files.eos)
+        self.eos_id = self._special_id(files.eos) if files.eos else None
         self._tiktoken: Any = None
         self.engine_reason = "asked for in the recipe" if engine == "tokenizers" else ""
         if engine != "tokenizers":
@@ -127,9 +146,6 @@ class ByteLevelTokenizer:
         return int(i)
 
     def _plan_tiktoken(self, engine: str) -> None:
-        import regex
-        import tiktoken
-
         plan = _plan(self.files.sha256, self.files.data, self.reference)
         if not plan.exact:
             if engine == "tiktoken":
@@ -137,13 +153,7 @@ class ByteLevelTokenizer:
             self.engine_reason = plan.reason
             return
         self._nfc = plan.nfc
-        self._tiktoken = tiktoken.Encoding(
-            f"lemur-{self.sha256[:12]}",
-            pat_str=plan.pattern,
-            mergeable_ranks=plan.ranks,
-            special_tokens={},
-        )
-        self._pieces = regex.compile(plan.pattern)
+        self._tiktoken, self._pieces = _encoders(self.files.sha256, plan)
         self._restartable = restartable(plan.pattern)
 
     def encode(self, text: str) -> list[int]:

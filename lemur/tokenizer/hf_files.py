@@ -32,7 +32,7 @@ class HFTokenizerFiles:
     sha256: str
     config: dict[str, Any]  # tokenizer_config.json merged over special_tokens_map.json
     bos: str | None
-    eos: str
+    eos: str | None  # None: the files name none (a build must be told: `tokenizer.eos`)
 
     @property
     def added(self) -> dict[str, dict[str, Any]]:
@@ -47,6 +47,9 @@ class HFTokenizerFiles:
             named = {t.get("name"): t.get("template") for t in template}
             template = named.get("default")
         return template if isinstance(template, str) else None
+
+
+_parsed: dict[str, dict[str, Any]] = {}
 
 
 def _token_text(value: Any) -> str | None:
@@ -87,7 +90,11 @@ def read_hf_tokenizer(
     """
     file = tokenizer_json_path(path)
     raw = file.read_bytes()
-    data = _read_json(file, raw)
+    sha = hashlib.sha256(raw).hexdigest()
+    if sha not in _parsed:  # 17 MB of JSON for Llama-3: parsed once per process
+        _parsed.clear()
+        _parsed[sha] = _read_json(file, raw)
+    data = _parsed[sha]
     if not isinstance(data.get("model"), dict):
         raise TokenizerError(f"{file}: not a tokenizer.json (no 'model')")
     config: dict[str, Any] = {}
@@ -98,12 +105,10 @@ def read_hf_tokenizer(
     added = {t.get("content") for t in data.get("added_tokens", [])}
     bos_token = None if no_bos else (bos or _configured(config, "bos_token", BOS_NAMES, added))
     eos_token = eos or _configured(config, "eos_token", EOS_NAMES, added)
-    if eos_token is None:
-        raise TokenizerError(f"{file}: no EOS token: set tokenizer.eos in the recipe")
     return HFTokenizerFiles(
         path=file,
         data=data,
-        sha256=hashlib.sha256(raw).hexdigest(),
+        sha256=sha,
         config=config,
         bos=bos_token,
         eos=eos_token,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Sequence
@@ -34,7 +35,11 @@ class SentencePieceTokenizer:
         self.bos_id: int | None = bos if bos >= 0 else None
         if self.eos_id < 0:
             raise TokenizerError(f"{self.path}: the model has no </s> id")
-        self.sha256 = hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """sha256 of the model file, computed on first use (start-up hashes each file once)."""
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text` (no `<s>`/`</s>`; a literal `<s>` is text)."""
@@ -61,6 +66,21 @@ class SentencePieceTokenizer:
         if sp.is_unknown(i):
             return len(sp.decode([i]).encode())  # the " ⁇ " surface
         return len(sp.id_to_piece(i).replace(SPACE, " ").encode())
+
+    def first_space(self) -> tuple[np.ndarray, bool]:
+        """(ids whose piece starts with `▁`, whether decode drops that space at a text's start).
+
+        A model with a dummy prefix (Llama-2's) adds `▁` before a text when encoding and
+        drops it when decoding, so the first piece of a document decodes one byte shorter.
+        """
+        sp, V = self.sp, self.vocab_size
+        space_first = np.array([sp.id_to_piece(i).startswith(SPACE) for i in range(V)])
+        space_first &= ~np.array([sp.is_control(i) or sp.is_byte(i) for i in range(V)])
+        ids = np.flatnonzero(space_first)
+        if ids.size == 0:
+            return space_first, False
+        i = int(ids[0])
+        return space_first, len(sp.decode([i]).encode()) == self._piece_bytes(i) - 1
 
     def piece_id(self, piece: str) -> int | None:
         """The id of `piece` when it is one piece of the vocabulary, else None."""

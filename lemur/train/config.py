@@ -55,7 +55,7 @@ class ModelConfig:
     preset: str | None = "tiny"
     vocab_size: int | None = None  # None: the shards' tokenizer vocab size
     overrides: dict[str, Any] = field(default_factory=dict)  # LlamaConfig fields
-    init_from: str | None = None  # a lemur model checkpoint (lemur-convert)
+    init_from: str | None = None  # an HF model folder or a lemur checkpoint (lemur-convert)
 
     def __post_init__(self) -> None:
         _check(

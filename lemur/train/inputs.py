@@ -39,7 +39,7 @@ class Inputs:
                 num_workers=data.num_workers,
                 num_threads=data.num_threads,
                 prefetch=data.prefetch,
-                vocab_size=self.model.vocab_size,
+                vocab_size=self.data_vocab,
                 tokenizer_sha256=self.tokenizer_sha,
                 strict_state=data.strict_state,
             )
@@ -59,7 +59,7 @@ class Inputs:
                 shard_dir = self.data_dirs[d]
                 # Checked once per directory: a train directory's checks are not redone.
                 shard_dir.check_compatible(
-                    vocab_size=self.model.vocab_size, tokenizer_sha256=self.tokenizer_sha
+                    vocab_size=self.data_vocab, tokenizer_sha256=self.tokenizer_sha
                 )
                 found = make_eval_iterators(
                     shard_dir,
@@ -68,7 +68,7 @@ class Inputs:
                     max_batches=self.config.eval.batches,
                     process_index=host.index,
                     process_count=host.count,
-                    vocab_size=self.model.vocab_size,
+                    vocab_size=self.data_vocab,
                 )
             except (ShardFormatError, OSError, ValueError) as e:
                 raise RunError(str(e).splitlines()[0]) from None

@@ -21,9 +21,9 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lemur.eval.bpb import TokenBytes
 from lemur.model.config import flops_per_token, param_count
 from lemur.shards.format import ShardFormatError, atomic_write_bytes
+from lemur.tokenizer import TokenBytes
 from lemur.train import interrupt
 from lemur.train import mesh as mesh_lib
 from lemur.train import step as step_lib
@@ -39,6 +39,7 @@ from lemur.train.setup import (
     RunSummary,
     TrainingDiverged,
     check_writable_dir,
+    data_vocab,
     make_mesh,
     open_checkpointer,
     plan_run,
@@ -67,6 +68,7 @@ class Trainer(Inputs, Resume):
         # init_from's model, the steps of epochs, the warmup of its fraction: see plan_run.
         self.config, self.model, self.tokenizer_sha, self.notes = plan_run(config, self.data_dirs)
         config = self.config
+        self.data_vocab = data_vocab(config, self.data_dirs)[0]  # may be < the model's (padded)
         self.mesh = make_mesh(config)
         self.schedule = step_lib.make_schedule(config.schedule, config.steps)
         self.tx = step_lib.make_optimizer(config.optimizer, self.schedule)
@@ -102,11 +104,8 @@ class Trainer(Inputs, Resume):
         self.reporter = Reporter(config.steps, 0, enabled=self.is_main, bar=config.log.progress)
         self.resumed_window: list[float] = []
         self.flops_per_token = flops_per_token(self.model, L)
-        self.peak_flops = (
-            1e12
-            * jax.device_count()
-            * peak_tflops_per_device(config.log.peak_tflops, self.model.compute_dtype)
-        )
+        peak = peak_tflops_per_device(config.log.peak_tflops, self.model.compute_dtype)
+        self.peak_flops = 1e12 * jax.device_count() * peak
         self._stop = False
 
     # ------------------------------------------------------------------ setup

@@ -8,7 +8,7 @@ import functools
 import jax
 
 from lemur.model import checkpoint as model_checkpoint
-from lemur.model import llama
+from lemur.model import llama, pretrained
 from lemur.model import sharding as model_sharding
 from lemur.model.config import Params
 from lemur.model.grow import grow_vocab
@@ -50,6 +50,8 @@ class Resume:
     def _pretrained_params(self) -> Params:
         """`model.init_from`'s params on the mesh, its vocabulary grown to the model's."""
         path = self.config.model.init_from
+        if pretrained.kind(path) == "hf":
+            return self._hf_params(path)
         saved = model_checkpoint.load_config(path).vocab_size  # checked by resolve_model
         if saved == self.model.vocab_size:
             target = step_lib.with_shardings(self.abstract["params"], self.shardings["params"])
@@ -66,6 +68,24 @@ class Resume:
         # every other leaf passes through as it is (a jit would copy them).
         grown, _ = grow_vocab(params, small, self.model.vocab_size)
         return jax.tree.map(jax.device_put, grown, self.shardings["params"])
+
+    def _hf_params(self, path: str) -> Params:
+        """An HF folder's params converted on load (host numpy, one tensor at a time), grown
+        to the model's vocabulary, then each process puts its own shards on its devices."""
+        self.reporter.message(f"lemur-train: {path}: converting the HF checkpoint on load")
+        params = pretrained.load_hf_params(path, self.model.param_dtype)
+        saved = dataclasses.replace(self.model, vocab_size=params["embed"].shape[0])
+        if saved.vocab_size != self.model.vocab_size:  # checked by resolve_model
+            params, _ = grow_vocab(params, saved, self.model.vocab_size)
+            self.reporter.message(
+                f"lemur-train: {path}: vocabulary grown from {saved.vocab_size:,} to "
+                f"{self.model.vocab_size:,} ids; new rows = the mean of the existing ones"
+            )
+        return jax.tree.map(
+            lambda x, s: jax.make_array_from_callback(x.shape, s, lambda index: x[index]),
+            params,
+            self.shardings["params"],
+        )
 
     def _resume(self, candidates: list[int]) -> tuple[step_lib.State | None, int, int]:
         """Restore the newest checkpoint that restores completely; set damaged ones aside."""

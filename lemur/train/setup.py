@@ -10,18 +10,21 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import Mesh
+from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
-from lemur.model import checkpoint as model_checkpoint
+from lemur.model import pretrained
 from lemur.model.config import LlamaConfig
 from lemur.shards.check import ShardDir
-from lemur.shards.format import ShardFormatError
+from lemur.shards.format import ShardFormatError, sha256_file
 from lemur.train import mesh as mesh_lib
 from lemur.train.checkpoint import CheckpointDamaged, Checkpointer
 from lemur.train.config import ConfigError, TrainConfig
 
 # LlamaConfig fields that define the parameter shapes: a pretrained checkpoint must match
-# (tie_embeddings decides whether there is an lm_head at all); its vocabulary may be
-# smaller when the data's tokenizer appends pieces to it (it then grows, see grow_vocab).
+# (tie_embeddings decides whether there is an lm_head at all, qkv_bias whether there are
+# biases); its vocabulary may be smaller when the data's tokenizer appends pieces to it (it
+# then grows, see grow_vocab), or larger when it is the checkpoint's own tokenizer (an
+# embedding padded past the tokenizer, as Qwen2.5's 151,936 rows for 151,665 ids).
 _SHAPE_FIELDS = (
     "d_model",
     "n_layers",
@@ -29,6 +32,7 @@ _SHAPE_FIELDS = (
     "n_kv_heads",
     "d_ff",
     "tie_embeddings",
+    "qkv_bias",
 )
 
 
@@ -98,11 +102,12 @@ def check_writable_dir(path: Path, key: str) -> None:
 
 
 def _saved_model(path: str) -> LlamaConfig:
-    """The LlamaConfig of the `model.init_from` checkpoint (RunError naming it if unreadable)."""
+    """The LlamaConfig of `model.init_from`, a lemur checkpoint or an HF model folder
+    (RunError naming it if unreadable)."""
     try:
-        return model_checkpoint.load_config(path)
-    except (OSError, ValueError, TypeError) as e:
-        raise RunError(f"model.init_from: {path}: no readable lemur checkpoint ({e})") from None
+        return pretrained.load_config(path)
+    except pretrained.PretrainedError as e:
+        raise RunError(f"model.init_from: {e}") from None
 
 
 def resolve_config(config: TrainConfig, dirs: DataDirs) -> tuple[TrainConfig, list[str]]:
@@ -115,7 +120,8 @@ def resolve_config(config: TrainConfig, dirs: DataDirs) -> tuple[TrainConfig, li
         if not path:
             raise RunError(
                 "model.init_from: required (model.preset is null): fine-tuning needs a "
-                "pre-trained model, a lemur checkpoint (lemur-convert to-lemur or from-run)"
+                "pre-trained model, an HF model folder or a lemur checkpoint (lemur-convert "
+                "to-lemur or from-run)"
             )
         saved = dataclasses.asdict(_saved_model(path))
         fields = {k: v for k, v in saved.items() if k != "vocab_size"}
@@ -138,8 +144,9 @@ def resolve_config(config: TrainConfig, dirs: DataDirs) -> tuple[TrainConfig, li
 
 
 def resolve_model(config: TrainConfig, vocab_size: int, dirs: DataDirs) -> LlamaConfig:
-    """The model of the run; with `init_from`, checked against the checkpoint's shapes (a
-    smaller vocabulary only when the data's tokenizer appends the missing ids)."""
+    """The model of the run; with `init_from`, checked against the checkpoint's shapes and
+    tokenizer (a smaller vocabulary only when the data's tokenizer appends the missing ids,
+    a larger one only when the data's tokenizer is the checkpoint's own)."""
     model = config.model.llama(vocab_size)
     if config.model.init_from:
         saved = _saved_model(config.model.init_from)
@@ -149,9 +156,59 @@ def resolve_model(config: TrainConfig, vocab_size: int, dirs: DataDirs) -> Llama
                     f"model.init_from: {config.model.init_from} has {name} "
                     f"{getattr(saved, name)}, the config gives {getattr(model, name)}"
                 )
+        compared = check_tokenizer(config.model.init_from, dirs[config.data.dirs[0]])
+        if saved.vocab_size > model.vocab_size and compared and not config.model.vocab_size:
+            # Every data id is below the checkpoint's vocabulary: keep its padded rows.
+            return dataclasses.replace(model, vocab_size=saved.vocab_size)
         if saved.vocab_size != model.vocab_size:
             _check_growth(config, saved.vocab_size, model.vocab_size, dirs)
     return model
+
+
+def check_tokenizer(path: str, data: ShardDir) -> bool:
+    """RunError (one line naming both) unless the shards in `data` were built with the
+    tokenizer `path` carries: the same tokenizer.json (sha256), or, for SentencePiece, the
+    same model or it with pieces appended (every old id the same piece). Returns whether
+    there was a tokenizer to compare (a checkpoint may carry none)."""
+    data_file = data.tokenizer_path
+    files = pretrained.tokenizer_files(path)
+    head = f"model.init_from: {path}: the shards in {data} were built with {data_file}"
+    if data_file.suffix == ".json":
+        ours = files.get("tokenizer.json")
+        if ours is None:
+            if files or pretrained.sentencepiece_model(path):
+                raise RunError(f"{head}, the model carries no tokenizer.json to compare it with")
+            return False
+        if (sha := sha256_file(ours)) != data.tokenizer.get("sha256"):
+            raise RunError(
+                f"{head} (sha256 {str(data.tokenizer.get('sha256'))[:12]}), not with the "
+                f"model's tokenizer {ours} (sha256 {sha[:12]})"
+            )
+        return True
+    ours = pretrained.sentencepiece_model(path) or files.get("tokenizer.model")
+    if ours is None:
+        if files:
+            raise RunError(f"{head}, a SentencePiece model; the model's tokenizer is not one")
+        return False
+    old, new = _pieces(ours), _pieces(data_file)
+    bad = next((i for i, piece in enumerate(old) if i >= len(new) or new[i] != piece), None)
+    if bad is not None:
+        theirs = repr(new[bad]) if bad < len(new) else "missing"
+        raise RunError(
+            f"{head}, which is neither the model's tokenizer {ours} nor it with pieces "
+            f"appended (id {bad} is {theirs} there, {old[bad]!r} in the model's)"
+        )
+    return True
+
+
+def _pieces(path: Path) -> list[str]:
+    """The piece of every id of a SentencePiece model (RunError naming it if unreadable)."""
+    proto = model_pb2.ModelProto()
+    try:
+        proto.ParseFromString(path.read_bytes())
+    except Exception as e:  # OSError, or protobuf's DecodeError: not a model
+        raise RunError(f"{path}: not a readable SentencePiece model ({e})") from None
+    return [p.piece for p in proto.pieces]
 
 
 def plan_run(

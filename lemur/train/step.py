@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from lemur.model import llama
 from lemur.model import sharding as model_sharding
-from lemur.model.config import LlamaConfig, Params
+from lemur.model.config import BIAS_NAMES, LlamaConfig, Params
 from lemur.train.config import OptimizerConfig, ScheduleConfig
 
 State = dict[str, Any]
@@ -56,9 +56,14 @@ def make_schedule(config: ScheduleConfig, steps: int) -> Callable[[jax.Array], j
 
 
 def _decay_mask(params: Params) -> Any:
-    """True for the weights that get weight decay: every matrix, never a norm's scale."""
+    """True for the weights that get weight decay: every matrix, never a norm's scale or a
+    bias (the usual AdamW practice, and what Qwen2's biases are trained with)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: "norm" not in jax.tree_util.keystr(path), params
+        lambda path, _: (
+            "norm" not in jax.tree_util.keystr(path)
+            and getattr(path[-1], "key", None) not in BIAS_NAMES
+        ),
+        params,
     )
 
 

@@ -23,10 +23,10 @@ MIN_TOKEN = 16
 _TOKEN_CHARS = string.ascii_letters + string.digits + "+/=_.-"
 _IS_TOKEN = np.zeros(256, bool)
 _IS_TOKEN[np.frombuffer(_TOKEN_CHARS.encode(), np.uint8)] = True
-_IS_DIGIT = np.zeros(256, np.int32)
-_IS_DIGIT[np.frombuffer(string.digits.encode(), np.uint8)] = 1
-_IS_LETTER = np.zeros(256, np.int32)
-_IS_LETTER[np.frombuffer(string.ascii_letters.encode(), np.uint8)] = 1
+_IS_DIGIT = np.zeros(256, bool)
+_IS_DIGIT[np.frombuffer(string.digits.encode(), np.uint8)] = True
+_IS_LETTER = np.zeros(256, bool)
+_IS_LETTER[np.frombuffer(string.ascii_letters.encode(), np.uint8)] = True
 _TOKEN = re.compile(rf"[A-Za-z0-9+/=_.\-]{{{MIN_TOKEN},}}")
 _KNOWN = re.compile(
     r"^A(?:KIA|SIA|BIA|CCA|3T[A-Z0-9]|KC)|gh[pousr]_|github_pat_|xox[a-z]-|hooks\.slack|"
@@ -34,6 +34,11 @@ _KNOWN = re.compile(
     r"^[MNO][\w-]{23,25}\.[\w-]{6}\."
 )
 _CREDENTIAL = re.compile(r"key|secret|passw|pwd|token|auth|aws|ibm|iam|cred|cloudant|softlayer")
+
+
+def names_credential(text: str) -> bool:
+    """`text` names a credential (`key`, `secret`, `token`, `password`, `aws`, ...)."""
+    return bool(_CREDENTIAL.search(text.lower()))
 
 
 def long_tokens(text: str) -> list[tuple[int, int, bool]]:
@@ -51,12 +56,14 @@ def long_tokens(text: str) -> list[tuple[int, int, bool]]:
     starts, ends = starts[keep], ends[keep]
     if len(starts) == 0:
         return []
-    counts = []
-    for table in (_IS_DIGIT, _IS_LETTER):
-        total = np.concatenate(([0], np.cumsum(table[b])))
-        counts.append(total[ends] - total[starts])
-    keep = counts[1] > 0
-    has_digit = (counts[0][keep] > 0).tolist()
+    # Whether each token has a digit, a letter: `or` over [start, end) and the gaps between
+    # (the last index reduces to the end of the text, so an end there is left out).
+    bounds = np.empty(2 * len(starts), np.intp)
+    bounds[0::2], bounds[1::2] = starts, ends
+    bounds = bounds[:-1] if bounds[-1] == len(b) else bounds
+    digit = np.logical_or.reduceat(_IS_DIGIT[b], bounds)[0::2]
+    keep = np.logical_or.reduceat(_IS_LETTER[b], bounds)[0::2]
+    has_digit = digit[keep].tolist()
     return list(zip(starts[keep].tolist(), ends[keep].tolist(), has_digit, strict=True))
 
 
@@ -77,16 +84,16 @@ def candidate_lines(text: str) -> list[tuple[int, int, str]]:
     lines: dict[int, str] = {}  # line start -> line text
     credential: dict[int, bool] = {}
     for start, end, has_digit in long_tokens(text):
+        known = _KNOWN.search(text[start:end]) is not None
+        if not known and not has_digit:
+            continue  # most long tokens of code (words and identifiers): no line look-up
         a, b = _line_bounds(text, start, end)
         if a in lines:
             continue
-        token = text[start:end]
-        if not _KNOWN.search(token):
-            if not has_digit:
-                continue
+        if not known:
             if not _quoted(text, start, end):
                 if a not in credential:
-                    credential[a] = bool(_CREDENTIAL.search(text[a:b].lower()))
+                    credential[a] = names_credential(text[a:b])
                 if not credential[a]:
                     continue
         lines[a] = text[a:b]

@@ -10,8 +10,9 @@ with `pii.report` each redaction is written to `<report>/<task>.jsonl` as
 `{id, source, kind, line, detector}`, never the value itself.
 
 Rules (after StarCoder's PII pipeline, bigcode-dataset `pii/`):
-- e-mail: `local@domain.tld`; addresses at reserved example domains (RFC 2606) and
-  asset names like `icon@2x.png` are left alone;
+- e-mail: `local@domain.tld`; addresses at reserved example domains (RFC 2606), asset
+  names like `icon@2x.png` and the login of a URL or git remote (`ssh://git@host/...`,
+  `git@github.com:org/repo.git`) are left alone;
 - IP: an IPv4 or IPv6 address that `ipaddress` calls global (IPv6 also in 2000::/3);
   not popular public DNS resolvers; not part of a longer dotted number (OIDs, versions);
   not after `-` (`linux-2.6.16.60`); not on a line that speaks of versions or OIDs; an
@@ -28,7 +29,7 @@ import ipaddress
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -95,8 +96,12 @@ def find_emails(text: str) -> list[Redaction]:
 
 
 def _is_personal(text: str, start: int, domain: re.Match[str]) -> bool:
-    """Not inside a longer token, not an asset name, not at a reserved example domain."""
+    """Not inside a longer token, not an asset name, not at a reserved example domain, not
+    the login of a URL (`git+ssh://git@gitlab.com/...`) or of scp syntax (`git@host:path`)."""
     if start > 0 and (text[start - 1].isalnum() or text[start - 1] in "._%+-"):
+        return False
+    after = text[domain.end() : domain.end() + 2]
+    if text[max(0, start - 3) : start] == "://" or (after[:1] == ":" and after[1:].strip()):
         return False
     name = domain.group().lower()
     return domain.group(1).lower() not in _NOT_EMAIL_TLD and not _RESERVED_DOMAIN.search(name)
@@ -163,11 +168,17 @@ def find_keys(text: str) -> list[Redaction]:
 
 
 def apply(text: str, found: list[Redaction]) -> tuple[str, list[Redaction]]:
-    """The text with non-overlapping findings replaced (earliest, then longest, wins)."""
+    """The text with the findings replaced, and the redactions made.
+
+    Overlapping findings become one redaction over their union, with the kind of the first
+    (earliest, then longest): none is left half replaced, and each is counted once.
+    """
     kept: list[Redaction] = []
     for r in sorted(found, key=lambda r: (r.start, -r.end)):
         if not kept or r.start >= kept[-1].end:
             kept.append(r)
+        elif r.end > kept[-1].end:
+            kept[-1] = replace(kept[-1], end=r.end)
     parts, pos = [], 0
     for r in kept:
         parts += [text[pos : r.start], r.replacement]

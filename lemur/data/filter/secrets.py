@@ -4,6 +4,9 @@ detect-secrets costs ~85 us per line with these plugins (0.4 MB/s on Python code
 almost no line of code holds a secret: `candidates.candidate_lines` picks the few lines
 worth scanning, and detect-secrets scans them as its `scan_file` does (line by line; the
 entropy plugins read quoted strings only), so every finding is one detect-secrets made.
+Two things `secret_spans` adds: the span of each finding is the whole secret (detect-secrets
+reports `ghp` for a GitHub token), and an unquoted credential assignment (`KEY=value`,
+`key: value`) is scanned with its value in quotes, as the entropy plugins need.
 
 Plugins and filters are StarCoder's (bigcode-dataset `pii/utils/keys_detection.py`): the
 high-signal detectors, no keyword, basic-auth or private-key plugin. StarCoder then dropped
@@ -31,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from lemur.data.filter.candidates import candidate_lines
+from lemur.data.filter.secret_spans import quoted_view, value_spans
 
 PLUGINS = [
     {"name": name}
@@ -169,21 +173,15 @@ def scan_lines(lines: list[tuple[int, str]]) -> Iterator[tuple[int, str, str]]:
             yield s.line_number, s.secret_value, s.type
 
 
-def _spans_in_line(value: str, line: str, line_start: int) -> Iterator[tuple[int, int]]:
-    i = line.find(value)
-    while i >= 0:
-        yield line_start + i, line_start + i + len(value)
-        i = line.find(value, i + len(value))
-
-
 def find_secrets(text: str) -> list[Secret]:
-    """Secrets in a document: detect-secrets' findings on candidate lines, then private key
-    blocks (fastest inside an open `secret_settings`)."""
+    """Secrets in a document: detect-secrets' findings on candidate lines (each whole value,
+    see `secret_spans`), then private key blocks (fastest inside an open `secret_settings`)."""
     lines = {number: (start, line) for number, start, line in candidate_lines(text)}
+    views = {number: quoted_view(line) for number, (_, line) in lines.items()}
     found: list[Secret] = []
     hashy: bool | None = None
     with secret_settings():
-        findings = list(scan_lines([(n, line) for n, (_, line) in lines.items()]))
+        findings = list(scan_lines([(n, view.text) for n, view in views.items()]))
     for number, value, detector in findings:
         start, line = lines[number]
         if is_checksum(value, line) or not looks_random(value, detector):
@@ -192,8 +190,11 @@ def find_secrets(text: str) -> list[Secret]:
             hashy = about_hashes(text) if hashy is None else hashy
             if hashy:
                 continue
-        for a, b in _spans_in_line(value, line, start):
-            found.append(Secret(a, b, number, detector))
+        view = views[number]
+        for a, b in value_spans(view.text, value, detector):
+            found.append(
+                Secret(start + view.original(a), start + view.original(b), number, detector)
+            )
     return found + private_keys(text)
 
 

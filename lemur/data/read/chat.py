@@ -1,11 +1,13 @@
 """Chat data: the ChatML renderer with loss spans, and the dataset schemas normalized to it.
 
 Every chat schema (a conversation per row: `ROW_SCHEMAS`; oasst1's message trees:
-`oasst1_messages`) becomes a list of `{"role": "system|user|assistant", "content": str}`
+`oasst1_messages`) becomes a list of `{"role": "system|user|assistant|tool", "content": str}`
 messages, checked by `check_messages`, and is rendered by `render_chatml` as
 `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message. The loss is taken on each
 assistant message's content and its `<|im_end|>` (not on the role header, not on the
-newline after the marker); the tokenizer maps character spans to token masks.
+newline after the marker); the tokenizer maps character spans to token masks. `tool` is
+an observation (execution output in a CodeAct-style trajectory: assistant code, its output,
+the assistant again): rendered like a user turn and, like it, never trained on.
 This module has no I/O: `chat_reader` reads the files.
 """
 
@@ -16,7 +18,7 @@ from typing import Any
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 Message = dict[str, str]
 
@@ -60,11 +62,23 @@ def render_chatml(messages: list[Message]) -> tuple[str, list[list[int]], list[i
     return "".join(parts), spans, ends
 
 
+def parse_chatml(text: str) -> list[Message]:
+    """The messages `render_chatml` rendered as `text` (exact: no content holds a marker,
+    `check_messages` refuses it), for a build that renders them with another template."""
+    out = []
+    for block in text.split(IM_START)[1:]:
+        role, _, rest = block.partition("\n")
+        content, _, _ = rest.rpartition(f"{IM_END}\n")
+        out.append({"role": role, "content": content})
+    return out
+
+
 def check_messages(messages: list[Message]) -> list[Message]:
     """`messages` if they can be trained on, else `ChatDrop` with the reason.
 
-    Accepted: an optional single leading system message, then user and assistant turns
-    alternating, starting with the user and ending with a non-empty assistant reply.
+    Accepted: an optional single leading system message, then input turns (user, or tool:
+    an observation) and assistant turns alternating, starting with the user and ending
+    with a non-empty assistant reply.
     Content holding a ChatML marker is refused: it would forge turns once tokenized.
     """
     turns = messages[1:] if messages and messages[0]["role"] == "system" else messages
@@ -76,7 +90,8 @@ def check_messages(messages: list[Message]) -> list[Message]:
         if IM_START in m["content"] or IM_END in m["content"]:
             raise ChatDrop(MARKER_IN_CONTENT)
     for i, m in enumerate(turns):
-        if m["role"] != ("user" if i % 2 == 0 else "assistant"):
+        expected = ("user",) if i == 0 else ("user", "tool") if i % 2 == 0 else ("assistant",)
+        if m["role"] not in expected:
             raise ChatDrop(NOT_ALTERNATING, f"turn {i} is {m['role']!r}")
         if m["role"] == "assistant" and not m["content"].strip():
             raise ChatDrop(EMPTY_ASSISTANT)
@@ -109,11 +124,18 @@ def from_messages(row: dict[str, Any]) -> list[Message]:
     ]
 
 
-SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
+# `observation` (LLaMA-Factory's ShareGPT) and `function` (a function's result) are tool turns.
+SHAREGPT_ROLES = {
+    "human": "user",
+    "gpt": "assistant",
+    "system": "system",
+    "observation": "tool",
+    "function": "tool",
+}
 
 
 def from_sharegpt(row: dict[str, Any]) -> list[Message]:
-    """ShareGPT: `{"conversations": [{"from": "human|gpt|system", "value"}]}`."""
+    """ShareGPT: `{"conversations": [{"from", "value"}]}`, `from` one of SHAREGPT_ROLES."""
     out = []
     for m in _list(row, "conversations"):
         speaker = _field(m, "from")
@@ -166,6 +188,7 @@ READY = "ready_for_export"
 TREE_NOT_READY = "chat:tree_not_ready"
 DELETED = "chat:deleted"
 LANGUAGE = "language"  # the reason `languages:` drops have in every source
+ORPHAN = "chat:orphan"  # `chat:orphan:<file>`: replies whose tree has no root in that file
 
 
 def group_oasst1(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, list]]:
@@ -179,6 +202,43 @@ def group_oasst1(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict
         else:
             replies.setdefault(str(parent), []).append(row)
     return roots, replies
+
+
+def orphan_reason(path: str) -> str:
+    """The drop reason of a group of replies whose tree's root is not in file `path`."""
+    return f"{ORPHAN}:{path}"
+
+
+def oasst1_orphans(rows: list[dict[str, Any]], replies: dict[str, list]) -> list[dict[str, Any]]:
+    """The first row of each group of rows that no root of the file reaches.
+
+    A group is a reply whose parent is not in the file (its tree's root is in another file)
+    with its replies in the file, or a loop of rows that are each other's parents. With the
+    trees of the roots, every row of the file is in exactly one tree or group.
+    """
+    ids = {str(row.get("message_id")) for row in rows if row.get("message_id") is not None}
+    seen: set[int] = set()
+
+    def reach(top: dict[str, Any]) -> None:
+        stack = [top]
+        while stack:
+            row = stack.pop()
+            if id(row) not in seen:
+                seen.add(id(row))
+                if row.get("message_id") is not None:
+                    stack += replies.get(str(row["message_id"]), ())
+
+    for row in rows:
+        if row.get("parent_id") is None:
+            reach(row)
+    tops = [r for r in rows if r.get("parent_id") is not None and str(r["parent_id"]) not in ids]
+    for row in tops:
+        reach(row)
+    for row in rows:  # what is left hangs from a loop: each loop is one group
+        if id(row) not in seen:
+            tops.append(row)
+            reach(row)
+    return tops
 
 
 def _best_reply(message: dict[str, Any], replies: dict[str, list]) -> dict[str, Any] | None:

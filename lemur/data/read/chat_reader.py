@@ -2,7 +2,9 @@
 
 Each row schema (`messages`, `sharegpt`, `openorca`, `alpaca`) gives one conversation per
 row. `oasst1` is a table of messages whose trees span rows, so each file is grouped whole
-(its rows' few fields held in memory): a tree split over two files is not joined up.
+(its rows' few fields held in memory): a tree split over two files is not joined up (a task
+reads whole files, each on its own); the replies whose root is in another file are counted
+per file as dropped conversations (`chat:orphan:<file>`), so no row goes uncounted.
 A conversation that cannot be trained on is counted as read and dropped under its reason
 (`dropped:<source>:chat:<reason>`); malformed lines are logged as by the jsonl reader.
 """
@@ -22,6 +24,8 @@ from lemur.data.read.chat import (
     group_oasst1,
     normalize_row,
     oasst1_messages,
+    oasst1_orphans,
+    orphan_reason,
     render_chatml,
 )
 from lemur.data.read.listing import InputFile
@@ -108,3 +112,6 @@ class ChatReader(BaseReader):
                 continue
             meta = self.row_metadata(root, source)
             yield self.chat_doc(f, messages, str(root["message_id"]), meta)
+        # Each group of replies no root here reaches: one conversation read and dropped.
+        for _ in oasst1_orphans(rows, replies):
+            self.drop(f, orphan_reason(f.rel))

@@ -1,0 +1,108 @@
+"""A pre-trained model folder, a lemur checkpoint or a Hugging Face folder, read either way.
+
+`model.init_from` and `lemur-convert` take both: a lemur checkpoint (`config.json` of
+LlamaConfig fields + orbax `params/`, lemur.model.checkpoint) or an HF folder
+(`config.json` + safetensors of a Llama, Qwen2 or Mistral model), converted on load with
+lemur.model.hf, one tensor at a time, as `lemur-eval` does.
+
+Tokenizers travel with the weights: an HF folder's tokenizer files (`HF_TOKENIZER_FILES`)
+are copied unchanged into a lemur checkpoint's `hf_tokenizer/`, and back out on export,
+so a continued pre-training round trip hands back the tokenizer and chat template it
+was given. A lemur checkpoint may also carry a SentencePiece `tokenizer.model` of its own
+(a lemur-built tokenizer, exported through lemur.model.hf_tokenizer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from lemur.model import checkpoint, hf
+from lemur.model.config import LlamaConfig, Params
+
+# What an HF folder holds beside the weights that tokenizes, renders chat or stops
+# generation (generation_config.json: its eos ids are the tokenizer's stop tokens).
+HF_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+)
+
+
+class PretrainedError(ValueError):
+    """A folder that is no model lemur can start from (one line, naming it)."""
+
+
+def kind(path: str | os.PathLike[str]) -> str:
+    """ "lemur" or "hf" by the files inside; PretrainedError otherwise."""
+    root = Path(path)
+    if (root / "config.json").is_file() and (root / "params").is_dir():
+        return "lemur"
+    if (root / "config.json").is_file() and any(
+        (root / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")
+    ):
+        return "hf"
+    raise PretrainedError(
+        f"{root}: neither a lemur checkpoint (config.json + params/) nor a Hugging Face "
+        "model folder (config.json + model.safetensors[.index.json])"
+    )
+
+
+def load_config(path: str | os.PathLike[str]) -> LlamaConfig:
+    """The model's LlamaConfig, from either kind of folder (PretrainedError naming it)."""
+    try:
+        if kind(path) == "lemur":
+            return checkpoint.load_config(path)
+        return hf.config_from_hf(json.loads((Path(path) / "config.json").read_text()))
+    except PretrainedError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise PretrainedError(f"{path}/config.json: {e}") from None
+
+
+def load_hf_params(path: str | os.PathLike[str], dtype: str = "float32") -> Params:
+    """Host (numpy) params of an HF folder in `dtype`, read one tensor at a time."""
+    with hf.open_hf_checkpoint(path) as (hf_config, get_tensor):
+        try:
+            config = hf.config_from_hf(hf_config)
+            return hf.params_from_hf(get_tensor, config, dtype)
+        except (ValueError, KeyError) as e:
+            raise PretrainedError(f"{path}: {e}") from None
+
+
+def tokenizer_files(path: str | os.PathLike[str]) -> dict[str, Path]:
+    """The HF tokenizer files the folder carries (name -> path): an HF folder's own, or
+    those a lemur checkpoint keeps in `hf_tokenizer/`."""
+    root = Path(path)
+    if (root / "params").is_dir():
+        root = root / checkpoint.HF_TOKENIZER_DIR
+    return {name: root / name for name in HF_TOKENIZER_FILES if (root / name).is_file()}
+
+
+def sentencepiece_model(path: str | os.PathLike[str]) -> Path | None:
+    """The SentencePiece model the folder carries (`tokenizer.model`), or None."""
+    candidate = Path(path) / checkpoint.TOKENIZER_FILE
+    return candidate if candidate.is_file() else None
+
+
+def hf_token_ids(files: dict[str, Path]) -> dict[str, int | list[int]]:
+    """bos/eos ids for an exported config.json, from the carried generation_config.json."""
+    if "generation_config.json" not in files:
+        return {}
+    try:
+        generation = json.loads(files["generation_config.json"].read_text())
+    except (OSError, ValueError):
+        return {}
+    return {
+        key: generation[key]
+        for key in ("bos_token_id", "eos_token_id")
+        if isinstance(generation.get(key), int | list)
+    }
