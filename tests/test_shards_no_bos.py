@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +24,8 @@ from lemur.train.windows import ShardSource
 
 
 @pytest.fixture(scope="module")
-def no_bos(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(shard directory, tokenizer folder): real code files, real help topics and 1,500 short
+def no_bos(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """(shard directory, its input texts): real code files, real help topics and 1,500 short
     documents (single lines of code), built with a Qwen2.5-like tokenizer.json (no BOS)."""
     root = tmp_path_factory.mktemp("no_bos")
     code = root / "code"
@@ -59,7 +61,7 @@ def no_bos(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         ],
     }
     build(recipe_from_dict(recipe))
-    return root / "out", folder
+    return root / "out", texts + [d["text"] for d in help_topics] + lines[:1500]
 
 
 def test_stats_and_verify_on_a_no_bos_directory(no_bos, tmp_path, capsys) -> None:
@@ -122,3 +124,24 @@ def test_no_bos_windows_start_each_document_at_its_first_text_token(no_bos, seq_
         starts_seen += len(new)
         crowded += len(new) >= 24  # the loader's vectorized path
     assert starts_seen > 100 and (crowded > 0 or seq_len < 512)
+
+
+def test_the_format_md_reading_example_reads_a_no_bos_directory(no_bos, tmp_path) -> None:
+    """docs/format.md's numpy + `tokenizers` reader gives back every document's text."""
+    out, inputs = no_bos
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "format.md").read_text()
+    block = doc.split("## Reading it with numpy")[1].split("```python\n")[1].split("```")[0]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "demo").symlink_to(out, target_is_directory=True)
+    namespace: dict = {}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        exec(compile(block, "docs/format.md", "exec"), namespace)  # noqa: S102
+    finally:
+        os.chdir(cwd)
+    manifest = json.loads((out / "manifest.json").read_text())
+    texts = namespace["texts"]
+    assert len(texts) == sum(s["documents"] for s in manifest["shards"])
+    expected = {unicodedata.normalize("NFC", t) for t in inputs}  # the tokenizer's NFC
+    assert [t for t in texts if t not in expected] == []
