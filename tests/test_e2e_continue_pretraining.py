@@ -160,6 +160,9 @@ def test_continue_pretraining_llama3_end_to_end(hf_folder: Path, tmp_path: Path)
     }
     argv = ["continue", *(x for k, v in sets.items() for x in ("--set", f"{k}={v}"))]
     assert train_cli.main(argv) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = {r["step"]: r["loss"] for r in records if "loss" in r}
+    assert sorted(losses) == [1, 2] and all(np.isfinite(v) for v in losses.values())
 
     lemur_dir, hf_out = tmp_path / "lemur", tmp_path / "out"
     assert convert.main(["from-run", str(run), str(lemur_dir)]) == 0
