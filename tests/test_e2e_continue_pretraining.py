@@ -123,24 +123,8 @@ def _hf_greedy(model, tok, prompt: str) -> tuple[list[int], list[int]]:
     return ids["input_ids"][0].tolist(), new[: new.index(EOS)] if EOS in new else new
 
 
-def test_continue_pretraining_llama3_end_to_end(hf_folder: Path, tmp_path: Path) -> None:
-    data = _build(
-        tmp_path,
-        hf_folder,
-        _code_and_text(tmp_path),
-        mix={"ratio": {"code": 2, "text": 1}},
-        val_fraction=0.1,
-    )
-    manifest = json.loads((data / "manifest.json").read_text())
-    tok = manifest["tokenizer"]
-    assert (manifest["dtype"], tok["kind"], tok["vocab_size"]) == (
-        "uint32",
-        "tokenizer.json",
-        128256,
-    )
-    assert (tok["bos_id"], tok["eos_id"]) == (BOS, EOS)
-
-    run = tmp_path / "run"
+def _train_two_steps(hf_folder: Path, data: Path, run: Path) -> Path:
+    """`lemur-train continue` from the HF folder: 2 steps of 2 x 64 tokens; the run dir."""
     sets = {
         "model.init_from": hf_folder,
         # fp32 without scan or remat: the shipped bf16/scan/remat step compiles 2x slower here.
@@ -163,6 +147,27 @@ def test_continue_pretraining_llama3_end_to_end(hf_folder: Path, tmp_path: Path)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     losses = {r["step"]: r["loss"] for r in records if "loss" in r}
     assert sorted(losses) == [1, 2] and all(np.isfinite(v) for v in losses.values())
+    return run
+
+
+def test_continue_pretraining_llama3_end_to_end(hf_folder: Path, tmp_path: Path) -> None:
+    data = _build(
+        tmp_path,
+        hf_folder,
+        _code_and_text(tmp_path),
+        mix={"ratio": {"code": 2, "text": 1}},
+        val_fraction=0.1,
+    )
+    manifest = json.loads((data / "manifest.json").read_text())
+    tok = manifest["tokenizer"]
+    assert (manifest["dtype"], tok["kind"], tok["vocab_size"]) == (
+        "uint32",
+        "tokenizer.json",
+        128256,
+    )
+    assert (tok["bos_id"], tok["eos_id"]) == (BOS, EOS)
+
+    run = _train_two_steps(hf_folder, data, tmp_path / "run")
 
     lemur_dir, hf_out = tmp_path / "lemur", tmp_path / "out"
     assert convert.main(["from-run", str(run), str(lemur_dir)]) == 0
