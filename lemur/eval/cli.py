@@ -266,6 +266,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "finish": c.finish,
             "prompt_tokens": c.prompt_tokens,
             "new_tokens": len(c.tokens),
+            "completion_ids": c.tokens,
         }
         for r, c in zip(rows, completions, strict=True)
     ]
