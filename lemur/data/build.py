@@ -303,8 +303,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     report("tokenizer", 1, 1)
     stage = partial(run_stage, recipe, report)
     # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.
-    tok_key = tokenizer_key(tok)
-    read_round = partial(_read_round, recipe, listing, tok_path, tok_key, report)
+    read_round = partial(_read_round, recipe, listing, tok_path, tokenizer_key(tok), report)
     reading, work, n_tasks, dd = read_sources(recipe, listing, read_round)
     key = work.name.removeprefix("tokens-")
     # The build's own directory: no file of it shares a path with the previous build's, so
