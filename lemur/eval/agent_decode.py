@@ -223,7 +223,7 @@ class TurnDecoder:
         token, length = np.zeros(B, np.int32), np.array([len(i) for i in self.ids], np.int32)
         for i, b in enumerate(rows):
             token[b], length[b] = first[i], len(prompts[i])
-            _update(states[i], [int(first[i])], gen, eos, self.tokenizer)
+            _update(states[i], [int(first[i])], gen, (eos,), self.tokenizer)
         self._ensure(int(length.max()) + chunks * gen.chunk + 1)
         token_B, length_B = jnp.asarray(token), jnp.asarray(length)
         while any(s.finish is None for s in states):
@@ -246,7 +246,7 @@ class TurnDecoder:
             for i, b in enumerate(rows):
                 if states[i].finish is None:
                     raw[i].extend(int(t) for t in new_BxT[b])
-                    _update(states[i], new_BxT[b], gen, eos, self.tokenizer)
+                    _update(states[i], new_BxT[b], gen, (eos,), self.tokenizer)
         lengths = np.asarray(length_B)
         for i, b in enumerate(rows):  # what the row's slots hold: the prompt, the fed tokens
             self.ids[b] = prompts[i] + raw[i][: int(lengths[b]) - len(prompts[i])]
