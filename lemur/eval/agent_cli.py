@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 
-def add_parsers(sub: Any, model_args: Any, gen_args: Any) -> None:
-    """The `agent` and `plot` subcommands (model and sampling arguments as the others')."""
+def add_parsers(sub: Any, model_args: Any, gen_args: Any, sandbox_args: Any) -> None:
+    """The `agent` and `plot` subcommands (model, sampling and sandbox arguments as the
+    others')."""
     ag = sub.add_parser("agent", help="multi-turn tasks with execution feedback (MINT-style)")
     model_args(ag)
     ag.add_argument("--tasks", default="humaneval", help="humaneval, or a JSONL file of tasks")
@@ -29,13 +30,7 @@ def add_parsers(sub: Any, model_args: Any, gen_args: Any) -> None:
         default="user",
         help="the role of feedback turns (user, as MINT; tool, as CodeAct data)",
     )
-    ag.add_argument("--timeout", type=float, default=10.0, help="seconds per code run")
-    ag.add_argument("--workers", type=int, default=None, help="code runs at once")
-    ag.add_argument(
-        "--allow-network",
-        action="store_true",
-        help="run generated code even where the network cannot be isolated",
-    )
+    sandbox_args(ag, "code run")
     ag.add_argument(
         "--no-cache-reuse",
         action="store_true",
@@ -75,19 +70,12 @@ def _agent_config(args: argparse.Namespace) -> Any:
 
 def cmd_agent(args: argparse.Namespace) -> int:
     """Run (or resume) the agent evaluation; write transcripts, summary and plot."""
-    from lemur.eval import agent, agent_report, agent_tasks, cli, sandbox
+    from lemur.eval import agent, agent_report, agent_tasks, cli
 
     if args.turns < 1:
         raise cli.UsageError(f"--turns must be >= 1, got {args.turns}")
     tasks = agent_tasks.load_agent_tasks(args.tasks)[: args.limit]
-    isolation = sandbox.probe()
-    for line in isolation.describe():
-        cli._say(f"sandbox {line}")
-    if not isolation.network and not args.allow_network:
-        raise cli.UsageError(
-            "refusing to run generated code: this machine cannot isolate the "
-            "network (no network namespaces); pass --allow-network to run anyway"
-        )
+    cli.probe_sandbox(args)
     config = _agent_config(args)
     model = cli._load(args, for_decoding=True)
     cli._need_tokenizer(args, model)

@@ -57,6 +57,33 @@ def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     )
 
 
+def sandbox_args(p: argparse.ArgumentParser, unit: str) -> None:
+    """The options of a command that runs generated code in the sandbox (`unit`: one run)."""
+    p.add_argument("--timeout", type=float, default=10.0, help=f"seconds per {unit}")
+    p.add_argument("--workers", type=int, default=None, help=f"{unit}s at once (default: CPUs)")
+    p.add_argument(
+        "--allow-network",
+        action="store_true",
+        help="run generated code even where the network cannot be isolated",
+    )
+
+
+def probe_sandbox(args: argparse.Namespace) -> Any:
+    """Probe the sandbox, say what it isolates, refuse without network isolation unless
+    --allow-network; the probe's Isolation."""
+    from lemur.eval import sandbox
+
+    isolation = sandbox.probe()
+    for line in isolation.describe():
+        _say(f"sandbox {line}")
+    if not isolation.network and not args.allow_network:
+        raise UsageError(
+            "refusing to run generated code: this machine cannot isolate the "
+            "network (no network namespaces); pass --allow-network to run anyway"
+        )
+    return isolation
+
+
 def _gen_args(p: argparse.ArgumentParser, max_new: int) -> None:
     """Sampling arguments."""
     p.add_argument("--max-new-tokens", type=int, default=max_new)
@@ -117,16 +144,10 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check the tasks' canonical solutions (no model): a harness self-test",
     )
-    he.add_argument("--timeout", type=float, default=10.0, help="seconds per check")
-    he.add_argument("--workers", type=int, default=None, help="checks run at once (default: CPUs)")
-    he.add_argument(
-        "--allow-network",
-        action="store_true",
-        help="run generated code even where the network cannot be isolated",
-    )
+    sandbox_args(he, "check")
     he.add_argument("--out", default="humaneval-results", help="samples.jsonl + summary.json")
     _gen_args(he, 512)
-    agent_cli.add_parsers(sub, _model_args, _gen_args)
+    agent_cli.add_parsers(sub, _model_args, _gen_args, sandbox_args)
     return top
 
 
@@ -323,14 +344,7 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
 
     tasks = humaneval.load_tasks(args.tasks) if args.tasks else humaneval.humaneval_tasks()
     tasks = tasks[: args.limit] if args.limit else tasks
-    isolation = sandbox.probe()
-    for line in isolation.describe():
-        _say(f"sandbox {line}")
-    if not isolation.network and not args.allow_network:
-        raise UsageError(
-            "refusing to run generated code: this machine cannot isolate the "
-            "network (no network namespaces); pass --allow-network to run anyway"
-        )
+    isolation = probe_sandbox(args)
     samples, notes = _humaneval_samples(args, tasks)
     limits = sandbox.Limits(timeout_s=args.timeout, cpu_s=max(1, int(args.timeout)))
     records = humaneval.check(
