@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -192,7 +193,12 @@ def test_memory_without_a_cgroup_is_split_between_processes() -> None:
 
 
 @needs["filesystem"]
-def test_writes_outside_the_workdir_are_contained(tmp_path: Path) -> None:
+def test_writes_outside_the_workdir_are_contained(tmp_path: Path, monkeypatch) -> None:
+    # The runs' workdirs go to a directory of this test's own, so that sandbox runs of other
+    # tests in parallel workers are not taken for workdirs this test left behind.
+    own_tmp = Path(tempfile.mkdtemp(prefix="lemur-test-sandbox-"))
+    own_tmp.chmod(0o711)  # the run's uid traverses it, as it does /tmp
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
     token = uuid.uuid4().hex[:12]
     host_targets = [
         tmp_path / "escape.txt",
@@ -210,10 +216,11 @@ def test_writes_outside_the_workdir_are_contained(tmp_path: Path) -> None:
             _one(f"    open({str(target)!r}, 'w').write('escaped')\n    return 1\n")
         left = [t for t in host_targets[:3] + scratch_targets if t.exists()]
         assert not left
-        assert not list(Path("/tmp").glob("lemur-sandbox-*/work"))  # workdirs removed
+        assert not list(own_tmp.glob("lemur-sandbox-*/work"))  # workdirs removed
     finally:
         for target in host_targets[:3] + scratch_targets:
             target.unlink(missing_ok=True)
+        shutil.rmtree(own_tmp, ignore_errors=True)
 
 
 BOMB = """\
