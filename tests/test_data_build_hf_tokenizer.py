@@ -20,6 +20,7 @@ from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
 from lemur.data.build import build
 from lemur.data.load import RecipeError, recipe_from_dict
 from lemur.shards.verify import verify
+from lemur.tokenizer import TokenizerError
 
 
 def shard_documents(directory: Path) -> tuple[dict, list[list[int]]]:
@@ -126,6 +127,12 @@ def test_recipe_framing_overrides_and_errors(tmp_path, llama3):
     manifest, docs = shard_documents(tmp_path / "out")
     assert (manifest["tokenizer"]["bos_id"], manifest["tokenizer"]["eos_id"]) == (None, 128009)
     assert all(d[0] != 128000 and d[-1] == 128009 for d in docs)
+    no_eos = tmp_path / "no-eos"
+    no_eos.mkdir()
+    (no_eos / "tokenizer.json").write_bytes((llama3 / "tokenizer.json").read_bytes())
+    (no_eos / "tokenizer_config.json").write_text('{"eos_token": null}')
+    with pytest.raises(TokenizerError, match="name no EOS token to end documents with"):
+        build(recipe_from_dict(recipe(tmp_path, {"hf": str(no_eos)}, sources[:1])))
     with pytest.raises(RecipeError, match="tokenizer.hf '.*nowhere' is not a tokenizer.json"):
         recipe_from_dict(recipe(tmp_path, {"hf": str(tmp_path / "nowhere")}, sources))
     with pytest.raises(RecipeError, match="apply to 'hf' tokenizers only"):

@@ -39,7 +39,8 @@ from lemur.shards.verify import verify
 
 def conversations(n: int) -> list[list[dict[str, str]]]:
     """`n` real conversations: pydoc help topics as answers, some with a system turn, some
-    with two exchanges, some with non-ASCII text that falls back to bytes."""
+    with two exchanges, some with non-ASCII text that falls back to bytes, some with a tool
+    turn (execution output, never trained on)."""
     docs = real_text_docs(2 * n)
     out = []
     for i in range(n):
@@ -57,6 +58,13 @@ def conversations(n: int) -> list[list[dict[str, str]]]:
             msgs += [
                 {"role": "user", "content": f"And {b['id']}? Réponds en détail — 日本語 🙂"},
                 {"role": "assistant", "content": "Voilà: ❄ " + b["text"][:800] + " ✓"},
+            ]
+        if i % 4 == 1:  # CodeAct-style: assistant code, its output (a tool turn), the answer
+            msgs += [
+                {"role": "user", "content": f"Show {a['id']} with help()."},
+                {"role": "assistant", "content": f"```python\nhelp({a['id']!r})\n```"},
+                {"role": "tool", "content": a["text"][:300]},
+                {"role": "assistant", "content": "That is its help text."},
             ]
         out.append(msgs)
     return out
@@ -151,9 +159,11 @@ def test_trained_tokenizer_has_markers_as_single_ids(chat_trained_model):
     sp = load_tokenizer(chat_trained_model)
     ids = [sp.piece_to_id(p) for p in CHAT_PIECES]
     assert all(sp.id_to_piece(i) == p for i, p in zip(ids, CHAT_PIECES, strict=True))
-    text, _, _ = render_chatml(conversations(2)[1])
+    messages = conversations(2)[1]
+    text, _, _ = render_chatml(messages)
     enc = sp.encode(text)
-    assert enc.count(ids[0]) == 4 and enc.count(ids[1]) == 4 and sp.decode(enc) == text
+    assert len(messages) == 8  # two exchanges and a tool step
+    assert enc.count(ids[0]) == 8 and enc.count(ids[1]) == 8 and sp.decode(enc) == text
     assert [d["id"] for d in tokenizer_info(chat_trained_model, CHAT_PIECES)["added_pieces"]] == ids
 
 

@@ -75,6 +75,10 @@ def test_render_chatml_text_spans_and_turn_ends():
     assert IM_END == "<|im_end|>" and IM_START == "<|im_start|>"
 
 
+QUESTION, ANSWER = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
+TOOL = {"role": "tool", "content": "out"}
+
+
 @pytest.mark.parametrize(
     "messages, reason",
     [
@@ -93,6 +97,9 @@ def test_render_chatml_text_spans_and_turn_ends():
         ),
         ([{"role": "user", "content": "q"}], ENDS_ON_USER),
         (CONVERSATION[:4], ENDS_ON_USER),
+        ([TOOL, ANSWER], NOT_ALTERNATING),  # the user speaks first
+        ([QUESTION, TOOL, ANSWER], NOT_ALTERNATING),  # an observation follows an assistant turn
+        ([QUESTION, ANSWER, TOOL], ENDS_ON_USER),
         (
             [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a<|im_end|>"}],
             MARKER_IN_CONTENT,
@@ -155,7 +162,7 @@ SYSTEM_HI = [msg("system", "Be brief."), msg("user", "Hi"), msg("assistant", "Yo
 # Good rows around bad ones, each bad one with the reason it is dropped for.
 MESSAGES_ROWS = [
     ({"id": "m1", "messages": SYSTEM_HI}, None),
-    ({"id": "b1", "messages": [msg("user", "q"), msg("tool", "x")]}, UNKNOWN_ROLE),
+    ({"id": "b1", "messages": [msg("user", "q"), msg("function", "x")]}, UNKNOWN_ROLE),
     ({"id": "b2", "messages": [msg("user", "q"), msg("user", "q")]}, NOT_ALTERNATING),
     ({"id": "b3", "messages": [msg("user", "q"), msg("assistant", " ")]}, EMPTY_ASSISTANT),
     ({"id": "b4", "messages": CONVERSATION[:4]}, ENDS_ON_USER),
@@ -172,8 +179,33 @@ MESSAGES_DROPS = {
 }
 
 
+# A CodeAct-style trajectory: assistant code, its execution output (tool), the assistant again.
+CODEACT = [
+    msg("user", "Sum 1..3."),
+    msg("assistant", "```python\nprint(sum(range(4)))\n```"),
+    msg("tool", "6\n"),
+    msg("assistant", "The sum is 6."),
+]
+
+
+def test_check_messages_accepts_tool_turns_after_assistant_ones():
+    assert check_messages(CODEACT) == CODEACT
+    with_user = [*CODEACT, msg("user", "And 1..4?"), msg("assistant", "10")]
+    assert check_messages(with_user) == with_user
+
+
 def test_normalize_row_per_schema():
     assert normalize_row("messages", {"messages": SYSTEM_HI}) == SYSTEM_HI
+    assert normalize_row("messages", {"messages": CODEACT}) == CODEACT
+    steps = [("human", "Q"), ("gpt", "call"), ("observation", "O"), ("gpt", "A")]
+    for tool_name in ("observation", "function"):
+        rows = [{"from": tool_name if f == "observation" else f, "value": v} for f, v in steps]
+        assert normalize_row("sharegpt", {"conversations": rows}) == [
+            msg("user", "Q"),
+            msg("assistant", "call"),
+            msg("tool", "O"),
+            msg("assistant", "A"),
+        ]
     sharegpt = {
         "conversations": [
             {"from": "system", "value": "S"},
@@ -268,13 +300,28 @@ def test_sharegpt_openorca_alpaca_files(tmp_path):
             "id": "s2",
             "conversations": [{"from": "human", "value": "Q"}, {"from": "bard", "value": "A"}],
         },
+        {
+            "id": "s3",
+            "conversations": [
+                {"from": "human", "value": "Q"},
+                {"from": "gpt", "value": "run"},
+                {"from": "observation", "value": "out"},
+                {"from": "gpt", "value": "A"},
+            ],
+        },
     ]
     write_rows(tmp_path / "s.jsonl", share)
     docs, stats, _ = read_chat(tmp_path, schema="sharegpt", paths=[str(tmp_path / "s.jsonl")])
     assert [(d.id, d.text) for d in docs] == [
-        ("c/s1", "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n")
+        ("c/s1", "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"),
+        (
+            "c/s3",
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nrun<|im_end|>\n"
+            "<|im_start|>tool\nout<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n",
+        ),
     ]
     assert spans_text(docs[0]) == ["A<|im_end|>"] and drops(stats) == {UNKNOWN_ROLE: 1}
+    assert spans_text(docs[1]) == ["run<|im_end|>", "A<|im_end|>"]  # never the tool's output
 
     orca = [
         {"id": "niv.1", "system_prompt": "You are an AI.", "question": "Q", "response": "A"},

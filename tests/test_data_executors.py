@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import stat
 import sys
 from functools import partial
@@ -47,19 +49,27 @@ def recipe(tmp: Path, out: str, executor: dict) -> dict:
 
 
 def test_ray_build_equals_local_build(tmp_path):
+    from loguru import logger
+
     ray = pytest.importorskip("ray")
     local = build(
         recipe_from_dict(recipe(tmp_path, "local", {"kind": "local", "tasks": 4, "workers": 2}))
     )
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ran: dict[str, dict] = {}
+    warnings: list[str] = []
+    sink = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING")
     try:
+        # `address: local`: a private instance, whatever Ray cluster this machine runs
+        executor = {"kind": "ray", "tasks": 4, "workers": 2, "address": "local"}
         remote = build(
-            recipe_from_dict(recipe(tmp_path, "ray", {"kind": "ray", "tasks": 4, "workers": 2})),
+            recipe_from_dict(recipe(tmp_path, "ray", executor)),
             report=partial(record_global_stages, tmp_path / "ray", ran),
         )
     finally:
-        ray.shutdown()
+        logger.remove(sink)
+    assert not ray.is_initialized()  # the build closed the instance it started
+    # one host, a local output: no warning (datatrove's was printed once per stage)
+    assert [w for w in warnings if "filesystem" in w] == []
     assert [s["sha256"] for s in remote["shards"]] == [s["sha256"] for s in local["shards"]]
     for a, b in zip(local["shards"], remote["shards"], strict=True):  # byte for byte
         assert (tmp_path / "local" / a["file"]).read_bytes() == (
@@ -71,7 +81,7 @@ def test_ray_build_equals_local_build(tmp_path):
     n_shards = len([s for s in remote["shards"] if s["split"] == "train"])
     assert set(ran) == {"buckets", "cluster", "prep", "scatter", "gather"}
     for stage, seen in ran.items():
-        assert "nodes_per_task" in seen["executor"], stage  # a RayPipelineExecutor
+        assert seen["executor"]["retries"] == 1, stage  # our Ray executor
         assert seen["executor"]["world_size"] == seen["completed"] == seen["task_logs"], stage
     assert ran["buckets"]["completed"] == len(bucket_tasks(DedupConfig())) == 26  # near on
     assert ran["cluster"]["completed"] == 1
@@ -135,7 +145,7 @@ def test_slurm_generates_an_array_job(tmp_path, monkeypatch):
         "#SBATCH --partition=cpu",
         "#SBATCH --time=04:00:00",
         "#SBATCH --cpus-per-task=2",
-        "#SBATCH --mem-per-cpu=3G",
+        "#SBATCH --mem-per-cpu=3072M",
         "#SBATCH --job-name=lemur-test",
         "#SBATCH --array=0-63%16",
         "#SBATCH --account=proj42",
@@ -174,9 +184,9 @@ def test_slurm_runs_every_global_stage_as_array_jobs(tmp_path, monkeypatch):
     for n, (name, (step, tasks)) in enumerate(stages.items()):
         executor = make_executor(r.executor, [step], tasks, tmp_path / name / "logs")
         executor.run()
-        script = (tmp_path / f"submitted-{2 * n}.sh").read_text()  # (then a stats merge job)
+        script = (tmp_path / f"submitted-{n}.sh").read_text()  # one job per stage
         assert f"#SBATCH --array=0-{tasks - 1}%16" in script
-        assert "#SBATCH --mem-per-cpu=3G" in script and "source /opt/venv/bin/activate" in script
+        assert "#SBATCH --mem-per-cpu=3072M" in script and "source /opt/venv/bin/activate" in script
         # what every array task of the stage unpickles and runs: this step, as configured
         with open(tmp_path / name / "logs" / "executor.pik", "rb") as fh:
             pickled = dill.load(fh).pipeline[0]
@@ -196,22 +206,171 @@ def test_slurm_needs_partition_and_time(tmp_path):
         recipe_from_dict(recipe(tmp_path, "s", {"kind": "slurm", "tasks": 2}))
 
 
+def stand_in(tmp_path: Path, monkeypatch, name: str, body: str) -> Path:
+    """Put on PATH a command `name` running the Python `body`; it appends its argv to
+    `<name>.calls` (one JSON list a line)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / f"{name}.calls"
+    cmd = bin_dir / name
+    cmd.write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"open({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n{body}\n"
+    )
+    cmd.chmod(cmd.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def ticks():
+    """A clock that moves one second each time it is read."""
+    return itertools.count(step=1.0).__next__
+
+
 def test_waiting_for_slurm_fails_when_the_array_stops_short(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from lemur.data.build import BuildError, wait_for_slurm
+    from lemur.data.run.slurm_cluster import wait_for_slurm
+    from lemur.data.run.stage import StageError
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    squeue = bin_dir / "squeue"
-    squeue.write_text(f"#!{sys.executable}\n")  # the job is no longer queued: prints nothing
-    squeue.chmod(squeue.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    done = tmp_path / "logs" / "completions"
-    done.mkdir(parents=True)
-    (done / "00000").touch()
-    job = SimpleNamespace(job_id="77")
-    with pytest.raises(BuildError, match="slurm job 77 ended with 1 of 2 tasks unfinished"):
-        wait_for_slurm(job, tmp_path, 2, lambda *a: None, poll=0)
-    (done / "00001").touch()
-    wait_for_slurm(job, tmp_path, 2, lambda *a: None, poll=0)  # all done: returns
+    stand_in(tmp_path, monkeypatch, "squeue", "")  # the job is no longer queued: no output
+    logs = tmp_path / "logs"
+    (logs / "completions").mkdir(parents=True)
+    (logs / "completions" / "00000").touch()
+    (logs / "ranks_to_run.json").write_text("[0, 1]")
+    (logs / "slurm_logs").mkdir()
+    (logs / "slurm_logs" / "77_1.out").write_text(  # what srun -l printed for a dead task
+        "Starting data processing job lemur-data\n+ export PYTHONUNBUFFERED=TRUE\n"
+        "+ srun -l -n 1 launch_pickled_pipeline /x/executor.pik\n"
+        "0: WARNING: a harmless warning\n"
+        "slurmstepd: error: execve(): launch_pickled_pipeline: No such file or directory\n"
+        "srun: error: localhost: task 0: Exited with exit code 2\n"
+    )
+    job = SimpleNamespace(
+        job_ids=["77"], job_id="77", max_array_size=1001, slurm_logs_folder=str(logs / "slurm_logs")
+    )
+    with pytest.raises(StageError) as e:
+        wait_for_slurm(job, tmp_path, 2, lambda *a: None, sleep=lambda s: None, clock=ticks())
+    assert str(e.value) == (
+        "tokenize stage: slurm job 77 ended with 1 of 2 tasks unfinished; task 1: "
+        "slurmstepd: error: execve(): launch_pickled_pipeline: No such file or directory "
+        f"({logs / 'slurm_logs' / '77_1.out'}); rerun to resubmit only those"
+    )
+    (logs / "completions" / "00001").touch()
+    wait_for_slurm(
+        job, tmp_path, 2, lambda *a: None, sleep=lambda s: None, clock=ticks()
+    )  # all done
+
+
+def test_waiting_for_slurm_sees_a_finished_stage_at_once_and_backs_off_squeue(
+    tmp_path, monkeypatch
+):
+    """Virtual time: the stage's markers appear at t=2 s and the job leaves the queue at
+    t=600 s. The wait must end by t=2.5 s (it polled every 30 s), and a 600 s stage must
+    cost a few dozen squeue calls, not one per marker look."""
+    from types import SimpleNamespace
+
+    from lemur.data.run.slurm_cluster import wait_for_slurm
+
+    now = [0.0]
+    state = tmp_path / "queued"
+    state.write_text("1")
+    calls = stand_in(
+        tmp_path,
+        monkeypatch,
+        "squeue",
+        f"print('77_0' if open({str(state)!r}).read() == '1' else '')",
+    )
+    logs = tmp_path / "logs" / "completions"
+    logs.mkdir(parents=True)
+
+    def sleep(seconds: float, finish_at: float) -> None:
+        now[0] += seconds
+        if now[0] >= finish_at:
+            for rank in range(2):
+                (logs / f"{rank:05d}").touch()
+            state.write_text("0")
+
+    job = SimpleNamespace(job_ids=["77"], job_id="77", max_array_size=1001)
+    wait_for_slurm(
+        job, tmp_path, 2, lambda *a: None, sleep=lambda s: sleep(s, 2.0), clock=lambda: now[0]
+    )
+    assert now[0] <= 2.5
+    for marker in logs.iterdir():
+        marker.unlink()
+    state.write_text("1")
+    calls.write_text("")
+    now[0] = 0.0
+    wait_for_slurm(
+        job, tmp_path, 2, lambda *a: None, sleep=lambda s: sleep(s, 600.0), clock=lambda: now[0]
+    )
+    assert len(calls.read_text().splitlines()) <= 30
+
+
+def test_slurm_memory_in_megabytes_and_the_recipes_qos(tmp_path, monkeypatch):
+    stand_in_sbatch(tmp_path, monkeypatch)
+    settings = {**SLURM, "mem_per_cpu_gb": 0.5, "sbatch_args": {"qos": "high", "account": "p"}}
+    r = recipe_from_dict(recipe(tmp_path, "slurm", settings))
+    make_executor(r.executor, [lambda data, rank, world_size: None], 4, tmp_path / "logs").run()
+    script = (tmp_path / "submitted-0.sh").read_text()
+    assert "#SBATCH --mem-per-cpu=512M" in script  # was --mem-per-cpu=0G: the whole node
+    assert "#SBATCH --qos=high" in script and "--qos=normal" not in script
+    assert not (tmp_path / "submitted-1.sh").exists()  # no merge_stats job left to hang
+
+
+def test_slurm_tasks_run_the_interpreter_running_the_build(tmp_path, monkeypatch):
+    stand_in_sbatch(tmp_path, monkeypatch)
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
+    settings = {k: v for k, v in SLURM.items() if k != "venv_path"}
+    r = recipe_from_dict(recipe(tmp_path, "slurm", settings))
+    make_executor(r.executor, [lambda data, rank, world_size: None], 4, tmp_path / "logs").run()
+    script = (tmp_path / "submitted-0.sh").read_text()
+    # the venv running pytest (no `activate` in a plain interpreter: its bin/ on PATH)
+    activate = Path(sys.prefix) / "bin" / "activate"
+    line = (
+        f"source {activate}"
+        if activate.is_file()
+        else f'export PATH={Path(sys.executable).parent}:"$PATH"'
+    )
+    assert line in script
+    assert (Path(sys.prefix) / "bin" / "launch_pickled_pipeline").is_file()
+
+
+def test_ray_warns_only_for_other_hosts_writing_to_a_node_local_path(tmp_path):
+    from lemur.data.run.ray_cluster import filesystem_type, node_local_problem
+
+    out = tmp_path / "out"
+    assert node_local_problem({"10.0.0.1"}, "10.0.0.1", out, "ext4") == ""  # one host
+    assert node_local_problem({"10.0.0.1", "10.0.0.2"}, "10.0.0.1", out, "nfs4") == ""
+    warning = node_local_problem({"10.0.0.1", "10.0.0.2"}, "10.0.0.1", out, "ext4")
+    assert warning.startswith(f"ray: {out} is on a node-local filesystem (ext4)")
+    assert "10.0.0.2" in warning and "\n" not in warning
+    assert filesystem_type(Path("/proc/self")) == "proc"
+
+
+@pytest.mark.parametrize(
+    "executor, message",
+    [
+        ({"kind": "local", "address": "auto"}, "executor.address is for kind ray, not local"),
+        ({"kind": "ray", "address": "ray cluster"}, "is not `local`, `auto` or host:port"),
+        ({"kind": "ray", "retries": -1}, "executor.retries must be >= 0"),
+        ({"kind": "ray", "time": "1 hour"}, "executor.time '1 hour' is not a Slurm time"),
+        (
+            {"kind": "slurm", "partition": "p", "time": "1:00:00", "mem_per_cpu_gb": 0},
+            "mem_per_cpu_gb > 0",
+        ),
+    ],
+)
+def test_bad_executor_settings_are_named(tmp_path, executor, message):
+    with pytest.raises(RecipeError, match=re.escape(message)):
+        recipe_from_dict(recipe(tmp_path, "bad", executor))
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("30", 1800), ("10:05", 605), ("04:00:00", 14400), ("1-2", 93600), ("1-02:30:05", 95405)],
+)
+def test_slurm_time_formats(text, seconds):
+    from lemur.data.run.settings import time_seconds
+
+    assert time_seconds(text) == seconds

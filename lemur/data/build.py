@@ -17,7 +17,6 @@ import contextlib
 import errno
 import hashlib
 import json
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -46,17 +45,18 @@ from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
 from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
-from lemur.data.run.executors import make_executor
 from lemur.data.run.lock import DirectoryLock, LockedError
-from lemur.data.tokenize.chat import ChatEncoder
+from lemur.data.run.stage import StageError, executor_session, run_tasks
 from lemur.data.tokenize.prepare import (
     build_tokenizer_info,
     copy_tokenizer_files,
     open_build_tokenizer,
     prepare_tokenizer,
     sample_texts,
+    tokenizer_key,
 )
 from lemur.data.tokenize.step import TokenizeWriter
+from lemur.data.tokenize.template_chat import chat_step, uses_template
 from lemur.shards.check import check_structure
 from lemur.shards.commit import commit
 from lemur.shards.format import (
@@ -70,7 +70,6 @@ from lemur.shards.format import (
 )
 from lemur.tokenizer import is_tokenizer_json
 
-_FULL = (errno.ENOSPC, errno.EDQUOT)
 WORK_VERSION = 2  # 2: records carry mix language families
 __all__ = ["BuildError", "build", "make_filters", "prepare_tokenizer", "sample_texts"]
 Reporter = Callable[[str, int, int], None]  # (stage, done, total)
@@ -90,69 +89,6 @@ def _stat(path: str) -> tuple[int, int]:
         return st.st_size, st.st_mtime_ns
     except OSError:
         return -1, -1
-
-
-def _tasks_done(work: Path) -> int:
-    """Tasks of a stage (logging under `work/logs`) with a datatrove completion marker."""
-    done_dir = work / "logs" / "completions"
-    return len(list(done_dir.glob("*"))) if done_dir.is_dir() else 0
-
-
-def _run_executor(
-    executor: Any, work: Path, n_tasks: int, report: Reporter, stage: str = "tokenize"
-) -> None:
-    """Run a datatrove executor in a thread while reporting finished tasks."""
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            executor.run()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            failure.append(e)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    while thread.is_alive():
-        report(stage, _tasks_done(work), n_tasks)
-        thread.join(0.5)
-    report(stage, _tasks_done(work), n_tasks)
-    if failure and isinstance(failure[0], OSError) and failure[0].errno in _FULL:
-        raise failure[0]  # build() turns it into its one-line "no space left" error
-    if failure:
-        raise BuildError(f"{stage} stage failed: {failure[0]} (task logs: {work / 'logs'})")
-
-
-def wait_for_slurm(
-    executor: Any,
-    work: Path,
-    n_tasks: int,
-    report: Reporter,
-    poll: float = 30,
-    stage: str = "tokenize",
-) -> None:
-    """Wait until a submitted Slurm array finishes every task, or fail if it stops short."""
-    import subprocess
-
-    while True:
-        done = _tasks_done(work)
-        report(stage, done, n_tasks)
-        if done >= n_tasks:
-            return
-        job = getattr(executor, "job_id", None)
-        try:
-            queued = subprocess.run(
-                ["squeue", "-h", "-j", str(job)], capture_output=True, text=True, timeout=60
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            queued = None  # squeue unavailable for now: keep waiting on completion markers
-        if job and queued is not None and queued.returncode == 0 and not queued.stdout.strip():
-            done = _tasks_done(work)  # markers written just before the job left the queue
-            if done < n_tasks:
-                raise BuildError(
-                    f"slurm job {job} ended with {n_tasks - done} of {n_tasks} tasks unfinished "
-                    f"(logs: {work / 'logs'}); rerun to resubmit only those"
-                )
-        time.sleep(poll)
 
 
 def make_filters(recipe: Recipe) -> list[LemurFilter]:
@@ -187,12 +123,13 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
     return filters
 
 
-def framing(recipe: Recipe, tok_path: Path) -> tuple[tuple[int | None, int] | None, str]:
-    """(BOS/EOS ids, engine) the tokenize tasks use: a tokenizer.json's from the recipe."""
+def framing(recipe: Recipe, tok_path: Path) -> tuple[tuple[int | None, int] | None, str, bool]:
+    """(BOS/EOS ids, engine, chat template?) the tokenize tasks use: a tokenizer.json's from
+    the recipe; a chat template frames its documents itself."""
     if not is_tokenizer_json(tok_path):
-        return None, "auto"
+        return None, "auto", False
     tok = open_build_tokenizer(recipe, tok_path)
-    return (tok.bos_id, tok.eos_id), tok.engine
+    return (tok.bos_id, tok.eos_id), tok.engine, uses_template(recipe)
 
 
 def tokenize_stage(
@@ -212,11 +149,7 @@ def tokenize_stage(
             else []
         ),
         # Chat: encode once, mask and cut before signing, so dedup sees what is trained on.
-        *(
-            [ChatEncoder(str(tok_path), recipe.seq_len, recipe.chat_settings().long, batch)]
-            if chat
-            else []
-        ),
+        *([chat_step(recipe, str(tok_path), batch)] if chat else []),
         *(
             [DedupSigner(recipe.dedup, str(work / "tokens"), tuple(recipe.domains()))]
             if recipe.dedup.exact or recipe.dedup.near
@@ -239,10 +172,10 @@ def run_stage(
     recipe: Recipe, report: Reporter, pipeline: list, work: Path, tasks: int, stage: str
 ) -> None:
     """Run `tasks` tasks of a pipeline on the recipe's executor (logs under `work/logs`)."""
-    executor = make_executor(recipe.executor, pipeline, tasks, work / "logs")
-    _run_executor(executor, work, tasks, report, stage)
-    if recipe.executor.kind == "slurm":
-        wait_for_slurm(executor, work, tasks, report, stage=stage)
+    try:
+        run_tasks(recipe.executor, pipeline, work, tasks, stage, report)
+    except StageError as e:
+        raise BuildError(str(e)) from None
 
 
 def inputs_sha256(inputs: list[InputFile]) -> str:
@@ -340,7 +273,7 @@ def build(
     out.mkdir(parents=True, exist_ok=True)
     work = recipe.work_root()
     try:
-        with DirectoryLock(out), _work_lock(work, out):
+        with DirectoryLock(out), _work_lock(work, out), executor_session(recipe.executor):
             return _build_locked(recipe, out, report, force, plan_only, on_plan)
     except (LockedError, ShuffleError) as e:
         raise BuildError(str(e)) from None
@@ -379,10 +312,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     report("tokenizer", 1, 1)
     stage = partial(run_stage, recipe, report)
     # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.
-    tok_key = (
-        tok["sha256"] if "kind" not in tok else f"{tok['sha256']}:{tok['bos_id']}:{tok['eos_id']}"
-    )
-    read_round = partial(_read_round, recipe, listing, tok_path, tok_key, report)
+    read_round = partial(_read_round, recipe, listing, tok_path, tokenizer_key(tok), report)
     reading, work, n_tasks, dd = read_sources(recipe, listing, read_round)
     key = work.name.removeprefix("tokens-")
     # The build's own directory: no file of it shares a path with the previous build's, so
@@ -413,6 +343,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "dtype": dtype_name(token_dtype(tok["vocab_size"])),
         "seq_len": recipe.seq_len,
         "tokenizer": {"file": f"{prefix}/{tok_file}", **tok},
+        **({"framing": "template"} if uses_template(recipe) else {}),  # no BOS/EOS added
         "stats": f"{prefix}/stats.json",
         "shards": packed["shards"],
         "mix": packed["mix"],

@@ -248,12 +248,20 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         if not 256 < args.vocab_size <= 2**32:
             _die(f"--vocab-size {args.vocab_size}: must be > 256 and <= 2^32")
         config = TokenizerTrainConfig(**{**config.__dict__, "vocab_size": args.vocab_size})
-    target = _tokenizer_out(args.out)
+    byte_bpe = config.kind == "byte-bpe"  # a folder: tokenizer.json + tokenizer_config.json
+    target = Path(args.out).expanduser() if byte_bpe else _tokenizer_out(args.out)
     inputs = list_inputs(recipe).files
     try:
         texts = sample_texts(recipe, inputs, config.sample_bytes)
-        out = train_tokenizer(texts, config, target)
-        info = tokenizer_info(out)
+        if byte_bpe:
+            from lemur.data.tokenize.byte_bpe import train_byte_bpe
+            from lemur.tokenizer import open_tokenizer
+
+            out = train_byte_bpe(texts, config, target)
+            info = open_tokenizer(out).info()
+        else:
+            out = train_tokenizer(texts, config, target)
+            info = tokenizer_info(out)
     except TokenizerSettingsError as e:
         _die(str(e))
     except TokenizerError as e:
@@ -338,7 +346,9 @@ def parser() -> argparse.ArgumentParser:
     tsub = t.add_subparsers(dest="tokenizer_command", required=True)
     tt = tsub.add_parser("train", help="train a SentencePiece model on a recipe's sources")
     recipe_args(tt)
-    tt.add_argument("--out", required=True, help="where to write tokenizer.model")
+    tt.add_argument(
+        "--out", required=True, help="where to write tokenizer.model (byte-bpe: a folder)"
+    )
     tt.add_argument("--vocab-size", type=int, default=None)
     tt.set_defaults(func=cmd_tokenizer_train)
 

@@ -16,7 +16,6 @@ from lemur.data.recipe import (
     CHAT_DOMAIN,
     CHAT_LONG,
     CHAT_SCHEMAS,
-    EXECUTORS,
     FORMATS,
     PII_KINDS,
     SOURCE_PRESETS,
@@ -27,6 +26,7 @@ from lemur.data.recipe import (
     SourceConfig,
     TokenizerTrainConfig,
 )
+from lemur.data.run.settings import check_executor
 from lemur.typed_yaml import TypedLoader
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -256,19 +256,7 @@ def _validate_sizes(recipe: Recipe) -> None:
 
 
 def _validate_executor_and_tokenizer(recipe: Recipe, check_paths: bool) -> None:
-    ex = recipe.executor
-    if ex.kind not in EXECUTORS:
-        raise RecipeError(f"recipe: executor.kind {ex.kind!r} is not one of {', '.join(EXECUTORS)}")
-    if ex.tasks < 1 or ex.workers < 1:
-        raise RecipeError("recipe: executor.tasks and executor.workers must be >= 1")
-    if ex.split_bytes < 0:
-        raise RecipeError(
-            f"recipe: executor.split_bytes must be >= 0 (0: never split), got {ex.split_bytes}"
-        )
-    if ex.kind == "slurm" and (not ex.partition or not ex.time):
-        raise RecipeError("recipe: executor.kind slurm needs executor.partition and executor.time")
-    if ex.kind == "slurm" and not float(ex.mem_per_cpu_gb).is_integer():
-        raise RecipeError("recipe: executor.mem_per_cpu_gb must be a whole number for slurm")
+    check_executor(recipe.executor)
     tok = recipe.tokenizer
     model = Path(tok.model).expanduser() if tok.model is not None else None
     if model is not None and check_paths and not model.is_file():

@@ -14,6 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# Re-exported: the recipe's sections are imported from here.
+from lemur.data.recipe_errors import RecipeError as RecipeError
+from lemur.data.recipe_tokenizer import TOKENIZER_ENGINES as TOKENIZER_ENGINES
+from lemur.data.recipe_tokenizer import TokenizerConfig
+from lemur.data.recipe_tokenizer import TokenizerTrainConfig as TokenizerTrainConfig
+
 FORMATS = ("jsonl", "parquet", "files", "chat")
 # `format: chat` row layouts, each normalized to `messages` (lemur/data/read/chat.py).
 CHAT_SCHEMAS = ("messages", "sharegpt", "oasst1", "openorca", "alpaca")
@@ -36,10 +42,6 @@ SOURCE_PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 EXECUTORS = ("local", "ray", "slurm")
-
-
-class RecipeError(ValueError):
-    """A recipe that cannot be built; the message names the offending key."""
 
 
 @dataclass(frozen=True)
@@ -184,59 +186,6 @@ class FineWebConfig:
 
 
 @dataclass(frozen=True)
-class TokenizerTrainConfig:
-    """Train a tokenizer on a sample of the corpus: a SentencePiece BPE model with Llama-2's
-    conventions (`kind: sentencepiece`, the default), or a byte-level BPE tokenizer.json
-    with Llama-3's pre-tokenizer (`kind: byte-bpe`; the SentencePiece settings below do
-    not apply to it)."""
-
-    kind: str | None = None  # None: sentencepiece (unset keeps older recipes' hashes)
-    vocab_size: int = 32000
-    sample_bytes: int = 200_000_000
-    character_coverage: float = 0.9999
-    max_sentence_length: int = 16384
-    input_sentence_size: int = 2_000_000
-
-
-TOKENIZER_ENGINES = ("auto", "tiktoken", "tokenizers")
-
-
-@dataclass(frozen=True)
-class TokenizerConfig:
-    """An existing SentencePiece model (`model`: a file, or a shard directory whose
-    tokenizer is taken), a Hugging Face `tokenizer.json` (`hf`: the file or a model folder
-    holding it), or training settings (`train`).
-
-    For `hf` only: `bos`/`eos` name the tokens a document is framed with (default: the
-    folder's `bos_token`/`eos_token`), `no_bos` frames without a BOS, `engine` picks the
-    encoder (`auto`: tiktoken where its ids are exact, else `tokenizers`).
-    """
-
-    model: str | None = None
-    hf: str | None = None
-    train: TokenizerTrainConfig | None = None
-    bos: str | None = None
-    eos: str | None = None
-    # None (not False / "auto") when unset, so that older recipes keep their hashes.
-    no_bos: bool | None = None
-    engine: str | None = None
-
-    def __post_init__(self) -> None:
-        if sum(x is not None for x in (self.model, self.hf, self.train)) != 1:
-            raise RecipeError("recipe: tokenizer: give exactly one of 'model', 'hf' or 'train'")
-        hf_only = (self.bos, self.eos, self.no_bos, self.engine)
-        if self.hf is None and any(x is not None for x in hf_only):
-            raise RecipeError(
-                "recipe: tokenizer: bos, eos, no_bos and engine apply to 'hf' tokenizers only"
-            )
-        if self.engine is not None and self.engine not in TOKENIZER_ENGINES:
-            raise RecipeError(
-                f"recipe: tokenizer.engine {self.engine!r} is not one of "
-                f"{', '.join(TOKENIZER_ENGINES)}"
-            )
-
-
-@dataclass(frozen=True)
 class MixConfig:
     """Token budgets: the code:text ratio after filtering, an optional total and shares."""
 
@@ -274,14 +223,22 @@ class ChatConfig:
 
 @dataclass(frozen=True)
 class ExecutorConfig:
-    """Where the per-file stages run: `local` (tasks x workers), `ray` or `slurm`."""
+    """Where the stages' tasks run: `local` (tasks x workers), `ray` or `slurm`.
+
+    Every key, with an example per engine, is in docs/scale.md.
+    """
 
     kind: str = "local"
     tasks: int = 4
     workers: int = 2
     cpus_per_task: int = 1
     mem_per_cpu_gb: float = 2.0
+    # Ray: `local` (a private instance), `auto` or `host:port`; unset: $RAY_ADDRESS, else local.
+    address: str | None = None
+    # Ray: a task whose process or node is lost is run again this many times, then fails.
+    retries: int = 1
     partition: str | None = None
+    # Slurm's time limit of an array task; Ray: a task still running after it fails.
     time: str | None = None
     job_name: str = "lemur-data"
     sbatch_args: dict[str, str] | None = None

@@ -100,6 +100,9 @@ def compute_stats(directory: str | Path) -> dict[str, Any]:
         "dtype": manifest["dtype"],
         "seq_len": manifest["seq_len"],
         "vocab_size": manifest["tokenizer"]["vocab_size"],
+        "tokenizer": {
+            k: manifest["tokenizer"].get(k) for k in ("kind", "engine", "bos_id", "eos_id")
+        },
         "splits": dict(splits),
         "groups": extra.get("groups", []),
         "lengths": lengths,
@@ -256,13 +259,23 @@ def _print_counts(console: Any, counts: dict[str, Any]) -> None:
         console.print(t)
 
 
+def framing(tokenizer: dict[str, Any]) -> str:
+    """How a document is framed and who encoded it, from the manifest's tokenizer entry:
+    `BOS 1 + doc + EOS 2`, or `doc + EOS 151643 (no BOS)` (Qwen2.5)."""
+    bos, eos = tokenizer.get("bos_id"), tokenizer.get("eos_id")
+    frame = f"doc + EOS {eos} (no BOS)" if bos is None else f"BOS {bos} + doc + EOS {eos}"
+    engine = tokenizer.get("engine")
+    return f"{frame}, {engine}" if engine else frame
+
+
 def print_stats(stats: dict[str, Any]) -> None:
     """Render the stats as rich tables on the terminal."""
     from rich.console import Console
 
     console = Console()
     t = table(
-        f"{stats['directory']}  ({stats['dtype']}, vocab {stats['vocab_size']})",
+        f"{stats['directory']}  ({stats['dtype']}, vocab {stats['vocab_size']}; "
+        f"{framing(stats.get('tokenizer', {}))})",
         ["split/domain", "shards", "documents", "tokens"],
     )
     for k, v in sorted(stats["splits"].items()):
@@ -292,7 +305,7 @@ def write_plots(stats: dict[str, Any], directory: str | Path, shard_dir: str | P
             bins = np.logspace(np.log10(max(a.min(), 1)), np.log10(a.max() + 1), 50)
             ax.hist(a, bins=bins, histtype="step", label=f"{k} ({len(a):,} docs)")
     ax.set_xscale("log")
-    ax.set_xlabel("document length (tokens, incl. <s> </s>)")
+    ax.set_xlabel("document length (tokens, BOS/EOS included)")
     ax.set_ylabel("documents")
     ax.legend()
     ax.set_title("Document length distribution")

@@ -1,4 +1,5 @@
-"""Evaluation (`lemur-eval`): bits per byte, generation with a KV cache, HumanEval in a sandbox.
+"""Evaluation (`lemur-eval`): bits per byte, generation with a KV cache, HumanEval in a sandbox,
+multi-turn agent tasks with execution feedback.
 
 | module | what it holds |
 |---|---|
@@ -6,6 +7,11 @@
 | `generate` | `GenerationConfig`, `generate` / `generate_ids` (batched, stop strings) |
 | `sampling` | `Sampling`, `sample`: greedy, temperature, top-k, top-p |
 | `humaneval` | `Task`, `humaneval_tasks`, `load_tasks`, `check`, `pass_at_k`, `summarize` |
+| `agent` | `run_agent`, `AgentConfig`, `ModelReplies`: multi-turn tasks with execution feedback |
+| `agent_tasks` | `load_agent_tasks` (HumanEval, MBPP shapes), `extract_code`, `execute` |
+| `agent_decode` | `TurnDecoder`: batched turns with each conversation's KV cache kept |
+| `agent_report` | `summarize` (success rate by turn), `plot` |
+| `agent_cli` | the `agent` and `plot` subcommands |
 | `sandbox` | `run_python`, `Limits`, `probe` (what this machine can contain) |
 | `jail` | the script that enters the sandbox before exec (run by path, stdlib only) |
 | `cgroups` | a run's pids and memory cgroups (v1 or v2) |

@@ -4,6 +4,8 @@
     lemur-eval generate CHECKPOINT (--prompt TEXT ... | --prompts FILE.jsonl) [--chat]
     lemur-eval humaneval CHECKPOINT [--n 1 --k 1 --temperature 0] [--tasks FILE.jsonl]
     lemur-eval humaneval --canonical          # the harness on the reference solutions
+    lemur-eval agent CHECKPOINT --tasks humaneval|FILE --turns K --feedback exec|binary|none
+    lemur-eval plot RUN_DIR... --out success.png   # agent runs' success rate by turn
 
 CHECKPOINT is a lemur-train run directory (its latest checkpoint, or --step), one orbax
 step of a run, a lemur model checkpoint (config.json + params/) or a Hugging Face Llama
@@ -19,7 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-USAGE = "lemur-eval {bpb,generate,humaneval} ... (lemur-eval COMMAND --help)"
+from lemur.eval import agent_cli
+from lemur.eval.prompts_file import PromptsError, read_prompts
+
+USAGE = "lemur-eval {bpb,generate,humaneval,agent,plot} ... (lemur-eval COMMAND --help)"
 
 
 class UsageError(Exception):
@@ -121,6 +126,7 @@ def parser() -> argparse.ArgumentParser:
     )
     he.add_argument("--out", default="humaneval-results", help="samples.jsonl + summary.json")
     _gen_args(he, 512)
+    agent_cli.add_parsers(sub, _model_args, _gen_args)
     return top
 
 
@@ -235,51 +241,14 @@ def cmd_bpb(args: argparse.Namespace) -> int:
     return 0
 
 
-def _messages(value: Any) -> bool:
-    """Whether `value` is a list of {"role": str, "content": str} messages (a chat prompt)."""
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(
-            isinstance(m, dict)
-            and set(m) == {"role", "content"}
-            and all(isinstance(v, str) for v in m.values())
-            for m in value
-        )
-    )
-
-
-def _read_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Prompt records from --prompt and --prompts (each a dict with "prompt", or with --chat
-    "messages": the conversation so far)."""
-    rows = [{"prompt": p} for p in args.prompt]
-    if args.prompts:
-        for i, line in enumerate(Path(args.prompts).read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{args.prompts}:{i}: not JSON ({e.msg})") from None
-            if args.chat and isinstance(row, dict) and "messages" in row:
-                if not _messages(row["messages"]) or "prompt" in row:
-                    raise UsageError(
-                        f'{args.prompts}:{i}: "messages" must be a non-empty list of '
-                        '{"role": str, "content": str} (and no "prompt" beside it)'
-                    )
-            elif not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-                raise UsageError(f'{args.prompts}:{i}: needs a string "prompt"')
-            rows.append(row)
-    if not rows:
-        raise UsageError("no prompts: give --prompt TEXT or --prompts FILE.jsonl")
-    return rows
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     """Complete prompts; print them or write JSONL."""
     from lemur.eval.generate import generate
 
-    rows = _read_prompts(args)
+    try:
+        rows = read_prompts(args.prompt, args.prompts, args.chat)
+    except PromptsError as e:
+        raise UsageError(str(e)) from None
     model = _load(args, for_decoding=True)
     _need_tokenizer(args, model)
     completions = generate(
@@ -297,6 +266,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "finish": c.finish,
             "prompt_tokens": c.prompt_tokens,
             "new_tokens": len(c.tokens),
+            "completion_ids": c.tokens,
         }
         for r, c in zip(rows, completions, strict=True)
     ]
@@ -382,7 +352,13 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"bpb": cmd_bpb, "generate": cmd_generate, "humaneval": cmd_humaneval}
+COMMANDS = {
+    "bpb": cmd_bpb,
+    "generate": cmd_generate,
+    "humaneval": cmd_humaneval,
+    "agent": agent_cli.cmd_agent,
+    "plot": agent_cli.cmd_plot,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -28,13 +28,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from lemur.chatml import IM_END as CHATML_END
-from lemur.chatml import IM_START as CHATML_START
+from lemur.chatml import IM_START as CHATML_START  # noqa: F401 - re-exported
+from lemur.eval.chat_prompt import (  # noqa: F401 - chat_prompt re-exported
+    ChatPrompt,
+    chat_prompt,
+    chat_prompt_ids,
+    model_template,
+)
 from lemur.eval.sampling import Sampling, sample
 from lemur.model import decode
 from lemur.model.config import LlamaConfig, Params
-
-# A chat prompt: one user turn, or the conversation so far ({"role", "content"} messages).
-ChatPrompt = str | Sequence[Mapping[str, str]]
 
 
 class Tokenizer(Protocol):
@@ -157,9 +160,7 @@ def _start(
     return token_B, key, cache
 
 
-@functools.partial(
-    jax.jit, static_argnames=("config", "sampling", "steps", "eos_id"), donate_argnums=1
-)
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "steps"), donate_argnums=1)
 def _continue(
     params: Params,
     cache: decode.KVCache,
@@ -168,20 +169,21 @@ def _continue(
     pad_B: jax.Array,
     key: jax.Array,
     done_B: jax.Array,
+    eos_ids: jax.Array,
     *,
     config: LlamaConfig,
     sampling: Sampling,
     steps: int,
-    eos_id: int,
 ) -> tuple[Any, ...]:
-    """`steps` decode steps: feed token_B at `slot`, sample, repeat. Done rows emit eos_id."""
+    """`steps` decode steps: feed token_B at `slot`, sample, repeat. A row is done once it
+    emits one of `eos_ids`; done rows emit the first."""
 
     def body(carry: tuple[Any, ...], _: None) -> tuple[tuple[Any, ...], jax.Array]:
         cache, token_B, slot, key, done_B = carry
         logits_BxV, cache = decode.decode_step(params, token_B, slot, pad_B, cache, config)
         key, sub = jax.random.split(key)
-        done_B = done_B | (token_B == eos_id)
-        next_B = jnp.where(done_B, eos_id, sample(logits_BxV, sub, sampling))
+        done_B = done_B | jnp.isin(token_B, eos_ids)
+        next_B = jnp.where(done_B, eos_ids[0], sample(logits_BxV, sub, sampling))
         return (cache, next_B, slot + 1, key, done_B), next_B
 
     carry, out_TxB = jax.lax.scan(body, (cache, token_B, slot, key, done_B), None, length=steps)
@@ -220,13 +222,18 @@ def _find_stop(text: str, stop: Sequence[str]) -> int:
 
 
 def _update(
-    row: _Row, new: Sequence[int], gen: GenerationConfig, eos_id: int, tokenizer: Tokenizer | None
+    row: _Row,
+    new: Sequence[int],
+    gen: GenerationConfig,
+    eos_ids: tuple[int, ...],
+    tokenizer: Tokenizer | None,
 ) -> None:
     """Append a chunk's tokens to a row; cut and set `finish` at eos, a stop string or length."""
     before = len(row.tokens)
     row.tokens.extend(int(t) for t in new)
-    if gen.stop_at_eos and eos_id in row.tokens[before:]:
-        row.tokens = row.tokens[: row.tokens.index(eos_id, before)]
+    ends = [k for k in range(before, len(row.tokens)) if row.tokens[k] in eos_ids]
+    if gen.stop_at_eos and ends:
+        row.tokens = row.tokens[: ends[0]]
         row.finish = "eos"
     if len(row.tokens) >= gen.max_new_tokens:
         row.tokens, row.finish = row.tokens[: gen.max_new_tokens], row.finish or "length"
@@ -249,7 +256,7 @@ def _run_batch(
     config: LlamaConfig,
     rows: list[_Row],
     gen: GenerationConfig,
-    eos_id: int,
+    eos_ids: tuple[int, ...],
     key: jax.Array,
     tokenizer: Tokenizer | None,
 ) -> None:
@@ -261,7 +268,7 @@ def _run_batch(
     token_B, key, cache = _start(params, rows, P, S, key, config, gen.sampling)
     first_B = np.asarray(token_B)
     for b, r in enumerate(rows):
-        _update(r, [first_B[b]], gen, eos_id, tokenizer)
+        _update(r, [first_B[b]], gen, eos_ids, tokenizer)
     slot = jnp.asarray(P, jnp.int32)
     while any(r.finish is None for r in rows):
         done_B = np.array([r.finish is not None for r in rows])
@@ -273,15 +280,16 @@ def _run_batch(
             pad_B,
             key,
             done_B,
+            # Traced and padded to a fixed size: a new set of ids compiles nothing new.
+            np.pad(np.asarray(eos_ids, np.int32), (0, max(0, 4 - len(eos_ids))), mode="edge"),
             config=config,
             sampling=gen.sampling,
             steps=gen.chunk,
-            eos_id=eos_id,
         )
         new_BxT = np.asarray(new_BxT)
         for b, r in enumerate(rows):
             if r.finish is None:
-                _update(r, new_BxT[b], gen, eos_id, tokenizer)
+                _update(r, new_BxT[b], gen, eos_ids, tokenizer)
 
 
 def generate_ids(
@@ -290,14 +298,15 @@ def generate_ids(
     prompts: Sequence[Sequence[int]],
     gen: GenerationConfig,
     *,
-    eos_id: int | None = None,
+    eos_id: int | Sequence[int] | None = None,
     tokenizer: Tokenizer | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Completion]:
     """Complete token-id prompts (each already holding its <s>), in the given order.
 
     Prompts are sorted by length and batched `gen.batch_size` at a time, so rows of a batch
-    need little padding. `eos_id` None never stops at eos. Stop strings need `tokenizer`.
+    need little padding. A row ends at `eos_id` (or any of several ids: a chat model's EOS
+    and end of turn); None never stops at eos. Stop strings need `tokenizer`.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
@@ -307,6 +316,7 @@ def generate_ids(
         raise ValueError("stop strings need a tokenizer")
     if eos_id is None:
         gen = dataclasses.replace(gen, stop_at_eos=False)
+    eos_ids = (-1,) if eos_id is None else tuple(np.atleast_1d(eos_id).astype(int).tolist())
     params = decode.split_layers(params)  # a no-op for split params
     rows = [_Row(prompt=[int(t) for t in p]) for p in prompts]
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i].prompt))
@@ -318,37 +328,13 @@ def generate_ids(
             config,
             batch,
             gen,
-            -1 if eos_id is None else eos_id,
+            eos_ids,
             jax.random.fold_in(base, n),
             tokenizer,
         )
         if progress is not None:
             progress(min(start + gen.batch_size, len(order)), len(order))
     return [Completion(len(r.prompt), r.tokens, r.text, r.finish or "length") for r in rows]
-
-
-def chat_prompt(tokenizer: Tokenizer, prompt: ChatPrompt, system: str | None = None) -> str:
-    """ChatML text of `prompt` (a user turn, or messages) ending where the assistant's answer
-    starts; refuses a tokenizer without the ChatML pieces."""
-    missing = [p for p in (CHATML_START, CHATML_END) if tokenizer.piece_id(p) is None]
-    if missing:
-        raise ValueError(
-            f"the tokenizer has no {' / '.join(missing)} piece (--chat needs "
-            "a ChatML tokenizer, e.g. one a Lemur-Chat build extended)"
-        )
-    if isinstance(prompt, str):
-        prompt = [{"role": "user", "content": prompt}]
-    turns = ([{"role": "system", "content": system}] if system else []) + list(prompt)
-    text = "".join(f"{CHATML_START}{m['role']}\n{m['content']}{CHATML_END}\n" for m in turns)
-    return text + f"{CHATML_START}assistant\n"
-
-
-def chat_prompt_ids(
-    tokenizer: Tokenizer, prompt: ChatPrompt, system: str | None = None
-) -> list[int]:
-    """`<s>` + the ids of `chat_prompt`: what the exported tokenizer's chat template gives
-    with `add_generation_prompt=True`, and the start of the build's ids of the conversation."""
-    return [tokenizer.bos_id, *tokenizer.encode_chat(chat_prompt(tokenizer, prompt, system))]
 
 
 def generate(
@@ -361,15 +347,21 @@ def generate(
     chat: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Completion]:
-    """Complete text prompts (<s> prepended), or with `chat` ChatML prompts: user turns or
-    conversations so far (`chat_prompt_ids`)."""
+    """Complete text prompts (<s> prepended), or with `chat` chat prompts: user turns or
+    conversations so far (`chat_prompt_ids`), ending at the model's EOS or end of turn
+    (`<|im_end|>` for ChatML, the template's own for a tokenizer.json model)."""
+    eos: int | tuple[int, ...] = tokenizer.eos_id
     if chat:
         ids = [chat_prompt_ids(tokenizer, p) for p in prompts]
-        gen = dataclasses.replace(gen, stop=(*gen.stop, CHATML_END))
+        template = model_template(tokenizer)
+        if template is None:
+            gen = dataclasses.replace(gen, stop=(*gen.stop, CHATML_END))
+        else:
+            eos = template.stop_ids()
     else:
         # A model that frames documents without BOS (Qwen2.5) gets none in prompts either.
         head = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
         ids = [[*head, *tokenizer.encode(str(p))] for p in prompts]
     return generate_ids(
-        params, config, ids, gen, eos_id=tokenizer.eos_id, tokenizer=tokenizer, progress=progress
+        params, config, ids, gen, eos_id=eos, tokenizer=tokenizer, progress=progress
     )

@@ -13,7 +13,12 @@ Everything here is shape-polymorphic in nothing: callers pick P and the cache le
 from a few buckets (lemur.eval.generate), so a prefill compiles once per (B, P, S) and a
 decode step once per (B, S), whatever the prompt and output lengths.
 
-Shape letters as in llama.py, plus P prompt slots and S cache slots.
+`extend` lays a batch out the other way, for conversations that grow turn by turn
+(lemur.eval.agent_decode): row b's tokens fill its own slots 0 .. length[b]-1 with rotary
+position = slot, and new tokens (a turn's prompt, or one decoded token) are written at each
+row's own length, so rows of different lengths grow with no padding between turns.
+
+Shape letters as in llama.py, plus P prompt slots, S cache slots and T new tokens per row.
 """
 
 from __future__ import annotations
@@ -185,5 +190,77 @@ def decode_step(
         ks[i], vs[i] = _write(ks[i], k_Bx1xGxK, slot), _write(vs[i], v_Bx1xGxK, slot)
         o_Bx1xHxK = cached_attention(q_Bx1xHxK, ks[i], vs[i], visible_BxS)
         x_Bx1xD = mlp_residual(attention_residual(x_Bx1xD, o_Bx1xHxK, layer, config), layer, config)
+    x_Bx1xD = rms_norm(x_Bx1xD, params["final_norm"], config.norm_eps)
+    return output_head(params, x_Bx1xD, config)[:, 0], KVCache(tuple(ks), tuple(vs))
+
+
+# Conversations: a row's tokens stay in its own slots 0 .. length-1 across turns.
+
+
+def _write_rows(cache_BxGxSxK: jax.Array, new_BxTxGxK: jax.Array, start_B: jax.Array) -> jax.Array:
+    """The cache with row b's `new` written at slots start[b] .. start[b] + T - 1."""
+    zero = jnp.zeros((), jnp.int32)
+    new_BxGxTxK = jnp.swapaxes(new_BxTxGxK, 1, 2).astype(cache_BxGxSxK.dtype)
+    return jax.vmap(lambda c, n, s: jax.lax.dynamic_update_slice(c, n, (zero, s, zero)))(
+        cache_BxGxSxK, new_BxGxTxK, start_B.astype(jnp.int32)
+    )
+
+
+def rows_attention(
+    q_BxTxHxK: jax.Array, k_BxGxSxK: jax.Array, v_BxGxSxK: jax.Array, visible_BxTxS: jax.Array
+) -> jax.Array:
+    """T queries per row against the cache: `cached_attention` (same numerics) for T >= 1."""
+    B, T, H, K = q_BxTxHxK.shape
+    G = k_BxGxSxK.shape[1]
+    q_BxTxGxRxK = q_BxTxHxK.reshape(B, T, G, H // G, K)
+    logits_BxGxRxTxS = jnp.einsum(
+        "btgrk,bgsk->bgrts", q_BxTxGxRxK, k_BxGxSxK, preferred_element_type=jnp.float32
+    ) * jnp.float32(K**-0.5)
+    large_negative = jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max))
+    visible = visible_BxTxS[:, None, None, :, :]
+    logits_BxGxRxTxS = jnp.where(visible, logits_BxGxRxTxS, large_negative)
+    probs_BxGxRxTxS = jax.nn.softmax(logits_BxGxRxTxS, axis=-1).astype(v_BxGxSxK.dtype)
+    o_BxTxGxRxK = jnp.einsum("bgrts,bgsk->btgrk", probs_BxGxRxTxS, v_BxGxSxK)
+    return o_BxTxGxRxK.reshape(B, T, H, K)
+
+
+def extend(
+    params: Params,
+    tokens_BxT: jax.Array,
+    start_B: jax.Array,
+    last_B: jax.Array,
+    cache: KVCache,
+    config: LlamaConfig,
+) -> tuple[jax.Array, KVCache]:
+    """Append T tokens per row at that row's own slots start[b] .. start[b] + T - 1: fp32
+    logits B x V of each row's token `last[b]`, and the cache.
+
+    Unlike `prefill`/`decode_step` (rows left-padded to end on one shared slot), a row's
+    tokens sit in its slots 0 .. length-1 with rotary position = slot, so rows of different
+    lengths grow independently: a conversation appends its next turn where it stopped, with
+    no padding between turns. A row's query at slot p sees slots 0 .. p. Rows are
+    right-padded: tokens after a row's real ones land after its end, where no query of it
+    looks, and its next tokens overwrite them. Every start[b] + T must be <= S. T = 1 is
+    one decode step at per-row slots.
+    """
+    B, T = tokens_BxT.shape
+    positions_BxT = start_B[:, None].astype(jnp.int32) + jnp.arange(T, dtype=jnp.int32)[None, :]
+    cos_BxTxK2, sin_BxTxK2 = rope_angles(positions_BxT, rope_inv_freq(config))
+    slot_S = jnp.arange(cache.length, dtype=jnp.int32)
+    visible_BxTxS = slot_S[None, None, :] <= positions_BxT[:, :, None]
+    x_BxTxD = embed_tokens(params, tokens_BxT, config)
+    ks, vs = list(cache.k), list(cache.v)
+    for i, layer in enumerate(_layers(params, config)):
+        q_BxTxHxK, k_BxTxGxK, v_BxTxGxK = attention_qkv(
+            x_BxTxD, layer, config, cos_BxTxK2, sin_BxTxK2
+        )
+        ks[i], vs[i] = (
+            _write_rows(ks[i], k_BxTxGxK, start_B),
+            _write_rows(vs[i], v_BxTxGxK, start_B),
+        )
+        o_BxTxHxK = rows_attention(q_BxTxHxK, ks[i], vs[i], visible_BxTxS)
+        x_BxTxD = mlp_residual(attention_residual(x_BxTxD, o_BxTxHxK, layer, config), layer, config)
+    # The head over one token per row: T times less of the largest matmul.
+    x_Bx1xD = jnp.take_along_axis(x_BxTxD, last_B.astype(jnp.int32)[:, None, None], axis=1)
     x_Bx1xD = rms_norm(x_Bx1xD, params["final_norm"], config.norm_eps)
     return output_head(params, x_Bx1xD, config)[:, 0], KVCache(tuple(ks), tuple(vs))

@@ -75,6 +75,8 @@ def manifest_problems(manifest: dict[str, Any], path: Path) -> list[str]:
         found.append(f"shards must be a list, got {_short(shards)}")
     else:
         found += [_field_problem(s, SHARD_FIELDS, f"shards[{i}]") for i, s in enumerate(shards)]
+    if manifest.get("framing", "template") != "template":
+        found.append(f'framing must be "template" or absent, got {_short(manifest["framing"])}')
     for key in ("mix", "counts"):
         if not isinstance(manifest.get(key, {}), dict):
             found.append(f"{key} must be a mapping, got {_short(manifest[key])}")
@@ -103,8 +105,9 @@ def _check_tokens(path: Path, dtype: np.dtype, vocab: int, expected_sha: str) ->
     return f"{path}: {bad_id}" if bad_id else None
 
 
-def _check_mask(root: Path, shard: dict[str, Any], ends: np.ndarray) -> str | None:
-    """A shard's loss mask (its size already checked): sha256, 0/1 values, 0 at `<s>`/`</s>`."""
+def _check_mask(root: Path, shard: dict[str, Any], ends: np.ndarray, framed: bool) -> str | None:
+    """A shard's loss mask (its size already checked): sha256, 0/1 values, and with
+    `framed` documents 0 at `<s>`/`</s>` (a chat template's end of turn is trained on)."""
     path = root / shard["mask"]
     if not isinstance(shard.get("mask_sha256"), str):
         return f"{path}: the manifest gives no mask_sha256 for it"
@@ -115,7 +118,7 @@ def _check_mask(root: Path, shard: dict[str, Any], ends: np.ndarray) -> str | No
     mask = np.memmap(path, dtype=MASK_DTYPE, mode="r")
     if int(mask.max()) > 1:
         return f"{path}: a mask value is not 0 or 1"
-    if len(ends):
+    if len(ends) and framed:
         starts = np.concatenate(([0], ends[:-1]))
         if np.any(mask[starts] != 0) or np.any(mask[ends - 1] != 0):
             return f"{path}: the loss mask is 1 at a document's <s> or </s>"
@@ -128,7 +131,8 @@ def verify_shard(root: Path, shard: dict[str, Any], manifest: dict[str, Any]) ->
     The structure (files present, sizes, a strictly increasing index ending at the token
     count) is `structure_problem`'s, the same rules the trainer checks at start-up; on a
     sound structure, verify adds what needs every byte: checksums, token ids below the
-    vocabulary, `<s> ... </s>` framing and the loss mask's values.
+    vocabulary, `<s> ... </s>` framing (not for documents a chat template framed, manifest
+    `"framing": "template"`) and the loss mask's values.
     """
     dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
     tok = manifest["tokenizer"]
@@ -141,7 +145,8 @@ def verify_shard(root: Path, shard: dict[str, Any], manifest: dict[str, Any]) ->
     if bad:
         problems.append(bad)
     ends = np.fromfile(idx_path, dtype=INDEX_DTYPE).astype(np.int64)
-    if not problems and len(ends):
+    framed = manifest.get("framing") != "template"
+    if not problems and len(ends) and framed:
         tokens = np.memmap(bin_path, dtype=dtype, mode="r")
         starts = np.concatenate(([0], ends[:-1]))
         bos, eos = tok["bos_id"], tok["eos_id"]
@@ -150,7 +155,7 @@ def verify_shard(root: Path, shard: dict[str, Any], manifest: dict[str, Any]) ->
         elif bos is not None and (np.any(tokens[starts] != bos) or np.any(tokens[ends - 1] != eos)):
             problems.append(f"{idx_path}: a document does not start with <s> and end with </s>")
         del tokens
-    if "mask" in shard and (bad_mask := _check_mask(root, shard, ends)):
+    if "mask" in shard and (bad_mask := _check_mask(root, shard, ends, framed)):
         problems.append(bad_mask)
     return problems
 

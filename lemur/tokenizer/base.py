@@ -24,7 +24,7 @@ class Tokenizer(Protocol):
     engine: str  # what encodes: "sentencepiece", "tiktoken" or "tokenizers"
     vocab_size: int  # every id, added tokens included
     bos_id: int | None  # None: the model frames documents without a BOS (Qwen2.5)
-    eos_id: int
+    eos_id: int | None  # None only for a tokenizer.json whose files name no EOS
     sha256: str  # of the model file
 
     def encode(self, text: str) -> list[int]:

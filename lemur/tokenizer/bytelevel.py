@@ -132,7 +132,7 @@ class ByteLevelTokenizer:
         self.reference = _reference(str(files.path), files.sha256)
         self.vocab_size = int(self.reference.get_vocab_size(with_added_tokens=True))
         self.bos_id = self._special_id(files.bos) if files.bos else None
-        self.eos_id = self._special_id(files.eos)
+        self.eos_id = self._special_id(files.eos) if files.eos else None
         self._tiktoken: Any = None
         self.engine_reason = "asked for in the recipe" if engine == "tokenizers" else ""
         if engine != "tokenizers":

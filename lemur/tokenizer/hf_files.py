@@ -32,7 +32,7 @@ class HFTokenizerFiles:
     sha256: str
     config: dict[str, Any]  # tokenizer_config.json merged over special_tokens_map.json
     bos: str | None
-    eos: str
+    eos: str | None  # None: the files name none (a build must be told: `tokenizer.eos`)
 
     @property
     def added(self) -> dict[str, dict[str, Any]]:
@@ -105,8 +105,6 @@ def read_hf_tokenizer(
     added = {t.get("content") for t in data.get("added_tokens", [])}
     bos_token = None if no_bos else (bos or _configured(config, "bos_token", BOS_NAMES, added))
     eos_token = eos or _configured(config, "eos_token", EOS_NAMES, added)
-    if eos_token is None:
-        raise TokenizerError(f"{file}: no EOS token: set tokenizer.eos in the recipe")
     return HFTokenizerFiles(
         path=file,
         data=data,

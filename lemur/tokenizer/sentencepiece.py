@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Sequence
@@ -34,7 +35,11 @@ class SentencePieceTokenizer:
         self.bos_id: int | None = bos if bos >= 0 else None
         if self.eos_id < 0:
             raise TokenizerError(f"{self.path}: the model has no </s> id")
-        self.sha256 = hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """sha256 of the model file, computed on first use (start-up hashes each file once)."""
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text` (no `<s>`/`</s>`; a literal `<s>` is text)."""

@@ -104,11 +104,8 @@ class Trainer(Inputs, Resume):
         self.reporter = Reporter(config.steps, 0, enabled=self.is_main, bar=config.log.progress)
         self.resumed_window: list[float] = []
         self.flops_per_token = flops_per_token(self.model, L)
-        self.peak_flops = (
-            1e12
-            * jax.device_count()
-            * peak_tflops_per_device(config.log.peak_tflops, self.model.compute_dtype)
-        )
+        peak = peak_tflops_per_device(config.log.peak_tflops, self.model.compute_dtype)
+        self.peak_flops = 1e12 * jax.device_count() * peak
         self._stop = False
 
     # ------------------------------------------------------------------ setup

@@ -84,7 +84,9 @@ def window_record(
     else:
         rel = ends[j0:j1] - start
         loss_mask = ones.copy()
-        loss_mask[rel - 1] = 0  # input i predicts token i + 1, the next document's <s>
+        # Input i predicts token i + 1, the next document's first token: its <s>, or
+        # without BOS (Qwen2.5) its first text token, which nothing of its document precedes.
+        loss_mask[rel - 1] = 0
         inner = rel[:-1] if rel[-1] == L else rel  # a start at L only affects the mask
         if inner.size < _LOOP_MAX_DOCS:
             segment_ids, positions = np.empty(L, np.int32), np.empty(L, np.int32)

@@ -64,8 +64,11 @@ def duplicate_rows(
     tok = open_tokenizer(model)
     table = json.loads((tok_dir / f"{rec.rank:05d}.json").read_text())
     run = open_array(tok_dir / f"{rec.rank:05d}.bin", np.dtype(table["dtype"]))
-    # A document is framed BOS ... EOS, or ... EOS when the model has no BOS (Qwen2.5).
-    head = 0 if table.get("framing", [1])[0] is None else 1
+    # A document is framed BOS ... EOS, or ... EOS when the model has no BOS (Qwen2.5); a
+    # chat template's document is as the template rendered it (its control ids decoded).
+    framing = table.get("framing", [1, 2])
+    head = 0 if framing == "template" or framing[0] is None else 1
+    tail = 0 if framing == "template" else 1
     ids: dict[int, list[str]] = {}  # kept documents' tasks, read one file each
 
     def ids_of(task: int) -> list[str]:
@@ -76,7 +79,7 @@ def duplicate_rows(
     out = []
     for row in np.sort(rows, order="local").tolist():
         local, exact, keep_task, keep_local = (int(x) for x in row)
-        toks = run[rec.start[local] + head : rec.end[local] - 1]
+        toks = run[rec.start[local] + head : rec.end[local] - tail]
         out.append(
             {
                 "id": ids_of(rec.rank)[local],

@@ -1,11 +1,13 @@
 """Chat data: the ChatML renderer with loss spans, and the dataset schemas normalized to it.
 
 Every chat schema (a conversation per row: `ROW_SCHEMAS`; oasst1's message trees:
-`oasst1_messages`) becomes a list of `{"role": "system|user|assistant", "content": str}`
+`oasst1_messages`) becomes a list of `{"role": "system|user|assistant|tool", "content": str}`
 messages, checked by `check_messages`, and is rendered by `render_chatml` as
 `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message. The loss is taken on each
 assistant message's content and its `<|im_end|>` (not on the role header, not on the
-newline after the marker); the tokenizer maps character spans to token masks.
+newline after the marker); the tokenizer maps character spans to token masks. `tool` is
+an observation (execution output in a CodeAct-style trajectory: assistant code, its output,
+the assistant again): rendered like a user turn and, like it, never trained on.
 This module has no I/O: `chat_reader` reads the files.
 """
 
@@ -16,7 +18,7 @@ from typing import Any
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 Message = dict[str, str]
 
@@ -60,11 +62,23 @@ def render_chatml(messages: list[Message]) -> tuple[str, list[list[int]], list[i
     return "".join(parts), spans, ends
 
 
+def parse_chatml(text: str) -> list[Message]:
+    """The messages `render_chatml` rendered as `text` (exact: no content holds a marker,
+    `check_messages` refuses it), for a build that renders them with another template."""
+    out = []
+    for block in text.split(IM_START)[1:]:
+        role, _, rest = block.partition("\n")
+        content, _, _ = rest.rpartition(f"{IM_END}\n")
+        out.append({"role": role, "content": content})
+    return out
+
+
 def check_messages(messages: list[Message]) -> list[Message]:
     """`messages` if they can be trained on, else `ChatDrop` with the reason.
 
-    Accepted: an optional single leading system message, then user and assistant turns
-    alternating, starting with the user and ending with a non-empty assistant reply.
+    Accepted: an optional single leading system message, then input turns (user, or tool:
+    an observation) and assistant turns alternating, starting with the user and ending
+    with a non-empty assistant reply.
     Content holding a ChatML marker is refused: it would forge turns once tokenized.
     """
     turns = messages[1:] if messages and messages[0]["role"] == "system" else messages
@@ -76,7 +90,8 @@ def check_messages(messages: list[Message]) -> list[Message]:
         if IM_START in m["content"] or IM_END in m["content"]:
             raise ChatDrop(MARKER_IN_CONTENT)
     for i, m in enumerate(turns):
-        if m["role"] != ("user" if i % 2 == 0 else "assistant"):
+        expected = ("user",) if i == 0 else ("user", "tool") if i % 2 == 0 else ("assistant",)
+        if m["role"] not in expected:
             raise ChatDrop(NOT_ALTERNATING, f"turn {i} is {m['role']!r}")
         if m["role"] == "assistant" and not m["content"].strip():
             raise ChatDrop(EMPTY_ASSISTANT)
@@ -109,11 +124,18 @@ def from_messages(row: dict[str, Any]) -> list[Message]:
     ]
 
 
-SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
+# `observation` (LLaMA-Factory's ShareGPT) and `function` (a function's result) are tool turns.
+SHAREGPT_ROLES = {
+    "human": "user",
+    "gpt": "assistant",
+    "system": "system",
+    "observation": "tool",
+    "function": "tool",
+}
 
 
 def from_sharegpt(row: dict[str, Any]) -> list[Message]:
-    """ShareGPT: `{"conversations": [{"from": "human|gpt|system", "value"}]}`."""
+    """ShareGPT: `{"conversations": [{"from", "value"}]}`, `from` one of SHAREGPT_ROLES."""
     out = []
     for m in _list(row, "conversations"):
         speaker = _field(m, "from")

@@ -1,17 +1,22 @@
-"""Running the build's stages: datatrove executors, the task step of global stages, quiet
-logs, the output lock."""
+"""Running the build's stages: datatrove executors (local, Ray, Slurm), the task step of
+global stages, quiet logs, the output lock, the `executor` section's checks.
 
-from lemur.data.run.executors import LemurLocalExecutor, make_executor
-from lemur.data.run.lock import DirectoryLock, LockedError
-from lemur.data.run.logs import quiet_datatrove
-from lemur.data.run.task import TaskStep, run_here
+The names below load their module on first use, so that checking a recipe does not import
+datatrove or Ray.
+"""
 
-__all__ = [
-    "DirectoryLock",
-    "LemurLocalExecutor",
-    "LockedError",
-    "TaskStep",
-    "make_executor",
-    "quiet_datatrove",
-    "run_here",
-]
+from __future__ import annotations
+
+from lemur.lazy_exports import lazy_exports
+
+_EXPORTS = {
+    "DirectoryLock": "lock",
+    "LemurLocalExecutor": "executors",
+    "LockedError": "lock",
+    "TaskStep": "task",
+    "make_executor": "executors",
+    "quiet_datatrove": "logs",
+    "run_here": "task",
+    "check_executor": "settings",
+}
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

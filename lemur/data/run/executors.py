@@ -1,4 +1,4 @@
-"""Executors for the per-file stage: local processes, a Ray cluster, or Slurm job arrays.
+"""Executors for the stages' tasks: local processes, a Ray cluster, or Slurm job arrays.
 
 All three are datatrove executors running the same pipeline, with datatrove's per-task
 completion markers (a rerun skips finished tasks). For local runs we replace
@@ -7,7 +7,7 @@ the run, and when the build is killed (SIGKILL, OOM killer) that server is orpha
 lingers forever, holding the terminal's pipes. Our version runs tasks in this process
 (`workers: 1`) or in a `ProcessPoolExecutor` of spawned workers that die with the build
 (`lemur.process_guard`): a forkserver would outlive a killed build, and so would workers that
-wait on their call queue.
+wait on their call queue. Ray and Slurm: `ray_cluster.py`, `slurm_cluster.py`.
 """
 
 from __future__ import annotations
@@ -65,8 +65,10 @@ def _run_rank(executor: LemurLocalExecutor, rank: int, local_rank: int) -> None:
     executor._run_for_rank(rank, local_rank)
 
 
-def make_executor(config: ExecutorConfig, pipeline: list, tasks: int, logging_dir: Path) -> Any:
-    """The datatrove executor the recipe asks for, with `tasks` tasks logging to `logging_dir`."""
+def make_executor(
+    config: ExecutorConfig, pipeline: list, tasks: int, logging_dir: Path, stage: str = "stage"
+) -> Any:
+    """The executor the recipe asks for: `tasks` tasks of `stage` logging to `logging_dir`."""
     if config.kind == "local":
         return LemurLocalExecutor(
             pipeline=pipeline,
@@ -75,42 +77,20 @@ def make_executor(config: ExecutorConfig, pipeline: list, tasks: int, logging_di
             logging_dir=str(logging_dir),
         )
     if config.kind == "ray":
-        import ray
-        from datatrove.executor import RayPipelineExecutor
+        from lemur.data.run.ray_cluster import LemurRayExecutor, connect
 
-        if not ray.is_initialized():
-            # RAY_ADDRESS (or `address: auto`) joins a running cluster; else a local one starts.
-            ray.init(
-                address=os.environ.get("RAY_ADDRESS"),
-                num_cpus=None if os.environ.get("RAY_ADDRESS") else config.workers,
-                include_dashboard=False,
-                log_to_driver=False,
-            )
-        return RayPipelineExecutor(
+        connect(config, Path(logging_dir))  # a no-op once connected
+        return LemurRayExecutor(
             pipeline=pipeline,
             tasks=tasks,
             workers=config.workers,
             logging_dir=str(logging_dir),
+            stage=stage,
             cpus_per_task=config.cpus_per_task,
             mem_per_cpu_gb=config.mem_per_cpu_gb,
+            retries=config.retries,
+            time_limit=config.time,
         )
-    from datatrove.executor import SlurmPipelineExecutor
+    from lemur.data.run.slurm_cluster import LemurSlurmExecutor
 
-    return SlurmPipelineExecutor(
-        pipeline=pipeline,
-        tasks=tasks,
-        workers=config.workers,
-        logging_dir=str(logging_dir),
-        time=config.time,
-        partition=config.partition,
-        cpus_per_task=config.cpus_per_task,
-        mem_per_cpu_gb=int(config.mem_per_cpu_gb),  # sbatch wants whole gigabytes ("3G")
-        job_name=config.job_name,
-        sbatch_args=dict(config.sbatch_args or {}),
-        # datatrove `source`s this path; ours names the virtualenv directory
-        venv_path=f"{venv}/bin/activate"
-        if (venv := config.venv_path or os.environ.get("VIRTUAL_ENV"))
-        else None,
-        env_command=config.env_command,
-        condaenv=None,
-    )
+    return LemurSlurmExecutor(config, pipeline, tasks, str(logging_dir))

@@ -8,12 +8,28 @@ so worker processes that unpickle our pipeline steps get it too.
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 
 import datatrove.executor.base as _executor_base
 from loguru import logger
 
 CONSOLE_FORMAT = "{level}: {message}"
+
+
+def where() -> str:
+    """Where this process runs, for a task log: host, Ray node or Slurm array task, pid."""
+    place = socket.gethostname()
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        place += f", ray node {ray.get_runtime_context().get_node_id()}"
+    elif "SLURM_ARRAY_JOB_ID" in os.environ:
+        place += (
+            f", slurm job {os.environ['SLURM_ARRAY_JOB_ID']}_"
+            f"{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+        )
+    return f"{place}, pid {os.getpid()}"
 
 
 def _console_only() -> None:
@@ -25,7 +41,7 @@ def _add_task_logger(logging_dir, rank: int, local_rank: int = 0, node_rank: int
     _console_only()
     logfile = logging_dir.open(f"logs/task_{rank:05d}.log", "w")
     logger.add(logfile, level="INFO", colorize=False)
-    logger.info(f"Launching pipeline for {rank=}")
+    logger.info(f"Launching pipeline for {rank=} on {where()}")
     return logfile
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from loguru import logger
 
+from lemur.chat_template import ChatTemplate, template_source
+from lemur.chat_template.template import TEMPLATE_FILE
 from lemur.data.read.listing import InputFile
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
@@ -33,6 +35,10 @@ KEY_VERSION = 2
 
 def _sha(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _file_sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _ordered(files: list[InputFile]) -> list[InputFile]:
@@ -72,25 +78,32 @@ def given_model(path: str) -> Path:
     return p
 
 
-HF_FILES = ("tokenizer.json", *CONFIG_FILES)
+HF_FILES = ("tokenizer.json", *CONFIG_FILES, TEMPLATE_FILE)
 
 
-def copy_hf_tokenizer(src: str, work: Path) -> Path:
+def copy_hf_tokenizer(src: str, work: Path, chat: bool = False) -> Path:
     """A recipe's `tokenizer.hf` copied under `work/` (tokenizer.json and its config files).
 
     Checked first: a tokenizer.json that `tokenizers` cannot load is a TokenizerError
-    naming it. The copy is named by the tokenizer.json's hash and appears whole.
+    naming it, and for a chat build (`chat`) so is a folder without a chat template, or
+    one whose rendered text this engine does not encode as transformers does. The copy
+    is named by the hash of all its files (a new template is a new copy), appears whole.
     """
     files = read_hf_tokenizer(src)
-    open_tokenizer(files.path)  # loads (and so validates) before anything is copied
-    target = work / f"hf-tokenizer-{files.sha256[:16]}"
+    tok = open_tokenizer(files.path)  # loads (and so validates) before anything is copied
+    if chat:
+        ChatTemplate(tok).check()
+    present = [n for n in HF_FILES if (files.path.parent / n).is_file()]
+    # Named by every file's content: a changed tokenizer_config.json (BOS/EOS, chat
+    # template) or chat_template.jinja is another copy.
+    key = _sha([files.sha256] + [(n, _file_sha(files.path.parent / n)) for n in present[1:]])
+    target = work / f"hf-tokenizer-{key[:16]}"
     if not (target / "tokenizer.json").is_file():
         tmp = work / f".{target.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        for name in HF_FILES:
-            if (files.path.parent / name).is_file():
-                shutil.copyfile(files.path.parent / name, tmp / name)
+        for name in present:
+            shutil.copyfile(files.path.parent / name, tmp / name)
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
     return target / "tokenizer.json"
@@ -101,17 +114,13 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
 
     A given model is loaded (and so validated) before anything is copied, and nothing goes
     outside `.work/` here: the build's own directory receives it only when complete. A chat
-    build's tokenizer has the ChatML markers as user-defined pieces: trained in, or appended
-    to a given model (every other id unchanged).
+    build's SentencePiece tokenizer has the ChatML markers as user-defined pieces: trained
+    in, or appended to a given model (every other id unchanged); a tokenizer.json's chat
+    build renders with the folder's own chat template instead.
     """
     chat = recipe.is_chat()
     if recipe.tokenizer.hf is not None:
-        if chat:
-            raise TokenizerError(
-                "recipe: tokenizer.hf: chat builds with a tokenizer.json (the model's own chat "
-                "template) are not supported yet; use a SentencePiece tokenizer (ChatML)"
-            )
-        return copy_hf_tokenizer(recipe.tokenizer.hf, work)
+        return copy_hf_tokenizer(recipe.tokenizer.hf, work, chat)
     if recipe.tokenizer.model is not None:
         src = given_model(recipe.tokenizer.model)
         sha = tokenizer_info(src)["sha256"]  # TokenizerError naming `src` if unusable
@@ -148,23 +157,42 @@ def open_build_tokenizer(recipe: Recipe, path: Path) -> Tokenizer:
     cfg = recipe.tokenizer
     if cfg.hf is None:  # SentencePiece, or a trained byte-level BPE: its own framing
         return open_tokenizer(path)
-    return open_tokenizer(
+    tok = open_tokenizer(
         path, bos=cfg.bos, eos=cfg.eos, no_bos=bool(cfg.no_bos), engine=cfg.engine or "auto"
     )
+    if tok.eos_id is None:
+        raise TokenizerError(
+            f"{cfg.hf}: its files name no EOS token to end documents with: set tokenizer.eos"
+        )
+    return tok
 
 
 def build_tokenizer_info(recipe: Recipe, path: Path) -> dict[str, Any]:
     """The manifest's tokenizer entry (without the file) of the prepared tokenizer.
 
     A tokenizer.json's entry also names its kind and the engine that encodes it (tiktoken
-    or tokenizers, and why not tiktoken), which the build logs.
+    or tokenizers, and why not tiktoken), which the build logs, and for a chat build the
+    sha256 of the chat template its documents are rendered with.
     """
     if not is_tokenizer_json(path):
         return tokenizer_info(path, CHAT_PIECES if recipe.is_chat() else ())
-    info = open_build_tokenizer(recipe, path).info()
+    tok = open_build_tokenizer(recipe, path)
+    info = tok.info()
+    if recipe.is_chat():
+        source = template_source(tok.files) or ""
+        info["chat_template_sha256"] = hashlib.sha256(source.encode()).hexdigest()
     why = f" ({info['engine_reason']})" if info.get("engine_reason") else ""
     logger.info(f"tokenizer {path}: {info['vocab_size']} ids, encoded by {info['engine']}{why}")
     return info
+
+
+def tokenizer_key(info: dict[str, Any]) -> str:
+    """What a build's token runs depend on of its tokenizer: the file, and for a
+    tokenizer.json the recipe's BOS/EOS and, in a chat build, the chat template."""
+    if "kind" not in info:
+        return str(info["sha256"])
+    key = f"{info['sha256']}:{info['bos_id']}:{info['eos_id']}"
+    return key + (f":{info['chat_template_sha256']}" if "chat_template_sha256" in info else "")
 
 
 def copy_tokenizer_files(path: Path, out: Path) -> str:

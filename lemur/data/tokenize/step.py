@@ -37,8 +37,10 @@ class TokenizeWriter(PipelineStep):
     (BOS id or None, EOS id) the build settled from the recipe; None: the tokenizer's own.
     With `masks` (a chat build), documents arrive encoded by ChatEncoder and the task also
     writes `{rank}.mask`: one uint8 loss-mask value per token of `{rank}.bin` (0 at BOS and
-    EOS). Files appear atomically when the task finishes; a killed task leaves nothing
-    behind that the pack stage could mistake for output.
+    EOS). With `template` (a chat build rendered by a tokenizer.json's own chat template),
+    documents are written as encoded, nothing added: the template frames them, and the
+    table's `framing` is "template". Files appear atomically when the task finishes; a
+    killed task leaves nothing behind that the pack stage could mistake for output.
     """
 
     name = "🔢 lemur tokenize"
@@ -52,6 +54,7 @@ class TokenizeWriter(PipelineStep):
         masks: bool = False,
         framing: tuple[int | None, int] | None = None,
         engine: str = "auto",
+        template: bool = False,
     ) -> None:
         super().__init__()
         self.tokenizer_path = tokenizer_path
@@ -60,13 +63,14 @@ class TokenizeWriter(PipelineStep):
         self.masks = masks
         self.framing = framing
         self.engine = engine
+        self.template = template
 
     def _encode(
         self, tok: Tokenizer, batch: list[Document], dtype: np.dtype
     ) -> tuple[list[int], bytes, bytes]:
         """(lengths, token bytes, mask bytes) of a batch, each document framed BOS ... EOS."""
         bos, eos = self.framing or (tok.bos_id, tok.eos_id)
-        head = () if bos is None else (bos,)
+        head = () if bos is None or self.template else (bos,)
         if not self.masks:
             encoded = tok.encode_batch([d.text for d in batch])
             lengths = [len(t) + len(head) + 1 for t in encoded]
@@ -74,14 +78,15 @@ class TokenizeWriter(PipelineStep):
             return lengths, np.fromiter(framed, dtype, count=sum(lengths)).tobytes(), b""
         ids = [d.metadata.pop(TOKENS_KEY) for d in batch]
         masks = [d.metadata.pop(MASK_KEY) for d in batch]
-        lengths = [len(t) + len(head) + 1 for t in ids]
-        first, last = np.array(head, dtype), np.array([eos], dtype)
+        tail = () if self.template else (eos,)
+        lengths = [len(t) + len(head) + len(tail) for t in ids]
+        first, last = np.array(head, dtype), np.array(tail, dtype)
         zero = np.zeros(1, np.uint8)
         tokens = np.concatenate(
             [x for t in ids for x in (first, t.astype(dtype), last)] or [first[:0]]
         )
         mask = np.concatenate(
-            [x for m in masks for x in (zero[: len(head)], m, zero)] or [zero[:0]]
+            [x for m in masks for x in (zero[: len(head)], m, zero[: len(tail)])] or [zero[:0]]
         )
         return lengths, tokens.tobytes(), mask.tobytes()
 
@@ -110,7 +115,7 @@ class TokenizeWriter(PipelineStep):
                     ids.append(doc.id)
                     self.stat_update(DOCUMENTS)
                     self.stat_update(TOKENS, value=n)
-        framing = list(self.framing or (tok.bos_id, tok.eos_id))
+        framing = "template" if self.template else list(self.framing or (tok.bos_id, tok.eos_id))
         self._finish(
             out, rank, records, ids, {"languages": list(languages), "framing": framing}, dtype
         )

@@ -14,12 +14,9 @@ import sentencepiece as spm
 
 from lemur.data.recipe import TokenizerTrainConfig
 from lemur.shards.format import atomic_write_bytes
+from lemur.tokenizer.base import TokenizerError  # one error type for every tokenizer
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
-
-
-class TokenizerError(ValueError):
-    """A tokenizer model that cannot be used (missing, corrupt, wrong special ids)."""
 
 
 class TokenizerSettingsError(TokenizerError):

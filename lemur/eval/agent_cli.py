@@ -1,0 +1,133 @@
+"""`lemur-eval agent` and `lemur-eval plot`: the agent evaluation's commands.
+
+    lemur-eval agent CHECKPOINT --tasks humaneval|FILE --turns K --feedback exec|binary|none
+    lemur-eval plot RUN_DIR... --out success.png
+
+See lemur.eval.agent and docs/eval.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+
+def add_parsers(sub: Any, model_args: Any, gen_args: Any) -> None:
+    """The `agent` and `plot` subcommands (model and sampling arguments as the others')."""
+    ag = sub.add_parser("agent", help="multi-turn tasks with execution feedback (MINT-style)")
+    model_args(ag)
+    ag.add_argument("--tasks", default="humaneval", help="humaneval, or a JSONL file of tasks")
+    ag.add_argument("--turns", type=int, default=5, help="turn budget K per task")
+    ag.add_argument("--feedback", choices=["exec", "binary", "none"], default="exec")
+    ag.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    ag.add_argument("--system", default=None, help="a system message before each task")
+    ag.add_argument(
+        "--observation-role",
+        choices=["user", "tool"],
+        default="user",
+        help="the role of feedback turns (user, as MINT; tool, as CodeAct data)",
+    )
+    ag.add_argument("--timeout", type=float, default=10.0, help="seconds per code run")
+    ag.add_argument("--workers", type=int, default=None, help="code runs at once")
+    ag.add_argument(
+        "--allow-network",
+        action="store_true",
+        help="run generated code even where the network cannot be isolated",
+    )
+    ag.add_argument(
+        "--no-cache-reuse",
+        action="store_true",
+        help="prefill every turn's whole prompt (the slow baseline)",
+    )
+    ag.add_argument(
+        "--record-ids", action="store_true", help="each turn's prompt ids in transcripts"
+    )
+    ag.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="context length (default the model's; longer runs positions it never trained on)",
+    )
+    ag.add_argument("--out", default=None, help="run directory (default agent-FEEDBACK)")
+    gen_args(ag, 512)
+    pl = sub.add_parser("plot", help="success rate by turn of agent runs, one line each")
+    pl.add_argument("runs", nargs="+", metavar="RUN", help="agent run directories or summaries")
+    pl.add_argument("--out", default="agent-success.png", help="the PNG to write")
+
+
+def _agent_config(args: argparse.Namespace) -> Any:
+    """The AgentConfig the command line asks for."""
+    from lemur.eval import agent, sandbox
+
+    return agent.AgentConfig(
+        turns=args.turns,
+        feedback=args.feedback,
+        observation_role=args.observation_role,
+        system=args.system,
+        limits=sandbox.Limits(timeout_s=args.timeout, cpu_s=max(1, int(args.timeout))),
+        allow_network=args.allow_network,
+        workers=args.workers,
+        record_ids=args.record_ids,
+    )
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    """Run (or resume) the agent evaluation; write transcripts, summary and plot."""
+    from lemur.eval import agent, agent_report, agent_tasks, cli, sandbox
+
+    if args.turns < 1:
+        raise cli.UsageError(f"--turns must be >= 1, got {args.turns}")
+    tasks = agent_tasks.load_agent_tasks(args.tasks)[: args.limit]
+    isolation = sandbox.probe()
+    for line in isolation.describe():
+        cli._say(f"sandbox {line}")
+    if not isolation.network and not args.allow_network:
+        raise cli.UsageError(
+            "refusing to run generated code: this machine cannot isolate the "
+            "network (no network namespaces); pass --allow-network to run anyway"
+        )
+    config = _agent_config(args)
+    model = cli._load(args, for_decoding=True)
+    cli._need_tokenizer(args, model)
+    if args.max_seq_len is not None:
+        model.config = dataclasses.replace(model.config, max_seq_len=args.max_seq_len)
+    gen = cli._sampling(args)
+    replies = agent.ModelReplies(
+        model.params,
+        model.config,
+        model.tokenizer,
+        gen,
+        reuse=not args.no_cache_reuse,
+        record_ids=args.record_ids,
+    )
+    settings = {"model": str(model.source), "tasks_source": args.tasks}
+    settings |= {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k")}
+    settings |= {"top_p": args.top_p, "seed": args.seed}
+    out = Path(args.out or f"agent-{args.feedback}")
+    records = agent.run_agent(
+        tasks,
+        replies,
+        config,
+        out,
+        settings=settings,
+        progress=lambda i, n: cli._say(f"{i}/{n} tasks done"),
+    )
+    summary = {**agent_report.summarize(records, args.turns), **config.settings(), **settings}
+    path = agent_report.write_summary(out, summary)
+    png = agent_report.plot([out], out / "success_by_turn.png")
+    rates = " ".join(f"{r:.3f}" for r in summary["success_rate_by_turn"])
+    print(
+        f"success rate by turn {rates} over {summary['tasks']} tasks "
+        f"({args.feedback} feedback); {out / 'transcripts.jsonl'}, {path}, {png}"
+    )
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """One PNG of several agent runs' success rate by turn."""
+    from lemur.eval import agent_report
+
+    print(agent_report.plot(args.runs, args.out))
+    return 0
