@@ -174,3 +174,12 @@ def test_knobs_are_checked(tmp_path, code_dir, tokenizer_model):
         raw = _recipe(tmp_path, code_dir, text, tokenizer_model, "x", **{key: value})
         with pytest.raises(RecipeError, match=f"mix.{key}"):
             recipe_from_dict(raw)
+
+
+def test_a_zero_weight_domain_needs_nothing_and_binds_nothing(tmp_path, code_dir, tokenizer_model):
+    from lemur.data.budget import domain_needs
+
+    raw = _recipe(tmp_path, code_dir, _text_dir(tmp_path), tokenizer_model, "z")
+    raw["mix"]["ratio"] = {"code": 1, "text": 0}
+    needs = domain_needs(recipe_from_dict(raw), {"code": 990.0, "text": 5.0}, set())
+    assert needs == {"code": pytest.approx(990.0 / 0.99), "text": 0.0}

@@ -51,7 +51,9 @@ def test_valid_recipe_types_and_defaults(tmp_path):
         ({"seq_len": "long"}, "seq_len must be an integer, got 'long'"),
         ({"seq_len": 4.5}, "seq_len must be an integer"),
         ({"seed": True}, "seed must be an integer"),
-        ({"mix": {"ratio": {"code": -1, "text": 1}}}, "mix.ratio.code must be > 0"),
+        ({"mix": {"ratio": {"code": -1, "text": 1}}}, "mix.ratio.code must be >= 0, got -1"),
+        ({"mix": {"ratio": {"code": 0, "text": 0}}}, "mix.ratio needs at least one domain above 0"),
+        ({"work_dir": " "}, "work_dir is empty"),
         ({"mix": {"ratio": {"code": 10}}}, "mix.ratio has no entry for domain 'text'"),
         (
             {"mix": {"ratio": {"code": 1, "text": 1, "math": 1}}},
@@ -145,7 +147,7 @@ def test_cli_bad_recipe_exit_2_one_line(tmp_path):
     assert res.stderr.strip().splitlines() == [
         "lemur-data: error: recipe: unknown key 'sedd' (known: chat, decontaminate, dedup, executor, "
         "filters, mix, output, pii, rejects, seed, seq_len, shard_tokens, sources, "
-        "tokenize_batch_docs, tokenizer, val_fraction)"
+        "tokenize_batch_docs, tokenizer, val_fraction, work_dir)"
     ]
     assert "Traceback" not in res.stderr
 

@@ -268,3 +268,24 @@ def test_plan_only_writes_no_shards(sources, tmp_path):
     assert not (tmp_path / "out" / "manifest.json").exists() and not list(
         (tmp_path / "out").glob("train/*")
     )
+
+
+def test_shared_work_dir_reuses_the_tokenize_work_across_outputs(sources, clean, tmp_path):
+    """docs/recipe.md `work_dir`: builds of one recipe into other outputs, with another mix
+    (a 0 weight included), tokenize once; where the work lives changes no shard."""
+    work = tmp_path / "work"
+    build(recipe_from_dict(recipe(sources, tmp_path / "a", work_dir=str(work))))
+    runs = list(work.glob("tokens-*"))
+    assert len(runs) == 1
+    before = mtimes([*runs[0].glob("tokens/*"), *runs[0].glob("logs/completions/*")])
+    code_only = {"ratio": {"code": 1, "text": 0}}
+    b = build(recipe_from_dict(recipe(sources, tmp_path / "b", work_dir=str(work), mix=code_only)))
+    assert list(work.glob("tokens-*")) == runs
+    assert mtimes([Path(p) for p in before]) == before  # the second build tokenized nothing
+    assert shard_bytes(tmp_path / "a") == shard_bytes(clean)
+    assert not (tmp_path / "a" / ".work").exists() and not (tmp_path / "b" / ".work").exists()
+    assert not list(work.glob("shuffle-*"))  # commit() cleared the finished shuffles there
+    assert b["mix"]["tokens"]["text"] == 0 and b["mix"]["tokens"]["code"] > 0
+    # a 0-weight domain still has its held-out shards: the same as any mix's
+    val = lambda m: {s["domain"]: s["sha256"] for s in m["shards"] if s["split"] == "val"}  # noqa: E731
+    assert val(b) == val(json.loads((clean / "manifest.json").read_text())) != {}

@@ -162,7 +162,8 @@ def domain_needs(recipe: Recipe, avail: dict[str, float], full: set[str]) -> dic
     if recipe.mix.total_tokens is not None:
         total = float(recipe.mix.total_tokens)
     else:
-        binding = [d for d in frac if d in full] or list(frac)
+        weighted = [d for d in frac if frac[d] > 0]  # a 0-weight domain binds nothing
+        binding = [d for d in weighted if d in full] or weighted
         total = min(avail.get(d, 0.0) / frac[d] for d in binding)
     keep = max(1e-9, 1.0 - recipe.val_fraction)  # val documents leave before the mix
     return {d: total * f / keep for d, f in frac.items()}

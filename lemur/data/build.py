@@ -3,7 +3,8 @@
 Stages:
 1. tokenizer: copy the given model, or train one on a sample of the sources;
 2. read, tag, filter, sign for dedup, tokenize: a datatrove pipeline over all input files,
-   one run of tokens per task under `<output>/.work/tokens-<key>/` (datatrove's completion
+   one run of tokens per task under `<work>/tokens-<key>/` (`<work>` is `<output>/.work`, or
+   the recipe's `work_dir`, which builds into other outputs may share; datatrove's completion
    markers make reruns skip finished tasks);
 3. dedup (dedup/stage.py): bucket tasks, then one cluster task, on the same executor;
 4. pack (pack/): histogram tasks, the mix and val plan, scatter tasks, gather tasks (one
@@ -12,6 +13,7 @@ Stages:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -109,8 +111,7 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
         if config.enabled and not recipe.is_chat():
             filters.append(cls(config))
     if recipe.decontaminate.benchmarks:  # builds the benchmark indexes, once per build
-        work = Path(recipe.output).expanduser() / ".work"
-        filters.append(decontamination_filter(recipe.decontaminate, work))
+        filters.append(decontamination_filter(recipe.decontaminate, recipe.work_root()))
     if recipe.rejects:
         from datatrove.pipeline.writers import JsonlWriter
 
@@ -243,11 +244,9 @@ def _read_round(
     kind: str,
 ) -> tuple[Path, int, Path | None]:
     """Tokenize `units` (kind `sample`, or `read`: then checked and deduplicated) under
-    `<output>/.work/<tokens|sample>-<key>`; (work folder, tasks, dedup folder or None)."""
+    `<work root>/<tokens|sample>-<key>`; (work folder, tasks, dedup folder or None)."""
     key = _work_key(recipe, inputs_sha256(units), tok_sha)
-    work = (
-        Path(recipe.output).expanduser() / ".work" / f"{'tokens' if kind == 'read' else kind}-{key}"
-    )
+    work = recipe.work_root() / f"{'tokens' if kind == 'read' else kind}-{key}"
     n = tokenize_stage(recipe, units, tok_path, work, report)
     if kind != "read":
         return work, n, None
@@ -272,8 +271,9 @@ def build(
     report = report or (lambda stage, done, total: None)
     out = Path(recipe.output).expanduser()
     out.mkdir(parents=True, exist_ok=True)
+    work = recipe.work_root()
     try:
-        with DirectoryLock(out), executor_session(recipe.executor):
+        with DirectoryLock(out), _work_lock(work, out), executor_session(recipe.executor):
             return _build_locked(recipe, out, report, force, plan_only, on_plan)
     except (LockedError, ShuffleError) as e:
         raise BuildError(str(e)) from None
@@ -286,6 +286,15 @@ def build(
         raise
 
 
+def _work_lock(work: Path, out: Path) -> contextlib.AbstractContextManager:
+    """A lock on a work directory outside the output (`work_dir`), which other builds may
+    share: commit() clears its finished shuffles, which must not be another build's."""
+    if work.resolve() == (out / ".work").resolve():
+        return contextlib.nullcontext()  # the output's own lock covers it
+    work.mkdir(parents=True, exist_ok=True)
+    return DirectoryLock(work)
+
+
 def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, Any]:
     """`build` while holding the output directory's lock."""
     started = time.time()
@@ -296,7 +305,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     if not force and not plan_only and is_up_to_date(out, recipe, inputs_sha):
         report("up to date", 1, 1)
         return json.loads((out / MANIFEST).read_text())
-    work_root = out / ".work"
+    work_root = recipe.work_root()
     report("tokenizer", 0, 1)
     tok_path = prepare_tokenizer(recipe, inputs, work_root)
     tok = build_tokenizer_info(recipe, tok_path)
@@ -309,7 +318,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     # The build's own directory: no file of it shares a path with the previous build's, so
     # that build stays whole for readers until the manifest is replaced.
     # Named by content, not place: the same build in another directory gets the same names.
-    settings = {k: v for k, v in recipe.to_dict().items() if k != "output"}
+    settings = {k: v for k, v in recipe.to_dict().items() if k not in ("output", "work_dir")}
     prefix = f"build-{_sha([settings, key])[:12]}"
     vocab = tok["vocab_size"]
     packer = Packer(recipe, work / "tokens", out, n_tasks, vocab, prefix, tok_path, dd, stage)
@@ -343,6 +352,6 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "recipe_sha256": recipe.sha256(),
         "inputs_sha256": inputs_sha,
     }
-    commit(out, prefix, manifest)
+    commit(out, prefix, manifest, work_root)
     report(f"done in {time.time() - started:.0f}s", 1, 1)
     return manifest

@@ -67,7 +67,11 @@ def output_problem(path: str) -> str | None:
 
 def _validate_output(recipe: Recipe, check_paths: bool) -> None:
     """Output directories: never empty (that would be the current directory), and writable."""
-    for key, value in (("output", recipe.output), ("rejects", recipe.rejects)):
+    for key, value in (
+        ("output", recipe.output),
+        ("rejects", recipe.rejects),
+        ("work_dir", recipe.work_dir),
+    ):
         if value is None:
             continue
         if not value.strip():
@@ -190,13 +194,17 @@ def _validate_mix(recipe: Recipe) -> None:
     domains = recipe.domains()
     ratio = recipe.mix.ratio
     for d, r in ratio.items():
-        if not r > 0:  # written so that NaN fails too (every comparison with NaN is false)
-            raise RecipeError(f"recipe: mix.ratio.{d} must be > 0, got {r}")
+        # 0 is allowed: the domain gives val shards but no train tokens (a one-domain arm of
+        # a ratio sweep keeps the other domain's held-out set). Written so that NaN fails.
+        if not r >= 0:
+            raise RecipeError(f"recipe: mix.ratio.{d} must be >= 0, got {r}")
         if d not in domains:
             raise RecipeError(f"recipe: mix.ratio.{d}: no source has domain '{d}'")
     for d in domains:
         if d not in ratio:
             raise RecipeError(f"recipe: mix.ratio has no entry for domain '{d}'")
+    if not any(r > 0 for r in ratio.values()):
+        raise RecipeError("recipe: mix.ratio needs at least one domain above 0")
     if recipe.mix.total_tokens is not None and not recipe.mix.total_tokens > 0:
         raise RecipeError("recipe: mix.total_tokens must be > 0")
     if not recipe.mix.max_repeats >= 1:

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # Re-exported: the recipe's sections are imported from here.
@@ -337,6 +338,10 @@ class Recipe:
     decontaminate: DecontaminateConfig = field(default_factory=DecontaminateConfig)
     pii: PiiConfig = field(default_factory=PiiConfig)
     rejects: str | None = None
+    # Where the build keeps its work (tokenizer, token runs, dedup, shuffle); default
+    # `<output>/.work`. Builds of one recipe into different outputs that differ only in the
+    # mix (or the pack settings) share the read/filter/dedup/tokenize work through it.
+    work_dir: str | None = None
     chat: ChatConfig | None = None
     val_fraction: float = 0.005
     shard_tokens: int = 1 << 27
@@ -350,6 +355,12 @@ class Recipe:
         """Hash of the resolved recipe, stored in the manifest."""
         blob = json.dumps(self.to_dict(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
+
+    def work_root(self) -> Path:
+        """The build's work directory: `work_dir`, else `<output>/.work`."""
+        if self.work_dir is not None:
+            return Path(self.work_dir).expanduser()
+        return Path(self.output).expanduser() / ".work"
 
     def is_chat(self) -> bool:
         """A chat build: its sources are conversations (ChatML tokens with loss masks)."""

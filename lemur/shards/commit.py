@@ -36,9 +36,10 @@ def _remove_empty_dirs(root: Path) -> None:
             root.rmdir()
 
 
-def commit(out: Path, prefix: str, manifest: dict[str, Any]) -> None:
+def commit(out: Path, prefix: str, manifest: dict[str, Any], work: Path | None = None) -> None:
     """Make a complete build the directory's build: rename its manifest in, then remove the
-    previous build's files (none of which share a path with the new build's)."""
+    previous build's files (none of which share a path with the new build's) and the
+    finished shuffles' work under `work` (default `<out>/.work`)."""
     previous = _referenced(out / MANIFEST)
     atomic_write_json(out / MANIFEST, manifest)  # readers switch here, atomically
     current = _referenced(out / MANIFEST)
@@ -49,5 +50,5 @@ def commit(out: Path, prefix: str, manifest: dict[str, Any]) -> None:
             shutil.rmtree(stale, ignore_errors=True)  # earlier builds, finished or abandoned
     for legacy in ("train", "val"):  # shard directories of the layout before build-<id>/
         _remove_empty_dirs(out / legacy)
-    for stale in (out / ".work").glob("shuffle-*"):
+    for stale in (work or out / ".work").glob("shuffle-*"):
         shutil.rmtree(stale, ignore_errors=True)  # bucket files and markers of finished shuffles

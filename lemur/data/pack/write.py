@@ -65,7 +65,8 @@ class Packer:
         self.run_stage = run_stage
         key = json.dumps([prefix, str(tok_dir), str(dedup_dir), self.dtype.str, n_tasks])
         # Named `shuffle-*` so that commit() removes it once the manifest is written.
-        self.work = out_dir / ".work" / f"shuffle-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        name = f"shuffle-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        self.work = recipe.work_root() / name
 
     def _duplicates(self) -> tuple[str, list[str]] | None:
         cfg = self.recipe.dedup
