@@ -16,9 +16,11 @@ from conftest import real_python_files
 from datatrove.data import Document
 
 from lemur.data.filter.pii import (
+    _IPV6,
     PRIVATE_IPV4,
     PRIVATE_IPV6,
     PiiRedactor,
+    _ipv6_matches,
     redact,
     replacement_ip,
 )
@@ -160,6 +162,17 @@ def test_ordinary_code_is_left_alone(real_hosts, line):
     doc = plant(host, [line])
     with secret_settings():
         assert redact(doc, name) == (doc, [])
+
+
+def test_ipv6_scan_finds_what_the_full_regex_finds():
+    """The colon-anchored scan gives exactly `_IPV6.finditer`'s spans, on dense hex/colon
+    noise (overlapping and adjacent candidates) and on real C++ headers full of `::`."""
+    rng = random.Random(7)
+    texts = ["".join(rng.choice("23aF0:: .\n") for _ in range(400)) for _ in range(300)]
+    texts += [p.read_text(errors="replace") for p in sorted(Path("/usr/include").rglob("*.h"))[:200]]
+    texts += ["2001:db8::1", "x2a03:2880:f12f:83:face:b00c::25de", "3fff::1:2:3:4:5:6:7:8:9"]
+    for text in texts:
+        assert _ipv6_matches(text) == [m.span() for m in _IPV6.finditer(text)], text[:80]
 
 
 def test_ip_replacement_is_private_and_fixed_per_document():
