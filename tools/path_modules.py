@@ -1,0 +1,79 @@
+"""Count the lemur modules whose code runs on a command's path (the README's Layout figures).
+
+Runs a command in this process under a profile hook (all threads) and lists every module
+of the `lemur` package with at least one function called, in first-call order. Libraries
+(datatrove, jax, ...) are not counted. The build runs its stages on one in-process worker
+(`executor.workers=1`) so that worker code is seen too.
+
+    python tools/path_modules.py build --set output=/tmp/pm-demo     # the demo recipe
+    python tools/path_modules.py train --set data.dirs=/tmp/pm-demo  # the demo model, 1 step
+
+The training path is a run of one step (`steps=1`) from the CLI: setup, the optimizer
+update, and the end-of-run eval and checkpoint the loop always makes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import lemur
+
+ROOT = Path(lemur.__file__).resolve().parent
+
+
+def trace(run) -> list[str]:
+    """Modules of `lemur` (dotted names) with code run by `run()`, in first-call order."""
+    seen: dict[str, None] = {}
+
+    def hook(frame, event, arg) -> None:  # noqa: ANN001 - the profile hook's signature
+        if event != "call":
+            return
+        path = frame.f_code.co_filename
+        if path.startswith(str(ROOT)) and path not in seen:
+            seen[path] = None
+
+    threading.setprofile(hook)
+    sys.setprofile(hook)
+    try:
+        run()
+    except SystemExit:
+        pass
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    names = []
+    for path in seen:
+        rel = Path(path).relative_to(ROOT.parent).with_suffix("")
+        names.append(".".join(rel.parts).removesuffix(".__init__"))
+    return names
+
+
+def main() -> int:
+    """Run `build` or `train` traced and print the modules it ran."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path", choices=["build", "train"])
+    parser.add_argument("--set", action="append", default=[], dest="sets")
+    args = parser.parse_args()
+    sets = [x for s in args.sets for x in ("--set", s)]
+    if args.path == "build":
+        from lemur.data.cli import main as cli
+
+        argv = ["build", "--set", "executor.workers=1", *sets]
+    else:
+        from lemur.train.cli import main as cli
+
+        run_dir = tempfile.mkdtemp(prefix="pm-train-")
+        argv = ["demo", "--set", f"run_dir={run_dir}", "--set", "steps=1", *sets]
+    names = trace(lambda: cli(argv))
+    print(f"{len(names)} lemur modules run on the {args.path} path:")
+    for name in names:
+        print(f"  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
