@@ -142,7 +142,7 @@ def test_jax_cache_writes_are_not_cut(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[int] = []
 
     def put(*args: object) -> str:
-        seen.append(interrupt._depth())  # inside `critical()` when guarded
+        seen.append(interrupt.INTERRUPTS.depth())  # inside `critical()` when guarded
         return "written"
 
     monkeypatch.setattr(cache, "put_executable_and_time", put)
