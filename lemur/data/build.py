@@ -44,7 +44,6 @@ from lemur.data.pack.write import Packer
 from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
-from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove before it runs)
 from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.run.stage import StageError, executor_session, run_tasks
 from lemur.data.tokenize.prepare import (

@@ -374,9 +374,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `lemur-data`."""
+    from lemur import process_setup
     from lemur.data.recipe import RecipeError
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    process_setup.install("lemur-data")  # every process-wide change: see lemur.process_setup
     args = parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

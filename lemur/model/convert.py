@@ -262,6 +262,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the exit code."""
+    from lemur import process_setup
+
+    process_setup.install("lemur-convert")  # every process-wide change: see lemur.process_setup
     args = parser().parse_args(argv)
     try:
         if args.command == "to-lemur":

@@ -29,6 +29,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from lemur.process_setup import FAILED_RESTORES
+
 ITEMS = ("state", "data", "meta")
 # Files every complete checkpoint holds (orbax 0.12's layout): one missing means damage.
 REQUIRED_FILES = ("state/_METADATA", "data/metadata", "meta/metadata")
@@ -48,44 +50,11 @@ def error_line(e: BaseException, limit: int = 240) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-# Step directories whose restore failed: orbax's leftovers that name them are not shown.
-_failed_paths: set[str] = set()
-_asyncio_filtered = False
-
-
-def _filter_restore_noise() -> None:
-    """Keep what a failed orbax restore leaves behind off stderr (installed before restoring).
-
-    When one array read fails, orbax closes its event loop with the sibling reads still
-    pending: TensorStore's threads then call into the closed loop ("Event loop is
-    closed", printed while the restore is still failing), each pending coroutine prints
-    "Exception ignored ... Traceback" when it is collected (at any later time, exit
-    included), and asyncio logs "Future exception was never retrieved". Dozens of
-    tracebacks around our one line; these filters drop exactly those (the closed-loop
-    error, and anything naming a directory whose restore failed).
-    """
-    global _asyncio_filtered
-    if not getattr(sys.unraisablehook, "lemur_filter", False):
-        previous = sys.unraisablehook
-
-        def hook(unraisable: Any) -> None:
-            text = str(unraisable.exc_value)
-            if "Event loop is closed" in text or any(p in text for p in _failed_paths):
-                return
-            previous(unraisable)
-
-        hook.lemur_filter = True  # type: ignore[attr-defined]
-        sys.unraisablehook = hook
-    if not _asyncio_filtered:
-        _asyncio_filtered = True
-        logging.getLogger("asyncio").addFilter(
-            lambda record: not any(p in record.getMessage() for p in _failed_paths)
-        )
-
-
 def _collect_quietly(path: Path) -> None:
-    """After a failed restore of `path`: drop its leftovers now, and any that come later."""
-    _failed_paths.add(f"{path}{os.sep}")
+    """After a failed restore of `path`: drop its leftovers now, and any that come later
+    (under `lemur-train`, whose `lemur.process_setup.quiet_failed_restores` filter reads
+    FAILED_RESTORES)."""
+    FAILED_RESTORES.add(f"{path}{os.sep}")
     hook = sys.unraisablehook
     sys.unraisablehook = lambda _: None
     try:
@@ -150,10 +119,6 @@ class Checkpointer:
                 return f"{item}/metadata is unreadable ({error_line(e)})"
         return None
 
-    def read_meta(self, step: int) -> dict[str, Any]:
-        """The `meta` item of checkpoint `step` (JSON; no arrays read)."""
-        return json.loads((self.step_dir(step) / "meta/metadata").read_text())
-
     def param_shapes(self, step: int) -> dict[str, tuple[int, ...]]:
         """Shape of every parameter in checkpoint `step`, by key path (no arrays read)."""
         handler = ocp.StandardCheckpointHandler()
@@ -195,7 +160,6 @@ class Checkpointer:
             meta=ocp.args.JsonRestore(),
         )
         reason = None
-        _filter_restore_noise()
         try:
             with _quiet_orbax():
                 restored = self.manager.restore(step, args=args)

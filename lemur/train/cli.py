@@ -108,6 +108,7 @@ def cmd_train(argv: list[str]) -> int:
     # Before the slow imports (jax): from now until training starts, Ctrl-C exits 130
     # at once instead of raising KeyboardInterrupt in the middle of JAX or XLA.
     interrupt.arm()
+    interrupt.guard_jax_cache_writes()  # JAX's cache writes are critical ones until training
     try:
         return _train(args)
     finally:
@@ -160,6 +161,9 @@ def cmd_plot(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `lemur-train`."""
+    from lemur import process_setup
+
+    process_setup.install("lemur-train")  # every process-wide change: see lemur.process_setup
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "plot":
         return cmd_plot(argv[1:])

@@ -56,7 +56,6 @@ class Trainer(Inputs, Resume):
         # Stored absolute (config.yaml, checkpoints): the run is read from other directories.
         self.config = config = with_absolute_paths(config)
         self.on_metrics = on_metrics
-        interrupt.guard_jax_cache_writes()
         mesh_lib.initialize_distributed(config.mesh.distributed)
         if config.compile_cache_dir and not jax.config.jax_compilation_cache_dir:
             jax.config.update(

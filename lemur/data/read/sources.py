@@ -24,7 +24,6 @@ from lemur.data.read.readers import (
     ReadLog,
 )
 from lemur.data.recipe import SourceConfig
-from lemur.data.run import logs as _logs  # noqa: F401  (quiets datatrove in worker processes)
 
 __all__ = ["MAX_ERRORS_PER_TASK", "SourcesReader"]
 READERS: dict[str, type[BaseReader]] = {

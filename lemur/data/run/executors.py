@@ -22,10 +22,11 @@ from typing import Any
 from datatrove.executor import LocalPipelineExecutor
 
 from lemur.data.recipe import ExecutorConfig
+from lemur.data.run.logs import QuietTaskLogs
 from lemur.process_guard import die_with_parent
 
 
-class LemurLocalExecutor(LocalPipelineExecutor):
+class LemurLocalExecutor(QuietTaskLogs, LocalPipelineExecutor):
     """datatrove's local executor without a Manager process (see the module docstring)."""
 
     def run(self) -> None:

@@ -2,17 +2,24 @@
 
 datatrove's executors log every task at INFO level to stderr and re-add a verbose stderr
 handler after each task; we keep its per-task log files (`<work>/logs/logs/`) complete
-and only let warnings and errors through to the console. The patch is applied on import,
-so worker processes that unpickle our pipeline steps get it too.
+and only let warnings and errors through to the console. Nothing happens on import:
+
+- `quiet_datatrove()` sets the console of the process running `lemur-data` (installed by
+  its `main()` through `lemur.process_setup`);
+- `QuietTaskLogs`, a base of our executors, gives each task our task logger in whatever
+  process runs it (the build itself, a spawned local worker, a Ray worker, a Slurm array
+  task), for the duration of the task.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
+from collections.abc import Iterator
+from typing import Any
 
-import datatrove.executor.base as _executor_base
 from loguru import logger
 
 CONSOLE_FORMAT = "{level}: {message}"
@@ -37,7 +44,9 @@ def _console_only() -> None:
     logger.add(sys.stderr, level="WARNING", format=CONSOLE_FORMAT, colorize=False)
 
 
-def _add_task_logger(logging_dir, rank: int, local_rank: int = 0, node_rank: int = -1):
+def _add_task_logger(logging_dir: Any, rank: int, local_rank: int = 0, node_rank: int = -1):
+    """datatrove's `add_task_logger`, ours: the task's file at INFO, the console warnings."""
+    del local_rank, node_rank  # every task's console shows warnings, with no node prefix
     _console_only()
     logfile = logging_dir.open(f"logs/task_{rank:05d}.log", "w")
     logger.add(logfile, level="INFO", colorize=False)
@@ -45,17 +54,43 @@ def _add_task_logger(logging_dir, rank: int, local_rank: int = 0, node_rank: int
     return logfile
 
 
-def _close_task_logger(logfile) -> None:
+def _close_task_logger(logfile: Any) -> None:
     logger.complete()
     _console_only()
     logfile.close()
 
 
 def quiet_datatrove() -> None:
-    """Route datatrove's task logging to files, keeping only warnings on the console."""
-    _executor_base.add_task_logger = _add_task_logger
-    _executor_base.close_task_logger = _close_task_logger
+    """Keep only loguru's warnings and errors on this process's console (one handler)."""
+    # datatrove installs its verbose stderr handler when its logging module is first
+    # imported: import it now, so that a later import cannot undo this.
+    import datatrove.utils.logging  # noqa: F401
+
     _console_only()
 
 
-quiet_datatrove()
+@contextlib.contextmanager
+def task_logs() -> Iterator[None]:
+    """For one task: datatrove's executor logs through our task logger (see the docstring).
+
+    Tasks of one process run one after the other (each executor runs one task at a time in
+    a process), so the executor module's two functions are swapped and put back in turn.
+    """
+    import datatrove.executor.base as executor_base
+
+    saved = executor_base.add_task_logger, executor_base.close_task_logger
+    quiet_datatrove()
+    executor_base.add_task_logger = _add_task_logger
+    executor_base.close_task_logger = _close_task_logger
+    try:
+        yield
+    finally:
+        executor_base.add_task_logger, executor_base.close_task_logger = saved
+
+
+class QuietTaskLogs:
+    """Base of a datatrove executor whose tasks log through `task_logs()`."""
+
+    def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1) -> Any:
+        with task_logs():
+            return super()._run_for_rank(rank, local_rank, node_rank)  # type: ignore[misc]

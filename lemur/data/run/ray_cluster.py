@@ -28,7 +28,7 @@ from datatrove.executor.base import DistributedEnvVars, PipelineExecutor
 from loguru import logger
 
 from lemur.data.recipe import ExecutorConfig
-from lemur.data.run import logs as _logs  # noqa: F401  (task logs in Ray workers too)
+from lemur.data.run.logs import QuietTaskLogs
 from lemur.data.run.settings import time_seconds
 
 # Ray's errors for a task whose process, node or result was lost (not one that raised)
@@ -134,7 +134,7 @@ def _raised(error: BaseException) -> str:
     return f"{type(cause).__name__}: {text[0][:200] if text else ''}".rstrip(": ")
 
 
-class LemurRayExecutor(PipelineExecutor):
+class LemurRayExecutor(QuietTaskLogs, PipelineExecutor):
     """Runs a stage's incomplete ranks as Ray tasks, `workers` at a time, spread over nodes."""
 
     def __init__(

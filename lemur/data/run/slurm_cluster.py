@@ -30,7 +30,7 @@ from typing import Any
 from datatrove.executor import SlurmPipelineExecutor
 
 from lemur.data.recipe import ExecutorConfig
-from lemur.data.run import logs as _logs  # noqa: F401  (quiet task logs in array tasks)
+from lemur.data.run.logs import QuietTaskLogs
 
 MARKERS_EVERY = 0.25  # s between looks at the completion markers (a directory listing)
 FIRST_QUEUE_CHECK, LAST_QUEUE_CHECK = 1.0, 30.0  # squeue: 1 s, doubling up to 30 s
@@ -63,7 +63,7 @@ def task_environment(config: ExecutorConfig) -> tuple[str | None, str | None]:
     return None, f'export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"'
 
 
-class LemurSlurmExecutor(SlurmPipelineExecutor):
+class LemurSlurmExecutor(QuietTaskLogs, SlurmPipelineExecutor):
     """datatrove's Slurm executor with the changes of the module docstring."""
 
     def __init__(self, config: ExecutorConfig, pipeline: list, tasks: int, logging_dir: str):

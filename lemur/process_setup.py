@@ -1,0 +1,107 @@
+"""Every process-wide change lemur makes, and why; the commands make them, never an import.
+
+Importing `lemur` or any of its modules changes nothing global (loguru's handlers, logging's
+filters, `sys.unraisablehook`, signal handlers, third-party functions, warnings filters,
+environment variables): tests/test_process_setup.py checks it. A command's `main()` calls
+`install(COMMAND)` first, which makes that command's changes (`COMMANDS`):
+
+lemur-data
+- `HF_HUB_OFFLINE=1` unless set: a build never reaches a model hub, whatever a tokenizer
+  library would look up;
+- loguru: one console handler showing warnings and errors as `LEVEL: message`, replacing
+  datatrove's verbose stderr handler (installed when datatrove is imported), so that the
+  progress display stays readable (`lemur.data.run.logs.quiet_datatrove`).
+
+lemur-train
+- `sys.unraisablehook` and a filter on the `asyncio` logger drop what a failed orbax restore
+  leaves behind (`quiet_failed_restores`): orbax closes its event loop with sibling reads
+  pending, and their leftovers print dozens of tracebacks around our one line at any later
+  moment, the interpreter's exit included, so the filter must outlive the restore.
+
+lemur-eval, lemur-convert: none.
+
+Changes a command's own code makes later, for as long as they are needed, and undoes:
+- `lemur-train` set-up (`lemur.train.interrupt`, armed by `lemur.train.cli` until training
+  starts): SIGINT/SIGTERM handlers, `signal.set_wakeup_fd` and a watcher thread, so that
+  Ctrl-C exits at once without a half-written file; JAX's compilation-cache write
+  (`jax._src.compilation_cache.put_executable_and_time`) runs as a critical write.
+- the training loop (`lemur.train.loop`): SIGINT/SIGTERM handlers that checkpoint and stop,
+  put back when the loop ends; JAX's `jax_compilation_cache_dir` from the config's
+  `compile_cache_dir` (unless already set) and `jax.distributed` for multi-host runs.
+- each data task, in whatever process runs it (`lemur.data.run.logs.QuietTaskLogs`):
+  datatrove's task logger is ours for the task (the task's file at INFO, the console at
+  WARNING); datatrove itself sets its `DATATROVE_*` environment variables per task.
+- local build workers and the trainer's loader processes (`lemur.process_guard`):
+  `PR_SET_PDEATHSIG` and a parent watch, so that they die with the process that started them.
+- a dedup bucket task raises its soft limit of open files (`lemur.data.dedup.rows`); a
+  sandboxed program's process sets its resource limits and umask (`lemur.eval.jail`).
+- `lemur.train.checkpoint`: absl's log level around orbax calls, and a muted
+  `sys.unraisablehook` while collecting a failed restore's leftovers (both put back).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+# Step directories (with a trailing separator) whose restore failed: orbax's leftovers that
+# name one are dropped (`lemur.train.checkpoint` adds to it).
+FAILED_RESTORES: set[str] = set()
+
+
+def _orbax_noise(text: str) -> bool:
+    return "Event loop is closed" in text or any(p in text for p in FAILED_RESTORES)
+
+
+def _unraisable_hook(previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    def hook(unraisable: Any) -> None:
+        if not _orbax_noise(str(unraisable.exc_value)):
+            previous(unraisable)
+
+    hook.lemur_filter = True  # type: ignore[attr-defined]
+    return hook
+
+
+class _AsyncioFilter(logging.Filter):
+    """asyncio's "Future exception was never retrieved" of a failed restore's reads."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(p in record.getMessage() for p in FAILED_RESTORES)
+
+
+def quiet_failed_restores() -> None:
+    """Keep what a failed orbax restore leaves behind off stderr (see the docstring)."""
+    if not getattr(sys.unraisablehook, "lemur_filter", False):
+        sys.unraisablehook = _unraisable_hook(sys.unraisablehook)
+    asyncio_logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, _AsyncioFilter) for f in asyncio_logger.filters):
+        asyncio_logger.addFilter(_AsyncioFilter())
+
+
+def hub_offline() -> None:
+    """`HF_HUB_OFFLINE=1` unless the environment says otherwise."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def quiet_datatrove() -> None:
+    """Only warnings and errors of loguru on the console."""
+    from lemur.data.run.logs import quiet_datatrove as quiet
+
+    quiet()
+
+
+COMMANDS: dict[str, tuple[Callable[[], None], ...]] = {
+    "lemur-data": (hub_offline, quiet_datatrove),
+    "lemur-train": (quiet_failed_restores,),
+    "lemur-eval": (),
+    "lemur-convert": (),
+}
+
+
+def install(command: str) -> None:
+    """Make the process-wide changes of `command` (a key of COMMANDS); idempotent."""
+    for change in COMMANDS[command]:
+        change()
