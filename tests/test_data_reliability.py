@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -159,27 +158,61 @@ def test_a_second_build_into_the_same_directory_is_refused(sources, tmp_path):
     assert not (out / "manifest.json").exists()
 
 
+# `lemur-data build RECIPE` into OUTPUT that, once it holds the lock of OUTPUT, says so on stdout
+# and waits for a line on stdin before it goes on.
+HOLDER = """
+import sys
+from pathlib import Path
+from lemur.data.cli import main
+from lemur.data.run.lock import DirectoryLock
+
+out, recipe = Path(sys.argv[1]).resolve(), sys.argv[2]
+acquire = DirectoryLock.acquire
+
+def acquire_and_wait(self):
+    acquire(self)
+    if self.path.parent.resolve() == out:
+        print("holding the lock", flush=True)
+        sys.stdin.readline()
+
+DirectoryLock.acquire = acquire_and_wait
+sys.exit(main(["build", recipe]))
+"""
+
+
 def test_concurrent_builds_one_wins_one_is_refused(sources, tmp_path):
     out = tmp_path / "out"
-    procs = []
-    for seed in (1, 2):
-        recipe = write_recipe(raw_recipe(sources, out, seed=seed), tmp_path / f"r{seed}.yaml")
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "lemur.data.cli", "build", str(recipe)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-        time.sleep(0.2)
-    results = [(p.wait(), p.stderr.read()) for p in procs]
-    codes = sorted(rc for rc, _ in results)
-    assert codes[0] == 0, results
-    if codes[1] != 0:  # the usual case: the second found the first still running
-        assert any("another build is writing here" in err for _, err in results), results
+    recipes = [
+        write_recipe(raw_recipe(sources, out, seed=seed), tmp_path / f"r{seed}.yaml")
+        for seed in (1, 2)
+    ]
+    first = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(out), str(recipes[0])],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout is not None and first.stdin is not None
+        for line in first.stdout:  # until the first build holds the lock (or ends)
+            if line.strip() == "holding the lock":
+                break
+        else:
+            pytest.fail(f"the first build never took the lock: {first.communicate()[1][-3000:]}")
+        second = cli(["build", str(recipes[1])], timeout=300)  # while the first holds it
+        _, first_err = first.communicate("go on\n", timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0, first_err[-3000:]
+    assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr
+    line = second.stderr.strip().splitlines()[-1]
+    assert f"{out}: another build is writing here (pid {first.pid} on " in line, line
     assert verify(out) == []
     m = json.loads((out / "manifest.json").read_text())
+    assert m["recipe"]["seed"] == 1  # the first build's
     assert all(s["tokens"] > 0 for s in m["shards"])
 
 

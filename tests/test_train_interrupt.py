@@ -1,8 +1,11 @@
 """Ctrl-C before training starts: `lemur-train` exits 130 with one line, every time, from any
 moment of set-up (imports, data checks, restore, compilation), and leaves nothing half-written.
 
-Each try is a real `lemur-train` subprocess sent SIGINT at a chosen moment; compilation is
-not cached, so a signal after the set-up line lands in restore or compilation.
+Each try is a real `lemur-train` subprocess (PAUSER) that stops at a chosen moment of its
+set-up and says so on stdout; the test then sends the signal, so it always lands there.
+The process waits for it either in Python (`time.sleep`: the Python-level handler and the
+watcher thread race to exit) or, like the main thread inside XLA's compiler, in C with the
+signal blocked in the main thread (only the watcher thread can end the process).
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,77 @@ from lemur.train.loop import train
 
 SETUP_LINE = "params, mesh"  # printed once the data is checked, before restore and compile
 STARTED_LINE = "compiled in"  # printed when training starts
+PAUSED = "paused at "  # PAUSER's line on stdout: the moment has come, send the signal
+
+PAUSER = r"""
+import ctypes, signal, sys, time
+
+config, moment, how = sys.argv[1:4]
+SETUP_LINE = "params, mesh"
+
+
+def pause():
+    if how == "native":  # the main thread in C, where no Python handler runs
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    print(f"paused at {moment}", flush=True)
+    if how == "native":
+        ctypes.CDLL(None).sleep(120)
+    else:
+        time.sleep(120)
+    # Only reached when the signal did not end the process: the run goes on (and fails the test).
+
+
+if moment == "import":  # the slow imports of set-up: pause as jax starts to load
+    import importlib.abc
+
+    class PauseAtJax(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "jax":
+                sys.meta_path.remove(self)
+                pause()
+
+    sys.meta_path.insert(0, PauseAtJax())
+elif moment == "setup line":  # right after the set-up line is printed
+
+    class Stream:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def write(self, text):
+            n = self.stream.write(text)
+            if SETUP_LINE in text:
+                self.stream.flush()
+                pause()
+            return n
+
+        def __getattr__(self, name):
+            return getattr(self.stream, name)
+
+    sys.stderr = Stream(sys.stderr)
+elif moment == "restore":  # resuming: as the checkpoint is about to be read
+    from lemur.train.checkpoint import Checkpointer
+
+    restore = Checkpointer.restore
+
+    def paused_restore(self, *args, **kwargs):
+        pause()
+        return restore(self, *args, **kwargs)
+
+    Checkpointer.restore = paused_restore
+elif moment == "compile":  # as XLA is about to compile the first step
+    import jax.stages
+
+    compile_ = jax.stages.Lowered.compile
+
+    def paused_compile(self, *args, **kwargs):
+        pause()
+        return compile_(self, *args, **kwargs)
+
+    jax.stages.Lowered.compile = paused_compile
+from lemur.train.cli import main
+
+sys.exit(main([config]))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -39,40 +112,42 @@ def checkpointed(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 
 def interrupt(
-    config_file: Path, *, after_start: float | None = None, after_setup_line: float | None = None
-) -> tuple[int, str, bool]:
-    """Run lemur-train, SIGINT it at a moment: (exit code, stderr, signal sent in set-up)."""
+    config_file: Path, moment: str, how: str, sig: signal.Signals = signal.SIGINT
+) -> tuple[int, str]:
+    """Run lemur-train, send `sig` once it has paused at `moment`: (exit code, stderr)."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lemur.train.cli", str(config_file)],
+        [sys.executable, "-c", PAUSER, str(config_file), moment, how],
         stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         text=True,
         env=env,
     )
     lines: list[str] = []
-    setup = threading.Event()
-
-    def read() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.append(line)
-            if SETUP_LINE in line:
-                setup.set()
-
-    reader = threading.Thread(target=read, daemon=True)
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True)
     reader.start()
-    if after_start is not None:
-        time.sleep(after_start)
-    else:
-        assert setup.wait(120), "".join(lines)
-        time.sleep(after_setup_line or 0.0)
-    in_setup = not any(STARTED_LINE in line for line in lines)
-    proc.send_signal(signal.SIGINT)
-    code = proc.wait(120)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # until the process says it is there (or ends)
+            if line.startswith(PAUSED):
+                assert line.strip() == PAUSED + moment
+                break
+        else:
+            proc.wait(60)
+            reader.join(10)
+            pytest.fail(f"never paused at {moment}: {''.join(lines)[-3000:]}")
+        proc.send_signal(sig)
+        try:
+            code = proc.wait(120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 120 s after the signal at {moment}: {''.join(lines)}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     reader.join(10)
-    return code, "".join(lines), in_setup
+    return code, "".join(lines)
 
 
 def assert_nothing_half_written(run: Path, config_text: str) -> None:
@@ -84,30 +159,30 @@ def assert_nothing_half_written(run: Path, config_text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "moment",
+    "moment, how, sig",
     [
-        {"after_start": 0.3},
-        {"after_start": 2.0},
-        {"after_setup_line": 0.0},
-        {"after_setup_line": 0.4},
-        {"after_setup_line": 1.0},
+        ("import", "python", signal.SIGINT),
+        ("setup line", "python", signal.SIGINT),
+        ("setup line", "python", signal.SIGTERM),
+        ("compile", "native", signal.SIGINT),
     ],
 )
-def test_ctrl_c_during_setup_exits_130_cleanly(moment: dict, corpus: Path, tmp_path: Path) -> None:
+def test_ctrl_c_during_setup_exits_130_cleanly(
+    moment: str, how: str, sig: signal.Signals, corpus: Path, tmp_path: Path
+) -> None:
     run = tmp_path / "run"
     config = tiny_config(corpus, run)
     config_file = tmp_path / "config.yaml"
     config_file.write_text(config.to_yaml())
-    code, err, in_setup = interrupt(config_file, **moment)
-    check(code, err, in_setup)
+    code, err = interrupt(config_file, moment, how, sig)
+    check(code, err, sig)
     assert_nothing_half_written(run, config.to_yaml())
-    if code == 130:
-        assert not (run / "metrics.jsonl").exists() and not list(run.glob("checkpoints/*"))
+    assert not (run / "metrics.jsonl").exists() and not list(run.glob("checkpoints/*"))
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.5])
+@pytest.mark.parametrize("moment, how", [("restore", "python"), ("compile", "native")])
 def test_ctrl_c_while_resuming_exits_130_cleanly(
-    delay: float, corpus: Path, checkpointed: Path, tmp_path: Path
+    moment: str, how: str, corpus: Path, checkpointed: Path, tmp_path: Path
 ) -> None:
     run = tmp_path / "run"
     shutil.copytree(checkpointed, run)
@@ -115,22 +190,22 @@ def test_ctrl_c_while_resuming_exits_130_cleanly(
     config = tiny_config(corpus, run, "eval.at_start=false")
     config_file = tmp_path / "config.yaml"
     config_file.write_text(config.to_yaml())
-    code, err, in_setup = interrupt(config_file, after_setup_line=delay)
-    check(code, err, in_setup)
+    code, err = interrupt(config_file, moment, how)
+    check(code, err)
     assert_nothing_half_written(run, config.to_yaml())
-    if code == 130:
-        assert (run / "metrics.jsonl").read_text() == before
-        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["10"]
+    assert (run / "metrics.jsonl").read_text() == before
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["10"]
 
 
-def check(code: int, err: str, in_setup: bool) -> None:
-    """Exit 130 with the one line when the signal came in set-up; never a crash."""
+def check(code: int, err: str, sig: signal.Signals = signal.SIGINT) -> None:
+    """Exit 130 (SIGTERM: 143) with the one line, before training started; never a crash."""
     assert "Traceback" not in err and "Fatal Python error" not in err, err
-    if code == 0:  # training had started (a race only when in_setup): stopped at a step
-        assert "stopped at step" in err and STARTED_LINE in err, (code, err)
-        return
-    assert code == 130, (code, in_setup, err)
-    assert err.strip().splitlines()[-1] == "lemur-train: interrupted before training started", err
+    assert STARTED_LINE not in err, err
+    line = {
+        signal.SIGINT: ("interrupted before training started", 130),
+        signal.SIGTERM: ("terminated (SIGTERM) before training started", 143),
+    }[sig]
+    assert (code, err.strip().splitlines()[-1]) == (line[1], f"lemur-train: {line[0]}"), err
 
 
 def test_jax_cache_writes_are_not_cut(monkeypatch: pytest.MonkeyPatch) -> None:
