@@ -37,8 +37,10 @@ WORK = Path("/tmp/lemur-bench-engines")
 # A build that reports each stage's task count (the Slurm latency probe mirrors them).
 DRIVER = """
 import json, sys
+from lemur import process_setup
 from lemur.data.build import build
 from lemur.data.load import load_recipe
+process_setup.install("lemur-data")  # the console of `lemur-data build`
 TASK_STAGES = ("tokenize", "dedup", "pack: histograms", "shuffle: scatter", "shuffle: write")
 stages = {}
 def report(stage, done, total):

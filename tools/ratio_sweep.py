@@ -321,11 +321,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run a sweep from the command line; exit 2 with one line on a user mistake."""
     args = parser().parse_args(argv)
+    from lemur import process_setup
     from lemur.data.build import BuildError
     from lemur.data.load import apply_overrides, load_recipe
     from lemur.data.recipe import RecipeError
     from lemur.train.config import ConfigError
 
+    process_setup.install("lemur-data")  # builds in this process: lemur-data's console
     out = Path(args.out).expanduser().absolute()
     try:
         if args.recipe:  # resolved (presets applied) but not checked: each ratio's build is
