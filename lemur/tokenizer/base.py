@@ -35,6 +35,10 @@ class Tokenizer(Protocol):
         """`encode` of each text (one thread: parallelism comes from the executor's tasks)."""
         ...
 
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """`encode` of each text as a uint32 array (what the build writes; may skip lists)."""
+        ...
+
     def decode(self, ids: Sequence[int]) -> str:
         """The text of `ids`."""
         ...

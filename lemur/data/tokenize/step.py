@@ -8,7 +8,6 @@ import io
 import json
 import os
 from contextlib import nullcontext
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -72,10 +71,12 @@ class TokenizeWriter(PipelineStep):
         bos, eos = self.framing or (tok.bos_id, tok.eos_id)
         head = () if bos is None or self.template else (bos,)
         if not self.masks:
-            encoded = tok.encode_batch([d.text for d in batch])
+            encoded = tok.encode_arrays([d.text for d in batch])
             lengths = [len(t) + len(head) + 1 for t in encoded]
-            framed = chain.from_iterable(chain(head, t, (eos,)) for t in encoded)
-            return lengths, np.fromiter(framed, dtype, count=sum(lengths)).tobytes(), b""
+            first, last = np.array(head, np.uint32), np.array([eos], np.uint32)
+            framed = [x for t in encoded for x in (first, t, last)]
+            tokens = np.concatenate(framed) if framed else first[:0]
+            return lengths, tokens.astype(dtype, copy=False).tobytes(), b""
         ids = [d.metadata.pop(TOKENS_KEY) for d in batch]
         masks = [d.metadata.pop(MASK_KEY) for d in batch]
         tail = () if self.template else (eos,)
