@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -235,6 +236,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     from lemur.data.build import sample_texts
     from lemur.data.read.listing import list_inputs
     from lemur.data.recipe import TokenizerTrainConfig
+    from lemur.data.recipe_tokenizer import VocabSizeError
     from lemur.data.tokenize.tokenizer import (
         TokenizerError,
         TokenizerSettingsError,
@@ -245,9 +247,10 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     recipe = _load(args)
     config = recipe.tokenizer.train or TokenizerTrainConfig()
     if args.vocab_size is not None:
-        if not 256 < args.vocab_size <= 2**32:
-            _die(f"--vocab-size {args.vocab_size}: must be > 256 and <= 2^32")
-        config = TokenizerTrainConfig(**{**config.__dict__, "vocab_size": args.vocab_size})
+        try:  # the config checks the bound, as it does the recipe's vocab_size
+            config = dataclasses.replace(config, vocab_size=args.vocab_size)
+        except VocabSizeError as e:
+            _die(f"--vocab-size {args.vocab_size}: must be {e.bound}")
     byte_bpe = config.kind == "byte-bpe"  # a folder: tokenizer.json + tokenizer_config.json
     target = Path(args.out).expanduser() if byte_bpe else _tokenizer_out(args.out)
     inputs = list_inputs(recipe).files
