@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lemur.cli_common import UserError
 from lemur.eval.generate import (
     Completion,
     GenerationConfig,
@@ -194,7 +195,7 @@ class TurnDecoder:
         rows = [self._row(c) for c, _ in requests]
         prompts = [list(p) for _, p in requests]
         if not all(self.fits(len(p)) for p in prompts):
-            raise ValueError("a prompt leaves no room to reply within max_seq_len")
+            raise UserError("a prompt leaves no room to reply within max_seq_len")
         starts = []
         for b, prompt in zip(rows, prompts, strict=True):
             keep = common_prefix(self.ids[b], prompt) if self.reuse else 0
