@@ -169,7 +169,9 @@ def test_ipv6_scan_finds_what_the_full_regex_finds():
     noise (overlapping and adjacent candidates) and on real C++ headers full of `::`."""
     rng = random.Random(7)
     texts = ["".join(rng.choice("23aF0:: .\n") for _ in range(400)) for _ in range(300)]
-    texts += [p.read_text(errors="replace") for p in sorted(Path("/usr/include").rglob("*.h"))[:200]]
+    texts += [
+        p.read_text(errors="replace") for p in sorted(Path("/usr/include").rglob("*.h"))[:200]
+    ]
     texts += ["2001:db8::1", "x2a03:2880:f12f:83:face:b00c::25de", "3fff::1:2:3:4:5:6:7:8:9"]
     for text in texts:
         assert _ipv6_matches(text) == [m.span() for m in _IPV6.finditer(text)], text[:80]
