@@ -46,6 +46,7 @@ class Tokenizer(Protocol):
 
     bos_id: int | None
     eos_id: int
+    stop_ids: tuple[int, ...]  # EOS, and more a model folder's generation_config lists
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`, without <s> or </s>."""
@@ -351,7 +352,7 @@ def generate(
     """Complete text prompts (<s> prepended), or with `chat` chat prompts: user turns or
     conversations so far (`chat_prompt_ids`), ending at the model's EOS or end of turn
     (`<|im_end|>` for ChatML, the template's own for a tokenizer.json model)."""
-    eos: int | tuple[int, ...] = tokenizer.eos_id
+    eos: tuple[int, ...] = tokenizer.stop_ids
     if chat:
         ids = [chat_prompt_ids(tokenizer, p) for p in prompts]
         template = model_template(tokenizer)

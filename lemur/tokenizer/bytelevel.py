@@ -118,6 +118,8 @@ class ByteLevelTokenizer:
         self.vocab_size = int(self.reference.get_vocab_size(with_added_tokens=True))
         self.bos_id = self._special_id(files.bos) if files.bos else None
         self.eos_id = self._special_id(files.eos) if files.eos else None
+        more = [i for i in files.generation_eos if i < self.vocab_size]
+        self.stop_ids = tuple(dict.fromkeys(i for i in (self.eos_id, *more) if i is not None))
         self._tiktoken: Any = None
         self.engine_reason = "asked for in the recipe" if engine == "tokenizers" else ""
         if engine != "tokenizers":

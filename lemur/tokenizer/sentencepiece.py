@@ -35,6 +35,7 @@ class SentencePieceTokenizer:
         self.bos_id: int | None = bos if bos >= 0 else None
         if self.eos_id < 0:
             raise TokenizerError(f"{self.path}: the model has no </s> id")
+        self.stop_ids: tuple[int, ...] = (self.eos_id,)
 
     @functools.cached_property
     def sha256(self) -> str:
