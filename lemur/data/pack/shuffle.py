@@ -13,11 +13,11 @@ shard's `done/{b}.json` are never rewritten, so a killed task reruns alone.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from lemur.atomic_files import atomic_open
 from lemur.data.pack.mix import seeded_hash
 from lemur.data.pack.records import task_records
 from lemur.data.pack.select import Groups, bucket_of, keys_of, shuffle_keys, task_fates
@@ -46,21 +46,6 @@ BUCKETS, DONE = "buckets", "done"  # scatter files, finished shards' entries (un
 
 def _name(rank: int, ext: str) -> str:
     return f"{BUCKETS}/scatter-{rank:05d}.{ext}"
-
-
-def _write_stream(path: Path, chunks) -> None:
-    """Write byte chunks under a temporary name, then rename (a full disk leaves nothing)."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            for chunk in chunks:
-                fh.write(chunk)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _slices(run: np.ndarray, start: np.ndarray, end: np.ndarray, dtype: np.dtype):
@@ -101,10 +86,12 @@ def scatter_task(rank: int, tok_dir: Path, dedup_dir: Path | None, work: Path, c
     dtype = np.dtype(cfg["dtype"])
     (work / BUCKETS).mkdir(parents=True, exist_ok=True)
     run = open_array(tok_dir / f"{rank:05d}.bin", dtype)
-    _write_stream(work / _name(rank, "bin"), _slices(run, start, end, dtype))
+    with atomic_open(work / _name(rank, "bin")) as fh:
+        fh.writelines(_slices(run, start, end, dtype))
     if cfg["masks"]:
         mask = open_array(tok_dir / f"{rank:05d}.mask", MASK_DTYPE)
-        _write_stream(work / _name(rank, "mask"), _slices(mask, start, end, MASK_DTYPE))
+        with atomic_open(work / _name(rank, "mask")) as fh:
+            fh.writelines(_slices(mask, start, end, MASK_DTYPE))
     keys = np.zeros(len(entry), KEYREC)
     keys["key"], keys["length"] = key, end - start
     atomic_write_bytes(work / _name(rank, "keys"), keys.tobytes())

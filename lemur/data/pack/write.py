@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from lemur.atomic_files import atomic_open
 from lemur.data.dedup.stage import CLUSTER
 from lemur.data.pack.plan import PackError, PackPlan, make_plan
 from lemur.data.pack.records import removals
@@ -24,7 +25,6 @@ from lemur.data.pack.shuffle import (
     GROUP_FIELDS,
     ShuffleError,
     _name,
-    _write_stream,
     check_scatter,
 )
 from lemur.data.pack.steps import PackGather, PackPrep, PackScatter
@@ -150,8 +150,8 @@ class Packer:
     def _write_duplicates(self) -> None:
         parts = [self.work / "hist" / f"{t:05d}.dups.jsonl" for t in range(self.n_tasks)]
         path = self.out_dir / self.prefix / "duplicates.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_stream(path, (p.read_bytes() for p in parts))
+        with atomic_open(path) as fh:
+            fh.writelines(p.read_bytes() for p in parts)
 
     def _dedup_section(self, dedup: dict[str, np.ndarray]) -> dict[str, Any]:
         if self.dedup_dir is None:
