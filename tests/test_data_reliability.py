@@ -256,6 +256,10 @@ class _FullDisk:
             raise OSError(errno.ENOSPC, "No space left on device", self.fh.name)
         return self.fh.write(data)
 
+    def writelines(self, chunks) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
     def __getattr__(self, name):
         return getattr(self.fh, name)
 
