@@ -149,3 +149,78 @@ def test_verify_ignores_a_killed_writers_temp_and_the_old_shard_stays_whole(tmp_
     tmp = killed_while_writing(shard)
     assert tmp.is_file() and shard.read_bytes() == before
     assert verify(root) == []  # readers open the names the manifest lists, never a temp
+
+
+# A scatter task SIGKILLed as it writes its bucket file (one copy per write, so it is
+# caught after two of them): the pack stage's reader must not take the temp for output.
+KILLED_SCATTER = textwrap.dedent(
+    """
+    import pickle, sys, time
+    from pathlib import Path
+    from lemur.data.pack import shuffle
+    shuffle.CHUNK = 1
+    slices = shuffle._slices
+    def slow(*args):
+        for i, chunk in enumerate(slices(*args)):
+            yield chunk
+            if i == 1:
+                print("ready", flush=True)
+                time.sleep(60)
+    shuffle._slices = slow
+    settings = pickle.loads(Path(sys.argv[3]).read_bytes())
+    shuffle.scatter_task(0, Path(sys.argv[1]), None, Path(sys.argv[2]), settings)
+    """
+)
+
+
+def one_tokenize_task(tok_dir: Path, n: int = 40):
+    """Tokenize-stage files of one task of `n` code documents; pack settings that take all."""
+    import json
+
+    from lemur.data.pack.select import N_BINS, Groups
+    from lemur.data.pack.settings import PackSettings
+    from lemur.data.tokenize.step import DOC_RECORD
+
+    rng = np.random.default_rng(0)
+    tok_dir.mkdir(parents=True)
+    rec = np.zeros(n, DOC_RECORD)
+    rec["tokens"] = rng.integers(3, 50, n)
+    rec["id_hash"] = rng.integers(0, 2**63, n, dtype=np.uint64)
+    rec["end"] = np.cumsum(rec["tokens"])
+    np.save(tok_dir / "00000.docs.npy", rec)
+    (tok_dir / "00000.json").write_text(json.dumps({"languages": ["Python"]}))
+    rng.integers(3, 800, int(rec["end"][-1]), dtype=np.uint16).tofile(tok_dir / "00000.bin")
+    none = np.packbits(np.zeros(N_BINS, bool)).tobytes()  # one whole pass, no partial one
+    groups = Groups(seed=1, val_fraction=0.0, domains=("code",), groups=("code",))
+    return PackSettings(groups, {"code": 0}, (("code", "Python", 1, none),), 2, {}, "<u2", False)
+
+
+def test_the_pack_stage_does_not_trust_a_killed_scatter_tasks_temp(tmp_path):
+    import pickle
+
+    from lemur.data.pack.shuffle import check_scatter, scatter_task
+
+    settings = one_tokenize_task(tmp_path / "tok")
+    (tmp_path / "settings.pkl").write_bytes(pickle.dumps(settings))
+    work = tmp_path / "work"
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    argv = [sys.executable, "-c", KILLED_SCATTER, str(tmp_path / "tok"), str(work)]
+    proc = subprocess.Popen(
+        [*argv, str(tmp_path / "settings.pkl")], stdout=subprocess.PIPE, env=env
+    )
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert os.listdir(work / "buckets") == [f".scatter-00000.bin.tmp-{proc.pid}"]
+    [(task, problem)] = check_scatter(work, 1, np.dtype("<u2"), masks=False)
+    assert task == 0 and "scatter-00000.offsets" in problem  # the task is redone, not read
+    scatter_task(0, tmp_path / "tok", None, work, settings)  # the rerun
+    assert check_scatter(work, 1, np.dtype("<u2"), masks=False) == []
+    scatter_task(0, tmp_path / "tok", None, tmp_path / "clean", settings)
+    for ext in ("bin", "keys", "offsets", "json"):
+        name = f"scatter-00000.{ext}"
+        assert (work / "buckets" / name).read_bytes() == (
+            tmp_path / "clean/buckets" / name
+        ).read_bytes()
