@@ -14,8 +14,26 @@ from lemur.data.pack.mix import (
     MixInfeasible,
     fill_to_budget,
     plan_mix,
-    select_repeats,
 )
+
+
+def select_repeats(tokens: np.ndarray, order_hash: np.ndarray, budget: int) -> np.ndarray:
+    """How many copies of each document a unit takes to meet `budget` tokens (the
+    document-level selection that the histogram plan must reproduce).
+
+    Whole passes over the unit (for rates >= 1), then a prefix of the documents in seeded
+    hash order for the remainder, closest to the budget within one document.
+    """
+    copies = np.zeros(len(tokens), np.int64)
+    total = int(tokens.sum())
+    if total == 0 or budget <= 0:
+        return copies
+    passes = budget // total
+    copies[:] = passes
+    order = np.argsort(order_hash, kind="stable")
+    copies[order[fill_to_budget(tokens[order], budget - passes * total)]] += 1
+    return copies
+
 
 AVAIL = {("code", "Python"): 800, ("code", "C"): 200, ("text", "en"): 500}
 

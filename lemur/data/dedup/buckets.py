@@ -28,17 +28,10 @@ from lemur.data.dedup.rows import RowFile, raise_open_files_limit
 from lemur.data.dedup.runs import EXACT, channel_name, open_run
 from lemur.data.dedup.sketch import Sketches
 from lemur.data.recipe import DedupConfig
-from lemur.shards.format import atomic_write_bytes, open_array
+from lemur.shards.format import atomic_write_bytes
 
 # One verified pair: (kept-side task, local) -> (other task, local); kept side first in order.
 PAIR = np.dtype([("a_task", "<u4"), ("a_local", "<u4"), ("b_task", "<u4"), ("b_local", "<u4")])
-
-
-def load_signatures(sig_dir: Path, rank: int, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
-    """Memory-mapped (content hashes, MinHash signatures) of one task."""
-    chash = open_array(Path(sig_dir) / f"{rank:05d}.chash.bin", np.uint64)
-    sig = open_array(Path(sig_dir) / f"{rank:05d}.minhash.bin", np.uint32, (num_perm,))
-    return chash, sig
 
 
 class Priorities:
