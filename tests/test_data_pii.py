@@ -235,6 +235,17 @@ def test_step_counts_by_source_and_kind_and_reports_without_values(tmp_path, rea
     assert keys[0][1] not in raw and "jane.doe" not in raw and "93.184" not in raw
 
 
+def test_a_failed_task_leaves_no_report_nor_temporary_file(tmp_path):
+    def failing():
+        yield Document(text="mail jane.doe@gmail.com", id="c/1", metadata={"domain": "code"})
+        raise OSError("the source went away")
+
+    step = PiiRedactor(PiiConfig(report=str(tmp_path / "report")))
+    with pytest.raises(OSError, match="the source went away"):
+        list(step.run(failing(), rank=0))
+    assert list((tmp_path / "report").iterdir()) == []
+
+
 def test_domains_are_configurable(tmp_path):
     doc = Document(
         text="mail jane.doe@gmail.com", id="t", metadata={"source": "t", "domain": "text"}

@@ -51,16 +51,13 @@ def _load(args: argparse.Namespace, check_paths: bool = True, write: bool = True
 
 def write_conversations(path: Path, limit: int | None = None, seed: int = 0) -> int:
     """Write the built-in demo conversations to `path` atomically; return how many."""
+    from lemur.atomic_files import atomic_open
     from lemur.data.chat_demo import DEFAULT_LIMIT, write_chat_demo
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:  # a killed run must not leave half a file that a rerun would take as the data
-        n = write_chat_demo(tmp, seed, limit or DEFAULT_LIMIT)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return n
+    # A killed run must not leave half a file that a rerun would take as the data. The
+    # demo is written by a child process, to the temporary name this handle holds open.
+    with atomic_open(path) as fh:
+        return write_chat_demo(fh.name, seed, limit or DEFAULT_LIMIT)
 
 
 def _write_demo_conversations(recipe: Any) -> None:

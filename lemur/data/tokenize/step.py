@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
+from lemur.atomic_files import atomic_open
 from lemur.data.counts import DOCUMENTS, TOKENS
 from lemur.data.filter.tagging import mix_language
 from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY
@@ -97,13 +97,16 @@ class TokenizeWriter(PipelineStep):
         dtype = token_dtype(tok.vocab_size)
         out = Path(self.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        tmp_bin = out / f".{rank:05d}.bin.tmp-{os.getpid()}"
-        tmp_mask = out / f".{rank:05d}.mask.tmp-{os.getpid()}"
         languages: dict[str, int] = {}
         records: list[tuple[int, int, int, int, int]] = []
         ids: list[str] = []
         end = 0
-        with open(tmp_bin, "wb") as fh, open(tmp_mask, "wb") if self.masks else nullcontext() as fm:
+        # The token file is renamed last (its block is the outer one): its presence marks
+        # the task's output complete; the records and the mask appear before it.
+        with (
+            atomic_open(out / f"{rank:05d}.bin") as fh,
+            atomic_open(out / f"{rank:05d}.mask") if self.masks else nullcontext() as fm,
+        ):
             for batch in batched(data or [], self.batch_docs):
                 with self.track_time("batch"):
                     lengths, tokens, mask = self._encode(tok, batch, dtype)
@@ -116,16 +119,12 @@ class TokenizeWriter(PipelineStep):
                     ids.append(doc.id)
                     self.stat_update(DOCUMENTS)
                     self.stat_update(TOKENS, value=n)
-        framing = "template" if self.template else list(self.framing or (tok.bos_id, tok.eos_id))
-        self._finish(
-            out, rank, records, ids, {"languages": list(languages), "framing": framing}, dtype
-        )
-        if self.masks:
-            os.replace(tmp_mask, out / f"{rank:05d}.mask")
-        # The token file is renamed last: its presence marks the task's output complete.
-        os.replace(tmp_bin, out / f"{rank:05d}.bin")
-        return
-        yield  # a generator step that forwards nothing
+            framing = (
+                "template" if self.template else list(self.framing or (tok.bos_id, tok.eos_id))
+            )
+            table = {"languages": list(languages), "framing": framing}
+            self._finish(out, rank, records, ids, table, dtype)
+        yield from ()  # a generator step that forwards nothing
 
     @staticmethod
     def _record(doc: Document, n: int, end: int, languages: dict[str, int]) -> tuple:
