@@ -15,7 +15,7 @@ from lemur.tokenizer.long_pieces import BACK, MAX_PIECE, RunLengthBPE, grouped, 
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-RUN_CHARS = " \n\t=a7-_#/*.é\u3000"
+RUN_CHARS = " \n\t=a7-_#/*.é\u3000中═ё"
 
 
 def run_texts(seed: int, n: int) -> list[str]:
@@ -93,10 +93,22 @@ def test_run_length_merges_as_tiktoken_and_gives_up_where_all_at_once_differs():
     two different pairs tie (tiktoken takes the leftmost of either)."""
     bpe = RunLengthBPE({b"a": 0, b"b": 1, b"aa": 2, b"aaa": 3})
     # a*7 -> aa aa aa a -> (aa a) at the only aa-a boundary: aa aa aaa
-    assert bpe.merge(bpe.runs(b"aaaaaaa")) == [2, 2, 3]
-    assert bpe.merge(bpe.runs(b"baaab")) == [1, 3, 1]
+    assert bpe.merge(bpe.runs("aaaaaaa")) == [2, 2, 3]
+    assert bpe.merge(bpe.runs("baaab")) == [1, 3, 1]
     # tiktoken: a a a a a -> aa a a a -> aaa a a -> aaa aa; all at once: aa aa a -> aa aaa
     lower_first = RunLengthBPE({b"a": 0, b"aaa": 2, b"aa": 3})
-    assert lower_first.merge(lower_first.runs(b"aaaaa")) is None
+    assert lower_first.merge(lower_first.runs("aaaaa")) is None
     tie = RunLengthBPE({b"a": 0, b"aa": 1, b"aaa": 2})
     assert tie.merge([[b"aa", 1], [b"a", 1], [b"aa", 1]]) is None  # aa+a and a+aa: both aaa
+
+
+def test_characters_of_several_bytes_merge_first_only_where_tiktoken_would():
+    """`é` (c3 a9) repeated: merged into its token first, then run by run; refused where a
+    pair across two characters ranks below the merge inside one."""
+    ranks = {bytes([b]): b for b in range(256)}
+    ranks |= {b"\xc3\xa9": 300, b"\xc3\xa9\xc3\xa9": 301}
+    bpe = RunLengthBPE(ranks)
+    assert bpe.runs("éééé") == [[b"\xc3\xa9", 4]]
+    assert bpe.merge(bpe.runs("ééééé")) == [301, 301, 300]
+    across = RunLengthBPE(ranks | {b"\xa9\xc3": 299})  # a9 c3 (across two é) goes first
+    assert across.runs("éééé") is None

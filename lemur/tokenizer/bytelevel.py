@@ -196,7 +196,7 @@ class ByteLevelTokenizer:
         """The reference's ids of the piece `text[start:end]`."""
         data = text[start:end].encode("utf-8")
         if len(data) > MAX_PIECE:
-            runs = self._run_length.runs(data)
+            runs = self._run_length.runs(text[start:end])
             merged = self._run_length.merge(runs) if runs is not None else None
             if merged is not None:
                 return merged

@@ -150,14 +150,33 @@ class RunLengthBPE:
     def __init__(self, ranks: dict[bytes, int]) -> None:
         self.ranks = ranks
 
-    def runs(self, piece: bytes) -> list[list] | None:
-        """[token bytes, count] runs of one byte each (None: more than MAX_RUNS runs)."""
-        data = np.frombuffer(piece, np.uint8)
-        starts = np.flatnonzero(data[1:] != data[:-1]) + 1
+    def runs(self, piece: str) -> list[list] | None:
+        """[token bytes, count] runs of a piece, each character already merged into one
+        token where tiktoken would do that first (None: not so, or more than MAX_RUNS runs).
+
+        A character of several bytes (`é`, `中`) is first merged on its own; that this is
+        tiktoken's order too is checked: no pair across two characters, at any point of
+        their own merging, may rank as low as a merge inside one.
+        """
+        points = np.frombuffer(piece.encode("utf-32-le"), np.uint32)
+        starts = np.flatnonzero(points[1:] != points[:-1]) + 1
         if len(starts) >= MAX_RUNS:
             return None
         bounds = [0, *starts.tolist(), len(piece)]
-        return [[piece[s : s + 1], e - s] for s, e in zip(bounds, bounds[1:], strict=False)]
+        chars = [(piece[s], e - s) for s, e in zip(bounds, bounds[1:], strict=False)]
+        units = {c: _own_merges(c.encode("utf-8"), self.ranks) for c, _ in chars}
+        if any(len(u.tokens) != 1 for u in units.values()):
+            return None  # a character of two tokens repeats as a pattern, not a run
+        inner = max(u.top for u in units.values())
+        pairs = {(c, d) for (c, _), (d, _) in zip(chars, chars[1:], strict=False)}
+        pairs |= {(c, c) for c, n in chars if n > 1}
+        for c, d in pairs:
+            for x in units[c].lasts:
+                for y in units[d].firsts:
+                    rank = self.ranks.get(x + y)
+                    if rank is not None and rank <= inner:
+                        return None
+        return [[units[c].tokens[0], n] for c, n in chars]
 
     def merge(self, runs: list[list]) -> list[int] | None:
         """The ids BPE makes of the bytes `runs` stand for (None: not by runs, see above)."""
@@ -193,6 +212,37 @@ class RunLengthBPE:
                 elif rank == best[0]:
                     best[1].add(pair)
         return best
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """A character's bytes merged on their own: the tokens, the highest rank merged, and
+    the first and last tokens it had at any point."""
+
+    tokens: tuple[bytes, ...]
+    top: int
+    firsts: frozenset[bytes]
+    lasts: frozenset[bytes]
+
+
+def _own_merges(data: bytes, ranks: dict[bytes, int]) -> _Unit:
+    """tiktoken's BPE of a few bytes (one character), with what `runs` checks."""
+    parts = [data[i : i + 1] for i in range(len(data))]
+    firsts, lasts, top = {parts[0]}, {parts[-1]}, -1
+    while len(parts) > 1:
+        ranked = [
+            (r, i)
+            for i in range(len(parts) - 1)
+            if (r := ranks.get(parts[i] + parts[i + 1])) is not None
+        ]
+        if not ranked:
+            break
+        rank, i = min(ranked)  # the lowest rank, the leftmost of equals
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+        top = max(top, rank)
+        firsts.add(parts[0])
+        lasts.add(parts[-1])
+    return _Unit(tuple(parts), top, frozenset(firsts), frozenset(lasts))
 
 
 def _apply(runs: list[list], a: bytes, b: bytes) -> list[list]:
