@@ -21,6 +21,9 @@ lemur-train
 lemur-eval, lemur-convert: none.
 
 Changes a command's own code makes later, for as long as they are needed, and undoes:
+- every command's body (`lemur.cli_common.run_main`): a SIGTERM handler that raises
+  `Terminated` in the main thread (where SIGTERM was at its default), so that `finally`
+  blocks run and the exit is 143 with one line; put back when the body ends.
 - `lemur-train` set-up (`lemur.train.interrupt`, armed by `lemur.train.cli` until training
   starts): SIGINT/SIGTERM handlers, `signal.set_wakeup_fd` and a watcher thread, so that
   Ctrl-C exits at once without a half-written file; JAX's compilation-cache write

@@ -15,7 +15,7 @@ import types
 import typing
 from typing import Any
 
-import yaml
+from lemur.cli_common import UserError, parse_set
 
 
 def _type_name(tp: Any) -> str:
@@ -122,14 +122,11 @@ def apply_overrides(
 ) -> dict[str, Any]:
     """Apply `a.b=value` overrides in place (values parsed as YAML; list items by index)."""
     for item in overrides:
-        dotted, sep, text = item.partition("=")
-        if not sep or not dotted.strip():
-            raise error(f"--set {item!r}: expected KEY=VALUE")
         try:
-            value = yaml.safe_load(text) if text else ""
-        except yaml.YAMLError:
-            value = text
-        parts = dotted.strip().split(".")
+            parts, value = parse_set(item)
+        except UserError as e:
+            raise error(str(e)) from None
+        dotted = ".".join(parts)
         node: Any = raw
         for i, part in enumerate(parts):
             last = i == len(parts) - 1

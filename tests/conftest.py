@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.pop("LEMUR_DEBUG", None)  # the tests expect one-line errors, not tracebacks
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 

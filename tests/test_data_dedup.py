@@ -14,7 +14,7 @@ from datatrove.data import Document
 
 from lemur.data.build import build
 from lemur.data.dedup import buckets
-from lemur.data.dedup.buckets import Verifier, load_signatures
+from lemur.data.dedup.buckets import Verifier
 from lemur.data.dedup.cluster import DedupResult, connected_roots
 from lemur.data.dedup.merge import BigGroup, chunk_entries, merge_runs
 from lemur.data.dedup.runs import GOLDEN64, RUN
@@ -24,6 +24,7 @@ from lemur.data.dedup.stage import run_in_process
 from lemur.data.load import recipe_from_dict
 from lemur.data.recipe import DedupConfig
 from lemur.data.tokenize.step import DOC_RECORD
+from lemur.shards.format import open_array
 
 
 def jaccard(a: str, b: str, n: int = 5) -> float:
@@ -79,6 +80,13 @@ def run_dedup(docs: list[str], sources: list[int], cfg: DedupConfig, tmp: Path, 
     out.removed_exact[doc], out.removed_near[doc] = res.removed_exact, res.removed_near
     out.cluster[doc] = doc[res.cluster]
     return out
+
+
+def load_signatures(sig_dir: Path, rank: int, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
+    """Memory-mapped (content hashes, MinHash signatures) of one task."""
+    chash = open_array(Path(sig_dir) / f"{rank:05d}.chash.bin", np.uint64)
+    sig = open_array(Path(sig_dir) / f"{rank:05d}.minhash.bin", np.uint32, (num_perm,))
+    return chash, sig
 
 
 def reference_dedup(docs, sources, cfg: DedupConfig, tmp: Path, n_tasks: int = 2) -> DedupResult:

@@ -163,12 +163,13 @@ def test_slurm_runs_every_global_stage_as_array_jobs(tmp_path, monkeypatch):
     import dill
 
     from lemur.data.pack.select import Groups
+    from lemur.data.pack.settings import PackSettings
     from lemur.data.pack.steps import PackGather, PackPrep, PackScatter
 
     stand_in_sbatch(tmp_path, monkeypatch)
     r = recipe_from_dict(recipe(tmp_path, "slurm", SLURM))
     groups = Groups.of(r)
-    cfg = {"groups": groups, "val_cut": {"code": 5}, "units": {}, "train_shards": 3}
+    cfg = PackSettings(groups, {"code": 5}, (("code", "Python", 1, b"\x80"),), 3, {}, "<u2", False)
     # the dedup stages as the build makes them: near on, bucket tasks per channel and range
     stages = {
         name: (step, tasks)
@@ -194,10 +195,9 @@ def test_slurm_runs_every_global_stage_as_array_jobs(tmp_path, monkeypatch):
 
 
 def configured(step) -> tuple:
-    """What a global stage's step was configured with (the pack steps keep it in `args`)."""
-    if hasattr(step, "args"):
-        return step.args
-    keys = ("config", "tok_dir", "n_tasks", "pair_dir", "out_dir")
+    """What a global stage's step was configured with (its named constructor arguments)."""
+    keys = ("config", "tok_dir", "n_tasks", "pair_dir", "out_dir", "dedup_dir", "groups")
+    keys += ("duplicates", "work", "settings", "out", "shards")
     return tuple(getattr(step, k, None) for k in keys)
 
 

@@ -14,8 +14,26 @@ from lemur.data.pack.mix import (
     MixInfeasible,
     fill_to_budget,
     plan_mix,
-    select_repeats,
 )
+
+
+def select_repeats(tokens: np.ndarray, order_hash: np.ndarray, budget: int) -> np.ndarray:
+    """How many copies of each document a unit takes to meet `budget` tokens (the
+    document-level selection that the histogram plan must reproduce).
+
+    Whole passes over the unit (for rates >= 1), then a prefix of the documents in seeded
+    hash order for the remainder, closest to the budget within one document.
+    """
+    copies = np.zeros(len(tokens), np.int64)
+    total = int(tokens.sum())
+    if total == 0 or budget <= 0:
+        return copies
+    passes = budget // total
+    copies[:] = passes
+    order = np.argsort(order_hash, kind="stable")
+    copies[order[fill_to_budget(tokens[order], budget - passes * total)]] += 1
+    return copies
+
 
 AVAIL = {("code", "Python"): 800, ("code", "C"): 200, ("text", "en"): 500}
 
@@ -212,8 +230,8 @@ def run_plan(recipe, tok_dir: Path, n_tasks: int):
         rec = task_records(tok_dir, rank)
         f = task_fates(rec, g, plan.val_cut, plan.units)
         fates.append((rec, f))
-        for u in np.unique(f.unit).tolist():
-            m = f.unit == u
+        for i, (group, lang) in enumerate(f.units):
+            m, u = f.unit == i, f"{group}\t{lang}"
             got[u] = got.get(u, 0) + int((rec.tokens * f.copies)[m].sum())
             pool[u] = pool.get(u, 0) + int(rec.tokens[m & f.pool].sum())
         for d in ("code", "text"):
@@ -240,7 +258,7 @@ def test_histogram_plan_meets_budgets_and_shares_within_one_percent(tmp_path):
     code = sum(v for k, v in got.items() if k.startswith("code"))
     assert abs(got["code\tC"] / code - 0.5) < 0.01 and abs(got["code\tSQL"] / code - 0.1) < 0.01
     assert abs(code / got["text\ten"] / 10 - 1) < 0.01
-    assert plan.units["code\tC"][0] >= 1  # whole passes, then the partial one
+    assert plan.units[("code", "C")][0] >= 1  # whole passes, then the partial one
     assert plan.train_shards == -(-sum(u.budget for u in plan.mix.units.values()) // 1_000_000)
 
 

@@ -169,7 +169,9 @@ def test_ipv6_scan_finds_what_the_full_regex_finds():
     noise (overlapping and adjacent candidates) and on real C++ headers full of `::`."""
     rng = random.Random(7)
     texts = ["".join(rng.choice("23aF0:: .\n") for _ in range(400)) for _ in range(300)]
-    texts += [p.read_text(errors="replace") for p in sorted(Path("/usr/include").rglob("*.h"))[:200]]
+    texts += [
+        p.read_text(errors="replace") for p in sorted(Path("/usr/include").rglob("*.h"))[:200]
+    ]
     texts += ["2001:db8::1", "x2a03:2880:f12f:83:face:b00c::25de", "3fff::1:2:3:4:5:6:7:8:9"]
     for text in texts:
         assert _ipv6_matches(text) == [m.span() for m in _IPV6.finditer(text)], text[:80]
@@ -231,6 +233,17 @@ def test_step_counts_by_source_and_kind_and_reports_without_values(tmp_path, rea
         ]
     raw = (tmp_path / "report" / "00003.jsonl").read_text()
     assert keys[0][1] not in raw and "jane.doe" not in raw and "93.184" not in raw
+
+
+def test_a_failed_task_leaves_no_report_nor_temporary_file(tmp_path):
+    def failing():
+        yield Document(text="mail jane.doe@gmail.com", id="c/1", metadata={"domain": "code"})
+        raise OSError("the source went away")
+
+    step = PiiRedactor(PiiConfig(report=str(tmp_path / "report")))
+    with pytest.raises(OSError, match="the source went away"):
+        list(step.run(failing(), rank=0))
+    assert list((tmp_path / "report").iterdir()) == []
 
 
 def test_domains_are_configurable(tmp_path):

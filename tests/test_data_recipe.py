@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -240,3 +241,75 @@ def test_empty_output_is_refused(tmp_path):
     for check_paths in (True, False):
         with pytest.raises(RecipeError, match="^recipe: output is empty$"):
             recipe_from_dict(apply_overrides(_recipe(tmp_path), ["output="]), check_paths)
+
+
+def _replaced(r, **changes):
+    """`dataclasses.replace` of a section of `r` (dotted key) or of `r` itself."""
+    (key, value), *_ = changes.items()
+    section, _, field = key.rpartition("__")
+    if not section:
+        return dataclasses.replace(r, **{field: value})
+    return dataclasses.replace(getattr(r, section), **{field: value})
+
+
+@pytest.mark.parametrize(
+    "override, change",
+    [
+        ("seq_len=0", {"seq_len": 0}),
+        ("output=' '", {"output": " "}),
+        ("val_fraction=0.7", {"val_fraction": 0.7}),
+        ("pii.domains=['co de']", {"pii__domains": ["co de"]}),
+        ("pii.kinds=[phone]", {"pii__kinds": ["phone"]}),
+        ("mix.max_repeats=0.5", {"mix__max_repeats": 0.5}),
+        ("mix.ratio.code=-1", {"mix__ratio": {"code": -1.0, "text": 1.0}}),
+        ("dedup.min_similarity=0", {"dedup__min_similarity": 0.0}),
+        ("executor.retries=-1", {"executor__retries": -1}),
+        ("executor.kind=spark", {"executor__kind": "spark"}),
+        ("decontaminate.ngram=2", {"decontaminate__ngram": 2}),
+    ],
+)
+def test_replace_runs_the_checks_loading_runs(tmp_path, override, change):
+    """One validation style: a section made with `dataclasses.replace` (or directly) raises
+    the very RecipeError that loading the same value raises."""
+    r = recipe_from_dict(_recipe(tmp_path))
+    with pytest.raises(RecipeError) as loaded:
+        recipe_from_dict(apply_overrides(_recipe(tmp_path), [override]))
+    with pytest.raises(RecipeError) as replaced:
+        _replaced(r, **change)
+    assert str(replaced.value) == str(loaded.value)
+
+
+def test_recipe_made_directly_runs_the_checks_loading_runs(tmp_path):
+    """`Recipe(...)` checks the rules spanning sections: sources, the ratio's domains,
+    the training vocabulary, each naming the key as loading does."""
+    from lemur.data.recipe import MixConfig, Recipe, TokenizerConfig, TokenizerTrainConfig
+
+    r = recipe_from_dict(_recipe(tmp_path))
+    cases = [
+        (
+            lambda: dataclasses.replace(
+                r, sources=[r.sources[0], dataclasses.replace(r.sources[1], format="csv")]
+            ),
+            ["sources.1.format=csv"],
+        ),
+        (
+            lambda: dataclasses.replace(r, sources=[r.sources[0], r.sources[0]]),
+            ["sources.1.name=c"],
+        ),
+        (lambda: dataclasses.replace(r, mix=MixConfig(ratio={"code": 1})), ["mix.ratio={code: 1}"]),
+        (
+            lambda: Recipe(
+                output=r.output,
+                sources=r.sources,
+                tokenizer=TokenizerConfig(train=TokenizerTrainConfig(vocab_size=10)),
+            ),
+            ["tokenizer.train.vocab_size=10"],
+        ),
+        (lambda: Recipe(output=r.output, sources=[], tokenizer=r.tokenizer), ["sources=[]"]),
+    ]
+    for make, overrides in cases:
+        with pytest.raises(RecipeError) as loaded:
+            recipe_from_dict(apply_overrides(_recipe(tmp_path), overrides))
+        with pytest.raises(RecipeError) as made:
+            make()
+        assert str(made.value) == str(loaded.value), overrides

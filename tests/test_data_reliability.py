@@ -289,6 +289,10 @@ class _FullDisk:
             raise OSError(errno.ENOSPC, "No space left on device", self.fh.name)
         return self.fh.write(data)
 
+    def writelines(self, chunks) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
     def __getattr__(self, name):
         return getattr(self.fh, name)
 
@@ -299,20 +303,20 @@ class _FullDisk:
         self.fh.close()
 
 
-@pytest.mark.parametrize("module", ["lemur.data.pack.shuffle", "lemur.shards.format"])
-def test_full_disk_is_one_line_and_leaves_no_temporary_file(sources, tmp_path, monkeypatch, module):
-    import importlib
+@pytest.mark.parametrize("kind", ["scatter", "shard"])
+def test_full_disk_is_one_line_and_leaves_no_temporary_file(sources, tmp_path, monkeypatch, kind):
+    from lemur import atomic_files  # every file is written through its atomic_open
 
-    target = importlib.import_module(module)
     room = [50_000]
 
     def full_open(path, mode="r", *args, **kw):
         fh = open(path, mode, *args, **kw)
         name = Path(path).name
         shard = ".tmp-" in name and "/train/" in str(path)
-        return _FullDisk(fh, room) if "w" in mode and (name.startswith("scatter-") or shard) else fh
+        hit = name.startswith(".scatter-") if kind == "scatter" else shard
+        return _FullDisk(fh, room) if "w" in mode and hit else fh
 
-    monkeypatch.setattr(target, "open", full_open, raising=False)
+    monkeypatch.setattr(atomic_files, "open", full_open, raising=False)
     out = tmp_path / "out"
     with pytest.raises(BuildError, match="no space left on device") as e:
         build(recipe_from_dict(raw_recipe(sources, out)))

@@ -51,3 +51,19 @@ def test_bad_model_file(tmp_path):
     bad.write_bytes(b"not a model")
     with pytest.raises(TokenizerError, match="not a SentencePiece model"):
         load_tokenizer(bad)
+
+
+def test_a_failed_tokenize_task_leaves_no_file(tmp_path, tokenizer_model):
+    from datatrove.data import Document
+
+    from lemur.data.tokenize.step import TokenizeWriter
+
+    def failing():
+        for n in range(3):  # one batch each: their tokens are written before the failure
+            yield Document(text=f"x = {n}", id=f"a/{n}", metadata={"source_index": 0})
+        raise OSError("the source went away")
+
+    step = TokenizeWriter(str(tokenizer_model), str(tmp_path / "tok"), batch_docs=1)
+    with pytest.raises(OSError, match="the source went away"):
+        list(step.run(failing(), rank=0))
+    assert list((tmp_path / "tok").iterdir()) == []

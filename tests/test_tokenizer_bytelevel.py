@@ -22,7 +22,7 @@ from lemur.tokenizer import (
     open_tokenizer,
     read_hf_tokenizer,
 )
-from lemur.tokenizer.bytelevel import MAX_RUN, has_long_run
+from lemur.tokenizer.long_pieces import MAX_RUN, has_long_run
 from lemur.tokenizer.tiktoken_exact import restartable
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

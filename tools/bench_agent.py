@@ -5,7 +5,8 @@ Both runs are `lemur.eval.agent.run_agent` over the same tasks with `exec` feedb
 greedy decoding (so both produce the same transcripts, which is checked), one batch
 holding every conversation, so round k is turn k of every task. Only the model's reply
 calls are timed (the sandbox is the same in both); turn k's latency is the wall time of
-round k. A first, untimed run of each mode compiles every shape the timed run meets.
+round k (wall time, and the process's CPU time: all its threads, steadier on a shared
+machine). A first, untimed run of each mode compiles every shape the timed run meets.
 
     python tools/bench_agent.py out/chat-demo-hf --tasks 8 --turns 5 --json bench_agent.json
 """
@@ -38,11 +39,12 @@ class Timed:
 
     def reply(self, conversations: Sequence[agent.Conversation]) -> list[agent.Reply]:
         """The inner replies, timed."""
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         out = self.inner.reply(conversations)
         self.rounds.append(
             {
                 "seconds": time.perf_counter() - began,
+                "cpu_seconds": time.process_time() - cpu,
                 "conversations": len(out),
                 "prompt_tokens": sum(r.prompt_tokens for r in out),
                 "prefilled_tokens": sum(r.prefilled for r in out),
@@ -92,6 +94,7 @@ def main() -> None:
         results[name] = run(model, tasks, args, reuse)
     (reuse, rec_reuse), (base, rec_base) = results["reuse"], results["reprefill"]
     total = {k: sum(r["seconds"] for r in t.rounds) for k, t in (("reuse", reuse), ("re", base))}
+    cpu = {k: sum(r["cpu_seconds"] for r in t.rounds) for k, t in (("reuse", reuse), ("re", base))}
     report = {
         "model": str(model.source),
         "tasks": len(tasks),
@@ -103,16 +106,21 @@ def main() -> None:
         "reuse_s": round(total["reuse"], 3),
         "reprefill_s": round(total["re"], 3),
         "speedup": round(total["re"] / total["reuse"], 2),
+        "reuse_cpu_s": round(cpu["reuse"], 3),
+        "reprefill_cpu_s": round(cpu["re"], 3),
+        "cpu_speedup": round(cpu["re"] / cpu["reuse"], 2),
     }
-    print(f"{'turn':>4} {'reuse s':>8} {'prefill':>8} {'re-prefill s':>13} {'prefill':>8}")
+    print(
+        f"{'turn':>4} {'prefill':>8} {'reuse s':>8} {'cpu s':>6} {'prefill':>8} {'re s':>6} {'cpu s':>6}"
+    )
     for k, (a, b) in enumerate(zip(reuse.rounds, base.rounds, strict=False), start=1):
         print(
-            f"{k:>4} {a['seconds']:8.3f} {a['prefilled_tokens']:8d} "
-            f"{b['seconds']:13.3f} {b['prefilled_tokens']:8d}"
+            f"{k:>4} {a['prefilled_tokens']:8d} {a['seconds']:8.3f} {a['cpu_seconds']:6.2f} "
+            f"{b['prefilled_tokens']:8d} {b['seconds']:6.3f} {b['cpu_seconds']:6.2f}"
         )
     print(
-        f"total {report['reuse_s']} s vs {report['reprefill_s']} s: {report['speedup']}x; "
-        f"same transcripts: {report['same_transcripts']}"
+        f"total {report['reuse_s']} s vs {report['reprefill_s']} s: {report['speedup']}x wall, "
+        f"{report['cpu_speedup']}x CPU; same transcripts: {report['same_transcripts']}"
     )
     if args.json:
         with open(args.json, "w") as f:

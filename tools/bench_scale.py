@@ -97,7 +97,9 @@ def run_stage(root: Path, stage: str, n_tasks: int) -> None:
     """Run every task of one stage in this process (the child of `measure`)."""
     from lemur.data.dedup.stage import dedup_dir, dedup_stages
     from lemur.data.pack.plan import make_plan
-    from lemur.data.pack.write import Packer
+    from lemur.data.pack.select import Groups
+    from lemur.data.pack.write import PackStages
+    from lemur.shards.format import token_dtype
 
     recipe = make_recipe(root)
     tok, ddir = root / "tokens", dedup_dir(root, recipe.dedup)
@@ -105,25 +107,23 @@ def run_stage(root: Path, stage: str, n_tasks: int) -> None:
         steps = list(dedup_stages(recipe.dedup, tok, n_tasks, ddir))
         _, step, tasks = steps[0 if stage == "dedup buckets" else 1]
         return _run(step, tasks)
-    packer = Packer(recipe, tok, root / "out", n_tasks, 32000, "b", None, ddir)
+    stages = PackStages(recipe, tok, n_tasks, token_dtype(32000), dedup_dir=ddir, prefix="b")
     if stage == "pack histograms":
         from lemur.data.pack.steps import PackPrep
 
-        return _run(
-            PackPrep(str(tok), str(ddir), str(packer.work / "hist"), packer.groups), n_tasks
-        )
+        return _run(PackPrep(tok, ddir, stages.work / "hist", Groups.of(recipe)), n_tasks)
     if stage == "plan":
-        plan = make_plan(recipe, packer.work / "hist", n_tasks, 2)
+        plan = make_plan(recipe, stages.work / "hist", n_tasks, 2)
         (root / "plan.pkl").write_bytes(pickle.dumps(plan))
         return None
     plan = pickle.loads((root / "plan.pkl").read_bytes())
     from lemur.data.pack.steps import PackGather, PackScatter
 
-    cfg = packer._cfg(plan)  # the steps are configured as a build configures them
+    settings = stages.settings(plan)  # the steps are configured as a build configures them
     if stage == "scatter":
-        return _run(PackScatter(str(tok), str(ddir), str(packer.work), cfg), n_tasks)
+        return _run(PackScatter(tok, ddir, stages.work, settings), n_tasks)
     shards = [(f"b/{rel}", split, d) for rel, split, d in plan.buckets()]
-    return _run(PackGather(str(packer.work), n_tasks, str(root / "out"), shards, cfg), len(shards))
+    return _run(PackGather(stages.work, n_tasks, root / "out", shards, settings), len(shards))
 
 
 def peak_kib() -> int:

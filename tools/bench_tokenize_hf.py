@@ -40,6 +40,10 @@ def pathological() -> dict[str, str]:
         "1 MB of digits": "7" * 1_000_000,
         "1 MB of '='": "=" * 1_000_000,
         "1 MB of newlines": "x" + "\n" * 1_000_000,
+        "1 MB of 'é' (2 bytes each)": "é" * 500_000,
+        "1 MB of '中' (3 bytes each)": "中" * 333_333,
+        "1 MB of literal special tokens": "<|begin_of_text|><|eot_id|> " * 35_715,
+        "1 MB with lone surrogates": "a\ud800b " * 250_000,
     }
 
 
@@ -120,7 +124,7 @@ def main() -> int:
         t0 = time.process_time()
         tok.encode(text)
         secs = time.process_time() - t0
-        size = len(text.encode()) / 1e6
+        size = len(text.encode("utf-8", "surrogatepass")) / 1e6
         print(f"| {name} | {secs:.3f} | {size / secs:.2f} | {normal / (size / secs):.2f}x |")
     return 0
 

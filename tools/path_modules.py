@@ -1,7 +1,8 @@
 """Count the lemur modules whose code runs on a command's path (the README's Layout figures).
 
 Runs a command in this process under a profile hook (all threads) and lists every module
-of the `lemur` package with at least one function called, in first-call order. Libraries
+of the `lemur` package with at least one function called (importing it does not count),
+in first-call order, with its line count. Libraries
 (datatrove, jax, ...) are not counted. The build runs its stages on one in-process worker
 (`executor.workers=1`) so that worker code is seen too.
 
@@ -30,8 +31,8 @@ def trace(run) -> list[str]:
     seen: dict[str, None] = {}
 
     def hook(frame, event, arg) -> None:  # noqa: ANN001 - the profile hook's signature
-        if event != "call":
-            return
+        if event != "call" or frame.f_code.co_name == "<module>":
+            return  # importing a module is not running its code
         path = frame.f_code.co_filename
         if path.startswith(str(ROOT)) and path not in seen:
             seen[path] = None
@@ -52,6 +53,13 @@ def trace(run) -> list[str]:
     return names
 
 
+def _lines(name: str) -> int:
+    """Lines of a module of lemur, by dotted name."""
+    path = ROOT.parent.joinpath(*name.split("."))
+    file = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    return len(file.read_text().splitlines())
+
+
 def main() -> int:
     """Run `build` or `train` traced and print the modules it ran."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -69,9 +77,12 @@ def main() -> int:
         run_dir = tempfile.mkdtemp(prefix="pm-train-")
         argv = ["demo", "--set", f"run_dir={run_dir}", "--set", "steps=1", *sets]
     names = trace(lambda: cli(argv))
-    print(f"{len(names)} lemur modules run on the {args.path} path:")
+    lines = {n: _lines(n) for n in names}
+    print(
+        f"{len(names)} lemur modules ({sum(lines.values()):,} lines) run on the {args.path} path:"
+    )
     for name in names:
-        print(f"  {name}")
+        print(f"  {name} ({lines[name]})")
     return 0
 
 

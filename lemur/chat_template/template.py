@@ -227,9 +227,10 @@ class ChatTemplate:
         return token if self.added.is_control_id(token) else None
 
     def stop_ids(self) -> tuple[int, ...]:
-        """Ids a reply ends at: the model's EOS and the template's end of turn."""
+        """Ids a reply ends at: the model's stop ids (EOS, generation_config's) and the
+        template's end of turn."""
         turn = self.end_of_turn_id()
-        return tuple(dict.fromkeys([self.tok.eos_id, *([turn] if turn is not None else [])]))
+        return tuple(dict.fromkeys([*self.tok.stop_ids, *([turn] if turn is not None else [])]))
 
     def check(self) -> None:
         """TokenizerError unless a probe conversation's ids equal the `tokenizers` reference

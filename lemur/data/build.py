@@ -39,8 +39,9 @@ from lemur.data.filter.text import (
     GopherRepetitionFilter,
 )
 from lemur.data.pack.plan import PackError
+from lemur.data.pack.sections import ManifestSections
 from lemur.data.pack.shuffle import ShuffleError
-from lemur.data.pack.write import Packer
+from lemur.data.pack.write import PackStages
 from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
@@ -294,6 +295,34 @@ def _work_lock(work: Path, out: Path) -> contextlib.AbstractContextManager:
     return DirectoryLock(work)
 
 
+def pack_stages(
+    recipe: Recipe,
+    work: Path,
+    n_tasks: int,
+    tok: dict[str, Any],
+    dd: Path | None,
+    tok_path: Path,
+    stage: Callable[[list, Path, int, str], None],
+) -> PackStages:
+    """The build's pack stage: tokenize runs under `work`, tasks run through `stage`, shards
+    under the build's own directory of the output (`PackStages.prefix`)."""
+    key = work.name.removeprefix("tokens-")
+    # The build's own directory: no file of it shares a path with the previous build's, so
+    # that build stays whole for readers until the manifest is replaced.
+    # Named by content, not place: the same build in another directory gets the same names.
+    settings = {k: v for k, v in recipe.to_dict().items() if k not in ("output", "work_dir")}
+    return PackStages(
+        recipe,
+        work / "tokens",
+        n_tasks,
+        token_dtype(tok["vocab_size"]),
+        dedup_dir=dd,
+        prefix=f"build-{_sha([settings, key])[:12]}",
+        tokenizer=tok_path,
+        run_stage=stage,
+    )
+
+
 def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, Any]:
     """`build` while holding the output directory's lock."""
     started = time.time()
@@ -313,16 +342,10 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.
     read_round = partial(_read_round, recipe, listing, tok_path, tokenizer_key(tok), report)
     reading, work, n_tasks, dd = read_sources(recipe, listing, read_round)
-    key = work.name.removeprefix("tokens-")
-    # The build's own directory: no file of it shares a path with the previous build's, so
-    # that build stays whole for readers until the manifest is replaced.
-    # Named by content, not place: the same build in another directory gets the same names.
-    settings = {k: v for k, v in recipe.to_dict().items() if k not in ("output", "work_dir")}
-    prefix = f"build-{_sha([settings, key])[:12]}"
-    vocab = tok["vocab_size"]
-    packer = Packer(recipe, work / "tokens", out, n_tasks, vocab, prefix, tok_path, dd, stage)
+    stages = pack_stages(recipe, work, n_tasks, tok, dd, tok_path, stage)
+    prefix = stages.prefix
     try:
-        pack_plan = packer.plan()  # histogram tasks, then the plan in this process
+        pack_plan = stages.plan()  # histogram tasks, then the plan in this process
     except PackError as e:  # e.g. nothing left to pack: say what the documents became
         raise PackError(f"{e}; {drops(collect_counts(work, recipe, n_tasks, listing))}") from None
     read = reading.summary(recipe)
@@ -331,21 +354,23 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         on_plan({**pack_plan.mix.to_json(), "memory": memory, "reading": read})
     if plan_only:
         return {"plan": pack_plan.mix.to_json(), "reading": read}
-    packed = packer.pack(pack_plan, report)  # scatter tasks, then gather tasks
+    shards = stages.shuffle(pack_plan, out)  # scatter tasks, then gather tasks
+    dups = stages.write_duplicates(out)
+    sections = ManifestSections(recipe, pack_plan, stages.totals(), dd, n_tasks, dups)
     # What was read of each source, when budgeted reading chose (a full read's counts stay).
     units = read["sources"] if is_enabled(recipe) else None
-    counts = collect_counts(work, recipe, n_tasks, listing, packed["dedup"], units)
+    counts = collect_counts(work, recipe, n_tasks, listing, sections.dedup(), units)
     tok_file = copy_tokenizer_files(tok_path, out / prefix)
-    atomic_write_json(out / prefix / "stats.json", packed["stats"])
+    atomic_write_json(out / prefix / "stats.json", sections.stats())
     manifest = {
         "format": FORMAT,
-        "dtype": dtype_name(token_dtype(tok["vocab_size"])),
+        "dtype": dtype_name(stages.dtype),
         "seq_len": recipe.seq_len,
         "tokenizer": {"file": f"{prefix}/{tok_file}", **tok},
         **({"framing": "template"} if uses_template(recipe) else {}),  # no BOS/EOS added
         "stats": f"{prefix}/stats.json",
-        "shards": packed["shards"],
-        "mix": packed["mix"],
+        "shards": [s.to_json() for s in shards],
+        "mix": sections.mix(),
         "counts": counts,
         "recipe": recipe.to_dict(),
         "recipe_sha256": recipe.sha256(),

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-EXIT_USAGE = 2
-
-
-def _die(message: str, code: int = EXIT_USAGE) -> None:
-    print(f"lemur-data: error: {message}", file=sys.stderr)
-    raise SystemExit(code)
+from lemur.cli_common import (
+    EXIT_USAGE,
+    add_debug_option,
+    add_set_option,
+    debug_wanted,
+    die,
+    run_main,
+)
 
 
 def _load(args: argparse.Namespace, check_paths: bool = True, write: bool = True):
@@ -48,16 +50,13 @@ def _load(args: argparse.Namespace, check_paths: bool = True, write: bool = True
 
 def write_conversations(path: Path, limit: int | None = None, seed: int = 0) -> int:
     """Write the built-in demo conversations to `path` atomically; return how many."""
+    from lemur.atomic_files import atomic_open
     from lemur.data.chat_demo import DEFAULT_LIMIT, write_chat_demo
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:  # a killed run must not leave half a file that a rerun would take as the data
-        n = write_chat_demo(tmp, seed, limit or DEFAULT_LIMIT)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return n
+    # A killed run must not leave half a file that a rerun would take as the data. The
+    # demo is written by a child process, to the temporary name this handle holds open.
+    with atomic_open(path) as fh:
+        return write_chat_demo(fh.name, seed, limit or DEFAULT_LIMIT)
 
 
 def _write_demo_conversations(recipe: Any) -> None:
@@ -69,20 +68,20 @@ def _write_demo_conversations(recipe: Any) -> None:
     try:
         write_conversations(Path(target).expanduser())
     except OSError as e:
-        _die(f"chat.demo_data {target}: {e.strerror or e}")
+        die(f"chat.demo_data {target}: {e.strerror or e}")
 
 
 def cmd_chat_demo_data(args: argparse.Namespace) -> int:
     """Write the demo chat corpus (Python help topics, stdlib docstrings) as messages JSONL."""
     if args.limit is not None and args.limit < 1:
-        _die(f"--limit {args.limit}: must be >= 1")
+        die(f"--limit {args.limit}: must be >= 1")
     out = Path(args.out).expanduser()
     if out.is_dir():
-        _die(f"{args.out}: is a directory")
+        die(f"{args.out}: is a directory")
     try:
         n = write_conversations(out, args.limit, args.seed)
     except OSError as e:
-        _die(f"{args.out}: {e.strerror or e}", 1)
+        die(f"{args.out}: {e.strerror or e}", 1)
     print(f"wrote {n:,} conversations to {args.out}")
     return 0
 
@@ -196,11 +195,11 @@ def cmd_build(args: argparse.Namespace) -> int:
                 on_plan=lambda plan: print_plan(plan, progress.progress.console),
             )
     except (PackError, TokenizerSettingsError) as e:
-        _die(str(e), EXIT_USAGE)
+        die(str(e), EXIT_USAGE)
     except (BuildError, TokenizerError) as e:
-        _die(str(e), 1)
+        die(str(e), 1)
     except OSError as e:  # anything the up-front checks could not foresee, named
-        _die(f"{e.filename or recipe.output}: {e.strerror or e}", 1)
+        die(f"{e.filename or recipe.output}: {e.strerror or e}", 1)
     if args.plan_only:
         return 0
     counts = manifest["counts"]
@@ -223,10 +222,10 @@ def _tokenizer_out(out: str) -> Path:
     if path.is_dir():
         path = path / "tokenizer.model"
         if path.is_dir():
-            _die(f"--out {out}: {path} is a directory")
+            die(f"--out {out}: {path} is a directory")
     problem = output_problem(str(path.parent))
     if problem:
-        _die(f"--out {out}: {path.parent} {problem}")
+        die(f"--out {out}: {path.parent} {problem}")
     return path
 
 
@@ -235,6 +234,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     from lemur.data.build import sample_texts
     from lemur.data.read.listing import list_inputs
     from lemur.data.recipe import TokenizerTrainConfig
+    from lemur.data.recipe_tokenizer import VocabSizeError
     from lemur.data.tokenize.tokenizer import (
         TokenizerError,
         TokenizerSettingsError,
@@ -245,9 +245,10 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     recipe = _load(args)
     config = recipe.tokenizer.train or TokenizerTrainConfig()
     if args.vocab_size is not None:
-        if not 256 < args.vocab_size <= 2**32:
-            _die(f"--vocab-size {args.vocab_size}: must be > 256 and <= 2^32")
-        config = TokenizerTrainConfig(**{**config.__dict__, "vocab_size": args.vocab_size})
+        try:  # the config checks the bound, as it does the recipe's vocab_size
+            config = dataclasses.replace(config, vocab_size=args.vocab_size)
+        except VocabSizeError as e:
+            die(f"--vocab-size {args.vocab_size}: must be {e.bound}")
     byte_bpe = config.kind == "byte-bpe"  # a folder: tokenizer.json + tokenizer_config.json
     target = Path(args.out).expanduser() if byte_bpe else _tokenizer_out(args.out)
     inputs = list_inputs(recipe).files
@@ -263,11 +264,11 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
             out = train_tokenizer(texts, config, target)
             info = tokenizer_info(out)
     except TokenizerSettingsError as e:
-        _die(str(e))
+        die(str(e))
     except TokenizerError as e:
-        _die(str(e), 1)
+        die(str(e), 1)
     except OSError as e:
-        _die(f"{e.filename or target}: {e.strerror or e}", 1)
+        die(f"{e.filename or target}: {e.strerror or e}", 1)
     print(f"wrote {out}: vocab {info['vocab_size']}, sha256 {info['sha256'][:16]}...")
     return 0
 
@@ -280,7 +281,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     try:
         stats = compute_stats(args.directory)
     except (ShardFormatError, OSError) as e:
-        _die(str(e))
+        die(str(e))
     try:
         if args.json:
             print(json.dumps(stats, indent=2, sort_keys=True))
@@ -289,12 +290,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         # Fields beyond the checked core (mix, counts) written by something else.
         manifest = Path(args.directory) / "manifest.json"
-        _die(f"{manifest}: unexpected content ({type(e).__name__}: {e}); run `lemur-data verify`")
+        die(f"{manifest}: unexpected content ({type(e).__name__}: {e}); run `lemur-data verify`")
     if args.plots:
         try:
             written = write_plots(stats, args.plots, args.directory)
         except OSError as e:
-            _die(f"--plots {args.plots}: {e.strerror or e}")
+            die(f"--plots {args.plots}: {e.strerror or e}")
         for p in written:
             print(f"wrote {p}", file=sys.stderr)
     return 0
@@ -307,7 +308,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     try:
         problems = verify(args.directory)
     except OSError as e:  # a file that exists but cannot be read
-        _die(f"{e.filename or args.directory}: {e.strerror or e}", 1)
+        die(f"{e.filename or args.directory}: {e.strerror or e}", 1)
     for p in problems:
         print(f"lemur-data verify: {p}", file=sys.stderr)
     if problems:
@@ -323,13 +324,7 @@ def parser() -> argparse.ArgumentParser:
 
     def recipe_args(q: argparse.ArgumentParser) -> None:
         q.add_argument("recipe", nargs="?", help="recipe YAML (default: the built-in demo)")
-        q.add_argument(
-            "--set",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a recipe key (dotted path, e.g. mix.ratio.code=8)",
-        )
+        add_set_option(q, "mix.ratio.code=8")
 
     b = sub.add_parser("build", help="build a corpus from a recipe")
     recipe_args(b)
@@ -369,24 +364,27 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check checksums and invariants of a shard directory")
     v.add_argument("directory")
     v.set_defaults(func=cmd_verify)
+    for q in (p, b, tt, c, s, v):
+        add_debug_option(q)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `lemur-data`."""
+    """Entry point of `lemur-data`: a mistake exits 2 with one line (SystemExit, as argparse's)."""
     from lemur import process_setup
     from lemur.data.recipe import RecipeError
 
     process_setup.install("lemur-data")  # every process-wide change: see lemur.process_setup
     args = parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except RecipeError as e:
-        _die(str(e))
-    except KeyboardInterrupt:
-        print("lemur-data: interrupted; rerun to resume", file=sys.stderr)
-        return 130
-    return 0
+    return run_main(
+        lambda: args.func(args),
+        "lemur-data",
+        (RecipeError,),
+        debug=debug_wanted(args),
+        label="error: ",
+        interrupted="interrupted; rerun to resume",
+        exit_on_error=True,
+    )
 
 
 if __name__ == "__main__":

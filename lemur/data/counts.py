@@ -136,7 +136,7 @@ def collect_counts(
     reading: dict[str, dict[str, int]] | None = None,
 ) -> dict[str, Any]:
     """The manifest's `counts`: per-task datatrove stats and error logs merged, the dedup
-    stage's section (`Packer`'s summary of the removals) when it has run, and per source
+    stage's section (`ManifestSections.dedup`: the removals summed) when it has run, and per source
     the input units and bytes read of those listed (`reading`, see budget.py) when given."""
     labels = _task_labels(work, n_tasks)
     sources: dict[str, dict[str, Any]] = {

@@ -22,6 +22,47 @@ class TokenizerTrainConfig:
     max_sentence_length: int = 16384
     input_sentence_size: int = 2_000_000
 
+    def __post_init__(self) -> None:
+        key = "tokenizer.train"
+        if self.kind not in (None, "sentencepiece", "byte-bpe"):
+            raise RecipeError(
+                f"recipe: {key}.kind {self.kind!r} is not one of sentencepiece, byte-bpe"
+            )
+        _check_vocab_size(self.kind, self.vocab_size, key)
+        # SentencePiece's own limits, checked before reading anything.
+        if not 0.98 <= self.character_coverage <= 1:
+            raise RecipeError(
+                f"recipe: {key}.character_coverage must be in [0.98, 1], "
+                f"got {self.character_coverage}"
+            )
+        if not 10 <= self.max_sentence_length <= 2**30:
+            raise RecipeError(f"recipe: {key}.max_sentence_length must be in [10, 2^30]")
+        if self.sample_bytes < 1 or self.input_sentence_size < 0:
+            raise RecipeError(f"recipe: {key}.sample_bytes must be >= 1, input_sentence_size >= 0")
+
+
+class VocabSizeError(RecipeError):
+    """A vocabulary size out of range; `bound` is the range (`> 256 and <= 2^32`)."""
+
+    def __init__(self, message: str, bound: str) -> None:
+        super().__init__(message)
+        self.bound = bound
+
+
+def _check_vocab_size(kind: str | None, vocab_size: int, key: str) -> None:
+    """The one check of a trained vocabulary's size (the recipe's and `--vocab-size`)."""
+    byte_bpe = kind == "byte-bpe"
+    low = 258 if byte_bpe else 256  # byte-bpe: 256 bytes and 2 special tokens
+    if low < vocab_size <= 2**32:  # ids must fit a uint32 shard
+        return
+    if vocab_size > low:
+        rule = "<= 2^32"
+    else:
+        rule = "> 258 for byte-bpe (256 bytes and 2 special tokens)" if byte_bpe else "> 256"
+    raise VocabSizeError(
+        f"recipe: {key}.vocab_size must be {rule}, got {vocab_size}", f"> {low} and <= 2^32"
+    )
+
 
 TOKENIZER_ENGINES = ("auto", "tiktoken", "tokenizers")
 

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from lemur.cli_common import UserError
 from lemur.eval import sandbox
 from lemur.eval.agent_tasks import (
     FEEDBACK_MODES,
@@ -246,7 +247,7 @@ def finished_tasks(out_dir: Path) -> list[dict[str, Any]]:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             if i != len(lines) - 1 or line.endswith("\n"):
-                raise ValueError(f"{path}:{i + 1}: not a transcript line") from None
+                raise UserError(f"{path}:{i + 1}: not a transcript line") from None
             path.write_text("".join(lines[:-1]), encoding="utf-8")  # torn by a crash
     return records
 
@@ -258,7 +259,7 @@ def _check_settings(out_dir: Path, settings: dict[str, Any]) -> None:
         before = json.loads(path.read_text())
         changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
         if changed:
-            raise ValueError(
+            raise UserError(
                 f"{out_dir}: holds a run with other settings ({', '.join(changed)}); "
                 "use another --out to start a new run"
             )

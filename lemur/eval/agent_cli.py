@@ -13,6 +13,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from lemur.cli_common import die, user_input, writing
+
 
 def add_parsers(sub: Any, model_args: Any, gen_args: Any, sandbox_args: Any) -> None:
     """The `agent` and `plot` subcommands (model, sampling and sandbox arguments as the
@@ -56,16 +58,17 @@ def _agent_config(args: argparse.Namespace) -> Any:
     """The AgentConfig the command line asks for."""
     from lemur.eval import agent, sandbox
 
-    return agent.AgentConfig(
-        turns=args.turns,
-        feedback=args.feedback,
-        observation_role=args.observation_role,
-        system=args.system,
-        limits=sandbox.Limits(timeout_s=args.timeout, cpu_s=max(1, int(args.timeout))),
-        allow_network=args.allow_network,
-        workers=args.workers,
-        record_ids=args.record_ids,
-    )
+    with user_input(ValueError):  # the settings check the arguments
+        return agent.AgentConfig(
+            turns=args.turns,
+            feedback=args.feedback,
+            observation_role=args.observation_role,
+            system=args.system,
+            limits=sandbox.Limits(timeout_s=args.timeout, cpu_s=max(1, int(args.timeout))),
+            allow_network=args.allow_network,
+            workers=args.workers,
+            record_ids=args.record_ids,
+        )
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -73,8 +76,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from lemur.eval import agent, agent_report, agent_tasks, cli
 
     if args.turns < 1:
-        raise cli.UsageError(f"--turns must be >= 1, got {args.turns}")
-    tasks = agent_tasks.load_agent_tasks(args.tasks)[: args.limit]
+        die(f"--turns must be >= 1, got {args.turns}")
+    with user_input(ValueError):  # the --tasks file
+        tasks = agent_tasks.load_agent_tasks(args.tasks)[: args.limit]
     cli.probe_sandbox(args)
     config = _agent_config(args)
     model = cli._load(args, for_decoding=True)
@@ -94,6 +98,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     settings |= {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k")}
     settings |= {"top_p": args.top_p, "seed": args.seed}
     out = Path(args.out or f"agent-{args.feedback}")
+    with writing(out):  # refused now, not after the first tasks ran
+        out.mkdir(parents=True, exist_ok=True)
     records = agent.run_agent(
         tasks,
         replies,
@@ -117,5 +123,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
     """One PNG of several agent runs' success rate by turn."""
     from lemur.eval import agent_report
 
-    print(agent_report.plot(args.runs, args.out))
+    with user_input(ValueError):  # each run named must hold an agent run's summary
+        for run in args.runs:
+            agent_report.read_summary(run)
+    with writing(args.out):
+        print(agent_report.plot(args.runs, args.out))
     return 0

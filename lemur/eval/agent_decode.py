@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lemur.cli_common import UserError
 from lemur.eval.generate import (
     Completion,
     GenerationConfig,
@@ -67,7 +68,7 @@ def _grow(cache: decode.KVCache, *, length: int) -> decode.KVCache:
 
 
 @functools.partial(
-    jax.jit, static_argnames=("config", "sampling", "steps", "eos_id"), donate_argnums=1
+    jax.jit, static_argnames=("config", "sampling", "steps", "eos_ids"), donate_argnums=1
 )
 def _continue_rows(
     params: Params,
@@ -80,18 +81,20 @@ def _continue_rows(
     config: LlamaConfig,
     sampling: Sampling,
     steps: int,
-    eos_id: int,
+    eos_ids: tuple[int, ...],
 ) -> tuple[Any, ...]:
-    """`steps` decode steps: feed token_B at each row's length, sample; done rows stay put."""
+    """`steps` decode steps: feed token_B at each row's length, sample; done rows stay put
+    (a row is done once it fed one of `eos_ids`)."""
+    stop = jnp.asarray(eos_ids, jnp.int32)
 
     def body(carry: tuple[Any, ...], _: None) -> tuple[tuple[Any, ...], jax.Array]:
         cache, token_B, length_B, key, done_B = carry
         last_B = jnp.zeros_like(length_B)
         logits_BxV, cache = decode.extend(params, token_B[:, None], length_B, last_B, cache, config)
-        done_B = done_B | (token_B == eos_id)
+        done_B = done_B | jnp.isin(token_B, stop)
         length_B = length_B + (~done_B).astype(length_B.dtype)
         key, sub = jax.random.split(key)
-        next_B = jnp.where(done_B, eos_id, sample(logits_BxV, sub, sampling))
+        next_B = jnp.where(done_B, eos_ids[0], sample(logits_BxV, sub, sampling))
         return (cache, next_B, length_B, key, done_B), next_B
 
     carry, out_TxB = jax.lax.scan(body, (cache, token_B, length_B, key, done_B), None, length=steps)
@@ -117,7 +120,8 @@ class Turn:
 class TurnDecoder:
     """A KV cache of `batch_size` rows shared by conversations that come and go.
 
-    Stop strings need `tokenizer`; generation ends at `eos_id` (default the tokenizer's).
+    Stop strings need `tokenizer`; generation ends at `eos_id` (an id or several; default
+    the tokenizer's stop ids: its EOS and a model folder's generation_config ones).
     """
 
     def __init__(
@@ -127,14 +131,15 @@ class TurnDecoder:
         gen: GenerationConfig,
         *,
         tokenizer: Tokenizer | None = None,
-        eos_id: int | None = None,
+        eos_id: int | Sequence[int] | None = None,
         reuse: bool = True,
         prefill_chunk: int = 256,
     ) -> None:
         self.params, self.config, self.tokenizer, self.gen = params, config, tokenizer, gen
         if eos_id is None and tokenizer is not None:
-            eos_id = tokenizer.eos_id
-        self.eos_id = eos_id if gen.stop_at_eos and eos_id is not None else -1
+            eos_id = tokenizer.stop_ids
+        stops = () if eos_id is None or not gen.stop_at_eos else tuple(np.atleast_1d(eos_id))
+        self.eos_ids = tuple(int(i) for i in stops) or (-1,)
         self.reuse, self.prefill_chunk = reuse, prefill_chunk
         self.rows: list[Hashable | None] = [None] * gen.batch_size  # the conversation per row
         self.ids: list[list[int]] = [[] for _ in range(gen.batch_size)]  # in the row's cache
@@ -194,7 +199,7 @@ class TurnDecoder:
         rows = [self._row(c) for c, _ in requests]
         prompts = [list(p) for _, p in requests]
         if not all(self.fits(len(p)) for p in prompts):
-            raise ValueError("a prompt leaves no room to reply within max_seq_len")
+            raise UserError("a prompt leaves no room to reply within max_seq_len")
         starts = []
         for b, prompt in zip(rows, prompts, strict=True):
             keep = common_prefix(self.ids[b], prompt) if self.reuse else 0
@@ -215,7 +220,7 @@ class TurnDecoder:
     ) -> list[_Row]:
         """Decode from each row's first token until every row is done; set the rows' ids."""
         gen, B = self.gen, self.gen.batch_size
-        eos = self.eos_id
+        eos = self.eos_ids
         chunks = -(-(gen.max_new_tokens - 1) // gen.chunk)
         states = [_Row(prompt=p) for p in prompts]
         raw: list[list[int]] = [[int(t)] for t in first]  # every token sampled, fed or not
@@ -223,7 +228,7 @@ class TurnDecoder:
         token, length = np.zeros(B, np.int32), np.array([len(i) for i in self.ids], np.int32)
         for i, b in enumerate(rows):
             token[b], length[b] = first[i], len(prompts[i])
-            _update(states[i], [int(first[i])], gen, (eos,), self.tokenizer)
+            _update(states[i], [int(first[i])], gen, eos, self.tokenizer)
         self._ensure(int(length.max()) + chunks * gen.chunk + 1)
         token_B, length_B = jnp.asarray(token), jnp.asarray(length)
         while any(s.finish is None for s in states):
@@ -240,13 +245,13 @@ class TurnDecoder:
                 config=self.config,
                 sampling=gen.sampling,
                 steps=gen.chunk,
-                eos_id=eos,
+                eos_ids=eos,
             )
             new_BxT = np.asarray(new_BxT)
             for i, b in enumerate(rows):
                 if states[i].finish is None:
                     raw[i].extend(int(t) for t in new_BxT[b])
-                    _update(states[i], new_BxT[b], gen, (eos,), self.tokenizer)
+                    _update(states[i], new_BxT[b], gen, eos, self.tokenizer)
         lengths = np.asarray(length_B)
         for i, b in enumerate(rows):  # what the row's slots hold: the prompt, the fed tokens
             self.ids[b] = prompts[i] + raw[i][: int(lengths[b]) - len(prompts[i])]

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lemur.cli_common import UserError
 from lemur.model import llama
 from lemur.model.config import LlamaConfig, Params
 from lemur.shards.check import ShardDir
@@ -250,7 +251,7 @@ def score_directory(
     shard_dir = ShardDir.of(directory)
     tok = open_tokenizer(shard_dir.tokenizer_path)
     if tok.vocab_size > config.vocab_size:
-        raise ValueError(
+        raise UserError(
             f"{directory}: tokenizer of {tok.vocab_size} ids, the model has "
             f"vocab_size {config.vocab_size} (built with another tokenizer?)"
         )

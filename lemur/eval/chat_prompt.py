@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from lemur.chat_template import ChatTemplate
 from lemur.chatml import IM_END as CHATML_END
 from lemur.chatml import IM_START as CHATML_START
+from lemur.cli_common import UserError
 from lemur.tokenizer import ByteLevelTokenizer
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ def chat_prompt(tokenizer: Tokenizer, prompt: ChatPrompt, system: str | None = N
     starts; refuses a tokenizer without the ChatML pieces."""
     missing = [p for p in (CHATML_START, CHATML_END) if tokenizer.piece_id(p) is None]
     if missing:
-        raise ValueError(
+        raise UserError(
             f"the tokenizer has no {' / '.join(missing)} piece (--chat needs "
             "a ChatML tokenizer, e.g. one a Lemur-Chat build extended)"
         )

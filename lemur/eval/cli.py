@@ -10,7 +10,9 @@
 CHECKPOINT is a lemur-train run directory (its latest checkpoint, or --step), one orbax
 step of a run, a lemur model checkpoint (config.json + params/) or a Hugging Face Llama
 folder (converted on the fly). See docs/eval.md. Exit codes: 0 done; 2 a bad argument,
-checkpoint, shard directory or task file, or a sandbox this machine cannot give (one line).
+checkpoint, shard directory or task file, or a sandbox this machine cannot give (one line;
+`--debug` or LEMUR_DEBUG=1 shows the traceback instead); 130 interrupted; 143 terminated.
+Any other error is a bug and shows its traceback.
 """
 
 from __future__ import annotations
@@ -21,14 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lemur.cli_common import add_debug_option, debug_wanted, die, run_main, user_input, writing
 from lemur.eval import agent_cli
-from lemur.eval.prompts_file import PromptsError, read_prompts
+from lemur.eval.prompts_file import read_prompts
 
 USAGE = "lemur-eval {bpb,generate,humaneval,agent,plot} ... (lemur-eval COMMAND --help)"
-
-
-class UsageError(Exception):
-    """A problem with the command line or its inputs (exit 2, one line)."""
 
 
 def _say(message: str) -> None:
@@ -77,7 +76,7 @@ def probe_sandbox(args: argparse.Namespace) -> Any:
     for line in isolation.describe():
         _say(f"sandbox {line}")
     if not isolation.network and not args.allow_network:
-        raise UsageError(
+        die(
             "refusing to run generated code: this machine cannot isolate the "
             "network (no network namespaces); pass --allow-network to run anyway"
         )
@@ -148,6 +147,8 @@ def parser() -> argparse.ArgumentParser:
     he.add_argument("--out", default="humaneval-results", help="samples.jsonl + summary.json")
     _gen_args(he, 512)
     agent_cli.add_parsers(sub, _model_args, _gen_args, sandbox_args)
+    for p in (top, *sub.choices.values()):
+        add_debug_option(p)
     return top
 
 
@@ -173,21 +174,22 @@ def _sampling(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> Any:
     from lemur.eval.generate import GenerationConfig
     from lemur.eval.sampling import Sampling
 
-    sampling = Sampling(args.temperature, args.top_k, args.top_p)
-    return GenerationConfig(
-        max_new_tokens=args.max_new_tokens,
-        sampling=sampling,
-        stop=(*stop, *args.stop),
-        seed=args.seed,
-        batch_size=args.batch_size,
-    )
+    with user_input(ValueError):  # the settings check the arguments
+        sampling = Sampling(args.temperature, args.top_k, args.top_p)
+        return GenerationConfig(
+            max_new_tokens=args.max_new_tokens,
+            sampling=sampling,
+            stop=(*stop, *args.stop),
+            seed=args.seed,
+            batch_size=args.batch_size,
+        )
 
 
 def _need_tokenizer(args: argparse.Namespace, model: Any) -> None:
-    """UsageError, saying why, when the model came without a tokenizer."""
+    """Refuse, saying why, a model that came without a tokenizer."""
     if model.tokenizer is None:
         why = f" ({model.tokenizer_problem})" if model.tokenizer_problem else ""
-        raise UsageError(f"{args.checkpoint}: no tokenizer found{why}; give --tokenizer")
+        die(f"{args.checkpoint}: no tokenizer found{why}; give --tokenizer")
 
 
 def _check_tokenizer(args: argparse.Namespace, model: Any, directory: Any) -> None:
@@ -197,13 +199,13 @@ def _check_tokenizer(args: argparse.Namespace, model: Any, directory: Any) -> No
     want = directory.tokenizer.get("sha256")
     have = model.tokenizer.sha256 if model.tokenizer is not None else model.tokenizer_sha256
     if have is None and model.tokenizer_problem is not None:
-        raise UsageError(
+        die(
             f"{args.checkpoint}: cannot check the shards' tokenizer: "
             f"{model.tokenizer_problem}; give --tokenizer"
         )
     if have is not None and want and have != want:
         what = f"the model's {model.tokenizer.path}" if model.tokenizer else "the run's"
-        raise UsageError(f"{directory}: shards were tokenized with another tokenizer than {what}")
+        die(f"{directory}: shards were tokenized with another tokenizer than {what}")
 
 
 def _bpb_table(results: list[dict[str, Any]]) -> None:
@@ -245,19 +247,21 @@ def cmd_bpb(args: argparse.Namespace) -> int:
     for d in dirs:
         _check_tokenizer(args, model, d)
     seq_len = args.seq_len or min(2048, model.config.max_seq_len)
-    settings = bpb.BpbSettings(
-        seq_len=seq_len,
-        batch_size=args.batch_size,
-        max_windows=args.max_windows,
-        document_attention=not args.packed,
-        languages=not args.no_languages,
-    )
+    with user_input(ValueError):
+        settings = bpb.BpbSettings(
+            seq_len=seq_len,
+            batch_size=args.batch_size,
+            max_windows=args.max_windows,
+            document_attention=not args.packed,
+            languages=not args.no_languages,
+        )
     tagger = bpb.LanguageTagger()
     results = [bpb.score_directory(model.params, model.config, d, settings, tagger) for d in dirs]
     _bpb_table(results)
     if args.json:
         out = {"model": model.source, "kind": model.kind, "results": results}
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        with writing(args.json):
+            Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
         _say(f"wrote {args.json}")
     return 0
 
@@ -266,10 +270,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Complete prompts; print them or write JSONL."""
     from lemur.eval.generate import generate
 
-    try:
+    with user_input(OSError):  # a --prompts file that cannot be read
         rows = read_prompts(args.prompt, args.prompts, args.chat)
-    except PromptsError as e:
-        raise UsageError(str(e)) from None
     model = _load(args, for_decoding=True)
     _need_tokenizer(args, model)
     completions = generate(
@@ -292,7 +294,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         for r, c in zip(rows, completions, strict=True)
     ]
     if args.out:
-        Path(args.out).write_text("".join(json.dumps(o) + "\n" for o in out))
+        with writing(args.out):
+            Path(args.out).write_text("".join(json.dumps(o) + "\n" for o in out))
         _say(f"wrote {len(out)} completions to {args.out}")
     else:
         for o in out:
@@ -308,10 +311,10 @@ def _humaneval_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list
     if args.canonical:
         missing = [t.task_id for t in tasks if t.canonical_solution is None]
         if missing:
-            raise UsageError(f"--canonical: {len(missing)} tasks have no canonical_solution")
+            die(f"--canonical: {len(missing)} tasks have no canonical_solution")
         return [(t.task_id, t.canonical_solution) for t in tasks], {"model": "canonical"}
     if args.checkpoint is None:
-        raise UsageError("humaneval needs a CHECKPOINT (or --canonical)")
+        die("humaneval needs a CHECKPOINT (or --canonical)")
     model = _load(args, for_decoding=True)
     _need_tokenizer(args, model)
     if args.n > 1 and args.temperature == 0:
@@ -342,7 +345,8 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
     """Generate (or take canonical) completions, check them in the sandbox, report pass@k."""
     from lemur.eval import humaneval, sandbox
 
-    tasks = humaneval.load_tasks(args.tasks) if args.tasks else humaneval.humaneval_tasks()
+    with user_input(ValueError):  # the --tasks file
+        tasks = humaneval.load_tasks(args.tasks) if args.tasks else humaneval.humaneval_tasks()
     tasks = tasks[: args.limit] if args.limit else tasks
     isolation = probe_sandbox(args)
     samples, notes = _humaneval_samples(args, tasks)
@@ -357,7 +361,8 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
         "sandbox": isolation.describe(),
         "timeout_s": args.timeout,
     }
-    samples_path, summary_path = humaneval.write_results(args.out, records, summary)
+    with writing(args.out):
+        samples_path, summary_path = humaneval.write_results(args.out, records, summary)
     scores = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k.startswith("pass@"))
     print(
         f"{scores} over {summary['tasks']} tasks ({summary['samples']} samples); "
@@ -381,17 +386,15 @@ def main(argv: list[str] | None = None) -> int:
 
     process_setup.install("lemur-eval")  # every process-wide change: see lemur.process_setup
     from lemur.eval.load import LoadError
+    from lemur.eval.prompts_file import PromptsError
     from lemur.eval.sandbox import SandboxUnavailable
     from lemur.shards.format import ShardFormatError
 
     args = parser().parse_args(argv)
-    try:
-        return COMMANDS[args.command](args)
-    except (UsageError, LoadError, ShardFormatError, SandboxUnavailable, ValueError, OSError) as e:
-        _say(str(e).splitlines()[0] if str(e) else type(e).__name__)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    mistakes = (LoadError, PromptsError, ShardFormatError, SandboxUnavailable)
+    return run_main(
+        lambda: COMMANDS[args.command](args), "lemur-eval", mistakes, debug=debug_wanted(args)
+    )
 
 
 if __name__ == "__main__":

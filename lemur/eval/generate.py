@@ -29,6 +29,7 @@ import numpy as np
 
 from lemur.chatml import IM_END as CHATML_END
 from lemur.chatml import IM_START as CHATML_START  # noqa: F401 - re-exported
+from lemur.cli_common import UserError
 from lemur.eval.chat_prompt import (  # noqa: F401 - chat_prompt re-exported
     ChatPrompt,
     chat_prompt,
@@ -45,6 +46,7 @@ class Tokenizer(Protocol):
 
     bos_id: int | None
     eos_id: int
+    stop_ids: tuple[int, ...]  # EOS, and more a model folder's generation_config lists
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`, without <s> or </s>."""
@@ -309,9 +311,9 @@ def generate_ids(
     and end of turn); None never stops at eos. Stop strings need `tokenizer`.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
+        raise UserError("every prompt needs at least one token")
     if (longest := max(len(p) for p in prompts)) > config.max_seq_len:
-        raise ValueError(f"a prompt of {longest} tokens exceeds max_seq_len {config.max_seq_len}")
+        raise UserError(f"a prompt of {longest} tokens exceeds max_seq_len {config.max_seq_len}")
     if gen.stop and tokenizer is None:
         raise ValueError("stop strings need a tokenizer")
     if eos_id is None:
@@ -350,7 +352,7 @@ def generate(
     """Complete text prompts (<s> prepended), or with `chat` chat prompts: user turns or
     conversations so far (`chat_prompt_ids`), ending at the model's EOS or end of turn
     (`<|im_end|>` for ChatML, the template's own for a tokenizer.json model)."""
-    eos: int | tuple[int, ...] = tokenizer.eos_id
+    eos: tuple[int, ...] = tokenizer.stop_ids
     if chat:
         ids = [chat_prompt_ids(tokenizer, p) for p in prompts]
         template = model_template(tokenizer)

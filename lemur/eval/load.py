@@ -62,6 +62,7 @@ class SentencePieceTokenizer:
         except (OSError, RuntimeError) as e:
             raise LoadError(f"{self.path}: not a SentencePiece model ({e})") from None
         self.bos_id, self.eos_id = int(self.sp.bos_id()), int(self.sp.eos_id())
+        self.stop_ids = (self.eos_id,)
         self.vocab_size = int(self.sp.vocab_size())
         self.sha256 = hashlib.sha256(self.path.read_bytes()).hexdigest()
         self._chat_sp: spm.SentencePieceProcessor | None = None

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from lemur.cli_common import add_debug_option, debug_wanted, run_main, writing
 from lemur.model import checkpoint, export_dir, hf, hf_tokenizer, pretrained
 from lemur.model.config import DTYPES, param_count
 
@@ -257,31 +258,32 @@ def parser() -> argparse.ArgumentParser:
             action="store_true",
             help="replace a non-empty DST (whole, once the new export is complete)",
         )
+    for q in (p, a, b, c):
+        add_debug_option(q)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point; returns the exit code."""
+    """Command line entry point; returns the exit code (a partial output is removed)."""
     from lemur import process_setup
 
     process_setup.install("lemur-convert")  # every process-wide change: see lemur.process_setup
     args = parser().parse_args(argv)
-    try:
+    # What a source or a destination cannot give (unsupported configs, missing tensors) is a
+    # ValueError or KeyError of the model modules: one line, exit 2.
+    mistakes = (ValueError, KeyError)
+    return run_main(lambda: _convert(args), "lemur-convert", mistakes, debug=debug_wanted(args))
+
+
+def _convert(args: argparse.Namespace) -> None:
+    """Run the command of `args`."""
+    with writing(args.dst):  # what the checks could not foresee (a full disk, permissions)
         if args.command == "to-lemur":
             to_lemur(args.src, args.dst, args.dtype, args.force)
         elif args.command == "from-run":
             from_run(args.src, args.dst, args.step, args.tokenizer, args.force)
         else:
             to_hf(args.src, args.dst, args.dtype, args.shard_gb, args.tokenizer, args.force)
-    except (ValueError, KeyError) as e:
-        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-        return 2
-    except OSError as e:  # what the checks could not foresee (a full disk, permissions), named
-        print(f"error: {e.filename or args.dst}: {e.strerror or e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # the partial output is already removed
-        return 130
-    return 0
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ from typing import Any
 
 import numpy as np
 
+# The one atomic write (every layer uses it; shard writers and many callers import it here).
+from lemur.atomic_files import atomic_write_bytes
+
 FORMAT = "lemur-shards/1"
 MANIFEST = "manifest.json"
 INDEX_DTYPE = np.dtype("<u8")
@@ -46,22 +49,6 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes | memoryview) -> None:
-    """Write a file under a temporary name and rename it, so readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk must not leave half a file behind
-        raise
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -25,6 +25,7 @@ class Tokenizer(Protocol):
     vocab_size: int  # every id, added tokens included
     bos_id: int | None  # None: the model frames documents without a BOS (Qwen2.5)
     eos_id: int | None  # None only for a tokenizer.json whose files name no EOS
+    stop_ids: tuple[int, ...]  # generation ends at any: EOS, and a model folder's more
     sha256: str  # of the model file
 
     def encode(self, text: str) -> list[int]:
@@ -33,6 +34,10 @@ class Tokenizer(Protocol):
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """`encode` of each text (one thread: parallelism comes from the executor's tasks)."""
+        ...
+
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """`encode` of each text as a uint32 array (what the build writes; may skip lists)."""
         ...
 
     def decode(self, ids: Sequence[int]) -> str:

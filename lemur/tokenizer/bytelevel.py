@@ -16,6 +16,15 @@ import numpy as np
 
 from lemur.tokenizer.base import TokenizerError
 from lemur.tokenizer.hf_files import HFTokenizerFiles
+from lemur.tokenizer.long_pieces import (
+    MAX_PIECE,
+    MAX_RUN,
+    RunLengthBPE,
+    grouped,
+    has_long_run,
+    long_pieces,
+    stretch_cut,
+)
 from lemur.tokenizer.tiktoken_exact import (
     TO_BYTE_LEVEL,
     TiktokenPlan,
@@ -24,13 +33,6 @@ from lemur.tokenizer.tiktoken_exact import (
     token_to_bytes,
 )
 
-# tiktoken's BPE slows down on very long pieces (and its regex overflows the stack on
-# ~1 MB of spaces: tiktoken#195). No piece can be longer than the longest run of
-# "word-ish" or "space-ish" bytes (`has_long_run`), so a text whose runs are all shorter
-# than MAX_RUN bytes goes to tiktoken whole; in any other text, pieces longer than
-# MAX_PIECE characters are merged by the reference's own BPE.
-MAX_RUN = 4096
-MAX_PIECE = 2048
 ENGINES = ("auto", "tiktoken", "tokenizers")
 
 
@@ -42,29 +44,6 @@ def clean_text(text: str) -> str:
         return text
     except UnicodeEncodeError:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def _class_table(member: Any) -> bytes:
-    return bytes(0x61 if member(b) else 0x20 for b in range(256))
-
-
-_SPACE = {9, 10, 11, 12, 13, 32}
-# Word-ish bytes: everything but ASCII whitespace, plus CR/LF (pieces end in them);
-# space-ish bytes: ASCII whitespace and any non-ASCII byte (Unicode spaces), plus `/`
-# (tekken's punctuation pieces end in `[\r\n/]*`). Bytes 0x1c-0x1f count as both. A regex
-# piece of the byte-level patterns lies within one word-ish or one space-ish run, give or
-# take a leading byte.
-_WORDISH = _class_table(lambda b: b not in _SPACE or b in (10, 13) or 0x1C <= b <= 0x1F)
-_SPACEISH = _class_table(lambda b: b in _SPACE or b >= 128 or b == 47 or 0x1C <= b <= 0x1F)
-_LONG_RUN = b"a" * (MAX_RUN - 1)
-
-
-def has_long_run(data: bytes) -> bool:
-    """Whether a text (UTF-8) may hold a regex piece of MAX_RUN bytes or more.
-
-    Two byte translations and two substring searches: ~400 MB/s, against tiktoken's ~20.
-    """
-    return _LONG_RUN in data.translate(_WORDISH) or _LONG_RUN in data.translate(_SPACEISH)
 
 
 _references: dict[str, Any] = {}
@@ -100,11 +79,16 @@ def _plan(sha256: str, data: dict[str, Any], reference: Any) -> TiktokenPlan:
     return _plans[sha256]
 
 
-_encodings: dict[str, tuple[Any, Any]] = {}
+_encodings: dict[str, tuple[Any, Any, Any]] = {}
+# A special token no text holds as one: with it, tiktoken's `encode_to_numpy` (a buffer,
+# no Python ints) takes its fast path; with no special token at all, its empty special
+# regex matches at every character and costs more than the ints it saves. Never output:
+# it is not allowed, so its text (should a document hold it) is encoded as text.
+_UNUSED_SPECIAL = "<|lemur:unused-special|>"
 
 
-def _encoders(sha256: str, plan: TiktokenPlan) -> tuple[Any, Any]:
-    """(tiktoken Encoding, compiled piece regex) of a plan, built once per process."""
+def _encoders(sha256: str, plan: TiktokenPlan) -> tuple[Any, Any, Any]:
+    """(tiktoken Encoding, piece regex, grouped piece regex) of a plan, once per process."""
     import regex
     import tiktoken
 
@@ -113,9 +97,10 @@ def _encoders(sha256: str, plan: TiktokenPlan) -> tuple[Any, Any]:
             f"lemur-{sha256[:12]}",
             pat_str=plan.pattern,
             mergeable_ranks=plan.ranks,
-            special_tokens={},
+            special_tokens={_UNUSED_SPECIAL: max(plan.ranks.values()) + 1},
         )
-        _encodings[sha256] = (encoding, regex.compile(plan.pattern))
+        pieces = regex.compile(plan.pattern)
+        _encodings[sha256] = (encoding, pieces, regex.compile(grouped(plan.pattern)))
     return _encodings[sha256]
 
 
@@ -133,6 +118,8 @@ class ByteLevelTokenizer:
         self.vocab_size = int(self.reference.get_vocab_size(with_added_tokens=True))
         self.bos_id = self._special_id(files.bos) if files.bos else None
         self.eos_id = self._special_id(files.eos) if files.eos else None
+        more = [i for i in files.generation_eos if i < self.vocab_size]
+        self.stop_ids = tuple(dict.fromkeys(i for i in (self.eos_id, *more) if i is not None))
         self._tiktoken: Any = None
         self.engine_reason = "asked for in the recipe" if engine == "tokenizers" else ""
         if engine != "tokenizers":
@@ -153,37 +140,74 @@ class ByteLevelTokenizer:
             self.engine_reason = plan.reason
             return
         self._nfc = plan.nfc
-        self._tiktoken, self._pieces = _encoders(self.files.sha256, plan)
+        self._tiktoken, self._pieces, self._groups = _encoders(self.files.sha256, plan)
         self._restartable = restartable(plan.pattern)
+        self._run_length = RunLengthBPE(plan.ranks)
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`: no BOS/EOS, special-token text encoded as text."""
         text = clean_text(text)
         if self._tiktoken is None:
             return self.reference.encode(text, add_special_tokens=False).ids
-        if self._nfc:
-            text = unicodedata.normalize("NFC", text)
-        # A text of fewer than MAX_RUN / 4 characters has fewer than MAX_RUN bytes.
-        if len(text) >= MAX_RUN // 4 and has_long_run(text.encode("utf-8")):
+        text = self._normalized(text)
+        if self._long(text):
             return self._encode_long_pieces(text)
         return self._tiktoken.encode_ordinary(text)
 
+    def encode_array(self, text: str) -> np.ndarray:
+        """`encode` as a uint32 array, made without a Python int per id where tiktoken encodes."""
+        if self._tiktoken is None:
+            return np.asarray(self.encode(text), np.uint32)
+        text = self._normalized(clean_text(text))
+        if self._long(text):
+            return np.asarray(self._encode_long_pieces(text), np.uint32)
+        return self._tiktoken.encode_to_numpy(text, disallowed_special=())
+
+    def _normalized(self, text: str) -> str:
+        return unicodedata.normalize("NFC", text) if self._nfc else text
+
+    @staticmethod
+    def _long(text: str) -> bool:
+        """Whether `text` may hold a piece too long for tiktoken (`has_long_run`)."""
+        # A text of fewer than MAX_RUN / 4 characters has fewer than MAX_RUN bytes.
+        return len(text) >= MAX_RUN // 4 and has_long_run(text.encode("utf-8"))
+
     def _encode_long_pieces(self, text: str) -> list[int]:
-        """tiktoken on the stretches between long pieces; the reference's BPE on those."""
+        """tiktoken on the stretches between long pieces; `_piece_ids` on those, and on the
+        pieces before each that a stretch may not end with (`stretch_cut`)."""
         ids: list[int] = []
-        start = 0
-        for match in self._pieces.finditer(text):
-            s, e = match.span()
-            if e - s <= MAX_PIECE and self._restartable:
-                continue
-            if start < s:
-                ids += self._tiktoken.encode_ordinary(text[start:s])
-            piece = text[s:e].encode("utf-8").decode("latin-1").translate(TO_BYTE_LEVEL)
-            ids += [t.id for t in self.reference.model.tokenize(piece)]
-            start = e
-        if start < len(text):
-            ids += self._tiktoken.encode_ordinary(text[start:])
+        lo = 0
+        if not self._restartable:  # every piece on its own: a stretch might split otherwise
+            for match in self._pieces.finditer(text):
+                ids += self._piece_ids(text, *match.span())
+            return ids
+        for piece in long_pieces(text, self._groups, self._pieces):
+            cut, singles = stretch_cut(text, lo, piece, self._pieces)
+            if lo < cut:
+                ids += self._tiktoken.encode_ordinary(text[lo:cut])
+            for s, e in [*singles, (piece.start, piece.end)]:
+                ids += self._piece_ids(text, s, e)
+            lo = piece.end
+        if lo < len(text):
+            ids += self._tiktoken.encode_ordinary(text[lo:])
         return ids
+
+    def _piece_ids(self, text: str, start: int, end: int) -> list[int]:
+        """The reference's ids of the piece `text[start:end]`."""
+        data = text[start:end].encode("utf-8")
+        if len(data) > MAX_PIECE:
+            runs = self._run_length.runs(text[start:end])
+            merged = self._run_length.merge(runs) if runs is not None else None
+            if merged is not None:
+                return merged
+        piece = data.decode("latin-1").translate(TO_BYTE_LEVEL)
+        return [t.id for t in self.reference.model.tokenize(piece)]
+
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """`encode_array` of each text (the build's tokenize stage)."""
+        if self._tiktoken is not None:
+            return [self.encode_array(t) for t in texts]
+        return [np.asarray(ids, np.uint32) for ids in self.encode_batch(texts)]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """`encode` of each text."""

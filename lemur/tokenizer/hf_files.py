@@ -33,6 +33,9 @@ class HFTokenizerFiles:
     config: dict[str, Any]  # tokenizer_config.json merged over special_tokens_map.json
     bos: str | None
     eos: str | None  # None: the files name none (a build must be told: `tokenizer.eos`)
+    # More ids generation stops at: `eos_token_id` of a generation_config.json beside
+    # (Llama-3-Instruct lists <|end_of_text|>, <|eom_id|> and <|eot_id|>).
+    generation_eos: tuple[int, ...] = ()
 
     @property
     def added(self) -> dict[str, dict[str, Any]]:
@@ -112,7 +115,17 @@ def read_hf_tokenizer(
         config=config,
         bos=bos_token,
         eos=eos_token,
+        generation_eos=_generation_eos(file.parent / "generation_config.json"),
     )
+
+
+def _generation_eos(path: Path) -> tuple[int, ...]:
+    """The `eos_token_id` (an id or a list of them) of a generation_config.json, if any."""
+    if not path.is_file():
+        return ()
+    value = _read_json(path).get("eos_token_id")
+    ids = value if isinstance(value, list) else [value]
+    return tuple(i for i in ids if isinstance(i, int) and not isinstance(i, bool) and i >= 0)
 
 
 def _configured(

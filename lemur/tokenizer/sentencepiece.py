@@ -35,6 +35,7 @@ class SentencePieceTokenizer:
         self.bos_id: int | None = bos if bos >= 0 else None
         if self.eos_id < 0:
             raise TokenizerError(f"{self.path}: the model has no </s> id")
+        self.stop_ids: tuple[int, ...] = (self.eos_id,)
 
     @functools.cached_property
     def sha256(self) -> str:
@@ -48,6 +49,10 @@ class SentencePieceTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """`encode` of each text, on one thread."""
         return self.sp.encode(list(texts), num_threads=1)
+
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """`encode_batch` as uint32 arrays."""
+        return [np.asarray(ids, np.uint32) for ids in self.encode_batch(texts)]
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of `ids`."""

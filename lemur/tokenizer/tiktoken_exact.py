@@ -16,7 +16,7 @@ from typing import Any
 
 # GPT-2's pre-tokenizer pattern: what a ByteLevel pre-tokenizer with use_regex applies.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-# Zero-width constructs other than `(?!\S)`: with one of them in a pattern, encoding a
+# Zero-width constructs other than `\s+(?!\S)`: with one of them in a pattern, encoding a
 # stretch of a text alone could split it differently than the whole text (see
 # `restartable`).
 _CONTEXT = re.compile(r"\(\?[=!<]|\\[bBAzZG]|(?<![\\\[])\^|(?<!\\)\$")
@@ -225,11 +225,13 @@ def tiktoken_plan(data: dict[str, Any], tokenize: Any) -> TiktokenPlan:
 
 
 def restartable(pattern: str) -> bool:
-    """Whether encoding a text's stretch alone splits it as the whole text does.
+    """Whether a stretch of a text, cut at the right piece boundaries, splits alone as in it.
 
-    True when the only zero-width construct is `(?!\\S)` (what every byte-level pattern we
-    know uses): a stretch that starts and ends at piece boundaries then yields the same
-    pieces, since end of text satisfies `(?!\\S)` just as the whitespace or piece start
-    that followed it did.
+    True when the only zero-width construct is `\\s+(?!\\S)` (what every byte-level pattern
+    we know uses). Then a stretch that starts at a piece boundary and ends at one right
+    after a non-space character (`long_pieces.stretch_cut`) yields the same pieces: no
+    `\\s+` can end there, so end of text and the text that followed look alike to the
+    pattern. A boundary right after a space is not enough: `" \\t"` before `"."` is two
+    pieces, at the end of a text one.
     """
-    return not _CONTEXT.search(pattern.replace(r"(?!\S)", ""))
+    return not _CONTEXT.search(pattern.replace(r"\s+(?!\S)", ""))

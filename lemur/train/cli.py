@@ -6,8 +6,9 @@
 CONFIG is a YAML file or the name of a shipped config (tiny, demo, lemur-70b, ...).
 Exit codes: 0 done, already done, or stopped by a signal with a checkpoint saved;
 1 training diverged; 2 bad config, data, run directory or checkpoints, or `steps` below
-the latest checkpoint (a one-line message); 130 (SIGINT) or 143 (SIGTERM) before
-training started (nothing half-written).
+the latest checkpoint (a one-line message; `--debug` or LEMUR_DEBUG=1 shows the
+traceback instead); 130 (SIGINT) or 143 (SIGTERM) before training started (nothing
+half-written).
 """
 
 from __future__ import annotations
@@ -16,15 +17,12 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from lemur.cli_common import add_debug_option, add_set_option, debug_wanted, die, run_main
+
 if TYPE_CHECKING:
     from lemur.train.config import TrainConfig
 
-USAGE = "lemur-train CONFIG [--set KEY=VALUE ...] [--dry-run] | lemur-train plot RUN_DIR"
-
-
-def _die(message: str, code: int = 2) -> int:
-    print(f"lemur-train: {message}", file=sys.stderr)
-    return code
+USAGE = "lemur-train CONFIG [--set KEY=VALUE ...] [--dry-run] [--debug] | lemur-train plot RUN_DIR"
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -36,18 +34,13 @@ def train_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("config", help="config YAML, or a shipped config name (tiny, lemur-70b, ...)")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a key (dotted path, value as YAML), e.g. steps=200",
-    )
+    add_set_option(p, "steps=200")
     p.add_argument(
         "--dry-run",
         action="store_true",
         help="print the resolved config and the derived sizes, then exit",
     )
+    add_debug_option(p)
     return p
 
 
@@ -58,6 +51,7 @@ def plot_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("run_dir")
     p.add_argument("--out", default=None, help="where to write the PNGs (default RUN_DIR/plots)")
+    add_debug_option(p)
     return p
 
 
@@ -100,9 +94,8 @@ def dry_run_summary(config: TrainConfig) -> str:
     return "".join(f"# {line}\n" for line in lines)
 
 
-def cmd_train(argv: list[str]) -> int:
+def cmd_train(args: argparse.Namespace) -> int:
     """Run (or dry-run) a training config."""
-    args = train_parser().parse_args(argv)
     from lemur.train import interrupt
 
     # Before the slow imports (jax): from now until training starts, Ctrl-C exits 130
@@ -122,7 +115,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, args.set)
     except ConfigError as e:
-        return _die(str(e))
+        die(str(e))
     if args.dry_run:
         print(config.to_yaml() + dry_run_summary(config), end="")
         return 0
@@ -132,11 +125,9 @@ def _train(args: argparse.Namespace) -> int:
     try:
         summary = train(config)
     except (ConfigError, RunError) as e:
-        return _die(str(e))
+        die(str(e))
     except TrainingDiverged as e:
-        return _die(str(e), 1)
-    except KeyboardInterrupt:  # a second Ctrl-C after training started, or several processes
-        return _die("interrupted", 130)
+        die(str(e), 1)
     parts = [f"step {summary.step}"]
     if summary.loss is not None:
         parts.append(f"loss {summary.loss:.4f}")
@@ -145,15 +136,14 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plot(argv: list[str]) -> int:
+def cmd_plot(args: argparse.Namespace) -> int:
     """Write the PNG curves of a run."""
-    args = plot_parser().parse_args(argv)
     from lemur.train.plot import plot_run
 
     try:
         paths = plot_run(args.run_dir, args.out)
     except FileNotFoundError as e:
-        return _die(str(e))
+        die(str(e))
     for path in paths:
         print(path)
     return 0
@@ -165,9 +155,11 @@ def main(argv: list[str] | None = None) -> int:
 
     process_setup.install("lemur-train")  # every process-wide change: see lemur.process_setup
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "plot":
-        return cmd_plot(argv[1:])
-    return cmd_train(argv)
+    plot = bool(argv) and argv[0] == "plot"
+    args = (plot_parser() if plot else train_parser()).parse_args(argv[1:] if plot else argv)
+    command = cmd_plot if plot else cmd_train
+    # Ctrl-C after training started, or with several processes: "interrupted", exit 130.
+    return run_main(lambda: command(args), "lemur-train", debug=debug_wanted(args))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ buffers (`dedup.merge_buffer_mb`); the cluster task holds ~40 bytes per document
 a verified partner, never one entry per document of the corpus.
 """
 
-from lemur.data.dedup.cluster import DedupResult, cluster_sizes
+from lemur.data.dedup.cluster import DedupResult
 from lemur.data.dedup.signer import DedupSigner, combine_ngrams, minhash, normalized_hash, shingles
 from lemur.data.dedup.stage import DedupBuckets, DedupClusters, dedup_stages, run_in_process
 
@@ -35,7 +35,6 @@ __all__ = [
     "DedupClusters",
     "DedupResult",
     "DedupSigner",
-    "cluster_sizes",
     "combine_ngrams",
     "dedup_stages",
     "minhash",

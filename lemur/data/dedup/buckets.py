@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
+from lemur.atomic_files import atomic_open
 from lemur.data.dedup.merge import (
     BigGroup,
     Block,
@@ -28,17 +28,10 @@ from lemur.data.dedup.rows import RowFile, raise_open_files_limit
 from lemur.data.dedup.runs import EXACT, channel_name, open_run
 from lemur.data.dedup.sketch import Sketches
 from lemur.data.recipe import DedupConfig
-from lemur.shards.format import atomic_write_bytes, open_array
+from lemur.shards.format import atomic_write_bytes
 
 # One verified pair: (kept-side task, local) -> (other task, local); kept side first in order.
 PAIR = np.dtype([("a_task", "<u4"), ("a_local", "<u4"), ("b_task", "<u4"), ("b_local", "<u4")])
-
-
-def load_signatures(sig_dir: Path, rank: int, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
-    """Memory-mapped (content hashes, MinHash signatures) of one task."""
-    chash = open_array(Path(sig_dir) / f"{rank:05d}.chash.bin", np.uint64)
-    sig = open_array(Path(sig_dir) / f"{rank:05d}.minhash.bin", np.uint32, (num_perm,))
-    return chash, sig
 
 
 class Priorities:
@@ -187,9 +180,7 @@ def bucket_task(
     # Pairs verified at once: two signatures read, placed and compared (~20 x num_perm bytes).
     step = max(256, buffer // (20 * config.num_perm))
     found = kept = 0
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
+    with atomic_open(final) as fh:  # renamed last: the pairs file marks the task done
         for item in merge_runs(runs, list(lo), list(hi), chunk):
             pieces = (
                 [star_pairs(item, prio)]
@@ -206,6 +197,10 @@ def bucket_task(
                     pairs["a_task"], pairs["a_local"] = at[ok], al[ok]
                     pairs["b_task"], pairs["b_local"] = bt[ok], bl[ok]
                     fh.write(pairs.tobytes())
-    counts = {"channel": channel_name(channel), "part": list(part), "pairs": found, "kept": kept}
-    atomic_write_bytes(final.with_suffix(".json"), json.dumps(counts).encode())
-    os.replace(tmp, final)
+        counts = {
+            "channel": channel_name(channel),
+            "part": list(part),
+            "pairs": found,
+            "kept": kept,
+        }
+        atomic_write_bytes(final.with_suffix(".json"), json.dumps(counts).encode())

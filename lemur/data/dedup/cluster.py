@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -174,19 +173,3 @@ def load_result(out_dir: Path, sizes: np.ndarray) -> DedupResult:
         summary["candidate_pairs"],
         summary["verified_pairs"],
     )
-
-
-def cluster_sizes(cluster: np.ndarray, removed: np.ndarray) -> dict[str, int]:
-    """Histogram of duplicate cluster sizes (clusters of 2 or more documents)."""
-    if not removed.any():
-        return {}
-    _, counts = np.unique(cluster, return_counts=True)
-    counts = counts[counts > 1]
-    sizes, freq = np.unique(counts, return_counts=True)
-    return {str(int(s)): int(f) for s, f in zip(sizes, freq, strict=True)}
-
-
-def write_duplicates(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Write removed documents with their cluster representative, as JSONL (atomically)."""
-    payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    atomic_write_bytes(path, payload.encode())

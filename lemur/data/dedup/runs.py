@@ -7,11 +7,11 @@ Keys mix in the document's domain, so documents of different domains never share
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
+from lemur.atomic_files import atomic_open
 from lemur.data.dedup.rows import RowFile
 from lemur.data.recipe import DedupConfig
 from lemur.shards.format import release_pages
@@ -97,7 +97,5 @@ def write_runs(
         run = np.empty(len(keys), RUN)
         run["key"] = keys[order]
         run["local"] = order
-        path = run_path(tok_dir, rank, channel)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        run.tofile(tmp)
-        os.replace(tmp, path)
+        with atomic_open(run_path(tok_dir, rank, channel)) as fh:
+            fh.write(run.data)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import re
 from contextlib import ExitStack
 from pathlib import Path
+from tempfile import NamedTemporaryFile
 
 import numpy as np
 import xxhash
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
+from lemur.atomic_files import atomic_open
 from lemur.data.dedup.runs import GOLDEN64, write_runs
 from lemur.data.dedup.sketch import bottom_k
 from lemur.data.recipe import DedupConfig
@@ -113,16 +114,18 @@ class DedupSigner(PipelineStep):
         out = Path(self.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         names = ["chash.bin", "minhash.bin", "sketch.bin", "sketch.end"]
-        final = [out / f"{rank:05d}.{n}" for n in names]
-        tmp = [p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in final]
-        tmp_dom = out / f".{rank:05d}.domain.tmp-{os.getpid()}"
         with ExitStack() as stack:
-            fh = [stack.enter_context(open(p, "wb")) for p in [*tmp, tmp_dom]]
+            # The four files are renamed into place only after the runs are written from
+            # them; the domains are scratch, removed however the task ends.
+            fh = [stack.enter_context(atomic_open(out / f"{rank:05d}.{n}")) for n in names]
+            dom = stack.enter_context(
+                NamedTemporaryFile(dir=out, prefix=f".{rank:05d}.domain.", suffix=".tmp")
+            )
             end = 0
             for doc in data or []:
                 with self.track_time():
                     fh[0].write(np.uint64(normalized_hash(doc.text)).tobytes())
-                    fh[4].write(np.uint16(self._domain(doc)).tobytes())
+                    dom.write(np.uint16(self._domain(doc)).tobytes())
                     if self.config.near:
                         sh = shingles(doc.text, self.config.ngram)
                         fh[1].write(minhash(sh, keys, mults).tobytes())
@@ -132,11 +135,10 @@ class DedupSigner(PipelineStep):
                             fh[2].write(sketch.tobytes())
                             fh[3].write(np.uint64(end).tobytes())
                 yield doc
-        with self.track_time():
-            chash = open_array(tmp[0], np.uint64)
-            sig = open_array(tmp[1], np.uint32, (self.config.num_perm,))
-            write_runs(out, rank, chash, sig, open_array(tmp_dom, np.uint16), self.config)
-            del chash, sig
-            tmp_dom.unlink()
-        for t, f in zip(tmp, final, strict=True):
-            os.replace(t, f)
+            with self.track_time():
+                for f in (*fh, dom):
+                    f.flush()
+                chash = open_array(fh[0].name, np.uint64)
+                sig = open_array(fh[1].name, np.uint32, (self.config.num_perm,))
+                write_runs(out, rank, chash, sig, open_array(dom.name, np.uint16), self.config)
+                del chash, sig

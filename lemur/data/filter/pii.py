@@ -27,8 +27,9 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
@@ -36,6 +37,7 @@ from typing import IO, Any
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
+from lemur.atomic_files import atomic_open
 from lemur.data.counts import pii_label
 from lemur.data.filter.secrets import find_secrets, line_number, secret_settings
 from lemur.data.recipe import PiiConfig
@@ -239,8 +241,8 @@ class PiiRedactor(PipelineStep):
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         """Pass every document on, redacted when its domain is configured."""
-        report = Report(self.report, rank) if self.report else None
-        with secret_settings():
+        opened = Report.open(self.report, rank) if self.report else nullcontext()
+        with secret_settings(), opened as report:
             for doc in data:
                 if doc.metadata.get("domain") in self.domains:
                     original = doc.text
@@ -249,18 +251,21 @@ class PiiRedactor(PipelineStep):
                     if report and done:
                         report.write(doc, original, done)
                 yield doc
-        if report:
-            report.commit()
 
 
 class Report:
     """A task's redaction report, `<directory>/<rank>.jsonl`, in place once the task ends."""
 
-    def __init__(self, directory: str, rank: int) -> None:
-        self.path = Path(directory).expanduser() / f"{rank:05d}.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp")
-        self.file: IO[str] = open(self.tmp, "w", encoding="utf-8")
+    def __init__(self, file: IO[str]) -> None:
+        self.file = file
+
+    @classmethod
+    @contextmanager
+    def open(cls, directory: str, rank: int) -> Iterator[Report]:
+        """Task `rank`'s report: renamed into place when the task ends, removed if it fails."""
+        path = Path(directory).expanduser() / f"{rank:05d}.jsonl"
+        with atomic_open(path, "w", encoding="utf-8") as fh:
+            yield cls(fh)
 
     def write(self, doc: Document, original: str, done: list[Redaction]) -> None:
         """One row per redaction: document id, source, kind, line (in the original), detector."""
@@ -271,8 +276,3 @@ class Report:
             if r.detector:
                 row["detector"] = r.detector
             self.file.write(json.dumps(row) + "\n")
-
-    def commit(self) -> None:
-        """Close the file and rename it into place (a failed task leaves only the temp file)."""
-        self.file.close()
-        os.replace(self.tmp, self.path)

@@ -8,15 +8,19 @@ records or one shard, the plan one histogram per mix unit.
 from lemur.data.pack.mix import MixInfeasible, MixPlan, UnitPlan, plan_mix
 from lemur.data.pack.plan import PackError, PackPlan, make_plan
 from lemur.data.pack.records import TaskRecords, task_records
+from lemur.data.pack.sections import ManifestSections
+from lemur.data.pack.settings import PackSettings
 from lemur.data.pack.shuffle import ShuffleError
-from lemur.data.pack.write import Packer
+from lemur.data.pack.write import PackStages
 
 __all__ = [
+    "ManifestSections",
     "MixInfeasible",
     "MixPlan",
     "PackError",
     "PackPlan",
-    "Packer",
+    "PackSettings",
+    "PackStages",
     "ShuffleError",
     "TaskRecords",
     "UnitPlan",

@@ -25,7 +25,6 @@ import numpy as np
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-OTHERS = "*"
 
 # The Lemur paper's effective code tokens by language (billions); "others" ~3.3B.
 LEMUR_CODE_TOKENS = {
@@ -126,11 +125,6 @@ class MixPlan:
     units: dict[tuple[str, str], UnitPlan]
     notes: list[str] = field(default_factory=list)
 
-    def rate(self, domain: str, language: str) -> float:
-        """Sampling rate of a unit (0 for languages the plan has no budget for)."""
-        u = self.units.get((domain, language))
-        return u.rate if u else 0.0
-
     def to_json(self) -> dict:
         """The manifest's `mix.plan`."""
         langs: dict[str, dict] = {}
@@ -230,20 +224,3 @@ def plan_all(available: dict[tuple[str, str], int]) -> MixPlan:
         for (d, lang), a in available.items()
     }
     return MixPlan(total, units, ["chat: every kept conversation once (no ratio applies)"])
-
-
-def select_repeats(tokens: np.ndarray, order_hash: np.ndarray, budget: int) -> np.ndarray:
-    """How many copies of each document a unit takes to meet `budget` tokens.
-
-    Whole passes over the unit (for rates >= 1), then a prefix of the documents in seeded
-    hash order for the remainder, closest to the budget within one document.
-    """
-    copies = np.zeros(len(tokens), np.int64)
-    total = int(tokens.sum())
-    if total == 0 or budget <= 0:
-        return copies
-    passes = budget // total
-    copies[:] = passes
-    order = np.argsort(order_hash, kind="stable")
-    copies[order[fill_to_budget(tokens[order], budget - passes * total)]] += 1
-    return copies

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from lemur.data.pack.mix import MixInfeasible, MixPlan, fill_to_budget, plan_all, plan_mix
-from lemur.data.pack.select import HIST, N_BINS, Groups
+from lemur.data.pack.select import HIST, N_BINS, Groups, Unit
 from lemur.data.recipe import Recipe
 from lemur.shards.format import open_array
 
@@ -41,7 +41,7 @@ class PackPlan:
 
     mix: MixPlan
     val_cut: dict[str, int]  # domain -> val hash cut
-    units: dict[str, tuple[int, bytes]]  # "group\tlanguage" -> (passes, partial-pass bins)
+    units: dict[Unit, tuple[int, bytes]]  # (group, language) -> (passes, partial-pass bins)
     train_shards: int
     val_shards: dict[str, int]  # domain -> number of val shards (recipe domain order)
     memory: dict[str, int] = field(default_factory=dict)  # expected peak bytes per stage
@@ -77,13 +77,13 @@ class _Sums:
 
     def __init__(self, g: Groups) -> None:
         self.g = g
-        self.tokens: dict[str, np.ndarray] = {}
-        self.docs: dict[str, np.ndarray] = {}
+        self.tokens: dict[Unit, np.ndarray] = {}
+        self.docs: dict[Unit, np.ndarray] = {}
         self.val: dict[str, dict[str, Any]] = {}
         self.task_docs: list[int] = []
         self.task_tokens: list[int] = []
 
-    def _arrays(self, unit: str) -> tuple[np.ndarray, np.ndarray]:
+    def _arrays(self, unit: Unit) -> tuple[np.ndarray, np.ndarray]:
         if unit not in self.tokens:
             self.tokens[unit] = np.zeros(N_BINS, np.int64)
             self.docs[unit] = np.zeros(N_BINS, np.int64)
@@ -93,7 +93,7 @@ class _Sums:
         """Add one prep task's output."""
         self.task_docs.append(meta["documents"])
         self.task_tokens.append(meta["tokens"])
-        units = [f"{self.g.groups[s]}\t{lang}" for s, lang in meta["keys"]]
+        units = [(self.g.groups[s], lang) for s, lang in meta["keys"]]
         for k, unit in enumerate(units):
             rows = hist[hist["key"] == k]
             tok, docs = self._arrays(unit)
@@ -112,7 +112,7 @@ class _Sums:
 
     def move(self, doc: dict[str, Any], sign: int) -> None:
         """Add (+1) a document to the mix pool or take it out (-1)."""
-        tok, docs = self._arrays(f"{self.g.groups[doc['source']]}\t{doc['language']}")
+        tok, docs = self._arrays((self.g.groups[doc["source"]], doc["language"]))
         tok[doc["bin"]] += sign * doc["tokens"]
         docs[doc["bin"]] += sign
 
@@ -149,16 +149,9 @@ def make_plan(recipe: Recipe, prep_dir: Path, n_tasks: int, itemsize: int) -> Pa
     for rank in range(n_tasks):
         sums.add_task(*read_prep(prep_dir, rank))
     val_cut, val_tokens = sums.val_cuts()
-    available = {}
-    for unit, docs in sums.docs.items():
-        if docs.sum() > 0:
-            group, lang = unit.split("\t", 1)
-            available[(group, lang)] = int(sums.tokens[unit].sum())
+    available = {u: int(sums.tokens[u].sum()) for u, docs in sums.docs.items() if docs.sum() > 0}
     mix = _plan_mix(recipe, available)
-    units = {
-        f"{d}\t{lang}": unit_bins(sums.tokens[f"{d}\t{lang}"], u.budget)
-        for (d, lang), u in mix.units.items()
-    }
+    units = {u: unit_bins(sums.tokens[u], unit.budget) for u, unit in mix.units.items()}
     st = max(1, recipe.shard_tokens)
     planned = sum(u.budget for u in mix.units.values())
     val_shards = {d: math.ceil(val_tokens.get(d, 0) / st) for d in recipe.domains()}

@@ -36,11 +36,6 @@ class TaskRecords:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def language_names(self) -> np.ndarray:
-        """The language name of every document (object array)."""
-        table = np.array(self.languages or [""], dtype=object)
-        return table[self.language] if len(self) else np.zeros(0, object)
-
 
 def removals(dedup_dir: Path | None, rank: int) -> np.ndarray:
     """The dedup cluster task's removal rows of tokenize task `rank` (none without dedup)."""

@@ -28,6 +28,7 @@ BIN_SHIFT = 64 - HIST_BITS
 N_BINS = 1 << HIST_BITS
 FULL = 1 << 64  # a cut that takes every document
 HIST = np.dtype([("key", "<u4"), ("bin", "<u4"), ("tokens", "<u8"), ("docs", "<u8")])
+Unit = tuple[str, str]  # a mix unit: (mix group, language)
 
 
 @dataclass(frozen=True)
@@ -126,17 +127,27 @@ class Fates:
     val: np.ndarray
     pool: np.ndarray
     copies: np.ndarray
-    unit: np.ndarray  # "group\tlanguage" of each document (object array)
+    unit: np.ndarray  # each document's mix unit, an index into `units`
+    units: list[Unit]
+
+
+def units_of(rec: TaskRecords, g: Groups) -> tuple[list[Unit], np.ndarray]:
+    """The task's mix units (group, language) and each document's unit index."""
+    names = sorted(set(g.groups))
+    group = np.array([names.index(x) for x in g.groups], np.int64)
+    code = group[rec.source] * 65536 + rec.language
+    uniq, inverse = np.unique(code, return_inverse=True)
+    units = [(names[int(c) // 65536], rec.languages[int(c) % 65536]) for c in uniq.tolist()]
+    return units, inverse.reshape(-1)
 
 
 def task_fates(
-    rec: TaskRecords, g: Groups, val_cut: dict[str, int], units: dict[str, tuple[int, bytes]]
+    rec: TaskRecords, g: Groups, val_cut: dict[str, int], units: dict[Unit, tuple[int, bytes]]
 ) -> Fates:
     """Apply the plan to one task's documents (`units`: unit -> (passes, packed bin bitmap))."""
     n = len(rec)
     domain = np.array(g.domains, dtype=object)[rec.source] if n else np.zeros(0, object)
-    group = np.array(g.groups, dtype=object)[rec.source] if n else np.zeros(0, object)
-    unit = group + "\t" + rec.language_names() if n else np.zeros(0, object)
+    unit_keys, unit = units_of(rec, g)
     kept = ~rec.removed
     vh = seeded_hash(rec.id_hash, g.seed, "val")
     val = np.zeros(n, bool)
@@ -146,14 +157,14 @@ def task_fates(
     pool = kept & ~val
     mh = seeded_hash(rec.id_hash, g.seed, "mix")
     copies = np.zeros(n, np.int64)
-    for u in np.unique(unit[pool]).tolist() if n else []:
-        if u not in units:
+    for u in np.unique(unit[pool]).tolist():
+        if unit_keys[u] not in units:
             continue  # a language the plan gives no budget
-        passes, bits = units[u]
+        passes, bits = units[unit_keys[u]]
         m = pool & (unit == u)
         take = np.unpackbits(np.frombuffer(bits, np.uint8)).astype(bool)
         copies[m] = passes + take[(mh[m] >> np.uint64(BIN_SHIFT)).astype(np.int64)]
-    return Fates(val, pool, copies, unit)
+    return Fates(val, pool, copies, unit, unit_keys)
 
 
 def bucket_of(key: np.ndarray, n: int) -> np.ndarray:

@@ -13,14 +13,17 @@ shard's `done/{b}.json` are never rewritten, so a killed task reruns alone.
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from lemur.atomic_files import atomic_open
 from lemur.data.pack.mix import seeded_hash
 from lemur.data.pack.records import task_records
-from lemur.data.pack.select import Groups, bucket_of, keys_of, shuffle_keys, task_fates
+from lemur.data.pack.select import bucket_of, keys_of, shuffle_keys, task_fates
+from lemur.data.pack.settings import PackSettings
 from lemur.shards.format import (
     INDEX_DTYPE,
     MASK_DTYPE,
@@ -31,7 +34,15 @@ from lemur.shards.format import (
     write_shard,
 )
 
-__all__ = ["ShuffleError", "check_scatter", "gather_task", "scatter_task"]
+__all__ = [
+    "ScatterTotals",
+    "ShuffleError",
+    "check_scatter",
+    "gather_task",
+    "read_summaries",
+    "scatter_task",
+    "summary_path",
+]
 
 KEYREC = np.dtype([("key", "<u8"), ("length", "<u8")])
 CHUNK = 1 << 13  # copies written per write call
@@ -48,19 +59,9 @@ def _name(rank: int, ext: str) -> str:
     return f"{BUCKETS}/scatter-{rank:05d}.{ext}"
 
 
-def _write_stream(path: Path, chunks) -> None:
-    """Write byte chunks under a temporary name, then rename (a full disk leaves nothing)."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            for chunk in chunks:
-                fh.write(chunk)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+def summary_path(work: Path, rank: int) -> Path:
+    """Scatter task `rank`'s summary, written last: its presence marks the task's files done."""
+    return work / _name(rank, "json")
 
 
 def _slices(run: np.ndarray, start: np.ndarray, end: np.ndarray, dtype: np.dtype):
@@ -71,25 +72,24 @@ def _slices(run: np.ndarray, start: np.ndarray, end: np.ndarray, dtype: np.dtype
         release_pages(run)  # the run's pages read so far leave this process's resident set
 
 
-def scatter_task(rank: int, tok_dir: Path, dedup_dir: Path | None, work: Path, cfg: dict) -> dict:
-    """Scatter tokenize task `rank` into bucket order; return (and write) its summary.
-
-    `cfg`: groups (Groups), val_cut, units, train_shards, val_shards, dtype, masks.
-    """
-    done = work / _name(rank, "json")
+def scatter_task(
+    rank: int, tok_dir: Path, dedup_dir: Path | None, work: Path, settings: PackSettings
+) -> dict:
+    """Scatter tokenize task `rank` into bucket order; return (and write) its summary."""
+    done = summary_path(work, rank)
     if done.is_file():
         return json.loads(done.read_text())
-    g: Groups = cfg["groups"]
+    g = settings.groups
     rec = task_records(tok_dir, rank, dedup_dir)
-    fates = task_fates(rec, g, cfg["val_cut"], cfg["units"])
+    fates = task_fates(rec, g, settings.val_cut, settings.unit_bins())
     entry, key = shuffle_keys(rec, fates.copies, g.seed)
-    bucket = bucket_of(key, cfg["train_shards"]).astype(np.int64)
+    bucket = bucket_of(key, settings.train_shards).astype(np.int64)
     vidx = np.flatnonzero(fates.val)
     vkey = seeded_hash(rec.id_hash[vidx], g.seed, "val-order")
     vbucket = np.zeros(len(vidx), np.int64)
     vdomain = np.array(g.domains, dtype=object)[rec.source[vidx]]
-    first = cfg["train_shards"]
-    for d, n in cfg["val_shards"].items():
+    first = settings.train_shards
+    for d, n in settings.val_shards.items():
         m = vdomain == d
         vbucket[m] = first + bucket_of(vkey[m], max(1, n)).astype(np.int64)
         first += n
@@ -98,13 +98,15 @@ def scatter_task(rank: int, tok_dir: Path, dedup_dir: Path | None, work: Path, c
     order = np.lexsort((key, bucket))
     entry, key, bucket = entry[order], key[order], bucket[order]
     start, end = rec.start[entry], rec.end[entry]
-    dtype = np.dtype(cfg["dtype"])
+    dtype = settings.dtype
     (work / BUCKETS).mkdir(parents=True, exist_ok=True)
     run = open_array(tok_dir / f"{rank:05d}.bin", dtype)
-    _write_stream(work / _name(rank, "bin"), _slices(run, start, end, dtype))
-    if cfg["masks"]:
+    with atomic_open(work / _name(rank, "bin")) as fh:
+        fh.writelines(_slices(run, start, end, dtype))
+    if settings.masks:
         mask = open_array(tok_dir / f"{rank:05d}.mask", MASK_DTYPE)
-        _write_stream(work / _name(rank, "mask"), _slices(mask, start, end, MASK_DTYPE))
+        with atomic_open(work / _name(rank, "mask")) as fh:
+            fh.writelines(_slices(mask, start, end, MASK_DTYPE))
     keys = np.zeros(len(entry), KEYREC)
     keys["key"], keys["length"] = key, end - start
     atomic_write_bytes(work / _name(rank, "keys"), keys.tobytes())
@@ -136,7 +138,7 @@ def summarize(rec, fates) -> dict:
     near = np.bincount(rec.source[rec.removed & ~rec.removed_exact])
     return {
         "documents": len(rec),
-        "groups": {f"{s}\t{lang}": row for (s, lang), row in zip(keys, sums.tolist(), strict=True)},
+        "groups": {_json_key(k): row for k, row in zip(keys, sums.tolist(), strict=True)},
         "removed_exact": {str(s): int(n) for s, n in enumerate(exact.tolist()) if n},
         "removed_near": {str(s): int(n) for s, n in enumerate(near.tolist()) if n},
     }
@@ -151,6 +153,45 @@ GROUP_FIELDS = (
     "val_docs",
     "val_tokens",
 )
+
+
+def _json_key(key: tuple[int, str]) -> str:
+    """A (source, language) key as a JSON object key (the summary file's only encoding)."""
+    return f"{key[0]}\t{key[1]}"
+
+
+def _from_json_key(text: str) -> tuple[int, str]:
+    source, language = text.split("\t", 1)
+    return int(source), language
+
+
+@dataclass
+class ScatterTotals:
+    """The scatter tasks' summaries summed: GROUP_FIELDS per (source, language), removals."""
+
+    groups: dict[tuple[int, str], np.ndarray]
+    removed_exact: np.ndarray  # documents per source
+    removed_near: np.ndarray
+
+    def total(self, field: str, pick: Callable[[int, str], bool] = lambda *_: True) -> int:
+        """Sum of one GROUP_FIELDS column over the (source, language) keys that `pick` takes."""
+        i = GROUP_FIELDS.index(field)
+        return int(sum(v[i] for (s, lang), v in self.groups.items() if pick(s, lang)))
+
+
+def read_summaries(work: Path, n_tasks: int, n_sources: int) -> ScatterTotals:
+    """Sum every finished scatter task's summary."""
+    totals = ScatterTotals({}, np.zeros(n_sources, np.int64), np.zeros(n_sources, np.int64))
+    for t in range(n_tasks):
+        s = json.loads(summary_path(work, t).read_text())
+        for k, v in s["groups"].items():
+            key = _from_json_key(k)
+            totals.groups[key] = totals.groups.get(key, np.zeros(len(GROUP_FIELDS), np.int64)) + v
+        for src, n in s["removed_exact"].items():
+            totals.removed_exact[int(src)] += n
+        for src, n in s["removed_near"].items():
+            totals.removed_near[int(src)] += n
+    return totals
 
 
 def _check_size(path: Path, dtype: np.dtype, expected: int) -> None:
@@ -196,7 +237,27 @@ def check_scatter(work: Path, n_tasks: int, dtype: np.dtype, masks: bool) -> lis
     return bad
 
 
-def gather_task(b: int, work: Path, n_tasks: int, out: Path, shard: tuple, cfg: dict) -> None:
+def _shuffled(
+    work: Path, parts: list[tuple], ext: str, dtype: np.dtype, total: int, src: list, size: list
+) -> np.ndarray:
+    """One layer (tokens or mask) of a shard: every task's part read into one buffer, then
+    copied document by document into shuffled order (`src`, `size`: each copy's place)."""
+    read = np.empty(total, dtype)
+    pos = 0
+    for t, _, _, t0, t1, _, tokens in parts:
+        _read_into(work / _name(t, ext), t0, tokens, read[pos : pos + t1 - t0])
+        pos += t1 - t0
+    shuffled = np.empty(total, dtype)
+    dst = 0
+    for s, n in zip(src, size, strict=True):
+        shuffled[dst : dst + n] = read[s : s + n]
+        dst += n
+    return shuffled
+
+
+def gather_task(
+    b: int, work: Path, n_tasks: int, out: Path, shard: tuple[str, str, str], settings: PackSettings
+) -> None:
     """Write shard `b` (`shard`: path without extension, split, domain) from every scatter task.
 
     Holds the shard twice (as read, then in shuffled order) plus ~100 bytes per document:
@@ -206,7 +267,7 @@ def gather_task(b: int, work: Path, n_tasks: int, out: Path, shard: tuple, cfg: 
     info_path = work / DONE / f"{b:05d}.json"
     if info_path.is_file():
         return  # finished shards are never rewritten
-    dtype, masks = np.dtype(cfg["dtype"]), cfg["masks"]
+    dtype, masks = settings.dtype, settings.masks
     parts = []  # (task, first copy, end copy, first token, end token, copies, tokens)
     for t in range(n_tasks):
         off = open_array(work / _name(t, "offsets"), "<i8", (2,))
@@ -229,20 +290,7 @@ def gather_task(b: int, work: Path, n_tasks: int, out: Path, shard: tuple, cfg: 
         raise ShuffleError(f"{work / BUCKETS}: bucket {b}: copy lengths disagree with the offsets")
     src, size = starts[order].tolist(), lengths[order].tolist()  # once for every layer
     layers = [("bin", dtype)] + ([("mask", np.dtype(MASK_DTYPE))] if masks else [])
-    ordered = []
-    for ext, dt in layers:
-        read = np.empty(total, dt)
-        pos = 0
-        for t, _, _, t0, t1, _, tokens in parts:
-            _read_into(work / _name(t, ext), t0, tokens, read[pos : pos + t1 - t0])
-            pos += t1 - t0
-        shuffled = np.empty(total, dt)
-        dst = 0
-        for s, n in zip(src, size, strict=True):
-            shuffled[dst : dst + n] = read[s : s + n]
-            dst += n
-        del read
-        ordered.append(shuffled)
+    ordered = [_shuffled(work, parts, ext, dt, total, src, size) for ext, dt in layers]
     rel, split, domain = shard
     info = write_shard(
         out,

@@ -9,13 +9,23 @@ Ray, Slurm) like the tokenize and dedup tasks, with completion markers:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from lemur.data.pack.records import TaskRecords, removals, task_records
 from lemur.data.pack.select import Groups, task_histogram
+from lemur.data.pack.settings import PackSettings
 from lemur.data.pack.shuffle import gather_task, scatter_task
 from lemur.data.run.task import TaskStep
 from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array
+
+
+@dataclass(frozen=True)
+class Duplicates:
+    """What a prep task needs to write its removed documents (`duplicates.jsonl` rows)."""
+
+    tokenizer: str  # the model that decodes their tokens
+    sources: tuple[str, ...]  # the recipe's source names, by index
 
 
 def prep_task(
@@ -24,18 +34,18 @@ def prep_task(
     dedup_dir: Path | None,
     out_dir: Path,
     groups: Groups,
-    duplicates: tuple[str, list[str]] | None = None,
+    duplicates: Duplicates | None = None,
 ) -> None:
     """Write tokenize task `rank`'s histogram (`{rank}.hist`) and summary (`{rank}.json`, last).
 
-    `duplicates`: (tokenizer model, source names) to also write `{rank}.dups.jsonl`.
+    With `duplicates`, also its removed documents, decoded (`{rank}.dups.jsonl`).
     """
     if (out_dir / f"{rank:05d}.json").is_file():
         return
     rec = task_records(tok_dir, rank, dedup_dir)
     keys, hist, val = task_histogram(rec, groups)
     if duplicates is not None:
-        rows = duplicate_rows(rec, tok_dir, dedup_dir, *duplicates)
+        rows = duplicate_rows(rec, tok_dir, dedup_dir, duplicates)
         payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
         atomic_write_bytes(out_dir / f"{rank:05d}.dups.jsonl", payload.encode())
     atomic_write_bytes(out_dir / f"{rank:05d}.hist", hist.tobytes())
@@ -51,7 +61,7 @@ def prep_task(
 
 
 def duplicate_rows(
-    rec: TaskRecords, tok_dir: Path, dedup_dir: Path | None, model: str, sources: list[str]
+    rec: TaskRecords, tok_dir: Path, dedup_dir: Path | None, duplicates: Duplicates
 ) -> list[dict]:
     """The removed documents of one task with the id kept in their place, decoded."""
     import numpy as np
@@ -61,7 +71,7 @@ def duplicate_rows(
     rows = removals(dedup_dir, rec.rank)
     if not len(rows):
         return []
-    tok = open_tokenizer(model)
+    tok = open_tokenizer(duplicates.tokenizer)
     table = json.loads((tok_dir / f"{rec.rank:05d}.json").read_text())
     run = open_array(tok_dir / f"{rec.rank:05d}.bin", np.dtype(table["dtype"]))
     # A document is framed BOS ... EOS, or ... EOS when the model has no BOS (Qwen2.5); a
@@ -83,7 +93,7 @@ def duplicate_rows(
         out.append(
             {
                 "id": ids_of(rec.rank)[local],
-                "source": sources[rec.source[local]],
+                "source": duplicates.sources[rec.source[local]],
                 "kind": "exact" if exact else "near",
                 "kept_id": ids_of(keep_task)[keep_local],
                 "text": tok.decode(toks.tolist()),
@@ -103,16 +113,24 @@ class PackPrep(_PackTask):
 
     name = "📊 pack histograms"
 
-    def __init__(self, tok_dir, dedup_dir, out_dir, groups: Groups, duplicates=None) -> None:
+    def __init__(
+        self,
+        tok_dir: str | Path,
+        dedup_dir: str | Path | None,
+        out_dir: str | Path,
+        groups: Groups,
+        duplicates: Duplicates | None = None,
+    ) -> None:
         super().__init__()
-        self.args = (tok_dir, dedup_dir, out_dir, groups, duplicates)
+        self.tok_dir = Path(tok_dir)
+        self.dedup_dir = None if dedup_dir is None else Path(dedup_dir)
+        self.out_dir = Path(out_dir)
+        self.groups = groups
+        self.duplicates = duplicates
 
     def task(self, rank: int) -> None:
         """Write prep task `rank`'s outputs."""
-        tok_dir, dedup_dir, out_dir, groups, duplicates = self.args
-        prep_task(
-            rank, Path(tok_dir), dedup_dir and Path(dedup_dir), Path(out_dir), groups, duplicates
-        )
+        prep_task(rank, self.tok_dir, self.dedup_dir, self.out_dir, self.groups, self.duplicates)
 
 
 class PackScatter(_PackTask):
@@ -120,14 +138,22 @@ class PackScatter(_PackTask):
 
     name = "🔀 shuffle scatter"
 
-    def __init__(self, tok_dir, dedup_dir, work, cfg: dict) -> None:
+    def __init__(
+        self,
+        tok_dir: str | Path,
+        dedup_dir: str | Path | None,
+        work: str | Path,
+        settings: PackSettings,
+    ) -> None:
         super().__init__()
-        self.args = (tok_dir, dedup_dir, work, cfg)
+        self.tok_dir = Path(tok_dir)
+        self.dedup_dir = None if dedup_dir is None else Path(dedup_dir)
+        self.work = Path(work)
+        self.settings = settings
 
     def task(self, rank: int) -> None:
         """Write scatter task `rank`'s files."""
-        tok_dir, dedup_dir, work, cfg = self.args
-        scatter_task(rank, Path(tok_dir), dedup_dir and Path(dedup_dir), Path(work), cfg)
+        scatter_task(rank, self.tok_dir, self.dedup_dir, self.work, self.settings)
 
 
 class PackGather(_PackTask):
@@ -135,11 +161,21 @@ class PackGather(_PackTask):
 
     name = "🧱 shuffle gather"
 
-    def __init__(self, work, n_tasks: int, out, shards: list[tuple], cfg: dict) -> None:
+    def __init__(
+        self,
+        work: str | Path,
+        n_tasks: int,
+        out: str | Path,
+        shards: list[tuple[str, str, str]],
+        settings: PackSettings,
+    ) -> None:
         super().__init__()
-        self.args = (work, n_tasks, out, shards, cfg)
+        self.work = Path(work)
+        self.n_tasks = n_tasks
+        self.out = Path(out)
+        self.shards = shards  # (path without extension, split, domain) of each gather task
+        self.settings = settings
 
     def task(self, rank: int) -> None:
         """Write shard `rank`."""
-        work, n_tasks, out, shards, cfg = self.args
-        gather_task(rank, Path(work), n_tasks, Path(out), shards[rank], cfg)
+        gather_task(rank, self.work, self.n_tasks, self.out, self.shards[rank], self.settings)

@@ -18,7 +18,8 @@ from pathlib import Path
 from loguru import logger
 
 from lemur.data.recipe import TokenizerTrainConfig
-from lemur.tokenizer.bytelevel import MAX_RUN, clean_text, has_long_run
+from lemur.tokenizer.bytelevel import clean_text
+from lemur.tokenizer.long_pieces import MAX_RUN, has_long_run
 
 # Llama-3's pre-tokenizer: contractions, words with one leading non-letter, numbers in
 # runs of at most three digits, punctuation runs, newlines, spaces.

@@ -6,9 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 from contextlib import nullcontext
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +14,7 @@ from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
+from lemur.atomic_files import atomic_open
 from lemur.data.counts import DOCUMENTS, TOKENS
 from lemur.data.filter.tagging import mix_language
 from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY
@@ -72,10 +71,12 @@ class TokenizeWriter(PipelineStep):
         bos, eos = self.framing or (tok.bos_id, tok.eos_id)
         head = () if bos is None or self.template else (bos,)
         if not self.masks:
-            encoded = tok.encode_batch([d.text for d in batch])
+            encoded = tok.encode_arrays([d.text for d in batch])
             lengths = [len(t) + len(head) + 1 for t in encoded]
-            framed = chain.from_iterable(chain(head, t, (eos,)) for t in encoded)
-            return lengths, np.fromiter(framed, dtype, count=sum(lengths)).tobytes(), b""
+            first, last = np.array(head, np.uint32), np.array([eos], np.uint32)
+            framed = [x for t in encoded for x in (first, t, last)]
+            tokens = np.concatenate(framed) if framed else first[:0]
+            return lengths, tokens.astype(dtype, copy=False).tobytes(), b""
         ids = [d.metadata.pop(TOKENS_KEY) for d in batch]
         masks = [d.metadata.pop(MASK_KEY) for d in batch]
         tail = () if self.template else (eos,)
@@ -96,13 +97,16 @@ class TokenizeWriter(PipelineStep):
         dtype = token_dtype(tok.vocab_size)
         out = Path(self.out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        tmp_bin = out / f".{rank:05d}.bin.tmp-{os.getpid()}"
-        tmp_mask = out / f".{rank:05d}.mask.tmp-{os.getpid()}"
         languages: dict[str, int] = {}
         records: list[tuple[int, int, int, int, int]] = []
         ids: list[str] = []
         end = 0
-        with open(tmp_bin, "wb") as fh, open(tmp_mask, "wb") if self.masks else nullcontext() as fm:
+        # The token file is renamed last (its block is the outer one): its presence marks
+        # the task's output complete; the records and the mask appear before it.
+        with (
+            atomic_open(out / f"{rank:05d}.bin") as fh,
+            atomic_open(out / f"{rank:05d}.mask") if self.masks else nullcontext() as fm,
+        ):
             for batch in batched(data or [], self.batch_docs):
                 with self.track_time("batch"):
                     lengths, tokens, mask = self._encode(tok, batch, dtype)
@@ -115,16 +119,12 @@ class TokenizeWriter(PipelineStep):
                     ids.append(doc.id)
                     self.stat_update(DOCUMENTS)
                     self.stat_update(TOKENS, value=n)
-        framing = "template" if self.template else list(self.framing or (tok.bos_id, tok.eos_id))
-        self._finish(
-            out, rank, records, ids, {"languages": list(languages), "framing": framing}, dtype
-        )
-        if self.masks:
-            os.replace(tmp_mask, out / f"{rank:05d}.mask")
-        # The token file is renamed last: its presence marks the task's output complete.
-        os.replace(tmp_bin, out / f"{rank:05d}.bin")
-        return
-        yield  # a generator step that forwards nothing
+            framing = (
+                "template" if self.template else list(self.framing or (tok.bos_id, tok.eos_id))
+            )
+            table = {"languages": list(languages), "framing": framing}
+            self._finish(out, rank, records, ids, table, dtype)
+        yield from ()  # a generator step that forwards nothing
 
     @staticmethod
     def _record(doc: Document, n: int, end: int, languages: dict[str, int]) -> tuple:

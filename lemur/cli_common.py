@@ -1,0 +1,200 @@
+"""What the four commands share: `--set KEY=VALUE`, `--debug`, one-line errors, exit codes.
+
+Every command (`lemur-data`, `lemur-train`, `lemur-eval`, `lemur-convert`) runs the body
+of its `main()` through `run_main`, which turns how it ended into an exit code:
+
+- 0 done; 1 a failure the command reports in one line (`die(message, 1)`);
+- 2 a user mistake (a bad argument, recipe, config, checkpoint or input file): one line
+  `PROG: message` on stderr, no traceback; the command names which exception types are
+  such mistakes, plus `UserError` (raised by library checks of what the user gave) and
+  what `die` raises;
+- 130 interrupted (SIGINT, Ctrl-C), 143 terminated (SIGTERM): one line, after the code on
+  the way out (`finally` blocks, context managers) has run;
+- anything else is a bug: Python prints its traceback and the exit code is 1.
+
+`--debug` (or the environment variable `LEMUR_DEBUG=1`) re-raises user mistakes too, so
+their traceback shows. This module imports nothing of lemur: every package may use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_SIGINT = 130  # 128 + the signal number, as a shell reports a process the signal killed
+EXIT_SIGTERM = 143
+DEBUG_ENV = "LEMUR_DEBUG"
+
+
+class UserError(ValueError):
+    """A mistake in what the user gave (an argument, a file, a setting): a command reports
+    it in one line and exits 2. A ValueError, so that library callers catching ValueError
+    still catch it."""
+
+
+class CommandError(Exception):
+    """What `die` raises: a one-line message and the exit code (2 a mistake, 1 a failure)."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so that the code on the way out runs
+    (temporary files removed, partial outputs deleted), then the command exits 143. A
+    BaseException, so that `except Exception` blocks do not swallow it."""
+
+
+def die(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    """End the command: `run_main` prints `PROG: message` and exits with `code` (with
+    `--debug` the traceback shows instead)."""
+    raise CommandError(message, code)
+
+
+def add_set_option(parser: argparse.ArgumentParser, example: str) -> None:
+    """The `--set KEY=VALUE` option (repeatable; a dotted key, a YAML value)."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a key (dotted path, value as YAML), e.g. {example}",
+    )
+
+
+def parse_set(item: str) -> tuple[list[str], Any]:
+    """The dotted key and the YAML value of one `--set KEY=VALUE` (UserError if malformed);
+    a value YAML cannot read is taken as the string it is."""
+    import yaml  # here: lemur-train arms its Ctrl-C handling before any slow import
+
+    dotted, sep, text = item.partition("=")
+    if not sep or not dotted.strip():
+        raise UserError(f"--set {item!r}: expected KEY=VALUE")
+    try:
+        value = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        value = text
+    return dotted.strip().split("."), value
+
+
+def add_debug_option(parser: argparse.ArgumentParser) -> None:
+    """`--debug`: show the traceback of an error instead of one line. Add it to the top
+    parser and to each subcommand's: it is read from either place."""
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,  # a subcommand's default must not reset the top's value
+        help=f"show the traceback of an error instead of one line (also {DEBUG_ENV}=1)",
+    )
+
+
+def debug_wanted(args: argparse.Namespace | None = None) -> bool:
+    """Whether `--debug` was given or LEMUR_DEBUG is set (to anything but empty or 0)."""
+    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def one_line(error: BaseException) -> str:
+    """The first line of an error's message (its type's name when it has none)."""
+    text = str(error)
+    return text.splitlines()[0] if text.strip() else type(error).__name__
+
+
+def run_main(
+    body: Callable[[], int | None],
+    prog: str,
+    user_errors: Sequence[type[BaseException]] = (),
+    *,
+    debug: bool = False,
+    label: str = "",
+    interrupted: str = "interrupted",
+    exit_on_error: bool = False,
+) -> int:
+    """Run a command's body and return its exit code (see the module's docstring).
+
+    `user_errors`: the command's own exception types that are user mistakes (exit 2, one
+    line `{prog}: {label}{message}`). `interrupted`: the line on Ctrl-C. `exit_on_error`:
+    raise SystemExit(code) for an error instead of returning the code (as argparse does).
+    """
+    expected = (CommandError, UserError, *user_errors)
+    try:
+        with _sigterm_raises():
+            return int(body() or 0)
+    except expected as e:
+        if debug:
+            raise
+        # die()'s message is the command's own; another error's first line is its gist.
+        code, message = (
+            (e.code, str(e)) if isinstance(e, CommandError) else (EXIT_USAGE, one_line(e))
+        )
+        _say(f"{prog}: {label}{message}")
+        if exit_on_error:
+            raise SystemExit(code) from None
+        return code
+    except KeyboardInterrupt:
+        _say(f"{prog}: {interrupted}")
+        return EXIT_SIGINT
+    except Terminated:
+        _say(f"{prog}: terminated (SIGTERM)")
+        return EXIT_SIGTERM
+
+
+@contextlib.contextmanager
+def user_input(*kinds: type[Exception]) -> Iterator[None]:
+    """Errors of `kinds` raised inside are the user's mistakes (a setting taken from the
+    arguments, a file they named): one line, exit 2. Only around calls whose errors of
+    those kinds mean that, so that a bug elsewhere still shows its traceback."""
+    try:
+        yield
+    except kinds as e:
+        raise UserError(one_line(e)) from e
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An output the user named that cannot be written: one line naming it, exit 2."""
+    try:
+        yield
+    except OSError as e:
+        die(f"{e.filename or path}: {e.strerror or e}")
+
+
+def _say(line: str) -> None:
+    """One line on stderr, flushed (stdout first, so that the order on a terminal holds)."""
+    with contextlib.suppress(Exception):  # a closed or broken stream must not hide the code
+        sys.stdout.flush()
+    print(line, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """While the body runs, SIGTERM raises `Terminated` in the main thread (where Python
+    left SIGTERM at its default; a handler someone else set is left alone)."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+    pid = os.getpid()
+
+    def handler(signum: int, _frame: Any) -> None:
+        if os.getpid() != pid:  # a forked worker inherited this handler: die as by default
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
