@@ -25,6 +25,7 @@ from lemur.model import checkpoint as model_checkpoint
 from lemur.model import llama
 from lemur.model.config import config_from_preset
 from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
+from lemur.shards.windows import ShardSource
 from lemur.train import step as step_lib
 from lemur.train.cli import main as train_main
 from lemur.train.config import load_config
@@ -32,7 +33,6 @@ from lemur.train.eval_stream import make_eval_iterators
 from lemur.train.loop import train
 from lemur.train.setup import DataDirs, RunError, plan_run
 from lemur.train.train_stream import make_train_iterator
-from lemur.train.windows import ShardSource
 
 SEQ = 32
 Doc = tuple[np.ndarray, np.ndarray | None]

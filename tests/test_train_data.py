@@ -23,9 +23,9 @@ from lemur.shards.format import (
     open_tokens,
     token_dtype,
 )
+from lemur.shards.windows import BATCH_KEYS, ShardSource, window_record
 from lemur.train.eval_stream import make_eval_iterators
 from lemur.train.train_stream import make_train_iterator
-from lemur.train.windows import BATCH_KEYS, ShardSource, window_record
 
 VOCAB = 1000
 SEQ = 32

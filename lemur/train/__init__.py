@@ -6,7 +6,7 @@ Grain streams over shard directories.
 | `config`, `run_paths` | `TrainConfig` and its sections, `load_config`; paths stored absolute |
 | `loop`, `inputs`, `resume`, `setup` | `Trainer`, `train`; its data, start state, errors |
 | `step`, `mesh` | schedule, optimizer, the train/eval step; devices, mesh, global batches |
-| `windows`, `train_stream`, `eval_stream` | windows of shards; the train and eval streams |
+| `train_stream`, `eval_stream` | the train and eval streams (over lemur.shards.windows) |
 | `checkpoint`, `metrics`, `progress`, `plot`, `interrupt` | run state on disk and its reporting |
 
 The names below are importable from `lemur.train` directly, each loaded on first use.
@@ -26,6 +26,5 @@ _EXPORTS = {
     "TrainingDiverged": "setup",
     "make_train_iterator": "train_stream",
     "make_eval_iterators": "eval_stream",
-    "ShardSource": "windows",
 }
 __getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

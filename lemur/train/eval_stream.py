@@ -9,8 +9,8 @@ import grain
 import numpy as np
 
 from lemur.shards.check import ShardDir
+from lemur.shards.windows import BATCH_KEYS, ShardSource
 from lemur.train.train_stream import process_index_and_count
-from lemur.train.windows import BATCH_KEYS, ShardSource
 
 
 class _PaddedEvalSource(grain.sources.RandomAccessDataSource):

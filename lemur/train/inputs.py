@@ -10,8 +10,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from lemur.eval.bpb import bits_per_byte
 from lemur.shards.format import ShardFormatError
+from lemur.tokenizer.token_bytes import bits_per_byte
 from lemur.train import mesh as mesh_lib
 from lemur.train.eval_stream import EvalStream, make_eval_iterators
 from lemur.train.setup import (

@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from lemur.model.config import flops_per_token, param_count
 from lemur.shards.format import ShardFormatError, atomic_write_bytes
+from lemur.shards.windows import BATCH_KEYS
 from lemur.tokenizer import TokenBytes
 from lemur.train import interrupt
 from lemur.train import mesh as mesh_lib
@@ -44,7 +45,6 @@ from lemur.train.setup import (
     open_checkpointer,
     plan_run,
 )
-from lemur.train.windows import BATCH_KEYS
 
 
 class Trainer(Inputs, Resume):

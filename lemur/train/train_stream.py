@@ -19,7 +19,7 @@ from lemur.shards.check import (
     check_compatible,
 )
 from lemur.shards.format import FORMAT
-from lemur.train.windows import DEFAULT_RELEASE_BYTES, ShardSource
+from lemur.shards.windows import DEFAULT_RELEASE_BYTES, ShardSource
 
 # Version of the iterator state layout; bump when `get_state()` changes shape.
 STATE_VERSION = 1
