@@ -15,7 +15,7 @@ from lemur.train.config import (
     ConfigError,
     TrainConfig,
     config_from_dict,
-    load_config,
+    load_train_config,
     shipped_configs,
 )
 
@@ -26,7 +26,7 @@ def test_shipped_configs_include_the_presets() -> None:
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml")))
 def test_every_shipped_config_parses_and_round_trips(name: str) -> None:
-    config = load_config(name)
+    config = load_train_config(name)
     assert isinstance(config, TrainConfig)
     # The resolved YAML loads back to the same config, and names every key.
     again = config_from_dict(yaml.safe_load(config.to_yaml()))
@@ -36,7 +36,7 @@ def test_every_shipped_config_parses_and_round_trips(name: str) -> None:
 
 
 def test_lemur_70b_is_the_paper_recipe() -> None:
-    c = load_config("lemur-70b")
+    c = load_train_config("lemur-70b")
     assert c.model.preset == "llama2-70b" and c.model.vocab_size == 32000
     assert c.model.init_from  # continued pre-training from converted Llama-2-70B weights
     assert (c.batch.size, c.batch.seq_len) == (1024, 4096) and c.tokens_per_step == 4 * 2**20
@@ -49,13 +49,13 @@ def test_lemur_70b_is_the_paper_recipe() -> None:
 
 
 def test_tiny_preset_is_small() -> None:
-    c = load_config("tiny")
+    c = load_train_config("tiny")
     llama = c.model.llama(600)
     assert llama.d_model <= 64 and llama.n_layers == 2 and llama.vocab_size == 600
 
 
 def test_overrides_types_and_lists() -> None:
-    c = load_config(
+    c = load_train_config(
         "tiny",
         [
             "steps=7",
@@ -108,7 +108,7 @@ def test_overrides_types_and_lists() -> None:
 )
 def test_bad_configs_name_the_key(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
-        load_config("tiny", overrides)
+        load_train_config("tiny", overrides)
     assert message in str(info.value) and "\n" not in str(info.value)
 
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from lemur.train.config import load_config
+from lemur.train.config import load_train_config
 from lemur.train.run_paths import with_absolute_paths
 
 
 def test_every_path_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    config = load_config(
+    config = load_train_config(
         "tiny",
         [
             "run_dir=runs/x",
@@ -32,6 +32,6 @@ def test_every_path_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert got.data.eval_dirs == [str(tmp_path / "out" / "val")]
     assert got.checkpoint.dir == os.path.expanduser("~/ckpts")
     assert with_absolute_paths(got) == got  # what a run stores stays as it is
-    unset = with_absolute_paths(load_config("tiny"))
+    unset = with_absolute_paths(load_train_config("tiny"))
     assert unset.model.init_from is None and unset.checkpoint.dir is None
     assert unset.data.eval_dirs is None and unset.compile_cache_dir is None

@@ -3,7 +3,7 @@ Grain streams over shard directories.
 
 | module | what it holds |
 |---|---|
-| `config`, `run_paths` | `TrainConfig` and its sections, `load_config`; paths stored absolute |
+| `config`, `run_paths` | `TrainConfig`, its sections, `load_train_config`; paths made absolute |
 | `loop`, `inputs`, `resume`, `setup` | `Trainer`, `train`; its data, start state, errors |
 | `step`, `mesh` | schedule, optimizer, the train/eval step; devices, mesh, global batches |
 | `train_stream`, `eval_stream` | the train and eval streams (over lemur.shards.windows) |
@@ -19,7 +19,7 @@ from lemur.lazy_exports import lazy_exports
 _EXPORTS = {
     "TrainConfig": "config",
     "ConfigError": "config",
-    "load_config": "config",
+    "load_train_config": "config",
     "Trainer": "loop",
     "train": "loop",
     "RunError": "setup",

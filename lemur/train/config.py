@@ -255,7 +255,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
-        """The resolved config as YAML, loadable again with `load_config`."""
+        """The resolved config as YAML, loadable again with `load_train_config`."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
@@ -302,7 +302,7 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
     return CONFIG_LOADER.build(TrainConfig, raw, "")
 
 
-def load_config(
+def load_train_config(
     name: str | os.PathLike | None = None, overrides: list[str] | None = None
 ) -> TrainConfig:
     """Read a YAML config (a path or a shipped name; None: all defaults), apply overrides."""

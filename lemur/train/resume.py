@@ -52,7 +52,7 @@ class Resume:
         path = self.config.model.init_from
         if pretrained.kind(path) == "hf":
             return self._hf_params(path)
-        saved = model_checkpoint.load_config(path).vocab_size  # checked by resolve_model
+        saved = model_checkpoint.load_checkpoint_config(path).vocab_size  # checked by resolve_model
         if saved == self.model.vocab_size:
             target = step_lib.with_shardings(self.abstract["params"], self.shardings["params"])
             return model_checkpoint.load_params(path, target)[0]

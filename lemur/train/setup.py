@@ -105,7 +105,7 @@ def _saved_model(path: str) -> LlamaConfig:
     """The LlamaConfig of `model.init_from`, a lemur checkpoint or an HF model folder
     (RunError naming it if unreadable)."""
     try:
-        return pretrained.load_config(path)
+        return pretrained.load_pretrained_config(path)
     except pretrained.PretrainedError as e:
         raise RunError(f"model.init_from: {e}") from None
 
