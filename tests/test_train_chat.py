@@ -29,10 +29,9 @@ from lemur.shards.windows import ShardSource
 from lemur.train import step as step_lib
 from lemur.train.cli import main as train_main
 from lemur.train.config import load_train_config
-from lemur.train.eval_stream import make_eval_iterators
 from lemur.train.loop import train
 from lemur.train.setup import DataDirs, RunError, plan_run
-from lemur.train.train_stream import make_train_iterator
+from lemur.train.streams import make_eval_iterators, make_train_iterator
 
 SEQ = 32
 Doc = tuple[np.ndarray, np.ndarray | None]
@@ -363,7 +362,9 @@ def test_lemur_chat_config_is_the_paper_recipe_and_needs_init_from(
         2e-5,
         "cosine",
     )
-    assert load_train_config("lemur-chat", ["steps=40"]).epochs is None  # --set steps replaces epochs
+    assert (
+        load_train_config("lemur-chat", ["steps=40"]).epochs is None
+    )  # --set steps replaces epochs
     assert train_main(["lemur-chat", "--set", f"data.dirs=[{chat_dir}]"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert (

@@ -1,7 +1,9 @@
-"""lemur.train.config and the CLI's config handling: shipped configs, overrides, bad configs."""
+"""lemur.train.config and the CLI's config handling: shipped configs, overrides, bad configs,
+paths stored absolute."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +19,7 @@ from lemur.train.config import (
     config_from_dict,
     load_train_config,
     shipped_configs,
+    with_absolute_paths,
 )
 
 
@@ -146,3 +149,29 @@ def test_dry_run_prints_the_resolved_config(capsys: pytest.CaptureFixture) -> No
     resolved = yaml.safe_load(out)
     assert resolved["steps"] == 10 and resolved["optimizer"]["b2"] == 0.95
     assert "# parameters: 68,976,648,192" in out and "# tokens per step: 4,194,304" in out
+
+
+def test_every_path_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = load_train_config(
+        "tiny",
+        [
+            "run_dir=runs/x",
+            "compile_cache_dir=../cache",
+            "model.init_from=ckpt/base",
+            "data.dirs=[out/a, /abs/b]",
+            "data.eval_dirs=[out/./val]",
+            "checkpoint.dir=~/ckpts",
+        ],
+    )
+    got = with_absolute_paths(config)
+    assert got.run_dir == str(tmp_path / "runs" / "x")
+    assert got.compile_cache_dir == str(tmp_path.parent / "cache")
+    assert got.model.init_from == str(tmp_path / "ckpt" / "base")
+    assert got.data.dirs == [str(tmp_path / "out" / "a"), "/abs/b"]
+    assert got.data.eval_dirs == [str(tmp_path / "out" / "val")]
+    assert got.checkpoint.dir == os.path.expanduser("~/ckpts")
+    assert with_absolute_paths(got) == got  # what a run stores stays as it is
+    unset = with_absolute_paths(load_train_config("tiny"))
+    assert unset.model.init_from is None and unset.checkpoint.dir is None
+    assert unset.data.eval_dirs is None and unset.compile_cache_dir is None
