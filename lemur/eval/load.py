@@ -45,6 +45,7 @@ from lemur.eval.find_tokenizer import (
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import hf, pretrained
 from lemur.model.config import LlamaConfig, Params, param_shapes
+from lemur.model.preset import model_config_from_dict
 from lemur.tokenizer import TokenizerError, is_tokenizer_json, open_tokenizer
 
 
@@ -172,14 +173,13 @@ def _abstract_params(step_dir: Path) -> Any:
 def _run_config(step_dir: Path, abstract: Any) -> tuple[LlamaConfig, dict[str, Any]]:
     """The model config of a run checkpoint: its `meta` item's resolved config, with the
     vocabulary read from the saved embedding (older checkpoints' meta does not hold it)."""
-    from lemur.train.config import config_from_dict
-
     try:
         meta = json.loads((step_dir / "meta" / "metadata").read_text())
     except (OSError, ValueError) as e:
         raise LoadError(f"{step_dir}/meta/metadata: unreadable ({e})") from None
     vocab = int(abstract["embed"].shape[0])
-    config = config_from_dict(meta["config"]).model.llama(vocab)
+    # The run config's `model:` section (lemur.model.preset, below the trainer and eval).
+    config = model_config_from_dict(meta["config"].get("model", {})).llama(vocab)
     want = jax.tree.leaves(param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
     got = [tuple(m.shape) for m in jax.tree.leaves(abstract)]
     if sorted(want) != sorted(got):
