@@ -10,7 +10,7 @@ lemur-data
   library would look up;
 - loguru: one console handler showing warnings and errors as `LEVEL: message`, replacing
   datatrove's verbose stderr handler (installed when datatrove is imported), so that the
-  progress display stays readable (`lemur.data.run.logs.quiet_datatrove`).
+  progress display stays readable (`quiet_datatrove`).
 
 lemur-train
 - `sys.unraisablehook` and a filter on the `asyncio` logger drop what a failed orbax restore
@@ -28,9 +28,10 @@ Changes a command's own code makes later, for as long as they are needed, and un
   starts): SIGINT/SIGTERM handlers, `signal.set_wakeup_fd` and a watcher thread, so that
   Ctrl-C exits at once without a half-written file; JAX's compilation-cache write
   (`jax._src.compilation_cache.put_executable_and_time`) runs as a critical write.
-- the training loop (`lemur.train.loop`): SIGINT/SIGTERM handlers that checkpoint and stop,
-  put back when the loop ends; JAX's `jax_compilation_cache_dir` from the config's
-  `compile_cache_dir` (unless already set) and `jax.distributed` for multi-host runs.
+- the training loop (`lemur.train.setup.StopSignal`): SIGINT/SIGTERM handlers that
+  checkpoint and stop, put back when the loop ends; a Trainer's start
+  (`lemur.train.state.start_processes`): `jax.distributed` for multi-host runs and JAX's
+  `jax_compilation_cache_dir` from the config's `compile_cache_dir` (unless already set).
 - each data task, in whatever process runs it (`lemur.data.run.logs.QuietTaskLogs`):
   datatrove's task logger is ours for the task (the task's file at INFO, the console at
   WARNING); datatrove itself sets its `DATATROVE_*` environment variables per task.
@@ -89,11 +90,24 @@ def hub_offline() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def quiet_datatrove() -> None:
-    """Only warnings and errors of loguru on the console."""
-    from lemur.data.run.logs import quiet_datatrove as quiet
+CONSOLE_FORMAT = "{level}: {message}"
 
-    quiet()
+
+def quiet_console() -> None:
+    """loguru's handlers replaced by one: warnings and errors to stderr as `LEVEL: message`."""
+    from loguru import logger
+
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING", format=CONSOLE_FORMAT, colorize=False)
+
+
+def quiet_datatrove() -> None:
+    """`quiet_console()`, after datatrove's own console handler (see the docstring)."""
+    # datatrove installs its verbose stderr handler when its logging module is first
+    # imported: import it now, so that a later import cannot undo this.
+    import datatrove.utils.logging  # noqa: F401
+
+    quiet_console()
 
 
 COMMANDS: dict[str, tuple[Callable[[], None], ...]] = {

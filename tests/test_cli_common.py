@@ -138,7 +138,7 @@ def _inject(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, command: str, error
     if command == "lemur-train":
         from lemur.train import config
 
-        monkeypatch.setattr(config, "load_config", fail)
+        monkeypatch.setattr(config, "load_train_config", fail)
         return train_cli.main, ["tiny"]
     if command == "lemur-eval":
         monkeypatch.setattr(agent_report, "plot", fail)

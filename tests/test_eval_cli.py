@@ -15,7 +15,7 @@ from lemur.eval import cli
 from lemur.eval.load import LoadError, detect_kind, load_model
 from lemur.model import checkpoint as model_checkpoint
 from lemur.train.checkpoint import Checkpointer
-from lemur.train.config import load_config
+from lemur.train.config import load_train_config
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory, tokenizer_model: Path) -> P
 def run_dir(tmp_path_factory: pytest.TempPathFactory, shards: Path) -> Path:
     """A run directory as lemur-train leaves it: config.yaml and one orbax checkpoint."""
     run = tmp_path_factory.mktemp("run")
-    config = load_config("tiny", [f"data.dirs=[{shards}]", f"run_dir={run}"])
+    config = load_train_config("tiny", [f"data.dirs=[{shards}]", f"run_dir={run}"])
     vocab = json.loads((shards / "manifest.json").read_text())["tokenizer"]["vocab_size"]
     model = config.model.llama(vocab)
     params = jax.jit(llama_init, static_argnums=0)(model, jax.random.key(0, impl="rbg"))

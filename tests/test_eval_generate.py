@@ -14,10 +14,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from lemur.eval import generate as gen_lib  # noqa: E402
-from lemur.eval.load import SentencePieceTokenizer, load_model  # noqa: E402
+from lemur.eval.load import load_model  # noqa: E402
 from lemur.eval.sampling import Sampling, sample  # noqa: E402
 from lemur.model import hf, llama  # noqa: E402
 from lemur.model.config import LlamaConfig, Params, param_shapes
+from lemur.tokenizer import SentencePieceTokenizer  # noqa: E402
 
 VOCAB = 256
 GREEDY = gen_lib.GenerationConfig(max_new_tokens=48, batch_size=8)

@@ -21,7 +21,7 @@ from lemur.eval.load import LoadError, load_model
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import convert, llama
 from lemur.train.checkpoint import Checkpointer
-from lemur.train.config import load_config
+from lemur.train.config import load_train_config
 from lemur.train.loop import train
 
 DOCS = {
@@ -75,7 +75,7 @@ def _legacy_run(root: Path, shards: Path, run_dir: str, data_dir: str) -> Path:
     `root`, where it was started), with the tokenizer hash it records."""
     run = root / run_dir
     small = "{d_model: 32, n_heads: 4, n_kv_heads: 2, d_ff: 64}"
-    config = load_config(
+    config = load_train_config(
         "tiny", [f"data.dirs=[{data_dir}]", f"run_dir={run_dir}", f"model.overrides={small}"]
     )
     manifest = json.loads((shards / "manifest.json").read_text())

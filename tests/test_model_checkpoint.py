@@ -29,7 +29,7 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
     params = _params()
     checkpoint.save_params(tmp_path / "ckpt", params, CONFIG)
     assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["remat"] == "dots"
-    assert checkpoint.load_config(tmp_path / "ckpt") == CONFIG
+    assert checkpoint.load_checkpoint_config(tmp_path / "ckpt") == CONFIG
     restored, config = checkpoint.load_params(tmp_path / "ckpt")
     assert config == CONFIG
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(params), strict=True):

@@ -113,7 +113,7 @@ def test_a_file_or_a_source_as_destination_is_one_line(
     for dst in (checkpoints / "b", checkpoints):
         assert convert.main(["to-hf", str(checkpoints / "b"), str(dst), "--force"]) == 2
         assert "is or holds the source" in capsys.readouterr().err
-    assert checkpoint.load_config(checkpoints / "b") == CONFIG
+    assert checkpoint.load_checkpoint_config(checkpoints / "b") == CONFIG
 
 
 def test_a_source_of_another_kind_names_the_command(

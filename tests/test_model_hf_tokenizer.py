@@ -17,12 +17,12 @@ from lemur.data.read.chat import render_chatml
 from lemur.data.tokenize.chat import CHAT_PIECES, TOKENS_KEY, ChatEncoder
 from lemur.data.tokenize.tokenizer import extend_tokenizer
 from lemur.eval.generate import chat_prompt_ids
-from lemur.eval.load import SentencePieceTokenizer
 from lemur.model import checkpoint, convert, hf_tokenizer
 from lemur.model.config import config_from_preset
 from lemur.model.grow import grow_vocab
 from lemur.model.hf_tokenizer import IM_END, IM_START, HFTokenizerError, write_hf_tokenizer
 from lemur.model.llama import init_params
+from lemur.tokenizer import SentencePieceTokenizer
 
 transformers = pytest.importorskip("transformers")
 

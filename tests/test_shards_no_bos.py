@@ -20,7 +20,7 @@ from lemur.data import cli as data_cli
 from lemur.data.build import build
 from lemur.data.load import recipe_from_dict
 from lemur.shards.format import open_index, open_tokens
-from lemur.train.windows import ShardSource
+from lemur.shards.windows import ShardSource
 
 
 @pytest.fixture(scope="module")

@@ -25,14 +25,13 @@ from lemur.model import checkpoint as model_checkpoint
 from lemur.model import llama
 from lemur.model.config import config_from_preset
 from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
+from lemur.shards.windows import ShardSource
 from lemur.train import step as step_lib
 from lemur.train.cli import main as train_main
-from lemur.train.config import load_config
-from lemur.train.eval_stream import make_eval_iterators
+from lemur.train.config import load_train_config
 from lemur.train.loop import train
 from lemur.train.setup import DataDirs, RunError, plan_run
-from lemur.train.train_stream import make_train_iterator
-from lemur.train.windows import ShardSource
+from lemur.train.streams import make_eval_iterators, make_train_iterator
 
 SEQ = 32
 Doc = tuple[np.ndarray, np.ndarray | None]
@@ -242,7 +241,7 @@ def chat_config(data: Path, run: Path, *overrides: str):
         "log.tensorboard=false",
         "log.every=1",
     ]
-    return load_config("lemur-chat", sets + list(overrides))
+    return load_train_config("lemur-chat", sets + list(overrides))
 
 
 @pytest.fixture(scope="module")
@@ -354,7 +353,7 @@ def test_growth_that_is_not_an_extension_is_refused(
 def test_lemur_chat_config_is_the_paper_recipe_and_needs_init_from(
     chat_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    c = load_config("lemur-chat")
+    c = load_train_config("lemur-chat")
     assert (c.epochs, c.steps, c.model.preset, c.model.init_from) == (2, None, None, None)
     assert (c.batch.size, c.batch.seq_len) == (128, 4096) and c.data.document_attention
     assert (c.optimizer.b1, c.optimizer.b2, c.schedule.peak_lr, c.schedule.decay) == (
@@ -363,7 +362,9 @@ def test_lemur_chat_config_is_the_paper_recipe_and_needs_init_from(
         2e-5,
         "cosine",
     )
-    assert load_config("lemur-chat", ["steps=40"]).epochs is None  # --set steps replaces epochs
+    assert (
+        load_train_config("lemur-chat", ["steps=40"]).epochs is None
+    )  # --set steps replaces epochs
     assert train_main(["lemur-chat", "--set", f"data.dirs=[{chat_dir}]"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert (

@@ -1,7 +1,9 @@
-"""lemur.train.config and the CLI's config handling: shipped configs, overrides, bad configs."""
+"""lemur.train.config and the CLI's config handling: shipped configs, overrides, bad configs,
+paths stored absolute."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +17,9 @@ from lemur.train.config import (
     ConfigError,
     TrainConfig,
     config_from_dict,
-    load_config,
+    load_train_config,
     shipped_configs,
+    with_absolute_paths,
 )
 
 
@@ -26,7 +29,7 @@ def test_shipped_configs_include_the_presets() -> None:
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml")))
 def test_every_shipped_config_parses_and_round_trips(name: str) -> None:
-    config = load_config(name)
+    config = load_train_config(name)
     assert isinstance(config, TrainConfig)
     # The resolved YAML loads back to the same config, and names every key.
     again = config_from_dict(yaml.safe_load(config.to_yaml()))
@@ -36,7 +39,7 @@ def test_every_shipped_config_parses_and_round_trips(name: str) -> None:
 
 
 def test_lemur_70b_is_the_paper_recipe() -> None:
-    c = load_config("lemur-70b")
+    c = load_train_config("lemur-70b")
     assert c.model.preset == "llama2-70b" and c.model.vocab_size == 32000
     assert c.model.init_from  # continued pre-training from converted Llama-2-70B weights
     assert (c.batch.size, c.batch.seq_len) == (1024, 4096) and c.tokens_per_step == 4 * 2**20
@@ -49,13 +52,13 @@ def test_lemur_70b_is_the_paper_recipe() -> None:
 
 
 def test_tiny_preset_is_small() -> None:
-    c = load_config("tiny")
+    c = load_train_config("tiny")
     llama = c.model.llama(600)
     assert llama.d_model <= 64 and llama.n_layers == 2 and llama.vocab_size == 600
 
 
 def test_overrides_types_and_lists() -> None:
-    c = load_config(
+    c = load_train_config(
         "tiny",
         [
             "steps=7",
@@ -108,7 +111,7 @@ def test_overrides_types_and_lists() -> None:
 )
 def test_bad_configs_name_the_key(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
-        load_config("tiny", overrides)
+        load_train_config("tiny", overrides)
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
@@ -146,3 +149,29 @@ def test_dry_run_prints_the_resolved_config(capsys: pytest.CaptureFixture) -> No
     resolved = yaml.safe_load(out)
     assert resolved["steps"] == 10 and resolved["optimizer"]["b2"] == 0.95
     assert "# parameters: 68,976,648,192" in out and "# tokens per step: 4,194,304" in out
+
+
+def test_every_path_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = load_train_config(
+        "tiny",
+        [
+            "run_dir=runs/x",
+            "compile_cache_dir=../cache",
+            "model.init_from=ckpt/base",
+            "data.dirs=[out/a, /abs/b]",
+            "data.eval_dirs=[out/./val]",
+            "checkpoint.dir=~/ckpts",
+        ],
+    )
+    got = with_absolute_paths(config)
+    assert got.run_dir == str(tmp_path / "runs" / "x")
+    assert got.compile_cache_dir == str(tmp_path.parent / "cache")
+    assert got.model.init_from == str(tmp_path / "ckpt" / "base")
+    assert got.data.dirs == [str(tmp_path / "out" / "a"), "/abs/b"]
+    assert got.data.eval_dirs == [str(tmp_path / "out" / "val")]
+    assert got.checkpoint.dir == os.path.expanduser("~/ckpts")
+    assert with_absolute_paths(got) == got  # what a run stores stays as it is
+    unset = with_absolute_paths(load_train_config("tiny"))
+    assert unset.model.init_from is None and unset.checkpoint.dir is None
+    assert unset.data.eval_dirs is None and unset.compile_cache_dir is None

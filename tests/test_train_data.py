@@ -1,4 +1,4 @@
-"""Tests for lemur.train (windows, train_stream, eval_stream): windows, shuffling, host sharding,
+"""Tests for lemur.shards.windows and lemur.train.streams: windows, shuffling, host sharding,
 resume, mixtures, checks."""
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from lemur.shards.format import (
     open_tokens,
     token_dtype,
 )
-from lemur.train.eval_stream import make_eval_iterators
-from lemur.train.train_stream import make_train_iterator
-from lemur.train.windows import BATCH_KEYS, ShardSource, window_record
+from lemur.shards.windows import BATCH_KEYS, ShardSource, window_record
+from lemur.train.streams import make_eval_iterators, make_train_iterator
 
 VOCAB = 1000
 SEQ = 32

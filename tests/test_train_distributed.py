@@ -174,7 +174,7 @@ def _script(argv: list[str]) -> None:
     """Subprocess body: train a config file, optionally SIGKILL-ing ourselves at a step."""
     import argparse
 
-    from lemur.train.config import load_config
+    from lemur.train.config import load_train_config
     from lemur.train.loop import train
 
     p = argparse.ArgumentParser()
@@ -186,7 +186,7 @@ def _script(argv: list[str]) -> None:
         if record["step"] == args.kill_at and "loss" in record:
             os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no pending save finished
 
-    train(load_config(args.config), on_metrics=on_metrics)
+    train(load_train_config(args.config), on_metrics=on_metrics)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["run"]:

@@ -25,10 +25,10 @@ from lemur.shards.format import (  # noqa: E402
     dtype_name,
     token_dtype,
 )
-from lemur.train.config import load_config  # noqa: E402
+from lemur.train.config import load_train_config  # noqa: E402
 from lemur.train.loop import train  # noqa: E402
 from lemur.train.setup import DataDirs, RunError, plan_run  # noqa: E402
-from lemur.train.train_stream import make_train_iterator  # noqa: E402
+from lemur.train.streams import make_train_iterator  # noqa: E402
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -146,7 +146,7 @@ def run_config(data: Path, run: Path, folder: Path, *overrides: str):
         "log.tensorboard=false",
         *overrides,
     ]
-    return load_config(None, sets)
+    return load_train_config(None, sets)
 
 
 def first_batch_loss(model, data: Path, seed: int) -> float:

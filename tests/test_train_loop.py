@@ -196,9 +196,7 @@ def test_divergence_stops_with_last_checkpoint_intact(
 
 
 def _target(trainer: object) -> object:
-    from lemur.train.step import with_shardings
-
-    return with_shardings(trainer.abstract, trainer.shardings)  # type: ignore[attr-defined]
+    return trainer.layout.target()  # type: ignore[attr-defined]
 
 
 def _leaves(state: object) -> list[np.ndarray]:
@@ -249,7 +247,8 @@ def test_init_from_a_converted_checkpoint(corpus: Path, cache: Path, tmp_path: P
             corpus, tmp_path / "run", f"model.init_from={tmp_path / 'pretrained'}", cache=cache
         )
     )
-    state, start, resumed = trainer._initial_state()
+    first = trainer.initial_state()
+    state, start, resumed = first.state, first.step, first.resumed_from
     trainer.checkpointer.close()
     assert (start, resumed, int(state["step"])) == (0, None, 0)
     for a, b in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(params), strict=True):
@@ -273,7 +272,7 @@ def test_evals_report_bits_per_byte_by_hand(
     """eval/<domain>/bpb = summed NLL / ln 2 / UTF-8 bytes of the scored target text."""
     import sentencepiece as spm
 
-    from lemur.train.eval_stream import make_eval_iterators
+    from lemur.train.streams import make_eval_iterators
 
     run, _ = finished_run
     config = tiny_config(corpus, run)

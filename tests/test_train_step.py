@@ -12,8 +12,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from lemur.model import llama
+from lemur.model import sharding as model_sharding
 from lemur.model.config import LlamaConfig, Params, param_shapes
-from lemur.train import mesh as mesh_lib
 from lemur.train import step as step_lib
 from lemur.train.config import MeshConfig, OptimizerConfig, ScheduleConfig
 
@@ -100,7 +100,8 @@ def test_moments_shard_like_their_params() -> None:
     tx = step_lib.make_optimizer(OptimizerConfig(), lambda s: 1e-3)
     key = jax.random.key(0)
     abstract = jax.eval_shape(functools.partial(step_lib.init_state, model=MODEL, tx=tx), key)
-    mesh = mesh_lib.make_mesh(MeshConfig())
+    m = MeshConfig()
+    mesh = model_sharding.make_mesh(m.data, m.fsdp, m.tensor)
     sh = step_lib.state_shardings(abstract, MODEL, tx, mesh)
     adam = sh["opt_state"][1][0]
     assert (
@@ -165,6 +166,7 @@ def test_gradient_accumulation_equals_one_pass(setup: tuple) -> None:
 
 
 def test_host_slice_single_process() -> None:
-    mesh = mesh_lib.make_mesh(MeshConfig())
-    sharding = mesh_lib.batch_sharding(mesh, 8, 16)
-    assert mesh_lib.host_slice(sharding, (8, 16)) == mesh_lib.HostSlice(index=0, count=1, rows=8)
+    m = MeshConfig()
+    mesh = model_sharding.make_mesh(m.data, m.fsdp, m.tensor)
+    sharding = model_sharding.batch_sharding(mesh, (8, 16))
+    assert step_lib.host_slice(sharding, (8, 16)) == step_lib.HostSlice(index=0, count=1, rows=8)

@@ -32,8 +32,8 @@ import numpy as np
 import psutil
 
 from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
-from lemur.train.train_stream import _derived_seed, make_train_iterator
-from lemur.train.windows import ShardSource
+from lemur.shards.windows import ShardSource
+from lemur.train.streams import _derived_seed, make_train_iterator
 
 VOCAB = 32000
 

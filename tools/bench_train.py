@@ -43,14 +43,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lemur.model import llama
+from lemur.model import sharding as model_sharding
 from lemur.model.config import LlamaConfig, Params, config_from_preset, flops_per_token, param_count
 from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
-from lemur.train import mesh as mesh_lib
 from lemur.train import step as step_lib
 from lemur.train.config import MeshConfig, OptimizerConfig, ScheduleConfig, config_from_dict
 from lemur.train.metrics import measure_matmul_tflops, peak_tflops_per_device
-
-KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
 
 
 def model_config(args: argparse.Namespace) -> LlamaConfig:
@@ -123,7 +121,8 @@ def bench_steps(model: LlamaConfig, args: argparse.Namespace) -> dict[str, Any]:
     """Median seconds per step of the reference and lemur steps, alternating rounds."""
     B, L = args.batch, args.seq_len
     key = jax.random.key(0)
-    mesh = mesh_lib.make_mesh(MeshConfig())
+    m = MeshConfig()
+    mesh = model_sharding.make_mesh(m.data, m.fsdp, m.tensor)
     host = random_batch(model, B, L)
 
     # Reference: params straight from init on the default device.
@@ -142,24 +141,18 @@ def bench_steps(model: LlamaConfig, args: argparse.Namespace) -> dict[str, Any]:
     init = functools.partial(step_lib.init_state, model=model, tx=tx)
     abstract = jax.eval_shape(init, key)
     shardings = step_lib.state_shardings(abstract, model, tx, mesh)
-    batch_sharding = mesh_lib.batch_sharding(mesh, B, L)
+    layout = step_lib.BatchLayout.on(mesh, B, L)
     state = jax.jit(init, out_shardings=shardings)(key)
-    batch = mesh_lib.global_batch(host, batch_sharding, (B, L))
+    batch = layout.put(host)
     train = step_lib.make_train_step(model, tx, schedule, microbatches=args.microbatches)
     t = time.perf_counter()
     with jax.set_mesh(mesh):
-        compiled = (
-            jax.jit(
-                train,
-                in_shardings=(shardings, batch_sharding),
-                out_shardings=(shardings, NamedSharding(mesh, P())),
-                donate_argnums=0,
-            )
-            .lower(
-                step_lib.with_shardings(abstract, shardings),
-                {k: jax.ShapeDtypeStruct((B, L), jnp.int32, sharding=batch_sharding) for k in KEYS},
-            )
-            .compile()
+        compiled = step_lib.compile_step(
+            train,
+            (step_lib.with_shardings(abstract, shardings), layout.abstract()),
+            (shardings, layout.sharding),
+            (shardings, NamedSharding(mesh, P())),
+            donate_argnums=0,
         )
     lemur_compile = time.perf_counter() - t
     box = {"state": state}

@@ -171,7 +171,7 @@ def check_same_val(rows: list[dict[str, Any]]) -> None:
 
 def train_ratio(sweep: Sweep, row: dict[str, Any]) -> dict[str, Any]:
     """Train the sweep's model on one ratio's corpus from scratch; its run dir and figures."""
-    from lemur.train.config import load_config
+    from lemur.train.config import load_train_config
     from lemur.train.loop import train
 
     run = sweep.out / f"run-{row['ratio'].replace(':', '-')}"
@@ -183,7 +183,7 @@ def train_ratio(sweep: Sweep, row: dict[str, Any]) -> dict[str, Any]:
         f"run_dir={run}",
         *([f"steps={sweep.steps}"] if sweep.steps else []),
     ]
-    config = load_config(sweep.train, overrides)
+    config = load_train_config(sweep.train, overrides)
     started = time.time()
     summary = train(config)
     return {

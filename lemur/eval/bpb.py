@@ -33,11 +33,7 @@ from lemur.model import llama
 from lemur.model.config import LlamaConfig, Params
 from lemur.shards.check import ShardDir
 from lemur.tokenizer import TokenBytes, Tokenizer, open_tokenizer
-
-
-def bits_per_byte(nll_nats: float, n_bytes: int) -> float:
-    """Summed NLL in nats over the bytes it predicted, in bits per byte (nan without bytes)."""
-    return nll_nats / math.log(2) / n_bytes if n_bytes else math.nan
+from lemur.tokenizer.token_bytes import bits_per_byte
 
 
 @dataclasses.dataclass
@@ -246,7 +242,7 @@ def score_directory(
 ) -> dict[str, Any]:
     """Bits per byte and nats per token of every val domain of a shard directory."""
     from lemur.shards.format import ShardFormatError
-    from lemur.train.windows import ShardSource
+    from lemur.shards.windows import ShardSource
 
     shard_dir = ShardDir.of(directory)
     tok = open_tokenizer(shard_dir.tokenizer_path)

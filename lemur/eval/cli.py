@@ -383,13 +383,12 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `lemur-eval`."""
     from lemur import process_setup
-
-    process_setup.install("lemur-eval")  # every process-wide change: see lemur.process_setup
     from lemur.eval.load import LoadError
     from lemur.eval.prompts_file import PromptsError
     from lemur.eval.sandbox import SandboxUnavailable
     from lemur.shards.format import ShardFormatError
 
+    process_setup.install("lemur-eval")  # every process-wide change: see lemur.process_setup
     args = parser().parse_args(argv)
     mistakes = (LoadError, PromptsError, ShardFormatError, SandboxUnavailable)
     return run_main(

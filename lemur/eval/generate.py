@@ -42,7 +42,7 @@ from lemur.model.config import LlamaConfig, Params
 
 
 class Tokenizer(Protocol):
-    """What generation needs from a tokenizer (lemur.eval.load.SentencePieceTokenizer)."""
+    """What generation needs from a tokenizer (lemur.tokenizer: SentencePiece or tokenizer.json)."""
 
     bos_id: int | None
     eos_id: int

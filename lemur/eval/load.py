@@ -24,16 +24,13 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-import sentencepiece as spm
 
-from lemur.chatml import chat_processor
 from lemur.eval.find_tokenizer import (
     Found,
     TokenizerLookupError,
@@ -45,46 +42,12 @@ from lemur.eval.find_tokenizer import (
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import hf, pretrained
 from lemur.model.config import LlamaConfig, Params, param_shapes
-from lemur.tokenizer import TokenizerError, is_tokenizer_json, open_tokenizer
+from lemur.model.preset import model_config_from_dict
+from lemur.tokenizer import Tokenizer, TokenizerError, open_tokenizer
 
 
 class LoadError(ValueError):
     """A path that is no model lemur-eval can read (one line, naming it)."""
-
-
-class SentencePieceTokenizer:
-    """A SentencePiece model with the few calls evaluation needs."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        try:
-            self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
-        except (OSError, RuntimeError) as e:
-            raise LoadError(f"{self.path}: not a SentencePiece model ({e})") from None
-        self.bos_id, self.eos_id = int(self.sp.bos_id()), int(self.sp.eos_id())
-        self.stop_ids = (self.eos_id,)
-        self.vocab_size = int(self.sp.vocab_size())
-        self.sha256 = hashlib.sha256(self.path.read_bytes()).hexdigest()
-        self._chat_sp: spm.SentencePieceProcessor | None = None
-
-    def encode(self, text: str) -> list[int]:
-        """Ids of `text`, without <s> or </s>."""
-        return list(self.sp.encode(text))
-
-    def encode_chat(self, text: str) -> list[int]:
-        """Ids of ChatML text as the chat build encodes it (no dummy-prefix `▁`: chatml.py)."""
-        if self._chat_sp is None:
-            self._chat_sp = chat_processor(self.sp)
-        return list(self._chat_sp.encode(text))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of `ids`."""
-        return self.sp.decode([int(i) for i in ids])
-
-    def piece_id(self, piece: str) -> int | None:
-        """The id of `piece` when it is one piece of the vocabulary, else None."""
-        i = int(self.sp.piece_to_id(piece))
-        return i if self.sp.id_to_piece(i) == piece and not self.sp.is_unknown(i) else None
 
 
 def _folder_tokenizer(path: Path) -> Path | None:
@@ -94,10 +57,8 @@ def _folder_tokenizer(path: Path) -> Path | None:
     return found or pretrained.tokenizer_files(path).get("tokenizer.json")
 
 
-def _open(path: Path) -> Any:
-    """Eval's tokenizer for a file: ChatML-aware SentencePiece, or the tokenizer.json engine."""
-    if not is_tokenizer_json(path):
-        return SentencePieceTokenizer(path)
+def _open(path: Path) -> Tokenizer:
+    """The tokenizer of a file: SentencePiece (ChatML-aware), or the tokenizer.json engine."""
     try:
         return open_tokenizer(path)
     except TokenizerError as e:
@@ -110,7 +71,7 @@ class LoadedModel:
 
     config: LlamaConfig
     params: Params
-    tokenizer: SentencePieceTokenizer | None
+    tokenizer: Tokenizer | None
     kind: str  # "run", "lemur", "hf"
     source: str
     # Why there is no tokenizer (e.g. the run's data directory is gone), and the hash of the
@@ -172,14 +133,13 @@ def _abstract_params(step_dir: Path) -> Any:
 def _run_config(step_dir: Path, abstract: Any) -> tuple[LlamaConfig, dict[str, Any]]:
     """The model config of a run checkpoint: its `meta` item's resolved config, with the
     vocabulary read from the saved embedding (older checkpoints' meta does not hold it)."""
-    from lemur.train.config import config_from_dict
-
     try:
         meta = json.loads((step_dir / "meta" / "metadata").read_text())
     except (OSError, ValueError) as e:
         raise LoadError(f"{step_dir}/meta/metadata: unreadable ({e})") from None
     vocab = int(abstract["embed"].shape[0])
-    config = config_from_dict(meta["config"]).model.llama(vocab)
+    # The run config's `model:` section (lemur.model.preset, below the trainer and eval).
+    config = model_config_from_dict(meta["config"].get("model", {})).llama(vocab)
     want = jax.tree.leaves(param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
     got = [tuple(m.shape) for m in jax.tree.leaves(abstract)]
     if sorted(want) != sorted(got):
@@ -314,7 +274,7 @@ def load_model(
 
 def _tokenizer(
     given: str | os.PathLike[str] | None, found: Found, config: LlamaConfig
-) -> SentencePieceTokenizer | None:
+) -> Tokenizer | None:
     """The given tokenizer (else the one found), checked against the model: no more pieces
     than its ids, and the hash its run recorded (when it recorded one)."""
     try:

@@ -9,6 +9,7 @@
 | `hf` | HF names and layouts, safetensors reading and writing |
 | `hf_config` | HF config.json <-> LlamaConfig for Llama, Qwen2 and Mistral |
 | `checkpoint` | a lemur model checkpoint: `config.json` + orbax `params/` |
+| `preset` | `ModelConfig`: a config's `model:` section (a preset with overrides), `ConfigError` |
 | `pretrained` | a lemur checkpoint or an HF folder, read either way (`model.init_from`) |
 | `grow` | `grow_vocab`: new embedding rows / head columns for appended pieces (ChatML) |
 | `hf_tokenizer` | `write_hf_tokenizer`: HF tokenizer files (chat template) of a SP model |

@@ -63,7 +63,7 @@ def tokenizer_path(directory: str | os.PathLike[str]) -> Path | None:
     return path if path.is_file() else None
 
 
-def load_config(directory: str | os.PathLike[str]) -> LlamaConfig:
+def load_checkpoint_config(directory: str | os.PathLike[str]) -> LlamaConfig:
     """The LlamaConfig saved beside the params."""
     return LlamaConfig(**json.loads((Path(directory) / "config.json").read_text()))
 
@@ -79,7 +79,7 @@ def load_params(
     their saved dtype, whatever devices saved them.
     """
     root = Path(directory).resolve()
-    config = load_config(root)
+    config = load_checkpoint_config(root)
     if target is not None:
         return ocp.StandardCheckpointer().restore(root / "params", target), config
     restore_args = jax.tree.map(

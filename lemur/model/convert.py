@@ -182,7 +182,7 @@ def to_hf(
     """
     start = time.time()
     check_source("to-hf", lemur_dir)
-    config = checkpoint.load_config(lemur_dir)
+    config = checkpoint.load_checkpoint_config(lemur_dir)
     carried = pretrained.tokenizer_files(lemur_dir) if tokenizer is None else {}
     tok_path = None if carried else _tokenizer_to_export(lemur_dir, tokenizer, config.vocab_size)
     sources = (Path(lemur_dir),) + ((tok_path,) if tok_path is not None else ())

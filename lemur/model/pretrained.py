@@ -56,11 +56,11 @@ def kind(path: str | os.PathLike[str]) -> str:
     )
 
 
-def load_config(path: str | os.PathLike[str]) -> LlamaConfig:
+def load_pretrained_config(path: str | os.PathLike[str]) -> LlamaConfig:
     """The model's LlamaConfig, from either kind of folder (PretrainedError naming it)."""
     try:
         if kind(path) == "lemur":
-            return checkpoint.load_config(path)
+            return checkpoint.load_checkpoint_config(path)
         return hf.config_from_hf(json.loads((Path(path) / "config.json").read_text()))
     except PretrainedError:
         raise

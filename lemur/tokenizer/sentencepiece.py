@@ -46,6 +46,16 @@ class SentencePieceTokenizer:
         """Ids of `text` (no `<s>`/`</s>`; a literal `<s>` is text)."""
         return list(self.sp.encode(text))
 
+    def encode_chat(self, text: str) -> list[int]:
+        """Ids of ChatML text as the chat build encodes it (no dummy-prefix `▁`: chatml.py)."""
+        return list(self._chat_sp.encode(text))
+
+    @functools.cached_property
+    def _chat_sp(self) -> spm.SentencePieceProcessor:
+        from lemur.chatml import chat_processor  # a copy of the model, made on first use
+
+        return chat_processor(self.sp)
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """`encode` of each text, on one thread."""
         return self.sp.encode(list(texts), num_threads=1)

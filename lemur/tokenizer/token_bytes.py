@@ -11,6 +11,7 @@ piece starts with `▁`. Byte-level tokenizers have no such rule.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +20,11 @@ import numpy as np
 
 from lemur.tokenizer.base import Tokenizer
 from lemur.tokenizer.load import open_tokenizer
+
+
+def bits_per_byte(nll_nats: float, n_bytes: int) -> float:
+    """Summed NLL in nats over the bytes it predicted, in bits per byte (nan without bytes)."""
+    return nll_nats / math.log(2) / n_bytes if n_bytes else math.nan
 
 
 class TokenBytes:

@@ -1,13 +1,16 @@
-"""Training (`lemur-train`): config, mesh, jitted step, loop, checkpoints, metrics, and the
-Grain streams over shard directories.
+"""Training (`lemur-train`): config, set-up, state, jitted step, loop, checkpoints, metrics,
+and the Grain streams over shard directories.
 
 | module | what it holds |
 |---|---|
-| `config`, `run_paths` | `TrainConfig` and its sections, `load_config`; paths stored absolute |
-| `loop`, `inputs`, `resume`, `setup` | `Trainer`, `train`; its data, start state, errors |
-| `step`, `mesh` | schedule, optimizer, the train/eval step; devices, mesh, global batches |
-| `windows`, `train_stream`, `eval_stream` | windows of shards; the train and eval streams |
-| `checkpoint`, `metrics`, `progress`, `plot`, `interrupt` | run state on disk and its reporting |
+| `config` | `TrainConfig` and its sections, `load_train_config`; paths stored absolute |
+| `setup` | errors, `plan_run` (the config and model resolved and checked), the data opened |
+| `state` | processes and the mesh; the state's layout; where a run starts (checkpoint, ...) |
+| `step` | schedule, optimizer, the train/eval steps compiled; global batches |
+| `streams` | the train stream and the eval streams over shard directories |
+| `loop` | `Trainer`, `train`: the loop and its hooks (evals, checkpoints) |
+| `metrics` | metrics.jsonl, TensorBoard, the progress bar, the train records, MFU |
+| `checkpoint`, `interrupt`, `plot` | run state on disk; signals before training; plots |
 
 The names below are importable from `lemur.train` directly, each loaded on first use.
 """
@@ -19,13 +22,12 @@ from lemur.lazy_exports import lazy_exports
 _EXPORTS = {
     "TrainConfig": "config",
     "ConfigError": "config",
-    "load_config": "config",
+    "load_train_config": "config",
     "Trainer": "loop",
     "train": "loop",
     "RunError": "setup",
     "TrainingDiverged": "setup",
-    "make_train_iterator": "train_stream",
-    "make_eval_iterators": "eval_stream",
-    "ShardSource": "windows",
+    "make_train_iterator": "streams",
+    "make_eval_iterators": "streams",
 }
 __getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -110,10 +110,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     """Load the config, then dry-run or train it; the exit code."""
-    from lemur.train.config import ConfigError, load_config
+    from lemur.train.config import ConfigError, load_train_config
 
     try:
-        config = load_config(args.config, args.set)
+        config = load_train_config(args.config, args.set)
     except ConfigError as e:
         die(str(e))
     if args.dry_run:

@@ -3,14 +3,15 @@
 Every user mistake (unknown key, wrong type, bad value) raises `ConfigError` with a
 one-line message naming the key; `lemur-train` prints it and exits with code 2.
 Shipped configs live in `lemur/configs/*.yaml` and can be named without a path
-(`lemur-train tiny`). See docs/train.md for every key.
+(`lemur-train tiny`). See docs/train.md for every key. The `model:` section
+(`ModelConfig`) and `ConfigError` live in lemur.model.preset: a run's checkpoints keep
+that section, and `lemur-eval` rebuilds the model from it there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,91 +19,14 @@ from typing import Any
 import yaml
 
 from lemur import typed_yaml
-from lemur.model.config import PRESETS, LlamaConfig
-from lemur.typed_yaml import TypedLoader
+from lemur.model.preset import CONFIG_LOADER, ConfigError, ModelConfig, check_key
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 DECAYS = ("cosine", "linear", "constant")
 DISTRIBUTED = ("auto", "on", "off")
-# LlamaConfig fields a config may not override: the vocabulary comes from `model.vocab_size`
-# (or the shards' tokenizer), so it cannot disagree with the data.
-_FIXED_MODEL_FIELDS = ("vocab_size",)
-# LlamaConfig fields without a default: with `model.preset: null` the overrides (filled from
-# `model.init_from` at start-up) must give them all.
-SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff")
 # Pairs of keys that are alternatives: a `--set` of one clears the other.
 ALTERNATIVES = (("steps", "epochs"), ("schedule.warmup_steps", "schedule.warmup_fraction"))
 _ONE_OF_THEM = "has an alternative key set too (steps/epochs, warmup_steps/warmup_fraction)"
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message names the offending key."""
-
-
-def _check(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"config: {key} {message}")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Which Llama: a preset of lemur.model.config.PRESETS with field overrides.
-
-    `preset: null` takes every field from the `init_from` checkpoint's config.json at
-    start-up (overrides still apply): a fine-tuning config fits any pre-trained model.
-    """
-
-    preset: str | None = "tiny"
-    vocab_size: int | None = None  # None: the shards' tokenizer vocab size
-    overrides: dict[str, Any] = field(default_factory=dict)  # LlamaConfig fields
-    init_from: str | None = None  # an HF model folder or a lemur checkpoint (lemur-convert)
-
-    def __post_init__(self) -> None:
-        _check(
-            self.preset is None or self.preset in PRESETS,
-            "model.preset",
-            f"must be one of {', '.join(PRESETS)} or null, got {self.preset!r}",
-        )
-        _check(
-            self.vocab_size is None or self.vocab_size > 0,
-            "model.vocab_size",
-            f"must be positive, got {self.vocab_size}",
-        )
-        hints = typing.get_type_hints(LlamaConfig)
-        coerced = {}
-        for name, value in self.overrides.items():
-            key = f"model.overrides.{name}"
-            _check(
-                name in hints and name not in _FIXED_MODEL_FIELDS,
-                key,
-                "is not an overridable LlamaConfig field (known: "
-                f"{', '.join(n for n in hints if n not in _FIXED_MODEL_FIELDS)}"
-                "; set the vocabulary with model.vocab_size)",
-            )
-            coerced[name] = _LOADER.coerce(value, hints[name], key)
-        object.__setattr__(self, "overrides", coerced)
-        if self.complete:
-            self.llama(self.vocab_size or 32000)  # validates the combination now
-
-    @property
-    def complete(self) -> bool:
-        """Whether the config alone gives the model (a preset, or every shape overridden)."""
-        return self.preset is not None or set(SHAPE_FIELDS) <= set(self.overrides)
-
-    def llama(self, data_vocab_size: int | None = None) -> LlamaConfig:
-        """The LlamaConfig; `data_vocab_size` fills in a vocab_size left to the data."""
-        if not self.complete:
-            raise ConfigError(
-                "config: model.preset is null: the model is model.init_from's, read at start-up"
-            )
-        preset = PRESETS[self.preset] if self.preset is not None else None
-        vocab = self.vocab_size or data_vocab_size or (preset.vocab_size if preset else 32000)
-        try:
-            if preset is None:
-                return LlamaConfig(vocab_size=vocab, **self.overrides)
-            return dataclasses.replace(preset, vocab_size=vocab, **self.overrides)
-        except ValueError as e:
-            raise ConfigError(f"config: model: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -122,17 +46,17 @@ class DataConfig:
     strict_state: bool = True
 
     def __post_init__(self) -> None:
-        _check(bool(self.dirs), "data.dirs", "must list at least one shard directory")
+        check_key(bool(self.dirs), "data.dirs", "must list at least one shard directory")
         if self.weights is not None:
-            _check(
+            check_key(
                 len(self.weights) == len(self.dirs),
                 "data.weights",
                 f"has {len(self.weights)} entries for {len(self.dirs)} data.dirs",
             )
-            _check(all(w > 0 for w in self.weights), "data.weights", "must all be positive")
-        _check(self.num_threads >= 0, "data.num_threads", "must be >= 0")
-        _check(self.prefetch >= 0, "data.prefetch", "must be >= 0")
-        _check(self.num_workers >= 0, "data.num_workers", "must be >= 0")
+            check_key(all(w > 0 for w in self.weights), "data.weights", "must all be positive")
+        check_key(self.num_threads >= 0, "data.num_threads", "must be >= 0")
+        check_key(self.prefetch >= 0, "data.prefetch", "must be >= 0")
+        check_key(self.num_workers >= 0, "data.num_workers", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -147,9 +71,9 @@ class MeshConfig:
     def __post_init__(self) -> None:
         sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
         for name, size in sizes.items():
-            _check(size == -1 or size >= 1, f"mesh.{name}", f"must be >= 1 or -1, got {size}")
-        _check(list(sizes.values()).count(-1) <= 1, "mesh", "may use -1 on one axis only")
-        _check(
+            check_key(size == -1 or size >= 1, f"mesh.{name}", f"must be >= 1 or -1, got {size}")
+        check_key(list(sizes.values()).count(-1) <= 1, "mesh", "may use -1 on one axis only")
+        check_key(
             self.distributed in DISTRIBUTED,
             "mesh.distributed",
             f"must be one of {', '.join(DISTRIBUTED)}, got {self.distributed!r}",
@@ -166,8 +90,8 @@ class BatchConfig:
 
     def __post_init__(self) -> None:
         for name in ("size", "seq_len", "microbatches"):
-            _check(getattr(self, name) >= 1, f"batch.{name}", "must be >= 1")
-        _check(
+            check_key(getattr(self, name) >= 1, f"batch.{name}", "must be >= 1")
+        check_key(
             self.size % self.microbatches == 0,
             "batch.microbatches",
             f"({self.microbatches}) must divide batch.size ({self.size})",
@@ -186,10 +110,10 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         for name in ("b1", "b2"):
-            _check(0 <= getattr(self, name) < 1, f"optimizer.{name}", "must be in [0, 1)")
-        _check(self.eps > 0, "optimizer.eps", "must be > 0")
-        _check(self.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0")
-        _check(self.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0")
+            check_key(0 <= getattr(self, name) < 1, f"optimizer.{name}", "must be in [0, 1)")
+        check_key(self.eps > 0, "optimizer.eps", "must be > 0")
+        check_key(self.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0")
+        check_key(self.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -204,20 +128,22 @@ class ScheduleConfig:
     decay_steps: int | None = None  # step where the decay ends (warmup included); None: steps
 
     def __post_init__(self) -> None:
-        _check(self.peak_lr > 0, "schedule.peak_lr", "must be > 0")
+        check_key(self.peak_lr > 0, "schedule.peak_lr", "must be > 0")
         steps, fraction = self.warmup_steps, self.warmup_fraction
-        _check(steps is None or fraction is None, "schedule.warmup_steps", _ONE_OF_THEM)
+        check_key(steps is None or fraction is None, "schedule.warmup_steps", _ONE_OF_THEM)
         if steps is None and fraction is None:
             object.__setattr__(self, "warmup_steps", 2000)
-        _check(steps is None or steps >= 0, "schedule.warmup_steps", "must be >= 0")
-        _check(fraction is None or 0 <= fraction < 1, "schedule.warmup_fraction", "not in [0, 1)")
-        _check(
+        check_key(steps is None or steps >= 0, "schedule.warmup_steps", "must be >= 0")
+        check_key(
+            fraction is None or 0 <= fraction < 1, "schedule.warmup_fraction", "not in [0, 1)"
+        )
+        check_key(
             self.decay in DECAYS,
             "schedule.decay",
             f"must be one of {', '.join(DECAYS)}, got {self.decay!r}",
         )
-        _check(0 <= self.final_lr_ratio <= 1, "schedule.final_lr_ratio", "must be in [0, 1]")
-        _check(
+        check_key(0 <= self.final_lr_ratio <= 1, "schedule.final_lr_ratio", "must be in [0, 1]")
+        check_key(
             self.decay_steps is None or self.decay_steps >= 1,
             "schedule.decay_steps",
             "must be >= 1",
@@ -235,8 +161,8 @@ class CheckpointConfig:
     dir: str | None = None  # None: RUN_DIR/checkpoints
 
     def __post_init__(self) -> None:
-        _check(self.every >= 0, "checkpoint.every", "must be >= 0")
-        _check(self.keep >= 1, "checkpoint.keep", "must be >= 1")
+        check_key(self.every >= 0, "checkpoint.every", "must be >= 0")
+        check_key(self.keep >= 1, "checkpoint.keep", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -249,9 +175,11 @@ class EvalConfig:
     at_start: bool = False  # also evaluate the initial params
 
     def __post_init__(self) -> None:
-        _check(self.every >= 0, "eval.every", "must be >= 0")
-        _check(self.batches is None or self.batches >= 1, "eval.batches", "must be >= 1")
-        _check(self.batch_size is None or self.batch_size >= 1, "eval.batch_size", "must be >= 1")
+        check_key(self.every >= 0, "eval.every", "must be >= 0")
+        check_key(self.batches is None or self.batches >= 1, "eval.batches", "must be >= 1")
+        check_key(
+            self.batch_size is None or self.batch_size >= 1, "eval.batch_size", "must be >= 1"
+        )
 
 
 @dataclass(frozen=True)
@@ -264,8 +192,10 @@ class LogConfig:
     peak_tflops: float | None = None  # per device, for MFU; None: known table or measured
 
     def __post_init__(self) -> None:
-        _check(self.every >= 1, "log.every", "must be >= 1")
-        _check(self.peak_tflops is None or self.peak_tflops > 0, "log.peak_tflops", "must be > 0")
+        check_key(self.every >= 1, "log.every", "must be >= 1")
+        check_key(
+            self.peak_tflops is None or self.peak_tflops > 0, "log.peak_tflops", "must be > 0"
+        )
 
 
 @dataclass(frozen=True)
@@ -289,16 +219,16 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
-        _check(self.steps is None or self.epochs is None, "steps", _ONE_OF_THEM)
+        check_key(self.steps is None or self.epochs is None, "steps", _ONE_OF_THEM)
         if self.steps is None and self.epochs is None:
             object.__setattr__(self, "steps", 1000)
-        _check(self.steps is None or self.steps >= 1, "steps", "must be >= 1")
-        _check(self.epochs is None or self.epochs > 0, "epochs", "must be > 0")
-        _check(bool(self.run_dir), "run_dir", "must not be empty")
+        check_key(self.steps is None or self.steps >= 1, "steps", "must be >= 1")
+        check_key(self.epochs is None or self.epochs > 0, "epochs", "must be > 0")
+        check_key(bool(self.run_dir), "run_dir", "must not be empty")
         if self.model.complete:  # else checked once init_from gives the model
             max_len = self.model.llama().max_seq_len
             too_long = f"({self.batch.seq_len}) exceeds the model's max_seq_len ({max_len})"
-            _check(self.batch.seq_len <= max_len, "batch.seq_len", too_long)
+            check_key(self.batch.seq_len <= max_len, "batch.seq_len", too_long)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -325,19 +255,11 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
-        """The resolved config as YAML, loadable again with `load_config`."""
+        """The resolved config as YAML, loadable again with `load_train_config`."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
 # ---------------------------------------------------------------------------- parsing
-
-
-_LOADER = TypedLoader(ConfigError, "config")
-
-
-def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
-    """Instantiate dataclass `cls` from a mapping, checking keys and types recursively."""
-    return _LOADER.build(cls, raw, prefix)
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -377,10 +299,10 @@ def config_from_dict(raw: dict[str, Any]) -> TrainConfig:
     """Validate a mapping into a TrainConfig (raises ConfigError naming the key)."""
     if not isinstance(raw, dict):
         raise ConfigError(f"config: top level must be a mapping, got {type(raw).__name__}")
-    return _build(TrainConfig, raw, "")
+    return CONFIG_LOADER.build(TrainConfig, raw, "")
 
 
-def load_config(
+def load_train_config(
     name: str | os.PathLike | None = None, overrides: list[str] | None = None
 ) -> TrainConfig:
     """Read a YAML config (a path or a shipped name; None: all defaults), apply overrides."""
@@ -396,3 +318,31 @@ def load_config(
         if not isinstance(raw, dict):
             raise ConfigError(f"config: {path}: top level must be a mapping")
     return config_from_dict(apply_overrides(raw, overrides or []))
+
+
+def absolute(path: str) -> str:
+    """`path` made absolute against the working directory (`~` expanded; a URL as it is)."""
+    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
+def with_absolute_paths(config: TrainConfig) -> TrainConfig:
+    """The config with every path absolute: run_dir, compile_cache_dir, model.init_from,
+    data.dirs, data.eval_dirs and checkpoint.dir.
+
+    A run stores them so (its `config.yaml`, its checkpoints' meta): it is read later from
+    other working directories (`lemur-eval`, `lemur-convert from-run` find the tokenizer in
+    its first data directory), where a relative path would point elsewhere, or nowhere.
+    """
+    data, model, ckpt = config.data, config.model, config.checkpoint
+    return dataclasses.replace(
+        config,
+        run_dir=absolute(config.run_dir),
+        compile_cache_dir=config.compile_cache_dir and absolute(config.compile_cache_dir),
+        model=dataclasses.replace(model, init_from=model.init_from and absolute(model.init_from)),
+        data=dataclasses.replace(
+            data,
+            dirs=[absolute(d) for d in data.dirs],
+            eval_dirs=None if data.eval_dirs is None else [absolute(d) for d in data.eval_dirs],
+        ),
+        checkpoint=dataclasses.replace(ckpt, dir=ckpt.dir and absolute(ckpt.dir)),
+    )

@@ -1,16 +1,23 @@
-"""The training run: set up mesh, data, state (fresh, pretrained or resumed), then loop.
+"""The training run: set up, then step, calling the hooks (evals, checkpoints) that are due.
+
+`Trainer.__init__` reads top to bottom: each part of the run is made by a function from
+what came before it (lemur.train.setup: the plan, the data, the checkpointer;
+lemur.train.state: the mesh and the state's layout; lemur.train.step: the optimizer and
+the batches; lemur.train.metrics: the log). `run()` starts the state (the newest
+checkpoint, a pretrained model or a fresh init), compiles the steps and loops.
 
 The loop follows nanodo: the step is compiled ahead of time with explicit shardings and
 a donated state, and step n+1 is dispatched before step n's metrics are read, so the
 host never stalls the devices. A non-finite loss, gradient or parameter norm stops the
-run before anything is saved from that step on: the last checkpoint stays intact.
+run before anything is saved from that step on: the last checkpoint stays intact. After
+a step, the hooks due then run in order, as levanter's trainer hooks do: the evals (before
+the save: a checkpoint implies its step's eval record), then the checkpoint.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,333 +25,290 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from lemur.model.config import flops_per_token, param_count
-from lemur.shards.format import ShardFormatError, atomic_write_bytes
-from lemur.tokenizer import TokenBytes
+from lemur.shards.format import ShardFormatError
+from lemur.tokenizer.token_bytes import TokenBytes, bits_per_byte
 from lemur.train import interrupt
-from lemur.train import mesh as mesh_lib
 from lemur.train import step as step_lib
-from lemur.train.config import TrainConfig
-from lemur.train.inputs import Inputs
-from lemur.train.metrics import MetricsWriter, StepWindow, peak_tflops_per_device
-from lemur.train.progress import Reporter
-from lemur.train.resume import Resume
-from lemur.train.run_paths import with_absolute_paths
+from lemur.train.config import TrainConfig, with_absolute_paths
+from lemur.train.metrics import RunLog, StepWindow, TrainRecords, peak_tflops_per_device
 from lemur.train.setup import (
     DataDirs,
     RunError,
     RunSummary,
+    StopSignal,
     TrainingDiverged,
     check_writable_dir,
-    data_vocab,
-    make_mesh,
     open_checkpointer,
+    open_eval_streams,
+    open_loader,
     plan_run,
+    prepare_run_dir,
 )
-from lemur.train.windows import BATCH_KEYS
+from lemur.train.state import Start, StateLayout, initial_state, make_run_mesh, start_processes
+from lemur.train.step import BatchLayout, State
+from lemur.train.streams import EvalStream
 
 
-class Trainer(Inputs, Resume):
+@dataclasses.dataclass
+class StepInfo:
+    """What a hook sees after a step: its number, the new state, the open log window."""
+
+    step: int
+    state: State
+    window: StepWindow
+
+
+@dataclasses.dataclass(frozen=True)
+class Hook:
+    """A function the loop calls after the steps it is due at: every `every` steps (0: not
+    by count), at the last step, and at a stop (a signal) when `on_stop`."""
+
+    run: Callable[[StepInfo], None]
+    every: int
+    on_stop: bool = False
+    # Its time is not training time: the window's clock restarts after it (evals).
+    pauses_clock: bool = False
+
+    def due(self, step: int, last: int, stop: bool) -> bool:
+        """Whether it runs after step `step` of `last` (`stop`: the run stops there)."""
+        by_count = bool(self.every and step % self.every == 0)
+        return step == last or (stop and self.on_stop) or by_count
+
+
+class Evaluator:
+    """The eval hook: every val domain scored with the compiled eval step; one record of the
+    loss, perplexity and bits per byte of each domain per call."""
+
+    def __init__(
+        self,
+        streams: dict[str, EvalStream],
+        eval_step: Any,
+        batch: BatchLayout,
+        token_bytes: TokenBytes,
+        log: RunLog,
+    ) -> None:
+        self.streams, self.eval_step, self.batch = streams, eval_step, batch
+        self.token_bytes, self.log = token_bytes, log
+        self.last: dict[str, float] = {}  # each domain's mean loss, of the latest call
+
+    def __call__(self, info: StepInfo) -> None:
+        """Evaluate the params of `info.state` (the hook's entry)."""
+        self.record(info.step, info.state["params"])
+
+    def scores(self, params: Any) -> dict[str, tuple[float, float]]:
+        """(mean loss per valid token, bits per byte) of each val domain."""
+        results = {}
+        for name, stream in self.streams.items():
+            parts, n_bytes = [], 0
+            try:
+                for local in stream:
+                    n_bytes += self.token_bytes.batch_bytes(local)  # this host's rows
+                    parts.append(self.eval_step(params, self.batch.put(local)))
+            except ShardFormatError as e:  # an id outside the vocabulary, found on reading
+                raise RunError(f"eval {name}: {str(e).splitlines()[0]}") from None
+            sums = np.asarray(jax.device_get(parts), np.float64).reshape(-1, 2).sum(0)
+            n_bytes = sum_over_processes(n_bytes)
+            loss = float(sums[0] / max(sums[1], 1.0))
+            results[name] = (loss, bits_per_byte(float(sums[0]), n_bytes))
+        return results
+
+    def record(self, step: int, params: Any) -> None:
+        """Score `params`, emit the eval record of `step`, remember each domain's loss."""
+        t = time.perf_counter()
+        scores = self.scores(params)
+        record: dict[str, Any] = {"step": step}
+        for name, (loss, bpb) in scores.items():
+            record[f"eval/{name}/loss"] = loss
+            record[f"eval/{name}/ppl"] = math.exp(min(loss, 80.0))
+            record[f"eval/{name}/bpb"] = bpb
+        record["eval_s"] = time.perf_counter() - t
+        self.log.emit(record)
+        self.last = {name: loss for name, (loss, _) in scores.items()}
+
+
+def sum_over_processes(value: int) -> int:
+    """The sum of an integer over every JAX process (itself with one process)."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return int(np.asarray(multihost_utils.process_allgather(np.int64(value))).sum())
+
+
+class Trainer:
     """One run of `config` on this process's devices (call `run()`)."""
 
     def __init__(
         self, config: TrainConfig, on_metrics: Callable[[dict[str, Any]], None] | None = None
     ) -> None:
         # Stored absolute (config.yaml, checkpoints): the run is read from other directories.
-        self.config = config = with_absolute_paths(config)
-        self.on_metrics = on_metrics
-        mesh_lib.initialize_distributed(config.mesh.distributed)
-        if config.compile_cache_dir and not jax.config.jax_compilation_cache_dir:
-            jax.config.update(
-                "jax_compilation_cache_dir", str(Path(config.compile_cache_dir).expanduser())
-            )
+        config = with_absolute_paths(config)
+        start_processes(config)
         self.is_main = jax.process_index() == 0
-        self.run_dir = Path(config.run_dir)
         self.data_dirs = DataDirs()
         # init_from's model, the steps of epochs, the warmup of its fraction: see plan_run.
-        self.config, self.model, self.tokenizer_sha, self.notes = plan_run(config, self.data_dirs)
-        config = self.config
-        self.data_vocab = data_vocab(config, self.data_dirs)[0]  # may be < the model's (padded)
-        self.mesh = make_mesh(config)
+        self.plan = plan_run(config, self.data_dirs)
+        self.config = config = self.plan.config
+        self.model = self.plan.model
+        self.run_dir = Path(config.run_dir)
+        self.mesh = make_run_mesh(config)
         self.schedule = step_lib.make_schedule(config.schedule, config.steps)
         self.tx = step_lib.make_optimizer(config.optimizer, self.schedule)
-        self.key = jax.random.key(config.seed)
-        self.abstract = jax.eval_shape(
-            functools.partial(step_lib.init_state, model=self.model, tx=self.tx), self.key
-        )
-        self.shardings = step_lib.state_shardings(self.abstract, self.model, self.tx, self.mesh)
-        self.replicated = NamedSharding(self.mesh, P())
-        B, L = config.batch.size, config.batch.seq_len
-        self.batch_shape = (B, L)
-        self.batch_sharding = mesh_lib.batch_sharding(self.mesh, B, L)
-        self.host = mesh_lib.host_slice(self.batch_sharding, self.batch_shape)
+        self.layout = StateLayout.of(self.model, self.tx, self.mesh, config.seed)
+        self.train_batch = BatchLayout.on(self.mesh, config.batch.size, config.batch.seq_len)
         check_writable_dir(self.run_dir, "run_dir")
         check_writable_dir(config.checkpoint_dir, "checkpoint.dir")
-        # Set by _make_evals (when there are evals) and _compile; declared here so that
-        # every attribute of a Trainer is visible in one place.
-        self.eval_sharding: NamedSharding | None = None
-        self.eval_shape: tuple[int, int] | None = None
-        self.train_step: Any = None
-        self.eval_step: Any = None
-        self.compile_s = 0.0
-        self.loader = self._make_loader()
-        self.evals = self._make_evals()
+        self.loader = open_loader(config, self.data_dirs, self.plan, self.train_batch.host)
+        self.eval_batch = BatchLayout.on(self.mesh, config.eval_batch_size, config.batch.seq_len)
+        self.evals = open_eval_streams(config, self.data_dirs, self.plan, self.eval_batch.host)
         # Bytes per token of the run's tokenizer (every directory has the same one), so
         # that evals report bits per byte, comparable across tokenizers.
         first = self.data_dirs[config.data.dirs[0]]
         self.token_bytes = TokenBytes.for_shards(first) if self.evals else None
         self.checkpointer = open_checkpointer(config)
-        self.writer = MetricsWriter(
-            self.run_dir, enabled=self.is_main, tensorboard=config.log.tensorboard
+        self.log = RunLog(
+            self.run_dir,
+            config.steps,
+            enabled=self.is_main,
+            tensorboard=config.log.tensorboard,
+            bar=config.log.progress,
+            on_metrics=on_metrics,
         )
-        self.reporter = Reporter(config.steps, 0, enabled=self.is_main, bar=config.log.progress)
-        self.resumed_window: list[float] = []
-        self.flops_per_token = flops_per_token(self.model, L)
         peak = peak_tflops_per_device(config.log.peak_tflops, self.model.compute_dtype)
-        self.peak_flops = 1e12 * jax.device_count() * peak
-        self._stop = False
-
-    # ------------------------------------------------------------------ setup
-
-    def _compile(self) -> None:
-        """AOT-compile the train and eval steps with explicit shardings (donated state)."""
-        b = self.config.batch
-        train_fn = step_lib.make_train_step(
-            self.model,
-            self.tx,
-            self.schedule,
-            microbatches=b.microbatches,
-            document_attention=self.config.data.document_attention,
+        self.records = TrainRecords(
+            self.log,
+            config.log.every,
+            config.steps,
+            config.tokens_per_step,
+            flops_per_token(self.model, config.batch.seq_len),
+            1e12 * jax.device_count() * peak,
         )
-        abstract_batch = {
-            k: jax.ShapeDtypeStruct(self.batch_shape, np.int32, sharding=self.batch_sharding)
-            for k in BATCH_KEYS
-        }
-        abstract_state = step_lib.with_shardings(self.abstract, self.shardings)
-        t = time.perf_counter()
-        with jax.set_mesh(self.mesh):
-            self.train_step = (
-                jax.jit(
-                    train_fn,
-                    in_shardings=(self.shardings, self.batch_sharding),
-                    out_shardings=(self.shardings, self.replicated),
-                    donate_argnums=0,
-                )
-                .lower(abstract_state, abstract_batch)
-                .compile()
-            )
-            self.eval_step = None
-            if self.evals:
-                eval_fn = step_lib.make_eval_step(self.model, self.config.data.document_attention)
-                abstract_eval = {
-                    k: jax.ShapeDtypeStruct(self.eval_shape, np.int32, sharding=self.eval_sharding)
-                    for k in abstract_batch
-                }
-                self.eval_step = (
-                    jax.jit(
-                        eval_fn,
-                        in_shardings=(self.shardings["params"], self.eval_sharding),
-                        out_shardings=self.replicated,
-                    )
-                    .lower(abstract_state["params"], abstract_eval)
-                    .compile()
-                )
-        self.compile_s = time.perf_counter() - t
-
-    # ------------------------------------------------------------------ loop pieces
-
-    def _emit(self, record: dict[str, Any]) -> None:
-        self.writer.write(record)
-        self.reporter.record(record)
-        if self.on_metrics is not None:
-            self.on_metrics(record)
-
-    def _save(self, step: int, state: step_lib.State, window: StepWindow) -> None:
-        meta = {
-            "step": step,
-            "tokens_seen": step * self.config.tokens_per_step,
-            "process_count": jax.process_count(),
-            "config": self.config.to_dict(),
-            "vocab_size": self.model.vocab_size,
-            "tokenizer_sha256": self.tokenizer_sha,
-            # Losses since the last train record: a resumed run's next record averages
-            # the same steps as an uninterrupted run's (JSON floats round-trip exactly).
-            "log_window": list(window.losses),
-            "time": time.time(),
-        }
-        self.checkpointer.save(step, state, self.loader.get_state(), meta)
-
-    def _install_stop_handlers(self) -> dict[int, Any]:
-        """SIGTERM/SIGINT: finish the current step, checkpoint, return (preemption)."""
-
-        def request_stop(signum: int, _frame: Any) -> None:
-            self._stop = True
-            signal.signal(signum, previous[signum])  # a second signal acts as usual
-
-        previous: dict[int, Any] = {}
-        if jax.process_count() > 1:
-            return previous  # JAX's preemption service owns SIGTERM; Ctrl-C stays Ctrl-C
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                previous[sig] = signal.signal(sig, request_stop)
-            except ValueError:  # not the main thread: leave signals alone
-                break
-        return previous
-
-    def _should_stop(self, step: int) -> bool:
-        if jax.process_count() > 1:
-            # Every host must stop at the same step: JAX's preemption service agrees on it.
-            from jax.experimental import multihost_utils
-
-            return multihost_utils.reached_preemption_sync_point(step)
-        return self._stop
-
-    # ------------------------------------------------------------------ run
 
     def run(self) -> RunSummary:
         """Train to `config.steps` (or a stop signal); checkpoint, evaluate, log on the way."""
         try:
-            state, start, resumed = self._setup()
-            if state is None:
-                self.reporter.message(
-                    f"lemur-train: already at step {start} of {self.config.steps} "
-                    f"({self.checkpointer.step_dir(start)}); nothing to train"
+            prepare_run_dir(self.run_dir, self.config, self.is_main)
+            start = self.initial_state()
+            if start.state is None:
+                self.log.message(
+                    f"lemur-train: already at step {start.step} of {self.config.steps} "
+                    f"({self.checkpointer.step_dir(start.step)}); nothing to train"
                 )
-                return RunSummary(
-                    step=start,
-                    loss=None,
-                    evals={},
-                    resumed_from=resumed,
-                    stopped_early=False,
-                    run_dir=str(self.run_dir),
-                )
-            return self._train(state, start, resumed)
-        finally:
-            self.reporter.close()
-            self.checkpointer.close()
-            self.writer.close()
-
-    def _setup(self) -> tuple[step_lib.State | None, int, int | None]:
-        """Run directory, initial state, metrics trimmed to it, compiled steps."""
-        config = self.config
-        self._prepare_run_dir()
-        n_params = param_count(self.model)
-        self.reporter.message(
-            f"lemur-train: {n_params / 1e6:,.1f}M params, mesh {dict(self.mesh.shape)} on "
-            f"{jax.device_count()} {jax.devices()[0].platform} device(s), "
-            f"{jax.process_count()} process(es); {config.tokens_per_step:,} tokens/step; "
-            f"eval: {', '.join(self.evals) or 'none (no val shards)'}"
-        )
-        state, start, resumed = self._initial_state()
-        if state is not None:
+                return self._summary(start, start.step, None, {})
             # Drop what a killed run logged after its last checkpoint (everything when
             # starting over), so metrics.jsonl reads as one history.
             with interrupt.critical():
-                self.writer.truncate_after(start if resumed is not None else -1)
-            self._compile()
-        return state, start, resumed
-
-    def _prepare_run_dir(self) -> None:
-        """Create the run directory and write the resolved config (whole or not at all)."""
-        if not self.is_main:
-            return
-        try:
-            with interrupt.critical():
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                atomic_write_bytes(self.run_dir / "config.yaml", self.config.to_yaml().encode())
-        except OSError as e:
-            raise RunError(f"run_dir: {self.run_dir}: {e.strerror or e}") from None
-
-    def _train(self, state: step_lib.State, start: int, resumed: int | None) -> RunSummary:
-        """The training loop from `start`, with the stop handlers installed."""
-        self.reporter.step(start)
-        self.reporter.message(
-            (
-                f"lemur-train: resumed from step {resumed}"
-                if resumed is not None
-                else "lemur-train: from " + (self.config.model.init_from or "a random init")
+                self.log.writer.truncate_after(start.step if start.resumed_from is not None else -1)
+            train_step, eval_step, compile_s = step_lib.compile_steps(
+                self.layout,
+                self.schedule,
+                self.config,
+                self.train_batch,
+                self.eval_batch if self.evals else None,
             )
-            + f"; compiled in {self.compile_s:.1f}s"
-        )
-        previous_handlers = self._install_stop_handlers()
-        interrupt.disarm()  # from here on a signal checkpoints and stops
-        try:
-            with jax.set_mesh(self.mesh):
-                step, last_loss, evals = self._loop(state, start)
-        except TrainingDiverged as e:
-            self.checkpointer.wait()
-            latest = self.checkpointer.latest_step()
-            where = (
-                f"last checkpoint: step {latest} in {self.checkpointer.directory}"
-                if latest is not None
-                else "no checkpoint was saved"
-            )
-            raise TrainingDiverged(f"{e}; stopped ({where})") from None
+            evaluator = None
+            if eval_step is not None:
+                evaluator = Evaluator(
+                    self.evals, eval_step, self.eval_batch, self.token_bytes, self.log
+                )
+            return self._train(start, train_step, evaluator, compile_s)
         finally:
-            for sig, handler in previous_handlers.items():
-                signal.signal(sig, handler)
-        return RunSummary(
-            step=step,
-            loss=last_loss,
-            evals=evals,
-            resumed_from=resumed,
-            stopped_early=step < self.config.steps,
-            run_dir=str(self.run_dir),
+            self.log.close()
+            self.checkpointer.close()
+
+    def initial_state(self) -> Start:
+        """Say what the run is, then where it starts (see `lemur.train.state.initial_state`)."""
+        config = self.config
+        self.log.message(
+            f"lemur-train: {param_count(self.model) / 1e6:,.1f}M params, mesh "
+            f"{dict(self.mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} "
+            f"device(s), {jax.process_count()} process(es); {config.tokens_per_step:,} "
+            f"tokens/step; eval: {', '.join(self.evals) or 'none (no val shards)'}"
         )
+        for note in self.plan.notes:  # what plan_run resolved (the model, steps, warmup)
+            self.log.message(note)
+        return initial_state(
+            config, self.layout, self.checkpointer, self.loader, self.log.message, self.is_main
+        )
+
+    def _train(
+        self, start: Start, train_step: Any, evaluator: Evaluator | None, compile_s: float
+    ) -> RunSummary:
+        """The training loop from `start`, with the stop handlers installed."""
+        self.log.reporter.step(start.step)
+        origin = self.config.model.init_from or "a random init"
+        self.log.message(
+            (
+                f"lemur-train: resumed from step {start.resumed_from}"
+                if start.resumed_from is not None
+                else f"lemur-train: from {origin}"
+            )
+            + f"; compiled in {compile_s:.1f}s"
+        )
+        hooks = [] if evaluator is None else [Hook(evaluator, self.config.eval.every, False, True)]
+        hooks.append(Hook(self._save, self.config.checkpoint.every, on_stop=True))
+        with StopSignal() as stop:
+            interrupt.disarm()  # from here on a signal checkpoints and stops
+            try:
+                with jax.set_mesh(self.mesh):
+                    step, last_loss = self._loop(start, train_step, hooks, evaluator, stop)
+            except TrainingDiverged as e:
+                self.checkpointer.wait()
+                latest = self.checkpointer.latest_step()
+                where = (
+                    f"last checkpoint: step {latest} in {self.checkpointer.directory}"
+                    if latest is not None
+                    else "no checkpoint was saved"
+                )
+                raise TrainingDiverged(f"{e}; stopped ({where})") from None
+        return self._summary(start, step, last_loss, evaluator.last if evaluator else {})
 
     def _loop(
-        self, state: step_lib.State, start: int
-    ) -> tuple[int, float | None, dict[str, float]]:
-        """Steps from `start` to the end or a stop: (last step, its loss, last evals)."""
-        config = self.config
-        evals: dict[str, float] = {}
+        self,
+        start: Start,
+        train_step: Any,
+        hooks: list[Hook],
+        evaluator: Evaluator | None,
+        stop: StopSignal,
+    ) -> tuple[int, float | None]:
+        """Steps from `start` to the end or a stop: (last step, its loss)."""
+        steps, state, step = self.config.steps, start.state, start.step
         last_loss: float | None = None
-        if config.eval.at_start and self.eval_step is not None and start == 0:
-            evals = self._eval_record(0, state["params"])
-        window = StepWindow(time.perf_counter(), self.resumed_window)
+        if self.config.eval.at_start and evaluator is not None and step == 0:
+            evaluator.record(0, state["params"])
+        window = StepWindow(time.perf_counter(), start.log_window)
         pending: tuple[int, Any] | None = None
-        step = start
-        while step < config.steps:
-            batch = self._next_batch(window, step)
-            state, metrics = self.train_step(state, batch)
+        while step < steps:
+            state, metrics = train_step(state, self._next_batch(window, step))
             step += 1
             # Read step n-1's metrics only now that step n is queued behind it.
             if pending is not None:
                 last_loss = self._consume(*pending, window)
             pending = (step, metrics)
-            stop = self._should_stop(step)
-            at_end = step == config.steps
+            stopping = stop.at(step)
             # A stop (preemption) saves but does not evaluate: the resumed run evaluates
             # where an uninterrupted one would, and the grace period goes to the save.
-            do_eval = self.eval_step is not None and (
-                at_end or (config.eval.every and step % config.eval.every == 0)
-            )
-            do_save = (
-                at_end or stop or (config.checkpoint.every and step % config.checkpoint.every == 0)
-            )
-            if do_eval or do_save:
+            due = [hook for hook in hooks if hook.due(step, steps, stopping)]
+            if due:
                 # Check this step's numbers before saving its state.
-                last_loss = self._consume(*pending, window)
-                pending = None
-                if do_eval:  # before the save: a checkpoint implies its step's eval record
-                    evals = self._eval_record(step, state["params"])
-                    window.restart_clock(time.perf_counter())
-                if do_save:
-                    self._save(step, state, window)
-            if stop:
-                self.reporter.message(
+                last_loss, pending = self._consume(*pending, window), None
+                for hook in due:
+                    hook.run(StepInfo(step, state, window))
+                    if hook.pauses_clock:
+                        window.restart_clock(time.perf_counter())
+            if stopping:
+                self.log.message(
                     f"lemur-train: stopped at step {step} "
                     "(signal); checkpoint saved, rerun to resume"
                 )
                 break
         if pending is not None:
             last_loss = self._consume(*pending, window)
-        return step, last_loss, evals
+        return step, last_loss
 
-    def _next_batch(self, window: StepWindow, step: int) -> Any:
+    def _next_batch(self, window: StepWindow, step: int) -> step_lib.Batch:
         """The next global batch; loader time is counted as data wait and transfer."""
         # Time blocked waiting for the loader's next batch: the "data wait". (Assembling
         # the global arrays is timed apart: on CPU it competes with the running step for
@@ -356,39 +320,48 @@ class Trainer(Inputs, Resume):
             raise RunError(f"step {step + 1}: {str(e).splitlines()[0]}") from None
         t_put = time.perf_counter()
         window.data_wait += t_put - t_data
-        batch = mesh_lib.global_batch(local, self.batch_sharding, self.batch_shape)
+        batch = self.train_batch.put(local)
         window.put_time += time.perf_counter() - t_put
         return batch
 
     def _consume(self, step: int, metrics: Any, window: StepWindow) -> float:
-        """Fetch one step's metrics, stop on non-finite numbers, log every `log.every`."""
+        """Fetch step `step`'s metrics, stop on a non-finite loss, gradient or parameter
+        norm, then the metrics hook (`TrainRecords`); the step's loss."""
         m = {k: float(v) for k, v in jax.device_get(metrics).items()}
         for name in ("loss", "grad_norm", "param_norm"):
             if not math.isfinite(m[name]):
                 raise TrainingDiverged(f"step {step}: {name} is {m[name]}")
-        window.add(m["loss"], self.config.tokens_per_step)
-        self.reporter.step(step)
-        if step % self.config.log.every == 0 or step == self.config.steps:
-            now = time.perf_counter()
-            tps = window.tokens / max(now - window.start, 1e-9)
-            self._emit(
-                {
-                    "step": step,
-                    "loss": window.mean_loss(),
-                    "grad_norm": m["grad_norm"],
-                    "lr": m["lr"],
-                    "tokens_per_s": tps,
-                    "mfu": tps * self.flops_per_token / self.peak_flops,
-                    "step_s": (now - window.start) / max(window.steps, 1),
-                    "param_norm": m["param_norm"],
-                    "data_wait_frac": window.data_wait / max(now - window.start, 1e-9),
-                    "batch_put_frac": window.put_time / max(now - window.start, 1e-9),
-                    "tokens_seen": step * self.config.tokens_per_step,
-                    "valid_tokens": int(m["tokens"]),
-                }
-            )
-            window.restart(now)
+        self.records(step, m, window)
         return m["loss"]
+
+    def _save(self, info: StepInfo) -> None:
+        """The checkpoint hook: the state, the loader's position and the run's meta."""
+        meta = {
+            "step": info.step,
+            "tokens_seen": info.step * self.config.tokens_per_step,
+            "process_count": jax.process_count(),
+            "config": self.config.to_dict(),
+            "vocab_size": self.model.vocab_size,
+            "tokenizer_sha256": self.plan.tokenizer_sha256,
+            # Losses since the last train record: a resumed run's next record averages
+            # the same steps as an uninterrupted run's (JSON floats round-trip exactly).
+            "log_window": list(info.window.losses),
+            "time": time.time(),
+        }
+        self.checkpointer.save(info.step, info.state, self.loader.get_state(), meta)
+
+    def _summary(
+        self, start: Start, step: int, loss: float | None, evals: dict[str, float]
+    ) -> RunSummary:
+        """What the run reports at its end."""
+        return RunSummary(
+            step=step,
+            loss=loss,
+            evals=evals,
+            resumed_from=start.resumed_from,
+            stopped_early=step < self.config.steps,
+            run_dir=str(self.run_dir),
+        )
 
 
 def train(

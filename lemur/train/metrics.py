@@ -1,8 +1,10 @@
-"""Metrics out of a run: JSONL records, TensorBoard when installed, peak FLOP/s for MFU.
+"""Metrics out of a run: JSONL records, TensorBoard when installed, the terminal (a progress
+bar and log lines), peak FLOP/s for MFU, and the train records the loop makes of each step.
 
 Records are flat dicts with a `step` key: train records (`loss`, `grad_norm`, `lr`,
 `tokens_per_s`, `mfu`, ...) every `log.every` steps and eval records (`eval/<domain>/loss`)
-every `eval.every` steps, appended to `RUN_DIR/metrics.jsonl` by process 0.
+every `eval.every` steps, appended to `RUN_DIR/metrics.jsonl` by process 0. `RunLog` sends
+each record to every place it goes; `TrainRecords` is the loop's metrics hook.
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from lemur.shards.format import atomic_write_bytes
 
@@ -189,3 +195,169 @@ class StepWindow:
     def mean_loss(self) -> float:
         """Mean loss of the window's steps."""
         return float(np.mean(self.losses)) if self.losses else math.nan
+
+
+# ---------------------------------------------------------------------------- terminal
+
+
+def format_record(record: dict[str, Any]) -> str:
+    """One line for a metrics record: train loss, throughput and MFU, or eval losses."""
+    step = f"step {record['step']:>6}"
+    if "loss" in record:
+        return (
+            f"{step}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+            f"gnorm {record['grad_norm']:.3f}  {record['tokens_per_s']:,.0f} tok/s  "
+            f"MFU {100 * record['mfu']:.1f}%"
+        )
+    evals = [
+        f"{k.split('/')[1]} {v:.4f}"
+        for k, v in record.items()
+        if k.startswith("eval/") and k.endswith("/loss")
+    ]
+    return f"{step}  eval loss  " + "  ".join(evals)
+
+
+class Reporter:
+    """Prints records (process 0 only) with a live progress bar when stderr is a terminal."""
+
+    def __init__(self, total: int, start: int, *, enabled: bool = True, bar: bool = True) -> None:
+        self.enabled = enabled
+        self.console = Console(file=sys.stderr)
+        self.progress: Progress | None = None
+        # The live bar starts with the first step, not during set-up: an interrupted
+        # set-up ends the process at once (lemur.train.interrupt), and must not leave the
+        # terminal with a hidden cursor.
+        self._bar = enabled and bar and self.console.is_terminal
+        self._total = total
+
+    def _start_bar(self, start: int) -> None:
+        self._bar = False
+        self.progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(
+                "loss {task.fields[loss]}  {task.fields[tps]} tok/s  MFU {task.fields[mfu]}"
+            ),
+            TimeRemainingColumn(),
+            console=self.console,
+        )
+        self.task = self.progress.add_task(
+            "train", total=self._total, completed=start, loss="-", tps="-", mfu="-"
+        )
+        self.progress.start()
+
+    def message(self, text: str) -> None:
+        """Print a line (above the bar)."""
+        if self.enabled:
+            self.console.print(text, highlight=False, soft_wrap=True)
+
+    def step(self, step: int) -> None:
+        """Advance the bar to `step` optimizer steps done (starting it the first time)."""
+        if self._bar:
+            self._start_bar(step)
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step)
+
+    def record(self, record: dict[str, Any]) -> None:
+        """Show a metrics record as a line, and in the bar's fields."""
+        if not self.enabled:
+            return
+        self.message(format_record(record))
+        if self.progress is not None and "loss" in record:
+            self.progress.update(
+                self.task,
+                loss=f"{record['loss']:.4f}",
+                tps=f"{record['tokens_per_s']:,.0f}",
+                mfu=f"{100 * record['mfu']:.1f}%",
+            )
+
+    def close(self) -> None:
+        """Stop the live bar."""
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+# ---------------------------------------------------------------------------- the run's log
+
+
+class RunLog:
+    """Where a run's records go: metrics.jsonl (and TensorBoard), the terminal, and the
+    caller's `on_metrics`; process 0 only writes and prints."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        steps: int,
+        *,
+        enabled: bool,
+        tensorboard: bool,
+        bar: bool,
+        on_metrics: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.writer = MetricsWriter(run_dir, enabled=enabled, tensorboard=tensorboard)
+        self.reporter = Reporter(steps, 0, enabled=enabled, bar=bar)
+        self.on_metrics = on_metrics
+
+    def emit(self, record: dict[str, Any]) -> None:
+        """One record to the file, the terminal and `on_metrics`."""
+        self.writer.write(record)
+        self.reporter.record(record)
+        if self.on_metrics is not None:
+            self.on_metrics(record)
+
+    def message(self, text: str) -> None:
+        """A log line (process 0)."""
+        self.reporter.message(text)
+
+    def close(self) -> None:
+        """Stop the bar, close TensorBoard."""
+        self.reporter.close()
+        self.writer.close()
+
+
+class TrainRecords:
+    """The loop's metrics hook: each step's (checked) numbers averaged over the window, and a
+    train record every `every` steps and at step `last`."""
+
+    def __init__(
+        self,
+        log: RunLog,
+        every: int,
+        last: int,
+        tokens_per_step: int,
+        flops_per_token: float,
+        peak_flops: float,
+    ) -> None:
+        self.log, self.every, self.last = log, every, last
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops  # of all devices: the MFU denominator
+
+    def __call__(self, step: int, m: dict[str, float], window: StepWindow) -> None:
+        """Count step `step` (its metrics `m`) in the window; a record when one is due."""
+        window.add(m["loss"], self.tokens_per_step)
+        self.log.reporter.step(step)
+        if step % self.every and step != self.last:
+            return
+        now = time.perf_counter()
+        elapsed = max(now - window.start, 1e-9)
+        tps = window.tokens / elapsed
+        self.log.emit(
+            {
+                "step": step,
+                "loss": window.mean_loss(),
+                "grad_norm": m["grad_norm"],
+                "lr": m["lr"],
+                "tokens_per_s": tps,
+                "mfu": tps * self.flops_per_token / self.peak_flops,
+                "step_s": (now - window.start) / max(window.steps, 1),
+                "param_norm": m["param_norm"],
+                "data_wait_frac": window.data_wait / elapsed,
+                "batch_put_frac": window.put_time / elapsed,
+                "tokens_seen": step * self.tokens_per_step,
+                "valid_tokens": int(m["tokens"]),
+            }
+        )
+        window.restart(now)

@@ -1,24 +1,31 @@
-"""Around a run: its errors and summary, the model from config and data, process agreement."""
+"""A run's set-up before its first step: its errors and summary, the plan (the config and
+model resolved from the pre-trained model and the data, checked against both), the
+data opened and checked, the checkpointer, the run directory, and the stop signal.
+
+Each function takes what it needs and returns what it makes; `lemur.train.loop.Trainer`
+calls them in order.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import signal
 from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
-from jax.sharding import Mesh
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from lemur.model import pretrained
 from lemur.model.config import LlamaConfig
 from lemur.shards.check import ShardDir
-from lemur.shards.format import ShardFormatError, sha256_file
-from lemur.train import mesh as mesh_lib
-from lemur.train.checkpoint import CheckpointDamaged, Checkpointer
-from lemur.train.config import ConfigError, TrainConfig
+from lemur.shards.format import ShardFormatError, atomic_write_bytes, sha256_file
+from lemur.train import interrupt
+from lemur.train.checkpoint import Checkpointer
+from lemur.train.config import TrainConfig
+from lemur.train.step import HostSlice
+from lemur.train.streams import EvalStream, TrainIterator, make_eval_iterators, make_train_iterator
 
 # LlamaConfig fields that define the parameter shapes: a pretrained checkpoint must match
 # (tie_embeddings decides whether there is an lm_head at all, qkv_bias whether there are
@@ -79,19 +86,6 @@ def data_vocab(config: TrainConfig, dirs: DataDirs) -> tuple[int, str | None]:
     return config.model.vocab_size or int(tok["vocab_size"]), tok.get("sha256")
 
 
-def agree(problem: str | None) -> None:
-    """Raise CheckpointDamaged on every process when any process found `problem`."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        # Every host must pick the same checkpoint: one host's unreadable shard skips it.
-        flags = multihost_utils.process_allgather(np.array(problem is not None))
-        if problem is None and bool(np.any(flags)):
-            problem = "unreadable on another process"
-    if problem is not None:
-        raise CheckpointDamaged(problem)
-
-
 def check_writable_dir(path: Path, key: str) -> None:
     """Refuse (one line) a directory path that is, or lies under, an existing non-directory."""
     for p in (path, *path.parents):
@@ -105,7 +99,7 @@ def _saved_model(path: str) -> LlamaConfig:
     """The LlamaConfig of `model.init_from`, a lemur checkpoint or an HF model folder
     (RunError naming it if unreadable)."""
     try:
-        return pretrained.load_config(path)
+        return pretrained.load_pretrained_config(path)
     except pretrained.PretrainedError as e:
         raise RunError(f"model.init_from: {e}") from None
 
@@ -211,14 +205,24 @@ def _pieces(path: Path) -> list[str]:
     return [p.piece for p in proto.pieces]
 
 
-def plan_run(
-    config: TrainConfig, dirs: DataDirs
-) -> tuple[TrainConfig, LlamaConfig, str | None, list[str]]:
-    """(resolved config, model, the data's tokenizer sha256, log lines): `resolve_config`,
-    then the vocabulary of the data and the model checked against `init_from`."""
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What a run trains: the resolved config, the model, the data's vocabulary (may be below
+    the model's, a padded one) and tokenizer hash, and a log line for each resolved value."""
+
+    config: TrainConfig
+    model: LlamaConfig
+    data_vocab: int
+    tokenizer_sha256: str | None
+    notes: list[str]
+
+
+def plan_run(config: TrainConfig, dirs: DataDirs) -> RunPlan:
+    """`resolve_config` (init_from's model, the steps of epochs, the warmup of its
+    fraction), then the vocabulary of the data and the model checked against `init_from`."""
     config, notes = resolve_config(config, dirs)
     vocab, tokenizer_sha = data_vocab(config, dirs)
-    return config, resolve_model(config, vocab, dirs), tokenizer_sha, notes
+    return RunPlan(config, resolve_model(config, vocab, dirs), vocab, tokenizer_sha, notes)
 
 
 def _check_growth(config: TrainConfig, saved: int, vocab: int, dirs: DataDirs) -> None:
@@ -237,25 +241,6 @@ def _check_growth(config: TrainConfig, saved: int, vocab: int, dirs: DataDirs) -
         )
 
 
-def sum_over_processes(value: int) -> int:
-    """The sum of an integer over every JAX process (itself with one process)."""
-    if jax.process_count() == 1:
-        return value
-    from jax.experimental import multihost_utils
-
-    return int(np.asarray(multihost_utils.process_allgather(np.int64(value))).sum())
-
-
-def make_mesh(config: TrainConfig) -> Mesh:
-    """The run's device mesh, checked to fit the batch (ConfigError naming `mesh` if not)."""
-    try:
-        mesh = mesh_lib.make_mesh(config.mesh)
-        mesh_lib.check_batch_fits(mesh, config.batch.size, config.batch.microbatches)
-    except ValueError as e:
-        raise ConfigError(f"config: mesh: {e}") from None
-    return mesh
-
-
 def open_checkpointer(config: TrainConfig) -> Checkpointer:
     """The run's checkpointer (RunError naming `checkpoint.dir` if it cannot be opened)."""
     try:
@@ -266,3 +251,108 @@ def open_checkpointer(config: TrainConfig) -> Checkpointer:
         )
     except OSError as e:
         raise RunError(f"checkpoint.dir: {config.checkpoint_dir}: {e.strerror or e}") from None
+
+
+def open_loader(
+    config: TrainConfig, dirs: DataDirs, plan: RunPlan, host: HostSlice
+) -> TrainIterator:
+    """This process's stream of per-host batches (rows `host`), checked against the model."""
+    data = config.data
+    weights = data.weights or [1.0] * len(data.dirs)
+    try:
+        return make_train_iterator(
+            [(dirs[d], w) for d, w in zip(data.dirs, weights, strict=True)],
+            seq_len=config.batch.seq_len,
+            batch_size=host.rows,
+            seed=config.data_seed,
+            process_index=host.index,
+            process_count=host.count,
+            num_workers=data.num_workers,
+            num_threads=data.num_threads,
+            prefetch=data.prefetch,
+            vocab_size=plan.data_vocab,
+            tokenizer_sha256=plan.tokenizer_sha256,
+            strict_state=data.strict_state,
+        )
+    except (ShardFormatError, OSError, ValueError) as e:
+        raise RunError(str(e).splitlines()[0]) from None
+
+
+def open_eval_streams(
+    config: TrainConfig, dirs: DataDirs, plan: RunPlan, host: HostSlice
+) -> dict[str, EvalStream]:
+    """One stream per val domain of the eval directories (`code`, `text`, ...), rows `host`."""
+    streams: dict[str, EvalStream] = {}
+    for d in config.data.eval_dirs or config.data.dirs:
+        try:
+            shard_dir = dirs[d]
+            # Checked once per directory: a train directory's checks are not redone.
+            shard_dir.check_compatible(
+                vocab_size=plan.data_vocab, tokenizer_sha256=plan.tokenizer_sha256
+            )
+            found = make_eval_iterators(
+                shard_dir,
+                seq_len=config.batch.seq_len,
+                batch_size=host.rows,
+                max_batches=config.eval.batches,
+                process_index=host.index,
+                process_count=host.count,
+                vocab_size=plan.data_vocab,
+            )
+        except (ShardFormatError, OSError, ValueError) as e:
+            raise RunError(str(e).splitlines()[0]) from None
+        for domain, stream in found.items():
+            # Two directories with the same val domain: tell them apart by directory.
+            name = domain if domain not in streams else f"{domain}@{Path(d).name}"
+            streams[name] = stream
+    return streams
+
+
+def prepare_run_dir(run_dir: Path, config: TrainConfig, is_main: bool) -> None:
+    """Create the run directory and write the resolved config (whole or not at all)."""
+    if not is_main:
+        return
+    try:
+        with interrupt.critical():
+            run_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(run_dir / "config.yaml", config.to_yaml().encode())
+    except OSError as e:
+        raise RunError(f"run_dir: {run_dir}: {e.strerror or e}") from None
+
+
+class StopSignal:
+    """SIGTERM/SIGINT while training: finish the step, checkpoint, stop (preemption).
+
+    With several processes JAX's preemption service owns SIGTERM and agrees on the step
+    every host stops at; Ctrl-C stays Ctrl-C there.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignal:
+        if jax.process_count() > 1:
+            return self
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._request)
+            except ValueError:  # not the main thread: leave signals alone
+                break
+        return self
+
+    def _request(self, signum: int, _frame: Any) -> None:
+        self.requested = True
+        signal.signal(signum, self._previous[signum])  # a second signal acts as usual
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def at(self, step: int) -> bool:
+        """Whether the run stops after step `step` (every host at the same one)."""
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            return multihost_utils.reached_preemption_sync_point(step)
+        return self.requested

@@ -1,20 +1,30 @@
-"""The train state, the optimizer and schedule, and the jitted train and eval steps.
+"""The train state, the optimizer and schedule, the train and eval steps compiled for the
+mesh, and the global batches they take.
 
 The state is a plain dict pytree `{"step", "params", "opt_state", "rng"}` so orbax saves
 and restores it as is. Shardings follow nanodo: the abstract state comes from
 `jax.eval_shape(init)`, its shardings from the model's one-table rules (optimizer moments
 shard like their parameters), and the real state from `jit(init, out_shardings=...)`, so
-no host ever holds a full copy.
+no host ever holds a full copy. The steps are compiled ahead of time with explicit
+shardings (`compile_step`).
+
+One process per host. Each process reads its own rows of a global batch (the loader
+slices the stream per process) and `jax.make_array_from_process_local_data` assembles
+the global array. Which rows a process must read follows from the batch sharding: the
+rows its devices hold (`HostSlice`, `BatchLayout`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -22,7 +32,11 @@ from jax.sharding import PartitionSpec as P
 from lemur.model import llama
 from lemur.model import sharding as model_sharding
 from lemur.model.config import BIAS_NAMES, LlamaConfig, Params
-from lemur.train.config import OptimizerConfig, ScheduleConfig
+from lemur.shards.windows import BATCH_KEYS
+from lemur.train.config import OptimizerConfig, ScheduleConfig, TrainConfig
+
+if TYPE_CHECKING:
+    from lemur.train.state import StateLayout
 
 State = dict[str, Any]
 Batch = dict[str, jax.Array]
@@ -236,3 +250,124 @@ def make_eval_step(
         return loss_sum, batch["loss_mask"].sum()
 
     return step
+
+
+def compile_step(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    in_shardings: Any,
+    out_shardings: Any,
+    donate_argnums: int | tuple[int, ...] = (),
+) -> Any:
+    """`fn` compiled ahead of time for abstract `args` with explicit shardings (under the
+    caller's mesh): the same executable every step, and no retracing."""
+    jitted = jax.jit(
+        fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums
+    )
+    return jitted.lower(*args).compile()
+
+
+def compile_steps(
+    layout: StateLayout,
+    schedule: Callable[[jax.Array], jax.Array],
+    config: TrainConfig,
+    train_batch: BatchLayout,
+    eval_batch: BatchLayout | None,
+) -> tuple[Any, Any, float]:
+    """The train step (state donated) and the eval step (None without `eval_batch`),
+    compiled ahead of time for `layout`'s mesh; the seconds it took."""
+    model, tx, shardings, state = layout.model, layout.tx, layout.shardings, layout.target()
+    replicated = NamedSharding(layout.mesh, P())
+    document_attention = config.data.document_attention
+    train_fn = make_train_step(
+        model,
+        tx,
+        schedule,
+        microbatches=config.batch.microbatches,
+        document_attention=document_attention,
+    )
+    eval_step, t = None, time.perf_counter()
+    with jax.set_mesh(layout.mesh):
+        train_step = compile_step(
+            train_fn,
+            (state, train_batch.abstract()),
+            (shardings, train_batch.sharding),
+            (shardings, replicated),
+            donate_argnums=0,
+        )
+        if eval_batch is not None:
+            eval_step = compile_step(
+                make_eval_step(model, document_attention),
+                (state["params"], eval_batch.abstract()),
+                (shardings["params"], eval_batch.sharding),
+                replicated,
+            )
+    return train_step, eval_step, time.perf_counter() - t
+
+
+# ---------------------------------------------------------------------------- global batches
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSlice:
+    """The rows of a global batch that this process holds: block `index` of `count`."""
+
+    index: int
+    count: int
+    rows: int  # rows per block (the per-host batch size)
+
+
+def host_slice(sharding: NamedSharding, global_shape: tuple[int, ...]) -> HostSlice:
+    """Which contiguous block of the batch's rows this process's devices hold.
+
+    Processes that share a block (a tensor axis spanning hosts) read the same rows:
+    they get the same block index, so the loader gives them identical batches.
+    """
+    indices = sharding.addressable_devices_indices_map(global_shape).values()
+    starts = sorted({idx[0].indices(global_shape[0])[0] for idx in indices})
+    stops = sorted({idx[0].indices(global_shape[0])[1] for idx in indices})
+    lo, hi = starts[0], stops[-1]
+    rows = hi - lo
+    covered = sum(b - a for a, b in zip(starts, stops, strict=True))
+    if covered != rows or global_shape[0] % rows or lo % rows:
+        raise ValueError(
+            f"this process's devices hold rows {starts}..{stops} of a batch of "
+            f"{global_shape[0]}: not one aligned block; reorder the mesh so each host's "
+            "devices are adjacent on the batch axes"
+        )
+    return HostSlice(index=lo // rows, count=global_shape[0] // rows, rows=rows)
+
+
+def global_batch(
+    local: dict[str, np.ndarray], sharding: NamedSharding, global_shape: tuple[int, ...]
+) -> dict[str, jax.Array]:
+    """Assemble per-process numpy batches into global jax arrays on the mesh."""
+    return {
+        k: jax.make_array_from_process_local_data(sharding, v, global_shape)
+        for k, v in local.items()
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+    """A global [batch, seq_len] batch on the mesh: its sharding, and this process's rows."""
+
+    shape: tuple[int, int]
+    sharding: NamedSharding
+    host: HostSlice
+
+    @classmethod
+    def on(cls, mesh: Mesh, batch_size: int, seq_len: int) -> BatchLayout:
+        """The layout of a batch of `batch_size` windows split over the mesh's batch axes."""
+        shape = (batch_size, seq_len)
+        sharding = model_sharding.batch_sharding(mesh, shape)
+        return cls(shape, sharding, host_slice(sharding, shape))
+
+    def abstract(self) -> Batch:
+        """ShapeDtypeStructs of a batch (every key of `BATCH_KEYS`), for compiling."""
+        spec = jax.ShapeDtypeStruct(self.shape, np.int32, sharding=self.sharding)
+        return dict.fromkeys(BATCH_KEYS, spec)
+
+    def put(self, local: dict[str, np.ndarray]) -> Batch:
+        """This process's rows (a loader batch) assembled into the global batch."""
+        return global_batch(local, self.sharding, self.shape)

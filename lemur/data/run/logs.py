@@ -4,8 +4,8 @@ datatrove's executors log every task at INFO level to stderr and re-add a verbos
 handler after each task; we keep its per-task log files (`<work>/logs/logs/`) complete
 and only let warnings and errors through to the console. Nothing happens on import:
 
-- `quiet_datatrove()` sets the console of the process running `lemur-data` (installed by
-  its `main()` through `lemur.process_setup`);
+- `quiet_datatrove()` (from `lemur.process_setup`) sets the console of the process running
+  `lemur-data`, installed by its `main()`;
 - `QuietTaskLogs`, a base of our executors, gives each task our task logger in whatever
   process runs it (the build itself, a spawned local worker, a Ray worker, a Slurm array
   task), for the duration of the task.
@@ -22,7 +22,9 @@ from typing import Any
 
 from loguru import logger
 
-CONSOLE_FORMAT = "{level}: {message}"
+from lemur.process_setup import quiet_console, quiet_datatrove
+
+__all__ = ["QuietTaskLogs", "quiet_datatrove", "task_logs", "where"]
 
 
 def where() -> str:
@@ -39,15 +41,10 @@ def where() -> str:
     return f"{place}, pid {os.getpid()}"
 
 
-def _console_only() -> None:
-    logger.remove()
-    logger.add(sys.stderr, level="WARNING", format=CONSOLE_FORMAT, colorize=False)
-
-
 def _add_task_logger(logging_dir: Any, rank: int, local_rank: int = 0, node_rank: int = -1):
     """datatrove's `add_task_logger`, ours: the task's file at INFO, the console warnings."""
     del local_rank, node_rank  # every task's console shows warnings, with no node prefix
-    _console_only()
+    quiet_console()
     logfile = logging_dir.open(f"logs/task_{rank:05d}.log", "w")
     logger.add(logfile, level="INFO", colorize=False)
     logger.info(f"Launching pipeline for {rank=} on {where()}")
@@ -56,17 +53,8 @@ def _add_task_logger(logging_dir: Any, rank: int, local_rank: int = 0, node_rank
 
 def _close_task_logger(logfile: Any) -> None:
     logger.complete()
-    _console_only()
+    quiet_console()
     logfile.close()
-
-
-def quiet_datatrove() -> None:
-    """Keep only loguru's warnings and errors on this process's console (one handler)."""
-    # datatrove installs its verbose stderr handler when its logging module is first
-    # imported: import it now, so that a later import cannot undo this.
-    import datatrove.utils.logging  # noqa: F401
-
-    _console_only()
 
 
 @contextlib.contextmanager

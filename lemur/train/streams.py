@@ -1,4 +1,6 @@
-"""The training stream: shuffled, host-sharded, mixed windows with a resumable state (Grain).
+"""The trainer's Grain streams over shard directories: the train stream (shuffled,
+host-sharded, mixed windows with a resumable state) and the eval streams (every val window
+of each domain once, padded so that all hosts step together).
 
 See docs/loader.md for the semantics of shuffling, sharding, state and mixtures.
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import grain
@@ -19,7 +22,7 @@ from lemur.shards.check import (
     check_compatible,
 )
 from lemur.shards.format import FORMAT
-from lemur.train.windows import DEFAULT_RELEASE_BYTES, ShardSource
+from lemur.shards.windows import BATCH_KEYS, DEFAULT_RELEASE_BYTES, ShardSource
 
 # Version of the iterator state layout; bump when `get_state()` changes shape.
 STATE_VERSION = 1
@@ -240,3 +243,89 @@ def make_train_iterator(
         multiprocessing_options=mp_options,
     )
     return TrainIterator(iter(elastic), _fingerprint(sources, pairs, seq_len, seed), strict_state)
+
+
+# ---------------------------------------------------------------------------- eval
+
+
+class _PaddedEvalSource(grain.sources.RandomAccessDataSource):
+    """This host's windows of an eval source (`index * count + host`), then padding."""
+
+    def __init__(self, source: ShardSource, host: int, count: int, length: int) -> None:
+        self.source, self.host, self.count, self.length = source, host, count, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __repr__(self) -> str:
+        return f"_PaddedEvalSource({self.source!r}, host={self.host}/{self.count})"
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        window = index * self.count + self.host
+        if window < len(self.source):
+            return self.source[window]
+        # Padding rows: segment 0 and no loss, so they change no metric.
+        zeros = np.zeros(self.source.seq_len, np.int32)
+        return dict.fromkeys(BATCH_KEYS, zeros)
+
+
+class EvalStream:
+    """One domain's val windows in order, as fixed-shape batches; iterable many times.
+
+    Every process yields the same number of batches (padded with `loss_mask == 0`,
+    `segment_ids == 0` rows), so SPMD eval steps stay in lockstep.
+    """
+
+    def __init__(
+        self,
+        source: ShardSource,
+        batch_size: int,
+        process_index: int,
+        process_count: int,
+        max_batches: int | None,
+    ) -> None:
+        self.source = source
+        self.batch_size = batch_size
+        per_host = -(-len(source) // process_count)
+        n = -(-per_host // batch_size)
+        self.num_batches = n if max_batches is None else min(n, max_batches)
+        self._padded = _PaddedEvalSource(
+            source, process_index, process_count, self.num_batches * batch_size
+        )
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        ds = grain.MapDataset.source(self._padded).batch(self.batch_size)
+        return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
+
+
+def make_eval_iterators(
+    directory: str | os.PathLike | ShardDir,
+    *,
+    seq_len: int,
+    batch_size: int,
+    max_batches: int | None = None,
+    process_index: int | None = None,
+    process_count: int | None = None,
+    vocab_size: int | None = None,
+) -> dict[str, EvalStream]:
+    """One `EvalStream` per val domain of a shard directory, each read once in order.
+
+    Process `p` of `n` (JAX's by default) reads windows `p, p + n, ...`, so together the
+    hosts read every window once. `max_batches` keeps the first batches of each domain.
+    Given `vocab_size`, every window is checked for ids outside the vocabulary.
+    """
+    pid, pcount = process_index_and_count(process_index, process_count)
+    shard_dir = ShardDir.of(directory)
+    return {
+        d: EvalStream(
+            ShardSource(shard_dir, seq_len, split="val", domain=d, vocab_size=vocab_size),
+            batch_size,
+            pid,
+            pcount,
+            max_batches,
+        )
+        for d in shard_dir.domains("val")
+    }
