@@ -7,6 +7,7 @@
   1,000 special ids first), converted the same way.
 - A Qwen2.5-like folder: a small byte-level BPE trained with `tokenizers` on stdlib text,
   Qwen2's pre-tokenizer pattern and NFC normalizer, no BOS, ChatML specials.
+`random_llama3_model` saves a random tiny Llama-3-style model beside Llama-3's files.
 Nothing is committed or downloaded.
 """
 
@@ -88,6 +89,31 @@ def llama3_folder(out: Path, instruct: bool = False) -> Path:
         config["chat_template"] = LLAMA3_TEMPLATE
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     return out
+
+
+def random_llama3_model(out: Path, **config) -> Path:
+    """A random tiny Llama-3-style model saved by transformers (vocab 128,256, fp32), with
+    Llama-3's tokenizer files; `config` overrides LlamaConfig's settings."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    settings = dict(
+        vocab_size=128256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=128000,
+        eos_token_id=128001,
+        initializer_range=0.1,
+    )
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings | config)).save_pretrained(
+        out
+    )
+    return llama3_folder(out)
 
 
 def tekken_folder(out: Path) -> Path:

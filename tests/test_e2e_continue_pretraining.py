@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download: the model here i
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import yaml  # noqa: E402
-from bytelevel_fixtures import llama3_folder  # noqa: E402
+from bytelevel_fixtures import random_llama3_model  # noqa: E402
 from conftest import NO_FILTERS, STDLIB, real_python_files, real_text_docs, write_jsonl  # noqa: E402
 
 from lemur.data import cli as data_cli  # noqa: E402
@@ -53,16 +53,8 @@ NEW_TOKENS = 12
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random Llama-3-style model saved by transformers, with Llama-3's tokenizer files."""
-    folder = tmp_path_factory.mktemp("llama3") / "hf"
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128256,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
+    return random_llama3_model(
+        tmp_path_factory.mktemp("llama3") / "hf",
         # Llama-3.1's scaling, its context shrunk so that it changes 3 of the 4 frequencies.
         rope_theta=500000.0,
         rope_scaling={
@@ -75,10 +67,7 @@ def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tie_word_embeddings=False,
         bos_token_id=BOS,
         eos_token_id=EOS,
-        initializer_range=0.1,
     )
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    return llama3_folder(folder)
 
 
 def _build(root: Path, tokenizer: Path, sources: list[dict], **keys) -> Path:

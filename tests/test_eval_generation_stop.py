@@ -10,7 +10,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
-from bytelevel_fixtures import llama3_folder  # noqa: E402
+from bytelevel_fixtures import random_llama3_model  # noqa: E402
 from conftest import write_jsonl  # noqa: E402
 
 from lemur.eval import cli as eval_cli  # noqa: E402
@@ -37,22 +37,7 @@ def _greedy(folder: Path) -> list[int]:
 
 
 def test_generation_stops_at_every_eos_id_of_generation_config(tmp_path: Path) -> None:
-    folder = tmp_path / "hf"
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128256,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        bos_token_id=128000,
-        eos_token_id=EOS,
-        initializer_range=0.1,
-    )
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    llama3_folder(folder)
+    folder = random_llama3_model(tmp_path / "hf", eos_token_id=EOS)
     free = _greedy(folder)
     assert len(free) == NEW_TOKENS and EOS not in free
     # A token the model emits mid-way, never before: declared an end of turn, it must end

@@ -40,6 +40,7 @@ from lemur.eval.generate import (
     _Row,
     _update,
     bucket,
+    stop_ids_of,
 )
 from lemur.eval.sampling import Sampling, sample
 from lemur.model import decode
@@ -138,8 +139,7 @@ class TurnDecoder:
         self.params, self.config, self.tokenizer, self.gen = params, config, tokenizer, gen
         if eos_id is None and tokenizer is not None:
             eos_id = tokenizer.stop_ids
-        stops = () if eos_id is None or not gen.stop_at_eos else tuple(np.atleast_1d(eos_id))
-        self.eos_ids = tuple(int(i) for i in stops) or (-1,)
+        self.eos_ids = stop_ids_of(eos_id if gen.stop_at_eos else None)
         self.reuse, self.prefill_chunk = reuse, prefill_chunk
         self.rows: list[Hashable | None] = [None] * gen.batch_size  # the conversation per row
         self.ids: list[list[int]] = [[] for _ in range(gen.batch_size)]  # in the row's cache

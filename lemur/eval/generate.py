@@ -294,6 +294,11 @@ def _run_batch(
                 _update(r, new_BxT[b], gen, eos_ids, tokenizer)
 
 
+def stop_ids_of(eos_id: int | Sequence[int] | None) -> tuple[int, ...]:
+    """The stop ids a decode loop compares with: `eos_id` as a tuple; (-1,) (never) for None."""
+    return (-1,) if eos_id is None else tuple(np.atleast_1d(eos_id).astype(int).tolist())
+
+
 def generate_ids(
     params: Params,
     config: LlamaConfig,
@@ -318,7 +323,7 @@ def generate_ids(
         raise ValueError("stop strings need a tokenizer")
     if eos_id is None:
         gen = dataclasses.replace(gen, stop_at_eos=False)
-    eos_ids = (-1,) if eos_id is None else tuple(np.atleast_1d(eos_id).astype(int).tolist())
+    eos_ids = stop_ids_of(eos_id)
     params = decode.split_layers(params)  # a no-op for split params
     rows = [_Row(prompt=[int(t) for t in p]) for p in prompts]
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i].prompt))

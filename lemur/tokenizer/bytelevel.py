@@ -146,31 +146,34 @@ class ByteLevelTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`: no BOS/EOS, special-token text encoded as text."""
-        text = clean_text(text)
         if self._tiktoken is None:
-            return self.reference.encode(text, add_special_tokens=False).ids
-        text = self._normalized(text)
-        if self._long(text):
-            return self._encode_long_pieces(text)
-        return self._tiktoken.encode_ordinary(text)
+            return self.reference.encode(clean_text(text), add_special_tokens=False).ids
+        text, long = self._prepare(text)
+        return self._encode_long_pieces(text) if long else self._tiktoken.encode_ordinary(text)
 
     def encode_array(self, text: str) -> np.ndarray:
         """`encode` as a uint32 array, made without a Python int per id where tiktoken encodes."""
         if self._tiktoken is None:
             return np.asarray(self.encode(text), np.uint32)
-        text = self._normalized(clean_text(text))
-        if self._long(text):
+        text, long = self._prepare(text)
+        if long:
             return np.asarray(self._encode_long_pieces(text), np.uint32)
         return self._tiktoken.encode_to_numpy(text, disallowed_special=())
 
-    def _normalized(self, text: str) -> str:
-        return unicodedata.normalize("NFC", text) if self._nfc else text
-
-    @staticmethod
-    def _long(text: str) -> bool:
-        """Whether `text` may hold a piece too long for tiktoken (`has_long_run`)."""
+    def _prepare(self, text: str) -> tuple[str, bool]:
+        """The text tiktoken's path encodes (lone surrogates replaced, NFC where the file
+        normalizes), and whether it may hold a piece too long for tiktoken (`has_long_run`);
+        its UTF-8 is made once for both checks."""
+        try:
+            data: bytes | None = text.encode("utf-8")
+        except UnicodeEncodeError:
+            text, data = clean_text(text), None
+        if self._nfc and (normalized := unicodedata.normalize("NFC", text)) is not text:
+            text, data = normalized, None
         # A text of fewer than MAX_RUN / 4 characters has fewer than MAX_RUN bytes.
-        return len(text) >= MAX_RUN // 4 and has_long_run(text.encode("utf-8"))
+        if len(text) < MAX_RUN // 4:
+            return text, False
+        return text, has_long_run(data if data is not None else text.encode("utf-8"))
 
     def _encode_long_pieces(self, text: str) -> list[int]:
         """tiktoken on the stretches between long pieces; `_piece_ids` on those, and on the
@@ -194,13 +197,12 @@ class ByteLevelTokenizer:
 
     def _piece_ids(self, text: str, start: int, end: int) -> list[int]:
         """The reference's ids of the piece `text[start:end]`."""
-        data = text[start:end].encode("utf-8")
-        if len(data) > MAX_PIECE:
+        if end - start > MAX_PIECE:
             runs = self._run_length.runs(text[start:end])
             merged = self._run_length.merge(runs) if runs is not None else None
             if merged is not None:
                 return merged
-        piece = data.decode("latin-1").translate(TO_BYTE_LEVEL)
+        piece = text[start:end].encode("utf-8").decode("latin-1").translate(TO_BYTE_LEVEL)
         return [t.id for t in self.reference.model.tokenize(piece)]
 
     def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
