@@ -16,6 +16,7 @@ update, and the end-of-run eval and checkpoint the loop always makes.
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import tempfile
 import threading
@@ -27,13 +28,28 @@ ROOT = Path(lemur.__file__).resolve().parent
 
 
 def trace(run) -> list[str]:
-    """Modules of `lemur` (dotted names) with code run by `run()`, in first-call order."""
+    """Modules of `lemur` (dotted names) with code run by `run()`, in first-call order.
+
+    Code run while a module is imported does not count (a module body, the class bodies
+    in it, the functions it calls at import time): only what the command itself calls.
+    """
     seen: dict[str, None] = {}
+    local = threading.local()
 
     def hook(frame, event, arg) -> None:  # noqa: ANN001 - the profile hook's signature
-        if event != "call" or frame.f_code.co_name == "<module>":
-            return  # importing a module is not running its code
-        path = frame.f_code.co_filename
+        code = frame.f_code
+        if code.co_name == "<module>":
+            depth = getattr(local, "importing", 0)
+            if event == "call":
+                local.importing = depth + 1
+            elif event == "return":
+                local.importing = depth - 1
+            return
+        if event != "call" or getattr(local, "importing", 0):
+            return
+        if not code.co_flags & inspect.CO_OPTIMIZED:
+            return  # a class body run by a `class` statement, not a function call
+        path = code.co_filename
         if path.startswith(str(ROOT)) and path not in seen:
             seen[path] = None
 
@@ -65,12 +81,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", choices=["build", "train"])
     parser.add_argument("--set", action="append", default=[], dest="sets")
+    parser.add_argument(
+        "--driver",
+        action="store_true",
+        help="build: count only the driver process (the stages' tasks run in worker processes)",
+    )
     args = parser.parse_args()
     sets = [x for s in args.sets for x in ("--set", s)]
     if args.path == "build":
         from lemur.data.cli import main as cli
 
-        argv = ["build", "--set", "executor.workers=1", *sets]
+        workers = [] if args.driver else ["--set", "executor.workers=1"]
+        argv = ["build", *workers, *sets]
     else:
         from lemur.train.cli import main as cli
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grain
@@ -92,13 +92,15 @@ class TrainIterator(grain.DatasetIterator):
 
     def __init__(
         self,
-        inner: grain.DatasetIterator,
-        fingerprint: str,
+        make: Callable[[bool], grain.DatasetIterator],
+        fingerprints: tuple[str, str],
         strict_state: bool,
     ) -> None:
+        inner = make(False)
         super().__init__(inner)
         self._inner = inner
-        self.fingerprint = fingerprint
+        self._make = make  # the pipeline, with (True) or without the build folder in its ids
+        self.fingerprint, self.legacy_fingerprint = fingerprints
         self.strict_state = strict_state
 
     def __next__(self) -> dict[str, np.ndarray]:
@@ -117,7 +119,15 @@ class TrainIterator(grain.DatasetIterator):
         """Continue from a state saved by any process of a job with the same pipeline."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')} != {STATE_VERSION}")
-        if self.strict_state and state.get("fingerprint") != self.fingerprint:
+        saved = state.get("fingerprint")
+        if saved != self.fingerprint and saved == self.legacy_fingerprint:
+            # A run started before the build folder left the data's identity: its shuffle
+            # was seeded with the folder in it, so it goes on in that order.
+            self._inner.close()
+            self._inner = self._make(True)
+            super().__init__(self._inner)  # the parent link, to the rebuilt pipeline
+            self.fingerprint = self.legacy_fingerprint
+        if self.strict_state and saved != self.fingerprint:
             raise LoaderStateMismatch(
                 "loader state comes from another pipeline (directories, weights, seed or "
                 "seq_len differ); pass strict_state=False to continue from its position anyway"
@@ -169,7 +179,11 @@ def _open_sources(
 
 
 def _fingerprint(
-    sources: list[ShardSource], pairs: list[tuple[str | ShardDir, float]], seq_len: int, seed: int
+    sources: list[ShardSource],
+    pairs: list[tuple[str | ShardDir, float]],
+    seq_len: int,
+    seed: int,
+    legacy: bool = False,
 ) -> str:
     """The pipeline's identity in the iterator state: contents, weights, seed, seq_len."""
     return hashlib.sha256(
@@ -179,7 +193,8 @@ def _fingerprint(
                 "seq_len": seq_len,
                 "seed": seed,
                 "sources": [
-                    [s.content_id, w, len(s)] for s, (_, w) in zip(sources, pairs, strict=True)
+                    [s.legacy_content_id if legacy else s.content_id, w, len(s)]
+                    for s, (_, w) in zip(sources, pairs, strict=True)
                 ],
             },
             sort_keys=True,
@@ -221,28 +236,39 @@ def make_train_iterator(
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     opened = _open_checked(pairs, seq_len, vocab_size, tokenizer_sha256)
     sources = _open_sources(opened, seq_len, release_bytes, vocab_size)
-    parts = [
-        grain.MapDataset.source(src)
-        # Shuffle before repeat: a new lazy global permutation every epoch.
-        .shuffle(seed=_derived_seed(seed, i, src.content_id))
-        .repeat(None)
-        for i, src in enumerate(sources)
-    ]
-    ds = parts[0] if len(parts) == 1 else grain.MapDataset.mix(parts, [w for _, w in pairs])
+    weights = [w for _, w in pairs]
     mp_options = None
     if num_workers > 0:
         _mark_absl_flags_parsed()
         mp_options = grain.MultiprocessingOptions(
             num_workers=num_workers, per_worker_buffer_size=max(1, prefetch)
         )
-    elastic = grain.experimental.ElasticIterator(
-        ds,
-        global_batch_size=batch_size * pcount,
-        shard_options=grain.sharding.ShardOptions(shard_index=pid, shard_count=pcount),
-        read_options=grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch),
-        multiprocessing_options=mp_options,
+
+    def make(legacy: bool) -> grain.DatasetIterator:
+        parts = [
+            grain.MapDataset.source(src)
+            # Shuffle before repeat: a new lazy global permutation every epoch.
+            .shuffle(
+                seed=_derived_seed(seed, i, src.legacy_content_id if legacy else src.content_id)
+            )
+            .repeat(None)
+            for i, src in enumerate(sources)
+        ]
+        ds = parts[0] if len(parts) == 1 else grain.MapDataset.mix(parts, weights)
+        elastic = grain.experimental.ElasticIterator(
+            ds,
+            global_batch_size=batch_size * pcount,
+            shard_options=grain.sharding.ShardOptions(shard_index=pid, shard_count=pcount),
+            read_options=grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch),
+            multiprocessing_options=mp_options,
+        )
+        return iter(elastic)
+
+    fingerprints = (
+        _fingerprint(sources, pairs, seq_len, seed),
+        _fingerprint(sources, pairs, seq_len, seed, legacy=True),
     )
-    return TrainIterator(iter(elastic), _fingerprint(sources, pairs, seq_len, seed), strict_state)
+    return TrainIterator(make, fingerprints, strict_state)
 
 
 # ---------------------------------------------------------------------------- eval
