@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_open", "atomic_write_bytes", "temp_name"]
+__all__ = ["atomic_open", "atomic_path", "atomic_write_bytes", "atomic_write_text", "temp_name"]
 
 
 def temp_name(path: str | os.PathLike) -> Path:
@@ -75,9 +75,39 @@ def atomic_open(
         _fsync_dir(path.parent)
 
 
+@contextmanager
+def atomic_path(path: str | os.PathLike, *, durable: bool = True) -> Iterator[Path]:
+    """The temporary name to write `path` under, for a library that writes by file name
+    (safetensors' `save_file`, matplotlib's `savefig`); renamed into place on a clean exit,
+    removed on any exception, as `atomic_open` does."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        yield tmp
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        _fsync_dir(path.parent)
+
+
 def atomic_write_bytes(
     path: str | os.PathLike, data: bytes | memoryview, *, durable: bool = True
 ) -> None:
     """Write `data` to `path` atomically (see `atomic_open`)."""
     with atomic_open(path, durable=durable) as fh:
         fh.write(data)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, *, encoding: str = "utf-8") -> None:
+    """Write `text` to `path` atomically (see `atomic_open`)."""
+    with atomic_open(path, "w", encoding=encoding) as fh:
+        fh.write(text)

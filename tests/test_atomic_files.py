@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 
 from lemur import atomic_files
-from lemur.atomic_files import atomic_open, atomic_write_bytes, temp_name
+from lemur.atomic_files import (
+    atomic_open,
+    atomic_path,
+    atomic_write_bytes,
+    atomic_write_text,
+    temp_name,
+)
 from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, sha256_file
 from lemur.shards.verify import verify
 
@@ -75,6 +81,30 @@ def test_durable_is_the_default(tmp_path, monkeypatch):
     with atomic_open(tmp_path / "f") as fh:
         fh.write(b"x")
     assert synced == [tmp_path]
+
+
+def test_a_library_writing_by_name_gets_the_temp_name(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    dest = tmp_path / "sub" / "model.safetensors"
+    with atomic_path(dest) as tmp:
+        assert tmp == temp_name(dest) and not dest.exists()
+        save_file({"w": np.arange(6, dtype=np.float32)}, str(tmp))
+    assert np.array_equal(load_file(str(dest))["w"], np.arange(6, dtype=np.float32))
+    assert os.listdir(dest.parent) == ["model.safetensors"]
+    with pytest.raises(OSError):  # a writer that fails half-way: the old file stays, no temp
+        with atomic_path(dest) as tmp:
+            tmp.write_bytes(b"half")
+            raise OSError("disk full")
+    assert os.listdir(dest.parent) == ["model.safetensors"]
+    assert "w" in load_file(str(dest))
+
+
+def test_text_is_written_whole_in_utf8(tmp_path):
+    dest = tmp_path / "summary.json"
+    atomic_write_text(dest, '{"task": "caf\u00e9"}\n')
+    assert dest.read_bytes() == '{"task": "café"}\n'.encode()
+    assert os.listdir(tmp_path) == ["summary.json"]
 
 
 def test_a_bad_mode_is_refused(tmp_path):

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from lemur.atomic_files import atomic_write_text
 from lemur.cli_common import UserError
 from lemur.eval import sandbox
 from lemur.eval.agent_tasks import (
@@ -248,7 +249,7 @@ def finished_tasks(out_dir: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             if i != len(lines) - 1 or line.endswith("\n"):
                 raise UserError(f"{path}:{i + 1}: not a transcript line") from None
-            path.write_text("".join(lines[:-1]), encoding="utf-8")  # torn by a crash
+            atomic_write_text(path, "".join(lines[:-1]))  # torn by a crash
     return records
 
 
@@ -265,7 +266,7 @@ def _check_settings(out_dir: Path, settings: dict[str, Any]) -> None:
             )
         return
     out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(settings, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(settings, indent=2) + "\n")
 
 
 def run_agent(

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lemur.atomic_files import atomic_path, atomic_write_text
+
 
 def summarize(records: Sequence[dict[str, Any]], turns: int) -> dict[str, Any]:
     """Success rate at each turn budget 1..turns, mean turns to success, how tasks ended."""
@@ -45,7 +47,7 @@ def summarize(records: Sequence[dict[str, Any]], turns: int) -> dict[str, Any]:
 def write_summary(out_dir: str | os.PathLike[str], summary: dict[str, Any]) -> Path:
     """summary.json in the run directory."""
     path = Path(out_dir) / "summary.json"
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(summary, indent=2) + "\n")
     return path
 
 
@@ -86,7 +88,7 @@ def plot(runs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) ->
     ax.legend(title="feedback")
     fig.tight_layout()
     path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:  # the format from the name the user gave, not the temp's
+        fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)
     return path

@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
+from lemur.atomic_files import atomic_write_text
 from lemur.cli_common import add_debug_option, debug_wanted, die, run_main, user_input, writing
 from lemur.eval import agent_cli
 from lemur.eval.prompts_file import read_prompts
@@ -261,7 +261,7 @@ def cmd_bpb(args: argparse.Namespace) -> int:
     if args.json:
         out = {"model": model.source, "kind": model.kind, "results": results}
         with writing(args.json):
-            Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+            atomic_write_text(args.json, json.dumps(out, indent=2) + "\n")
         _say(f"wrote {args.json}")
     return 0
 
@@ -295,7 +295,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ]
     if args.out:
         with writing(args.out):
-            Path(args.out).write_text("".join(json.dumps(o) + "\n" for o in out))
+            atomic_write_text(args.out, "".join(json.dumps(o) + "\n" for o in out))
         _say(f"wrote {len(out)} completions to {args.out}")
     else:
         for o in out:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from lemur.atomic_files import atomic_write_text
 from lemur.eval import sandbox
 
 # Where a function body ends in a base model's completion (Codex paper; bigcode harness).
@@ -248,9 +249,9 @@ def write_results(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     samples = out / "samples.jsonl"
-    samples.write_text("".join(json.dumps(r) + "\n" for r in records))
+    atomic_write_text(samples, "".join(json.dumps(r) + "\n" for r in records))
     summary_path = out / "summary.json"
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(summary_path, json.dumps(summary, indent=2) + "\n")
     return samples, summary_path
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from lemur.atomic_files import atomic_path
 from lemur.model.config import DTYPES, LlamaConfig, Params, param_shapes
 
 # Re-exported (the `as` form): callers read and write configs through this module too.
@@ -271,7 +272,6 @@ def _hf_tensor_bytes(config: LlamaConfig, itemsize: int) -> dict[str, int]:
 
 def _save_shard(path: Path, tensors: dict[str, np.ndarray]) -> Path:
     """Atomically write one safetensors file (format=pt, which transformers requires)."""
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
     return path
