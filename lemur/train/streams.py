@@ -202,6 +202,21 @@ def _fingerprint(
     ).hexdigest()[:16]
 
 
+def _shuffled_mix(
+    sources: list[ShardSource], weights: list[float], seed: int, legacy: bool
+) -> grain.MapDataset:
+    """Each source shuffled anew each epoch and repeated, mixed by weight; `legacy` seeds the
+    shuffles with the ids that named the build folder (see `TrainIterator.set_state`)."""
+    parts = [
+        grain.MapDataset.source(src)
+        # Shuffle before repeat: a new lazy global permutation every epoch.
+        .shuffle(seed=_derived_seed(seed, i, src.legacy_content_id if legacy else src.content_id))
+        .repeat(None)
+        for i, src in enumerate(sources)
+    ]
+    return parts[0] if len(parts) == 1 else grain.MapDataset.mix(parts, weights)
+
+
 def make_train_iterator(
     dirs_and_weights: list[tuple[Directory, float]] | Directory,
     *,
@@ -245,18 +260,8 @@ def make_train_iterator(
         )
 
     def make(legacy: bool) -> grain.DatasetIterator:
-        parts = [
-            grain.MapDataset.source(src)
-            # Shuffle before repeat: a new lazy global permutation every epoch.
-            .shuffle(
-                seed=_derived_seed(seed, i, src.legacy_content_id if legacy else src.content_id)
-            )
-            .repeat(None)
-            for i, src in enumerate(sources)
-        ]
-        ds = parts[0] if len(parts) == 1 else grain.MapDataset.mix(parts, weights)
         elastic = grain.experimental.ElasticIterator(
-            ds,
+            _shuffled_mix(sources, weights, seed, legacy),
             global_batch_size=batch_size * pcount,
             shard_options=grain.sharding.ShardOptions(shard_index=pid, shard_count=pcount),
             read_options=grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch),
