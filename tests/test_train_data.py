@@ -314,8 +314,9 @@ def test_a_rebuild_into_another_build_folder_trains_in_the_same_order(
     assert same(take(fresh, 3), take(it, 3))
 
 
+@pytest.mark.parametrize("workers", [0, 1])
 def test_a_run_begun_with_the_build_folder_in_its_ids_resumes_in_its_order(
-    tmp_path: Path, corpus: Path
+    tmp_path: Path, corpus: Path, workers: int
 ) -> None:
     first = as_build(corpus, tmp_path / "first", "build-5b1c0a3a408f")
     source = ShardSource(first, SEQ)
@@ -331,11 +332,16 @@ def test_a_run_begun_with_the_build_folder_in_its_ids_resumes_in_its_order(
     assert legacy.fingerprint == legacy.legacy_fingerprint
     old_order = take(legacy, 9)
     assert not same(old_order[:4], take(it_for(first), 4))  # the ids do seed the shuffle
-    # Its checkpoint at step 6 resumes in that order, and saves the same fingerprint again.
-    resumed = it_for(first)
-    resumed.set_state({**start, "global_next_index": 6 * 8})
-    assert same(take(resumed, 3), old_order[6:])
-    assert resumed.get_state() == {**start, "global_next_index": 9 * 8}
+    # Its checkpoint at step 6 resumes in that order (read in a worker process too), and
+    # saves the same fingerprint again.
+    resumed = it_for(first, num_workers=workers)
+    try:
+        resumed.set_state({**start, "global_next_index": 6 * 8})
+        got = [{k: np.asarray(v) for k, v in b.items()} for b in take(resumed, 3)]
+        assert same(got, old_order[6:])
+        assert resumed.get_state() == {**start, "global_next_index": 9 * 8}
+    finally:
+        resumed.close()
 
 
 def test_state_from_another_pipeline_is_refused(corpus: Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grain
@@ -92,23 +92,33 @@ class TrainIterator(grain.DatasetIterator):
 
     def __init__(
         self,
-        make: Callable[[bool], grain.DatasetIterator],
+        pipelines: tuple[grain.IterDataset, grain.IterDataset],
         fingerprints: tuple[str, str],
         strict_state: bool,
     ) -> None:
-        inner = make(False)
-        super().__init__(inner)
-        self._inner = inner
-        self._make = make  # the pipeline, with (True) or without the build folder in its ids
+        super().__init__()  # linked to its pipeline once that is made (`_iterator`)
+        # The pipeline seeded with today's ids, and with the ids that named the build folder:
+        # only the one the run reads is ever iterated (a Grain iterator with worker processes
+        # leaks shared memory when closed before its first batch).
+        self._pipelines = pipelines
+        self._legacy = False
+        self._inner: grain.DatasetIterator | None = None
         self.fingerprint, self.legacy_fingerprint = fingerprints
         self.strict_state = strict_state
 
+    def _iterator(self) -> grain.DatasetIterator:
+        """The pipeline's iterator, made on first use."""
+        if self._inner is None:
+            self._inner = iter(self._pipelines[self._legacy])
+            super().__init__(self._inner)  # Grain's parent link: its context, its close()
+        return self._inner
+
     def __next__(self) -> dict[str, np.ndarray]:
-        return next(self._inner)
+        return next(self._iterator())
 
     def get_state(self) -> dict[str, Any]:
         """JSON-able state: `{"version", "global_next_index", "fingerprint"}`."""
-        state = self._inner.get_state()
+        state = self._iterator().get_state()
         return {
             "version": STATE_VERSION,
             "global_next_index": int(state["global_next_index"]),
@@ -123,16 +133,16 @@ class TrainIterator(grain.DatasetIterator):
         if saved != self.fingerprint and saved == self.legacy_fingerprint:
             # A run started before the build folder left the data's identity: its shuffle
             # was seeded with the folder in it, so it goes on in that order.
-            self._inner.close()
-            self._inner = self._make(True)
-            super().__init__(self._inner)  # the parent link, to the rebuilt pipeline
-            self.fingerprint = self.legacy_fingerprint
+            if self._inner is not None:
+                self._inner.close()
+                self._inner = None
+            self._legacy, self.fingerprint = True, self.legacy_fingerprint
         if self.strict_state and saved != self.fingerprint:
             raise LoaderStateMismatch(
                 "loader state comes from another pipeline (directories, weights, seed or "
                 "seq_len differ); pass strict_state=False to continue from its position anyway"
             )
-        self._inner.set_state({"global_next_index": int(state["global_next_index"])})
+        self._iterator().set_state({"global_next_index": int(state["global_next_index"])})
 
 
 def _open_checked(
@@ -259,21 +269,20 @@ def make_train_iterator(
             num_workers=num_workers, per_worker_buffer_size=max(1, prefetch)
         )
 
-    def make(legacy: bool) -> grain.DatasetIterator:
-        elastic = grain.experimental.ElasticIterator(
+    def pipeline(legacy: bool) -> grain.IterDataset:
+        return grain.experimental.ElasticIterator(
             _shuffled_mix(sources, weights, seed, legacy),
             global_batch_size=batch_size * pcount,
             shard_options=grain.sharding.ShardOptions(shard_index=pid, shard_count=pcount),
             read_options=grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch),
             multiprocessing_options=mp_options,
         )
-        return iter(elastic)
 
     fingerprints = (
         _fingerprint(sources, pairs, seq_len, seed),
         _fingerprint(sources, pairs, seq_len, seed, legacy=True),
     )
-    return TrainIterator(make, fingerprints, strict_state)
+    return TrainIterator((pipeline(False), pipeline(True)), fingerprints, strict_state)
 
 
 # ---------------------------------------------------------------------------- eval
