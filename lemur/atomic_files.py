@@ -58,34 +58,21 @@ def atomic_open(
     """
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_open: mode {mode!r} is not 'wb' or 'w'")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_name(path)
-    try:
-        with open(tmp, mode, encoding=encoding) as fh:
-            yield fh
-            fh.flush()
-            if durable:
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk or a failed task leaves nothing behind
-        raise
-    if durable:
-        _fsync_dir(path.parent)
+    with atomic_path(path, durable=durable) as tmp, open(tmp, mode, encoding=encoding) as fh:
+        yield fh
 
 
 @contextmanager
 def atomic_path(path: str | os.PathLike, *, durable: bool = True) -> Iterator[Path]:
-    """The temporary name to write `path` under, for a library that writes by file name
-    (safetensors' `save_file`, matplotlib's `savefig`); renamed into place on a clean exit,
-    removed on any exception, as `atomic_open` does."""
+    """The temporary name to write `path` under (`atomic_open` opens it; a library that
+    writes by file name, such as safetensors' `save_file`, is given it): renamed into place
+    on a clean exit, removed on any exception. The parent directory is created."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_name(path)
     try:
         yield tmp
-        if durable:
+        if durable:  # the data on disk before the name points at it
             fd = os.open(tmp, os.O_RDONLY)
             try:
                 os.fsync(fd)
@@ -93,7 +80,7 @@ def atomic_path(path: str | os.PathLike, *, durable: bool = True) -> Iterator[Pa
                 os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)  # a full disk or a failed task leaves nothing behind
         raise
     if durable:
         _fsync_dir(path.parent)

@@ -27,7 +27,6 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
-EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_SIGINT = 130  # 128 + the signal number, as a shell reports a process the signal killed
 EXIT_SIGTERM = 143
