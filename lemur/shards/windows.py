@@ -142,8 +142,8 @@ def _content_id(shards: list[dict[str, Any]], *, legacy: bool = False) -> str:
     # A loss mask is part of the data; listed only when present, so the ids of directories
     # without masks (and so their shuffles) are what they were.
     listing = [
-        [s["file"] if legacy else _BUILD_FOLDER.sub("", s["file"]), s["tokens"], s["documents"]]
-        + [s.get("sha256")]
+        [s["file"] if legacy else _BUILD_FOLDER.sub("", s["file"])]
+        + [s["tokens"], s["documents"], s.get("sha256")]
         + ([s.get("mask_sha256")] if "mask" in s else [])
         for s in shards
     ]

@@ -101,10 +101,20 @@ class TrainIterator(grain.DatasetIterator):
         # only the one the run reads is ever iterated (a Grain iterator with worker processes
         # leaks shared memory when closed before its first batch).
         self._pipelines = pipelines
-        self._legacy = False
+        self._fingerprints = fingerprints  # of the two pipelines, in the same order
+        self._legacy = False  # which of the two the run reads
         self._inner: grain.DatasetIterator | None = None
-        self.fingerprint, self.legacy_fingerprint = fingerprints
         self.strict_state = strict_state
+
+    @property
+    def fingerprint(self) -> str:
+        """The identity of the pipeline this iterator reads, saved in its state."""
+        return self._fingerprints[self._legacy]
+
+    @property
+    def legacy_fingerprint(self) -> str:
+        """The identity the same pipeline had while the build folder named the data."""
+        return self._fingerprints[True]
 
     def _iterator(self) -> grain.DatasetIterator:
         """The pipeline's iterator, made on first use."""
@@ -136,7 +146,7 @@ class TrainIterator(grain.DatasetIterator):
             if self._inner is not None:
                 self._inner.close()
                 self._inner = None
-            self._legacy, self.fingerprint = True, self.legacy_fingerprint
+            self._legacy = True
         if self.strict_state and saved != self.fingerprint:
             raise LoaderStateMismatch(
                 "loader state comes from another pipeline (directories, weights, seed or "
