@@ -97,18 +97,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", choices=["build", "train"])
     parser.add_argument("--set", action="append", default=[], dest="sets")
-    parser.add_argument(
-        "--driver",
-        action="store_true",
-        help="build: count only the driver process (the stages' tasks run in worker processes)",
-    )
     args = parser.parse_args()
     sets = [x for s in args.sets for x in ("--set", s)]
     if args.path == "build":
         from lemur.data.cli import main as cli
 
-        workers = [] if args.driver else ["--set", "executor.workers=1"]
-        argv = ["build", *workers, *sets]
+        argv = ["build", "--set", "executor.workers=1", *sets]
     else:
         from lemur.train.cli import main as cli
 
