@@ -27,8 +27,10 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-# Exit codes: 128 + the signal number, as a shell reports a process the signal killed.
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+from lemur.cli_common import EXIT_SIGINT, EXIT_SIGTERM
+
+# The exit code of each signal this module handles: those of every lemur command.
+EXIT_CODES = {signal.SIGINT: EXIT_SIGINT, signal.SIGTERM: EXIT_SIGTERM}
 MESSAGES = {
     signal.SIGINT: "interrupted before training started",
     signal.SIGTERM: "terminated (SIGTERM) before training started",
