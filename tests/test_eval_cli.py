@@ -227,7 +227,8 @@ def test_deeply_nested_json_lines_are_one_line_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A task or prompt line nested deeper than Python's parser goes: one line naming the
-    file and the line (not a RecursionError), for each command that reads such a file."""
+    file and the line (not a RecursionError), for each command that reads such a file; an
+    agent run's summary so nested, given to `plot`, is one line too."""
     good = {"prompt": "def f():\n", "test": "def check(c):\n    pass\n", "entry_point": "f"}
     deep = tmp_path / "deep.jsonl"
     deep.write_text(json.dumps(good) + "\n" + "[" * 100_000 + "]" * 100_000 + "\n")
@@ -240,3 +241,9 @@ def test_deeply_nested_json_lines_are_one_line_errors(
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"lemur-eval: {deep}:2: JSON nested too deeply"], argv
+    summary = tmp_path / "summary.json"  # what `plot` reads: one JSON document
+    summary.write_text("[" * 100_000 + "]" * 100_000)
+    assert cli.main(["plot", str(summary), "--out", str(tmp_path / "p.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"lemur-eval: {summary}: not an agent run"), err
+    assert not (tmp_path / "p.png").exists()
