@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -83,6 +84,39 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     except yaml.YAMLError:
         value = text
     return dotted.strip().split("."), value
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage mistakes are one line, `PROG: message`, and exit 2
+    (the usage is one `--help` away); its subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        """Report a usage mistake in one line and exit 2."""
+        _say(f"{self.prog}: {message} (see {self.prog} --help)")
+        raise SystemExit(EXIT_USAGE)
+
+
+def positive_int(text: str) -> int:
+    """An argparse `type`: an integer >= 1 (an option left out keeps its default instead:
+    0 never stands for "all" or "the default")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse `type`: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
 
 
 def add_debug_option(parser: argparse.ArgumentParser) -> None:
