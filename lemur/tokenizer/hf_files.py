@@ -110,7 +110,10 @@ def read_hf_tokenizer(
     documents without a BOS whatever the folder says.
     """
     file = tokenizer_json_path(path)
-    raw = file.read_bytes()
+    try:
+        raw = file.read_bytes()
+    except OSError as e:  # e.g. no permission: named, as a damaged file is
+        raise TokenizerError(f"{file}: cannot be read ({e.strerror or e})") from None
     sha = hashlib.sha256(raw).hexdigest()
     if sha not in _parsed:  # 17 MB of JSON for Llama-3: parsed once per process
         _parsed.clear()

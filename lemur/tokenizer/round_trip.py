@@ -7,7 +7,7 @@ their `tokenizer.json` conversions give back exactly. It leaves out what such to
 lose by design and a corpus can live with: whitespace at the very start of a text (a
 `Metaspace` pre-tokenizer with a dummy prefix drops one leading space), text that is not
 NFC (Qwen2.5 normalizes to NFC), SentencePiece's own space marker U+2581, lone surrogates.
-Encoding it costs a few milliseconds (docs/recipe.md#tokenizer).
+Encoding it costs milliseconds (docs/recipe.md#tokenizer).
 """
 
 from __future__ import annotations
