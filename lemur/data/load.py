@@ -76,7 +76,8 @@ def _check_paths(recipe: Recipe) -> None:
             raise RecipeError(
                 f"recipe: tokenizer.hf '{tok.hf}' is not a tokenizer.json or a folder holding one"
             )
-    _check_given_tokenizer(recipe)
+    if tok.train is None:
+        _check_given_tokenizer(recipe)
     for i, b in enumerate(recipe.decontaminate.benchmarks):
         if b.path is not None and not Path(b.path).expanduser().is_file():
             raise RecipeError(
