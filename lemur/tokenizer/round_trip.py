@@ -27,7 +27,7 @@ PROBE: tuple[str, ...] = (
     "中文字符 日本語のテキスト 한국어 텍스트",
     "emoji: 🚀 👍🏽 🇫🇷 ❤️ 👩‍💻",
     "digits 0123456789 3.14159 1e-9 0xFF 1,000,000",
-    # A long line: 2,089 characters.
+    # A long line: 1,895 characters.
     "x = [" + ", ".join(str(i) for i in range(400)) + "]\n",
 )
 # Characters of a lossy string shown on each side of where it first differs.
