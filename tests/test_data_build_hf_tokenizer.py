@@ -131,8 +131,11 @@ def test_recipe_framing_overrides_and_errors(tmp_path, llama3):
     no_eos.mkdir()
     (no_eos / "tokenizer.json").write_bytes((llama3 / "tokenizer.json").read_bytes())
     (no_eos / "tokenizer_config.json").write_text('{"eos_token": null}')
+    no_eos_recipe = recipe(tmp_path, {"hf": str(no_eos)}, sources[:1])
+    with pytest.raises(RecipeError, match="name no EOS token to end documents with"):
+        recipe_from_dict(no_eos_recipe)  # when the recipe is loaded, before any build
     with pytest.raises(TokenizerError, match="name no EOS token to end documents with"):
-        build(recipe_from_dict(recipe(tmp_path, {"hf": str(no_eos)}, sources[:1])))
+        build(recipe_from_dict(no_eos_recipe, check_paths=False))  # a Recipe made in code
     with pytest.raises(RecipeError, match="tokenizer.hf '.*nowhere' is not a tokenizer.json"):
         recipe_from_dict(recipe(tmp_path, {"hf": str(tmp_path / "nowhere")}, sources))
     with pytest.raises(RecipeError, match="apply to 'hf' tokenizers only"):

@@ -70,13 +70,14 @@ def _check_paths(recipe: Recipe) -> None:
             raise RecipeError(
                 f"recipe: tokenizer.model '{tok.model}' is not a file or a shard directory"
             )
-        _check_given_tokenizer(tok.model)
     if tok.hf is not None:
         hf = Path(tok.hf).expanduser()
         if not (hf / "tokenizer.json" if hf.is_dir() else hf).is_file():
             raise RecipeError(
                 f"recipe: tokenizer.hf '{tok.hf}' is not a tokenizer.json or a folder holding one"
             )
+    if tok.train is None:
+        _check_given_tokenizer(recipe)
     for i, b in enumerate(recipe.decontaminate.benchmarks):
         if b.path is not None and not Path(b.path).expanduser().is_file():
             raise RecipeError(
@@ -84,16 +85,18 @@ def _check_paths(recipe: Recipe) -> None:
             )
 
 
-def _check_given_tokenizer(value: str) -> None:
-    """Load the model `tokenizer.model` names (a file, or a shard directory's), so that an
-    unusable one is a recipe mistake found before any input is read (exit 2)."""
-    from lemur.data.tokenize.prepare import given_model
-    from lemur.data.tokenize.tokenizer import TokenizerError, load_tokenizer
+def _check_given_tokenizer(recipe: Recipe) -> None:
+    """Load the tokenizer `tokenizer.model` or `tokenizer.hf` names and check it (framing,
+    round trip: `check_given_tokenizer`), so that an unusable one is a recipe mistake found
+    before any input is read or the output is made (exit 2)."""
+    from lemur.data.tokenize.prepare import check_given_tokenizer
+    from lemur.data.tokenize.tokenizer import TokenizerError
 
+    key = "model" if recipe.tokenizer.model is not None else "hf"
     try:
-        load_tokenizer(given_model(value))
+        check_given_tokenizer(recipe)
     except TokenizerError as e:
-        raise RecipeError(f"recipe: tokenizer.model: {e}") from None
+        raise RecipeError(f"recipe: tokenizer.{key}: {e}") from None
 
 
 def _apply_benchmark_names(raw: dict[str, Any]) -> dict[str, Any]:
