@@ -281,6 +281,7 @@ def test_messages_jsonl_bad_rows_dropped_by_reason_neighbours_kept(tmp_path):
         "source_index": 0,
         "domain": "chat",
         "path": "m.jsonl",
+        "path_is_container": True,  # the row has no file name of its own
         "loss_spans": [[91, 103]],
         "turn_ends": [39, 69, 104],
     }

@@ -154,13 +154,17 @@ class BaseReader(ABC):
         return self.emit(f, text, doc_id, meta)
 
     def row_metadata(self, row: Row, source: SourceConfig) -> dict[str, Any]:
-        """Metadata a row carries: `metadata_keys`, its path and its language."""
+        """Metadata a row carries: `metadata_keys`, its path and its language. A row without
+        a path of its own (`path_key`) keeps its file's as `path`, marked
+        `path_is_container`: the tagger must not take `code.jsonl` for the row's name."""
         extra: dict[str, Any] = {}
         for key in source.metadata_keys or ():
             if key in row and row[key] is not None:
                 extra[key] = row[key]
-        if source.path_key and isinstance(row.get(source.path_key), str):
+        if source.path_key and isinstance(row.get(source.path_key), str) and row[source.path_key]:
             extra["path"] = row[source.path_key]
+        else:
+            extra["path_is_container"] = True
         keys = (source.language_key,) if source.language_key else ("language", "lang")
         for key in keys:
             if isinstance(row.get(key), str) and row[key]:
