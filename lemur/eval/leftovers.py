@@ -51,4 +51,4 @@ def remove(tmpdir: Path, cgroup_parents: list[Path]) -> list[Path]:
 def remove_once() -> None:
     """`remove` in the temporary directory and the sandbox's cgroups, once per process."""
     found = [cgroups.parent(controller) for controller in ("pids", "memory")]
-    remove(Path(tempfile.gettempdir()), [where for where, _ in filter(None, found)])
+    remove(Path(tempfile.gettempdir()), sorted({where for where, _ in filter(None, found)}))
