@@ -17,12 +17,17 @@ the machine allows (probed once, `probe`):
   a pids cgroup (when one can be made) caps the count again, independent of uids;
 - memory: a memory cgroup (when one can be made) caps all the run's processes together
   at `memory_bytes`; without one, each process gets `memory_bytes / processes` of
-  address space, so that together they stay within it.
+  address space, so that together they stay within it;
+- keys: a new, empty session keyring, not the caller's (where Kerberos tickets live);
+- the jail: the program's pid 1 shows "lemur-jail" and a minimal environment, nothing of
+  the run's host paths, uid or settings; the working directory is SANDBOX_CWD.
 
 After the program exits or times out, its process group, every process of its uid and
 every process of its cgroups are killed with SIGKILL (with a pid namespace, the kernel
 kills them all when its first process ends), and the run's directory is removed. Output
 goes to files, not pipes, so a leftover child holding a pipe open cannot stall the harness.
+Should the evaluator die (kill -9), each jail gets a parent-death signal and does the same
+itself; what a jail killed as well left is removed at the next start (`leftovers`).
 
 Without root some of this is unavailable: unprivileged user namespaces may still give
 the network, mount and pid namespaces; RLIMIT_NPROC then counts all of the user's
