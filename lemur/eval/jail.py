@@ -4,9 +4,11 @@
 
 lemur.eval.sandbox starts this script instead of the program itself so that no
 `preexec_fn` runs in the (multi-threaded) evaluating process. In order, it:
-1. reads the spec, and overwrites its command line with "lemur-jail" (the namespace's
+1. dies with the evaluator: a parent-death signal (SIGTERM, caught: `jail_run.abandon`
+   kills the run and, the evaluator gone, removes the run's cgroups and directory), then a
+   check that the evaluator is still its parent (it may have died before that);
+2. reads the spec, and overwrites its command line with "lemur-jail" (the namespace's
    init, a fork of it, is pid 1 to the program: its /proc/1/cmdline shows nothing);
-2. dies with the evaluator: a parent-death signal (SIGTERM, caught by `abandon`);
 3. unshares the network namespace (a loopback interface, down), the pid and IPC
    namespaces; without root, a user namespace as well;
 4. forks the run's first process, which joins the run's cgroups (this one stays out, to

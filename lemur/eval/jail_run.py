@@ -201,8 +201,11 @@ def abandon(*_) -> None:  # noqa: ANN002 - also a signal handler
     gone, remove the run's cgroups and directory too (nobody else will); then exit."""
     spec, child = RUN.get("spec", {}), RUN.get("child")
     if child:
-        os.kill(child, signal.SIGKILL)  # init: the kernel then kills its whole namespace
-        os.waitpid(child, 0)
+        try:
+            os.kill(child, signal.SIGKILL)  # init: the kernel then kills its whole namespace
+            os.waitpid(child, 0)
+        except OSError:
+            pass  # gone already
     cgroups = spec.get("cgroups", [])
     for cgroup in cgroups:
         if os.path.exists(os.path.join(cgroup, "cgroup.kill")):  # cgroup v2, Linux >= 5.14
@@ -231,7 +234,7 @@ def hide_command_line() -> None:
     with open("/proc/self/stat", "rb") as f:
         fields = f.read().rsplit(b")", 1)[1].split()
     start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (proc(5))
-    if end - start > len(PROCESS_NAME) + 1:
+    if start and end - start > len(PROCESS_NAME) + 1:
         ctypes.memset(start, 0, end - start)
         ctypes.memmove(start, PROCESS_NAME, len(PROCESS_NAME))
         ctypes.memset(end - 1, ord(" "), 1)
@@ -253,7 +256,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, abandon)
     guarded(check, libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0), "prctl pdeathsig")
     RUN["spec"] = spec = read_spec(int(sys.argv[1]))
-    if os.getppid() != spec["parent"]:  # the evaluator died before the line above
+    if os.getppid() != spec["parent"]:  # the evaluator died before the signal was set
         abandon()
     hide_command_line()
     guarded(unshare, spec)
@@ -265,5 +268,10 @@ def main() -> None:
         guarded(become_program, spec)
     RUN["child"] = child
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)  # a zombie: its pid stays its own
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     _, status = os.waitpid(child, 0)
+    RUN["child"] = None
+    if os.getppid() != spec["parent"]:  # the evaluator died meanwhile: what is left is ours
+        abandon()
     os._exit(exit_code(status))
