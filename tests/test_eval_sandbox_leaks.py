@@ -280,7 +280,8 @@ def test_a_next_start_removes_what_dead_runs_left(tmp_path: Path) -> None:
         for group in made[2::2]:  # the dead owner's cgroups
             (group / "cgroup.procs").write_text(str(victim.pid))
         removed = leftovers.remove(tmp_path, _cgroup_parents())
-        assert sorted(removed) == sorted(made[0::2])
+        # (Other dead owners' leftovers may go too: the cgroup parents are shared.)
+        assert set(made[0::2]) <= set(removed) and not set(made[1::2]) & set(removed)
         assert [p.exists() for p in made] == [False, True] * (len(made) // 2)
         assert victim.poll() == (-signal.SIGKILL if len(made) > 2 else None)
     finally:
