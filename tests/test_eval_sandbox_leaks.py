@@ -160,8 +160,10 @@ def test_pid_1_shows_nothing_of_the_run(own_uid: bool, monkeypatch) -> None:
 
 # Run by a process the test then SIGKILLs: one run whose program leaves a child that left
 # its session (so only the pid namespace or the cgroup reaches it), both sleeping forever.
+# The run is started from a worker thread, as `humaneval.check` starts them, beside many
+# idle threads (as JAX's): a kill -9 ends them one by one, the starting thread first.
 EVALUATOR = """\
-import os, sys
+import os, sys, threading
 from lemur.eval import sandbox
 token = os.environ["SLEEPER_TOKEN"]
 sleep = [sys.executable, "-c", "import time; time.sleep(600)", token]
@@ -173,8 +175,14 @@ if os.fork() == 0:
 os.execv({sleep[0]!r}, {sleep!r})
 '''
 iso = sandbox.Isolation(*(flag == "1" for flag in sys.argv[1]))
-sandbox.run_python(program, sandbox.Limits(timeout_s=300, cpu_s=300), isolation=iso,
-                   allow_network=True)
+limits = sandbox.Limits(timeout_s=300, cpu_s=300)
+run = lambda: sandbox.run_python(program, limits, isolation=iso, allow_network=True)
+idle = threading.Event()
+for _ in range(64):
+    threading.Thread(target=idle.wait, daemon=True).start()
+worker = threading.Thread(target=run)
+worker.start()
+worker.join()
 """
 
 

@@ -196,9 +196,21 @@ def remove_cgroup(cgroup: str) -> None:
     return None
 
 
+def evaluator_gone(spec: dict) -> bool:
+    """Whether the evaluator died: this process was re-parented away from it. The signal
+    comes when the thread that started this process ends; the evaluator's other threads
+    may still be ending (a kill -9 ends them one by one): wait for them, 2 s at most."""
+    for _ in range(200):
+        if os.getppid() != spec["parent"]:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def abandon(*_) -> None:  # noqa: ANN002 - also a signal handler
     """The evaluator died (or SIGTERM): kill every process of the run; with the evaluator
     gone, remove the run's cgroups and directory too (nobody else will); then exit."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second parent-death signal may come
     spec, child = RUN.get("spec", {}), RUN.get("child")
     if child:
         try:
@@ -214,7 +226,7 @@ def abandon(*_) -> None:  # noqa: ANN002 - also a signal handler
         kill_all(lambda c=cgroup: list(map(int, listed(os.path.join(c, "cgroup.procs")))))
     if spec.get("uid") is not None and not cgroups and not spec.get("mountns"):
         kill_all(lambda: uid_pids(spec["uid"]))
-    if spec and os.getppid() != spec["parent"]:
+    if spec and evaluator_gone(spec):
         for cgroup in cgroups:
             remove_cgroup(cgroup)
         import shutil  # only here: it would slow every start
