@@ -77,6 +77,10 @@ def unshare(spec: dict) -> None:
         check(libc.unshare(flags), "unshare")
     if own_userns:
         map_ids(uid, gid)
+        # New credentials: set the parent-death signal again, in case they cleared it.
+        check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0), "prctl pdeathsig")
+        if os.getppid() != spec["parent"]:
+            abandon()
 
 
 def own_session_keyring() -> None:
