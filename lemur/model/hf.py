@@ -35,6 +35,7 @@ from lemur.model.config import DTYPES, LlamaConfig, Params, param_shapes
 # Re-exported (the `as` form): callers read and write configs through this module too.
 from lemur.model.hf_config import config_from_hf as config_from_hf
 from lemur.model.hf_config import config_to_hf as config_to_hf
+from lemur.model.hf_config import token_ids_from_hf as token_ids_from_hf
 
 HF_GLOBAL_NAMES: dict[str, str] = {
     "embed": "model.embed_tokens.weight",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from lemur.model import checkpoint, hf
 from lemur.model.config import LlamaConfig, Params
@@ -91,6 +92,20 @@ def sentencepiece_model(path: str | os.PathLike[str]) -> Path | None:
     """The SentencePiece model the folder carries (`tokenizer.model`), or None."""
     candidate = Path(path) / checkpoint.TOKENIZER_FILE
     return candidate if candidate.is_file() else None
+
+
+def source_token_ids(files: dict[str, Path]) -> dict[str, Any]:
+    """The bos/eos ids the HF config.json of the model that `files` came from gave: an HF
+    folder's own config.json, or those a lemur checkpoint recorded; {} when unknown."""
+    if not files:
+        return {}
+    folder = next(iter(files.values())).parent
+    if folder.name == checkpoint.HF_TOKENIZER_DIR:
+        return checkpoint.load_hf_token_ids(folder.parent)
+    try:
+        return hf.token_ids_from_hf(json.loads((folder / "config.json").read_text()))
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def hf_token_ids(files: dict[str, Path]) -> dict[str, int | list[int]]:
