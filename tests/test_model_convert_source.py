@@ -5,10 +5,13 @@ the folders are written by lemur's own writer and then edited as a user's would 
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from lemur.model import convert, hf, pretrained
 from lemur.model.config import LlamaConfig, param_shapes
@@ -108,3 +111,77 @@ def test_source_token_ids_follow_the_files_to_their_model(tmp_path: Path) -> Non
     assert list(files) == ["tokenizer_config.json"]
     assert pretrained.source_token_ids(files) == {"bos_token_id": None, "eos_token_id": 2}
     assert pretrained.source_token_ids({}) == {}
+
+
+TENSOR = "model.layers.1.mlp.up_proj.weight"
+
+
+def corrupt(folder: Path, how: str) -> str:
+    """Damage the folder's model.safetensors as downloads and disks do; what the one-line
+    error must say."""
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) * 2 // 3])
+        return f"{path}: truncated ({len(data) * 2 // 3:,} bytes; its header describes"
+    if how == "garbage":
+        path.write_bytes(b"<html>404 Not Found</html>\n" * 20)
+        return f"{path}: not a safetensors file, or truncated"
+    if how == "bad-header":
+        path.write_bytes((24).to_bytes(8, "little") + b'{"a": {"dtype": "F32",}}' + data[:64])
+        return f"{path}: not a safetensors file (header:"
+    tensors = load_file(path)
+    if how == "missing":
+        del tensors[TENSOR]
+        message = f"{folder}: tensor {TENSOR} missing"
+    else:  # "shape": a transposed matrix
+        tensors[TENSOR] = np.ascontiguousarray(tensors[TENSOR].T)
+        message = f"{path}: tensor {TENSOR} has shape [16, 32], config.json gives [32, 16]"
+    save_file(tensors, path, metadata={"format": "pt"})
+    return message
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage", "bad-header", "missing", "shape"])
+def test_to_lemur_of_a_damaged_folder_is_one_line_and_writes_nothing(
+    tmp_path: Path, how: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = write_hf_folder(tmp_path / "src", tiny_config())
+    message = corrupt(src, how)
+    capsys.readouterr()
+    assert convert.main(["to-lemur", str(src), str(tmp_path / "dst")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lemur-convert: {message}"), err
+    assert err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no DST, no partial one
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 KiB tmpfs (root only: tests run as root here and in CI), unmounted after."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_is_one_line_exit_1_and_leaves_nothing(
+    tmp_path: Path, full_disk: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    src = write_hf_folder(tmp_path / "src", tiny_config())
+    assert convert.main(["to-lemur", str(src), str(tmp_path / "lemur")]) == 0
+    for command, source, dst in [
+        ("to-lemur", src, full_disk / "lemur"),  # orbax (tensorstore) writes
+        ("to-hf", tmp_path / "lemur", full_disk / "hf"),  # safetensors writes
+    ]:
+        capfd.readouterr()
+        assert convert.main([command, str(source), str(dst)]) == 1
+        err = capfd.readouterr().err
+        assert err == f"lemur-convert: {dst}: no space left on device\n", err
+        assert list(full_disk.iterdir()) == []  # no DST, no partial one

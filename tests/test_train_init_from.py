@@ -223,3 +223,24 @@ def test_init_from_a_folder_that_is_no_model(tmp_path: Path, llama_case: dict) -
     config = run_config(llama_case["data"], tmp_path / "run", tmp_path)
     with pytest.raises(RunError, match="neither a lemur checkpoint .* nor a Hugging Face model"):
         plan_run(config, DataDirs())
+
+
+@pytest.mark.parametrize("how", ["truncated", "missing"])
+def test_init_from_a_damaged_folder_is_one_line_and_leaves_no_run_dir(
+    tmp_path: Path, llama_case: dict, how: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_model_convert_source import corrupt
+
+    from lemur.train import cli
+
+    folder = tmp_path / "hf"
+    shutil.copytree(llama_case["folder"], folder)
+    message = corrupt(folder, how)
+    run = tmp_path / "run"
+    sets = [f"run_dir={run}", f"data.dirs=[{llama_case['data']}]", f"model.init_from={folder}"]
+    argv = ["continue", *(a for s in sets for a in ("--set", s))]
+    assert cli.main([*argv, "--set", "batch.seq_len=32", "--set", "batch.size=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lemur-train: model.init_from: {message}"), err
+    assert err.count("\n") == 1
+    assert not run.exists()

@@ -10,11 +10,14 @@ config.json gave (`hf_token_ids.json`: a Qwen2's null bos stays null on export).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
+import logging
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +53,14 @@ def save_params(
         (jax.Array, ocp.type_handlers.ArrayHandler()),
     )
     checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(type_handler_registry=registry))
-    checkpointer.save(root / "params", args=ocp.args.PyTreeSave(params), force=True)
+    try:
+        with _absl_quiet():
+            checkpointer.save(root / "params", args=ocp.args.PyTreeSave(params), force=True)
+    except ValueError as e:
+        # tensorstore's write errors are ValueErrors; a full disk is an OSError like any other.
+        if "[os_error_code='28']" in str(e):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(root)) from None
+        raise
     (root / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
     if tokenizer is not None and Path(tokenizer).resolve() != root / TOKENIZER_FILE:
         shutil.copyfile(tokenizer, root / TOKENIZER_FILE)
@@ -67,6 +77,19 @@ def load_hf_token_ids(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The bos/eos ids the checkpoint's source HF config.json gave ({} when it had none)."""
     path = Path(directory) / HF_TOKEN_IDS_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+@contextlib.contextmanager
+def _absl_quiet() -> Iterator[None]:
+    """Orbax logs each failed write of a save as an ERROR with its traceback (dozens on a
+    full disk) before raising: the caller reports the error it raises, in one line."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def tokenizer_path(directory: str | os.PathLike[str]) -> Path | None:
