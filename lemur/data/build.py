@@ -109,7 +109,7 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
         (t.fineweb, FineWebFilter),
         (t.gopher_repetition, GopherRepetitionFilter),
     ):
-        if config.enabled and not recipe.is_chat():
+        if t.enabled and config.enabled and not recipe.is_chat():
             filters.append(cls(config))
     if recipe.decontaminate.benchmarks:  # builds the benchmark indexes, once per build
         filters.append(decontamination_filter(recipe.decontaminate, recipe.work_root()))
