@@ -244,3 +244,17 @@ def test_init_from_a_damaged_folder_is_one_line_and_leaves_no_run_dir(
     assert err.startswith(f"lemur-train: model.init_from: {message}"), err
     assert err.count("\n") == 1
     assert not run.exists()
+
+
+def test_dry_run_shows_the_model_the_run_trains(qwen2_case: dict, tmp_path: Path) -> None:
+    # The folder has 128 embedding rows (Qwen's padding), the data's tokenizer 100 ids: the
+    # run keeps the 128 rows, and the dry run must say so (not 100 and fewer parameters).
+    from lemur.model.config import param_count
+    from lemur.train.cli import dry_run_summary
+
+    config = run_config(qwen2_case["data"], tmp_path / "run", qwen2_case["folder"])
+    model = plan_run(config, DataDirs()).model
+    assert model.vocab_size == 128
+    summary = dry_run_summary(config)
+    assert f"# vocab_size 128 from model.init_from {qwen2_case['folder']}" in summary
+    assert f"# parameters: {param_count(model):,}\n" in summary
