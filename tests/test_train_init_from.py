@@ -258,3 +258,32 @@ def test_dry_run_shows_the_model_the_run_trains(qwen2_case: dict, tmp_path: Path
     summary = dry_run_summary(config)
     assert f"# vocab_size 128 from model.init_from {qwen2_case['folder']}" in summary
     assert f"# parameters: {param_count(model):,}\n" in summary
+
+
+def test_continue_defaults_too_long_or_too_big_name_the_keys_to_lower(
+    qwen2_case: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lemur.train import setup
+    from lemur.train.config import ConfigError
+
+    folder = qwen2_case["folder"]
+    config = run_config(qwen2_case["data"], tmp_path / "run", folder, "batch.seq_len=4096")
+    with pytest.raises(ConfigError) as e:  # the folder's max_position_embeddings is 128
+        plan_run(config, DataDirs())
+    assert str(e.value) == (
+        "config: batch.seq_len (4096) exceeds the model's max_seq_len (128 of model.init_from "
+        f"{folder}): lower it, e.g. --set batch.seq_len=128"
+    )
+    # One microbatch's logits: 64 x 32 tokens x 128 ids x 4 bytes x 2 = 2 MiB, on a "host"
+    # of 1 MiB: refused before anything starts, with the keys and a value that fits.
+    monkeypatch.setattr(setup, "host_memory_bytes", lambda: 2**20)
+    config = run_config(qwen2_case["data"], tmp_path / "run", folder, "batch.size=64")
+    with pytest.raises(RunError) as e:
+        plan_run(config, DataDirs())
+    assert str(e.value) == (
+        "batch: one microbatch's logits (64 x 32 tokens x 128 ids, fp32, with their gradient) "
+        "need 2.0 MiB, more than this host's 1.0 MiB: raise batch.microbatches (e.g. "
+        "--set batch.microbatches=4) or lower batch.size or batch.seq_len"
+    )
+    sets = ("batch.size=64", "batch.microbatches=4")  # as the error suggests: it fits
+    assert plan_run(run_config(qwen2_case["data"], tmp_path / "run", folder, *sets), DataDirs())
