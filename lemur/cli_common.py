@@ -3,7 +3,8 @@
 Every command (`lemur-data`, `lemur-train`, `lemur-eval`, `lemur-convert`) runs the body
 of its `main()` through `run_main`, which turns how it ended into an exit code:
 
-- 0 done; 1 a failure the command reports in one line (`die(message, 1)`);
+- 0 done; 1 a failure the command reports in one line (`die(message, 1)`), e.g. a full
+  disk (`writing`);
 - 2 a user mistake (a bad argument, recipe, config, checkpoint or input file): one line
   `PROG: message` on stderr, no traceback; the command names which exception types are
   such mistakes, plus `UserError` (raised by library checks of what the user gave) and
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import math
 import os
 import signal
@@ -193,10 +195,14 @@ def user_input(*kinds: type[Exception]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def writing(path: str | os.PathLike[str]) -> Iterator[None]:
-    """An output the user named that cannot be written: one line naming it, exit 2."""
+    """An output the user named that cannot be written: one line naming it, exit 2; a full
+    disk (or quota) is no mistake of theirs: one line naming the output, exit 1."""
     try:
         yield
     except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            full = "no space left on device" if e.errno == errno.ENOSPC else "disk quota exceeded"
+            die(f"{path}: {full}", 1)
         die(f"{e.filename or path}: {e.strerror or e}")
 
 

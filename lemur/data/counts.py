@@ -196,9 +196,15 @@ def collect_counts(
     }
 
 
+def drop_reasons(counts: dict[str, Any]) -> str:
+    """Every reason documents were dropped for, with its count, the largest first."""
+    ranked = sorted(counts["dropped"].items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{reason} {n:,}" for reason, n in ranked)
+
+
 def drops(counts: dict[str, Any]) -> str:
     """One line of what became of the documents read: `read N, dropped M (reason n, ...)`."""
-    reasons = ", ".join(f"{r} {n:,}" for r, n in counts["dropped"].items())
+    reasons = drop_reasons(counts)
     dropped = sum(counts["dropped"].values())
     return (
         f"read {counts['read']:,} documents, dropped {dropped:,}"

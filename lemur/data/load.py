@@ -22,14 +22,20 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return typed_yaml.apply_overrides(raw, overrides, RecipeError)
 
 
-def expand_paths(source: SourceConfig) -> list[str]:
-    """Expand `~` and globs of a source's paths; each entry must match something."""
+def expand_paths(source: SourceConfig, index: int | None = None) -> list[str]:
+    """Expand `~` and globs of a source's paths; each entry must match something (the error
+    says which key to set when the source's `index` in `sources` is given)."""
     out: list[str] = []
     for p in source.paths:
         pattern = os.path.expanduser(p)
         matches = sorted(glob.glob(pattern, recursive=True))
         if not matches:
-            raise RecipeError(f"recipe: source '{source.name}': path '{p}' matches nothing")
+            hint = (
+                ""
+                if index is None
+                else f"; point it at your files: --set 'sources.{index}.paths=[DIR_OR_GLOB]'"
+            )
+            raise RecipeError(f"recipe: source '{source.name}': path '{p}' matches nothing{hint}")
         out.extend(matches)
     return out
 
@@ -60,8 +66,8 @@ def _check_paths(recipe: Recipe) -> None:
         problem = output_problem(value) if value is not None else None
         if problem:
             raise RecipeError(f"recipe: {key} '{value}' {problem}")
-    for s in recipe.sources:
-        expand_paths(s)
+    for i, s in enumerate(recipe.sources):
+        expand_paths(s, i)
     tok = recipe.tokenizer
     if tok.model is not None:
         model = Path(tok.model).expanduser()

@@ -12,6 +12,7 @@ from typing import Any
 
 from loguru import logger
 
+from lemur.atomic_files import temp_name
 from lemur.chat_template import ChatTemplate, template_source
 from lemur.chat_template.template import TEMPLATE_FILE
 from lemur.data.read.listing import InputFile
@@ -131,7 +132,7 @@ def copy_hf_tokenizer(src: str, work: Path, chat: bool = False) -> Path:
     key = _sha([files.sha256] + [(n, _file_sha(files.path.parent / n)) for n in present[1:]])
     target = work / f"hf-tokenizer-{key[:16]}"
     if not (target / "tokenizer.json").is_file():
-        tmp = work / f".{target.name}.tmp"
+        tmp = temp_name(target)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         for name in present:
