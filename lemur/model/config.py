@@ -70,6 +70,9 @@ class LlamaConfig:
     remat: str = "none"  # "none" | "full" | "dots"
     scan_layers: bool = False  # lax.scan over layers: compile time flat in depth
     attention_impl: str | None = None  # "xla" | "cudnn" | "splash" | None: auto by platform
+    # Positions per chunk of the training loss's head + cross-entropy (lemur.model.loss):
+    # None bounds a chunk's fp32 logits per device (256 MiB); >= seq_len is unchunked.
+    logits_chunk: int | None = None
     init_std: float = 0.02  # HF's initializer_range; norms start at 1
     tie_embeddings: bool = False  # logits = h @ embed.T, no lm_head (Llama-3.2 1B/3B)
     arch: str = "llama"  # the HF family: "llama" | "qwen2" | "mistral"
@@ -120,6 +123,13 @@ class LlamaConfig:
             raise ValueError(
                 f"LlamaConfig.attention_impl must be one of {ATTENTION_IMPLS}, "
                 f"got {self.attention_impl!r}"
+            )
+        chunk = self.logits_chunk
+        if chunk is not None and (
+            not isinstance(chunk, int) or isinstance(chunk, bool) or chunk <= 0
+        ):
+            raise ValueError(
+                f"LlamaConfig.logits_chunk must be a positive int or None, got {chunk!r}"
             )
         for name in ("scan_layers", "tie_embeddings", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):

@@ -269,6 +269,19 @@ def forward_embeddings(
     positions: jax.Array | None = None,
 ) -> jax.Array:
     """Transformer blocks, final norm and output head over input embeddings -> fp32 logits."""
+    x_BxLxD = hidden_states(params, x_BxLxD, config, segment_ids=segment_ids, positions=positions)
+    return output_head(params, x_BxLxD, config)
+
+
+def hidden_states(
+    params: Params,
+    x_BxLxD: jax.Array,
+    config: LlamaConfig,
+    *,
+    segment_ids: jax.Array | None = None,
+    positions: jax.Array | None = None,
+) -> jax.Array:
+    """Transformer blocks and final norm over input embeddings: what the head reads."""
     B, L, _ = x_BxLxD.shape
     x_BxLxD = x_BxLxD.astype(config.compute_dtype)
     positions_BxL = (
@@ -296,8 +309,7 @@ def forward_embeddings(
         unstacked = {name: jnp.unstack(w) for name, w in params["layers"].items()}
         for i in range(config.n_layers):
             x_BxLxD = block_fn(x_BxLxD, {name: ws[i] for name, ws in unstacked.items()})
-    x_BxLxD = rms_norm(x_BxLxD, params["final_norm"], config.norm_eps)
-    return output_head(params, x_BxLxD, config)
+    return rms_norm(x_BxLxD, params["final_norm"], config.norm_eps)
 
 
 def output_head(params: Params, x_BxLxD: jax.Array, config: LlamaConfig) -> jax.Array:
