@@ -62,8 +62,6 @@ KNOWN_CYCLE_EDGES = {
     ("lemur.data.recipe", "lemur.data.run.settings"): "recipe.py, run/settings.py",
     # #35 item 1: expand_paths below both loading and listing.
     ("lemur.data.read.listing", "lemur.data.load"): "read/listing.py",
-    # #35 item 1: StageError, tasks_done, one StageRunner in a run/task module.
-    ("lemur.data.run.slurm_cluster", "lemur.data.run.stage"): "run/slurm_cluster.py",
     # #35 item 1: eval's public CLI helpers in a module below both commands (cli.py and
     # agent_cli.py; agent_cli imports cli's `_load`, `_sampling`, `_say`, `_need_tokenizer`).
     ("lemur.eval.agent_cli", "lemur.eval.cli"): "agent_cli.py",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from datatrove.pipeline.base import PipelineStep
@@ -17,7 +17,7 @@ from lemur.data.dedup.buckets import Priorities, bucket_task
 from lemur.data.dedup.cluster import SUMMARY, DedupResult, cluster_task, load_result
 from lemur.data.dedup.runs import channels
 from lemur.data.recipe import DedupConfig
-from lemur.data.run.task import TaskStep, run_here
+from lemur.data.run.task import StageRunner, TaskStep, run_here
 
 BUCKETS, CLUSTER = "buckets", "cluster"  # the stages' folders under the dedup directory
 # Peak bytes of the cluster task per document that has a duplicate (codes, keep-order
@@ -119,7 +119,7 @@ def dedup_result(tok_dir: Path, n_tasks: int, ddir: Path) -> DedupResult:
 
 
 def run_dedup(
-    config: DedupConfig, tok_work: Path, n_tasks: int, run_stage: Callable[..., None]
+    config: DedupConfig, tok_work: Path, n_tasks: int, run_stage: StageRunner
 ) -> Path | None:
     """Run the bucket tasks, then the cluster task, through `run_stage`; their folder.
 
