@@ -58,8 +58,6 @@ CHECKED_FOLDERS = ("lemur", "tools", "tests")
 # edge (importer, imported): the one that points the wrong way. Delete an entry once its
 # edge is gone or closes no cycle any more (the test says so); never add one.
 KNOWN_CYCLE_EDGES = {
-    # #35 item 1: the executor section's checks and its config in one module.
-    ("lemur.data.recipe", "lemur.data.run.settings"): "recipe.py, run/settings.py",
     # #35 item 1: expand_paths below both loading and listing.
     ("lemur.data.read.listing", "lemur.data.load"): "read/listing.py",
     # #35 item 1: eval's public CLI helpers in a module below both commands (cli.py and

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lemur.data.recipe import ExecutorConfig
 from lemur.data.run.executors import make_executor
+from lemur.data.run.settings import ExecutorConfig
 from lemur.data.run.task import Reporter, StageError, tasks_done
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
