@@ -58,8 +58,6 @@ CHECKED_FOLDERS = ("lemur", "tools", "tests")
 # edge (importer, imported): the one that points the wrong way. Delete an entry once its
 # edge is gone or closes no cycle any more (the test says so); never add one.
 KNOWN_CYCLE_EDGES = {
-    # #35 item 1: expand_paths below both loading and listing.
-    ("lemur.data.read.listing", "lemur.data.load"): "read/listing.py",
     # #35 item 1: eval's public CLI helpers in a module below both commands (cli.py and
     # agent_cli.py; agent_cli imports cli's `_load`, `_sampling`, `_say`, `_need_tokenizer`).
     ("lemur.eval.agent_cli", "lemur.eval.cli"): "agent_cli.py",
