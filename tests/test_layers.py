@@ -85,15 +85,6 @@ KNOWN_PRIVATE_USES = {
     ("tests/test_eval_sandbox.py", "lemur.eval.sandbox._open_to_others"): "sandbox.py",
     ("tests/test_model_llama.py", "lemur.model.llama._attention_impl"): "llama.py",
     ("tests/test_train_step.py", "lemur.train.step._decay_mask"): "step.py",
-    ("tests/test_data_filters.py", "lemur.data.filter.code._HEX"): "",
-    ("tests/test_data_filters.py", "lemur.data.filter.code._base64_runs"): "",
-    ("tests/test_data_filters.py", "lemur.data.filter.code._hex_spans"): "",
-    ("tests/test_data_filters.py", "lemur.data.filter.code._utf8"): "",
-    ("tests/test_data_pii.py", "lemur.data.filter.pii._IPV6"): "",
-    ("tests/test_data_pii.py", "lemur.data.filter.pii._ipv6_matches"): "",
-    ("tests/test_train_reliability.py", "lemur.shards.check._SAMPLE_BLOCKS"): "",
-    ("tests/test_train_reliability.py", "lemur.shards.check._SAMPLE_LEN"): "",
-    ("tools/bench_loader.py", "lemur.train.streams._derived_seed"): "",
 }
 
 
