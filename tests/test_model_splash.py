@@ -119,7 +119,7 @@ _MODEL = LlamaConfig(
 
 def test_attention_choice_by_platform() -> None:
     auto = dataclasses.replace(_MODEL, attention_impl=None, dtype="bfloat16")
-    choose = llama._attention_impl
+    choose = llama.choose_attention_impl
     assert choose(auto, 128, 4096, "tpu", dense_mask=False) == "splash"
     assert choose(auto, 128, 4000, "tpu", dense_mask=False) == "xla"  # no block fits
     assert choose(auto, 128, 4096, "tpu", dense_mask=True) == "xla"  # decode's padding mask

@@ -117,7 +117,7 @@ def apply_rope(x_BxLxHxK: jax.Array, cos_BxLxK2: jax.Array, sin_BxLxK2: jax.Arra
     return out.reshape(B, L, H, K).astype(x_BxLxHxK.dtype)
 
 
-def _platform() -> str:
+def compile_platform() -> str:
     """The platform the step is compiled for: the context mesh's devices (a TPU topology
     compiled ahead of time on a CPU host says "tpu"), else JAX's default backend."""
     mesh = jax.sharding.get_abstract_mesh()
@@ -126,7 +126,7 @@ def _platform() -> str:
     return jax.default_backend()
 
 
-def _attention_impl(
+def choose_attention_impl(
     config: LlamaConfig, head_dim: int, seq_len: int, platform: str, dense_mask: bool
 ) -> str:
     """The attention backend: the configured one, else splash on TPU (for lengths that
@@ -161,8 +161,8 @@ def attention(
     jax.nn.dot_product_attention.
     """
     _, L, _, K = q_BxLxHxK.shape
-    platform = _platform()
-    impl = _attention_impl(config, K, L, platform, dense_mask=mask_Bx1xLxL is not None)
+    platform = compile_platform()
+    impl = choose_attention_impl(config, K, L, platform, dense_mask=mask_Bx1xLxL is not None)
     if impl == "splash":
         # Interpreted off TPU: exact, slow, for tests (Mosaic compiles for TPU only).
         return splash.splash_attention(
