@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 from lemur.eval import generate as gen_lib  # noqa: E402
 from lemur.eval.load import load_model  # noqa: E402
 from lemur.eval.sampling import Sampling, sample  # noqa: E402
-from lemur.model import decode, hf, llama  # noqa: E402
+from lemur.model import hf, llama  # noqa: E402
 from lemur.model.config import LlamaConfig, Params, param_shapes
 from lemur.tokenizer import SentencePieceTokenizer  # noqa: E402
 
@@ -219,45 +219,3 @@ def test_chat_wraps_prompts_in_chatml(tmp_path: Path) -> None:
         params, config, tok, ["Say hi"], dataclasses.replace(GREEDY, max_new_tokens=8), chat=True
     )
     assert gen_lib.CHATML_END not in out.text and 0 < len(out.tokens) <= 8
-
-
-def _chunk_hlo(program: object, config: LlamaConfig, params: Params, batch: int) -> str:
-    """Compiled HLO text of a 4-step decode chunk over a 32-slot cache."""
-    return (
-        program.lower(  # type: ignore[attr-defined]
-            params,
-            decode.init_cache(config, batch, 32),
-            np.ones(batch, np.int32),
-            np.int32(16),
-            np.zeros(batch, np.int32),
-            jax.random.key(0),
-            np.zeros(batch, bool),
-            np.full(4, -1, np.int32),
-            config=config,
-            sampling=Sampling(),
-            steps=4,
-        )
-        .compile()
-        .as_text()
-    )
-
-
-def test_prefill_and_batched_decode_compile_dots_for_eigen() -> None:
-    """XLA's CPU default (YNNPACK dots) ran a batched decode step on one core and prefill at
-    half the speed (docs/benchmarks.md): those programs compile their dots for Eigen, which
-    splits them over the cores; a batch-1 decode step keeps YNNPACK's matrix-vector dots."""
-    if jax.default_backend() != "cpu":
-        pytest.skip("a choice of XLA's CPU backend")
-    config, params = _model()
-    params = decode.split_layers(params)
-    prefill = gen_lib._prefill_row.lower(
-        params, np.ones((1, 16), np.int32), np.zeros(1, np.int32), config=config
-    )
-    assert "__ynn_fusion" not in prefill.compile().as_text()
-    assert "__ynn_fusion" not in _chunk_hlo(gen_lib._continue_batched, config, params, 3)
-    assert "__ynn_fusion" in _chunk_hlo(gen_lib._continue, config, params, 1)
-    before = gen_lib._continue_batched._cache_size()
-    gen_lib.generate_ids(
-        params, config, _prompts(), dataclasses.replace(GREEDY, max_new_tokens=20), eos_id=None
-    )
-    assert gen_lib._continue_batched._cache_size() == before + 1  # a batch of 3 decodes there
