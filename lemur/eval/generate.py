@@ -101,16 +101,7 @@ def bucket(n: int, minimum: int = 16) -> int:
     return b
 
 
-# XLA's CPU backend sends f32 dots to YNNPACK by default; measured on this project's CPU
-# (docs/benchmarks.md, Generation), its kernels ran one thread at a time in a batched
-# decode step and took twice the CPU time of Eigen's in prefill, where Eigen's dots split
-# over the cores. So prefill and batched decode compile their dots for Eigen; a batch-1
-# decode step (matrix-vector products) stays with YNNPACK, which splits those. A CPU-only
-# debug option: other backends ignore it.
-EIGEN_DOTS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-
-
-@functools.partial(jax.jit, static_argnames="config", compiler_options=EIGEN_DOTS)
+@functools.partial(jax.jit, static_argnames="config")
 def _prefill_row(
     params: Params, tokens_1xP: jax.Array, pad_1: jax.Array, *, config: LlamaConfig
 ) -> tuple[jax.Array, decode.KVCache]:
@@ -171,7 +162,8 @@ def _start(
     return token_B, key, cache
 
 
-def _decode_chunk(
+@functools.partial(jax.jit, static_argnames=("config", "sampling", "steps"), donate_argnums=1)
+def _continue(
     params: Params,
     cache: decode.KVCache,
     token_B: jax.Array,
@@ -198,11 +190,6 @@ def _decode_chunk(
 
     carry, out_TxB = jax.lax.scan(body, (cache, token_B, slot, key, done_B), None, length=steps)
     return (*carry, out_TxB.T)
-
-
-_CHUNK_STATIC = {"static_argnames": ("config", "sampling", "steps"), "donate_argnums": 1}
-_continue = jax.jit(_decode_chunk, **_CHUNK_STATIC)  # batch 1: YNNPACK's matrix-vector dots
-_continue_batched = jax.jit(_decode_chunk, **_CHUNK_STATIC, compiler_options=EIGEN_DOTS)
 
 
 @dataclasses.dataclass
@@ -287,9 +274,7 @@ def _run_batch(
     slot = jnp.asarray(P, jnp.int32)
     while any(r.finish is None for r in rows):
         done_B = np.array([r.finish is not None for r in rows])
-        cache, token_B, slot, key, _, new_BxT = (
-            _continue if len(rows) == 1 else _continue_batched
-        )(
+        cache, token_B, slot, key, _, new_BxT = _continue(
             params,
             cache,
             token_B,
