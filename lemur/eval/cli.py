@@ -322,6 +322,10 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
     """Generate (or take canonical) completions, check them in the sandbox, report pass@k."""
     from lemur.eval import humaneval
 
+    samples_per_task = 1 if args.canonical else args.n
+    if max(args.k or [1]) > samples_per_task:  # pass@k needs k samples of a task
+        where = "--canonical checks one" if args.canonical else f"--n {args.n}"
+        die(f"--k {max(args.k)}: more than the samples per task ({where})")
     with user_input(ValueError):  # the --tasks file
         tasks = humaneval.load_tasks(args.tasks) if args.tasks else humaneval.humaneval_tasks()
     tasks = tasks[: args.limit]  # None: every task
