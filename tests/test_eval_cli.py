@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -163,6 +164,23 @@ def test_humaneval_command(run_dir: Path, tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "he" / "summary.json").read_text())
     assert summary["samples"] == 4 and "pass@2" in summary and summary["sandbox"]
     assert len((tmp_path / "he" / "samples.jsonl").read_text().splitlines()) == 4
+
+
+def test_bpb_of_a_directory_without_val_shards_is_one_line(
+    run_dir: Path, shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A shard directory with no val split (a build with val_fraction 0): one line naming
+    it, exit 2 (it printed an empty table, exit 0)."""
+    train_only = tmp_path / "train-only"
+    shutil.copytree(shards, train_only)
+    manifest = json.loads((train_only / "manifest.json").read_text())
+    manifest["shards"] = [s for s in manifest["shards"] if s["split"] != "val"]
+    (train_only / "manifest.json").write_text(json.dumps(manifest))
+    assert cli.main(["bpb", str(run_dir), str(train_only)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        err[-1] == f"lemur-eval: {train_only}: no val shards to score (built with val_fraction 0?)"
+    )
 
 
 def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -223,6 +223,8 @@ def cmd_bpb(args: argparse.Namespace) -> int:
     model = _load(args)
     dirs = [ShardDir(d) for d in args.dirs]  # each manifest read once, here
     for d in dirs:
+        if not d.domains("val"):  # else an empty table, exit 0
+            die(f"{d}: no val shards to score (built with val_fraction 0?)")
         _check_tokenizer(args, model, d)
     seq_len = args.seq_len or min(2048, model.config.max_seq_len)
     with user_input(ValueError):
