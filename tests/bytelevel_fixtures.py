@@ -251,7 +251,9 @@ def lossy_folder(out: Path, kind: str, texts: list[str]) -> Path:
     """A tokenizer.json trained with `tokenizers` on `texts` that does not give text back:
     `wordpiece` (BERT's: lowercased, split on spaces and punctuation, `##` pieces, `[UNK]`),
     `whitespace-bpe` (BPE over `Whitespace` pre-tokens: spaces and newlines dropped) or
-    `unigram` (`Metaspace`, `<unk>` for what the sample lacks: tabs, `\\r`, most non-ASCII)."""
+    `unigram` (`Metaspace`, `<unk>` for what the sample lacks: tabs, `\\r`, most non-ASCII)
+    or `seen-bytes-bpe` (a byte-level BPE trained without the full byte alphabet: `<unk>`
+    for each byte the sample lacks, here Cyrillic's, Arabic's, ...)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     specials = ["<unk>", "</s>"]
@@ -261,6 +263,11 @@ def lossy_folder(out: Path, kind: str, texts: list[str]) -> Path:
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
         trainer = trainers.WordPieceTrainer(vocab_size=800, special_tokens=specials)
+    elif kind == "seen-bytes-bpe":
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=1200, special_tokens=specials)
     elif kind == "whitespace-bpe":
         tok = Tokenizer(models.BPE(unk_token="<unk>"))
         tok.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -553,3 +553,17 @@ def test_chat_demo_is_real_deterministic_and_read_without_drops(tmp_path):
     with_stmt = [a for q, a in answers.items() if "the `with` statement in Python" in q]
     assert len(with_stmt) == 1 and with_stmt[0] in topics["with"]
     assert with_stmt[0].startswith('The "with" statement is used to wrap')
+
+
+def test_a_lone_surrogate_in_a_conversation_is_repaired_and_counted_when_kept(tmp_path):
+    """A chat line escaping half a UTF-16 pair is read with U+FFFD (as a text line is) and
+    counted `repaired` when it makes a conversation; one dropped is counted as dropped only."""
+    good = r'{"messages": [{"role": "user", "content": "hi \ud800"}, ' + (
+        r'{"role": "assistant", "content": "ok \udfff"}]}'
+    )
+    dropped = r'{"messages": [{"role": "user", "content": "only a question \ud800"}]}'
+    path = write_rows(tmp_path / "c.jsonl", [good, dropped])
+    docs, stats, errors = read_chat(tmp_path, paths=[str(path)], schema="messages")
+    assert len(docs) == 1 and "hi \ufffd" in docs[0].text and "ok \ufffd" in docs[0].text
+    assert stats["repaired:c:lone_surrogate"] == 1 and drops(stats) == {ENDS_ON_USER: 1}
+    assert errors == []

@@ -283,13 +283,15 @@ def test_jsonl_bad_streams_lines_and_paths(tmp_path):
 def test_a_lone_surrogate_escape_becomes_u_fffd_and_is_counted(tmp_path):
     """`"\\ud800"` is valid JSON but half a UTF-16 pair (orjson refuses it): the document is
     kept with U+FFFD there, in keys and metadata too, and counted; a line refused for
-    another reason stays an error."""
+    another reason stays an error, and a repaired line that makes no document (no text) is
+    not counted among the documents kept after a repair (it was, beside its error)."""
     lines = [
         r'{"text": "before \ud800 after", "url": "u\udfff"}',  # lone high, lone low
         r'{"text": "pair \ud83d\ude00 ok"}',  # a pair escaped in halves: orjson reads it
         r'{"text": "key", "k\udc00": 1}',
         r'{"text": "\ud800 and NaN", "n": NaN}',  # NaN is not JSON: still invalid
         r'{"text": "escaped \\ud800 backslash", }',  # no surrogate: its error stays
+        r'{"te\ud800xt": "no text"}',  # repaired, but no document: not counted as kept
     ]
     (tmp_path / "s.jsonl").write_text("\n".join(lines) + "\n")
     source = {
@@ -303,7 +305,11 @@ def test_a_lone_surrogate_escape_becomes_u_fffd_and_is_counted(tmp_path):
     assert docs[0].metadata["url"] == "u\ufffd"
     stats = {k: v.total for k, v in reader.stats.stats.items()}
     assert stats["repaired:s:lone_surrogate"] == 2
-    assert _errors(reader) == [("s.jsonl", "invalid_json", 4), ("s.jsonl", "invalid_json", 5)]
+    assert _errors(reader) == [
+        ("s.jsonl", "invalid_json", 4),
+        ("s.jsonl", "invalid_json", 5),
+        ("s.jsonl", "missing_text", 6),
+    ]
 
 
 # ------------------------------------------------------------------ bad input (issue 12)

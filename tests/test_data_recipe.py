@@ -54,6 +54,10 @@ def test_valid_recipe_types_and_defaults(tmp_path):
         ({"seed": True}, "seed must be an integer"),
         ({"mix": {"ratio": {"code": -1, "text": 1}}}, "mix.ratio.code must be >= 0, got -1"),
         ({"mix": {"ratio": {"code": 0, "text": 0}}}, "mix.ratio needs at least one domain above 0"),
+        (
+            {"mix": {"ratio": {"code": 1e308, "text": 1e308}}},
+            "mix.ratio's weights sum to infinity",
+        ),
         ({"work_dir": " "}, "work_dir is empty"),
         ({"mix": {"ratio": {"code": 10}}}, "mix.ratio has no entry for domain 'text'"),
         (

@@ -93,3 +93,17 @@ def test_agent_prompts_are_the_chat_template_of_the_transcript(hf_model, tmp_pat
 
     assert without_times(again) == without_times(records)
     assert [t.task_id for t in load_agent_tasks(str(tasks))] == ["fix", "never", "nocode"]
+
+
+@needs_network
+def test_a_turn_budget_beyond_the_context_is_refused(hf_model, tmp_path, capsys) -> None:
+    """`--turns` above the context length (each turn adds a token at least, so the budget
+    can never be used): one line, exit 2, nothing written. It ran, then hung building the
+    success curve of every budget up to it (`--turns 99999999999999999999`)."""
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", MBPP[:1])
+    argv = ["agent", str(hf_model), "--tasks", str(tasks), "--feedback", "none"]
+    argv += ["--max-seq-len", "8", "--turns", "9", "--out", str(tmp_path / "run")]
+    assert eval_cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "lemur-eval: --turns 9: more than the context holds (8 tokens)", err
+    assert not (tmp_path / "run").exists()

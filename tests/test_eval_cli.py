@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -165,6 +166,23 @@ def test_humaneval_command(run_dir: Path, tmp_path: Path) -> None:
     assert len((tmp_path / "he" / "samples.jsonl").read_text().splitlines()) == 4
 
 
+def test_bpb_of_a_directory_without_val_shards_is_one_line(
+    run_dir: Path, shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A shard directory with no val split (a build with val_fraction 0): one line naming
+    it, exit 2 (it printed an empty table, exit 0)."""
+    train_only = tmp_path / "train-only"
+    shutil.copytree(shards, train_only)
+    manifest = json.loads((train_only / "manifest.json").read_text())
+    manifest["shards"] = [s for s in manifest["shards"] if s["split"] != "val"]
+    (train_only / "manifest.json").write_text(json.dumps(manifest))
+    assert cli.main(["bpb", str(run_dir), str(train_only)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        err[-1] == f"lemur-eval: {train_only}: no val shards to score (built with val_fraction 0?)"
+    )
+
+
 def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["bpb", str(tmp_path / "missing"), str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -221,6 +239,52 @@ def test_counts_and_times_below_one_are_refused_when_parsed(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"lemur-eval {argv[0]}: "), err
     assert f"argument {flag}: must be" in err[0], err
+
+
+@pytest.mark.parametrize(
+    "argv, flag, says",
+    [
+        (["humaneval", "--canonical", "--timeout", "1e300"], "--timeout", "must be at most"),
+        (["agent", "CKPT", "--timeout", "1e300"], "--timeout", "must be at most"),
+        (["generate", "CKPT", "--prompt", "x", "--seed", str(2**64)], "--seed", "64-bit"),
+        (["humaneval", "CKPT", "--seed", str(-(2**63) - 1)], "--seed", "64-bit"),
+    ],
+)
+def test_values_out_of_range_are_refused_when_parsed(
+    argv: list[str], flag: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A finite timeout too large for the sandbox (every run failed inside with an
+    OverflowError, pass@1 0.0 for correct code, exit 0) and a seed JAX cannot make a key of
+    (an OverflowError traceback): one line naming the option, exit 2, as it is parsed."""
+    argv = [a.replace("CKPT", str(tmp_path / "none")) for a in argv]
+    argv += ["--tasks", str(tmp_path / "none.jsonl")] if argv[0] in ("humaneval", "agent") else []
+    assert _exit_code(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"argument {flag}: " in err[0] and says in err[0], err
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (
+            ["--canonical", "--k", "2"],
+            "--k 2: more than the samples per task (--canonical checks one)",
+        ),
+        (
+            ["CKPT", "--n", "2", "--k", "1", "--k", "3"],
+            "--k 3: more than the samples per task (--n 2)",
+        ),
+    ],
+)
+def test_pass_at_k_beyond_the_samples_is_refused(
+    argv: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--k` above the samples per task: one line, exit 2, before anything runs (it printed
+    an empty score line after every check, exit 0)."""
+    argv = ["humaneval", *(a.replace("CKPT", str(tmp_path / "none")) for a in argv)]
+    assert cli.main([*argv, "--tasks", str(tmp_path / "none.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"lemur-eval: {says}"]
 
 
 def test_deeply_nested_json_lines_are_one_line_errors(

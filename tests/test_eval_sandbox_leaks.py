@@ -119,7 +119,8 @@ def read(path):
     except OSError as e:
         return f"unreadable: {e.strerror}"
 views = {p: read(p) for p in ("/proc/1/cmdline", "/proc/1/environ", "/proc/self/cmdline",
-                              "/proc/self/environ", "/proc/self/mountinfo")}
+                              "/proc/self/environ", "/proc/self/mountinfo", "/proc/1/cgroup",
+                              "/proc/self/cgroup")}
 views["cwd"] = os.getcwd()
 os.write(3, json.dumps(views).encode())  # the report channel: stdout keeps only its tail
 """
@@ -129,8 +130,9 @@ os.write(3, json.dumps(views).encode())  # the report channel: stdout keeps only
 @pytest.mark.parametrize("own_uid", [True, False], ids=["own-uid", "callers-uid"])
 def test_pid_1_shows_nothing_of_the_run(own_uid: bool, monkeypatch) -> None:
     """/proc/1/cmdline is "lemur-jail" and no view of pid 1 or of the program itself holds
-    the run's host path, uid or settings (issue #33: pid 1's command line held them all).
-    Run under the caller's uid too, where /proc/1/environ is readable."""
+    the run's host path, uid or settings (issue #33: pid 1's command line held them all;
+    its /proc/PID/cgroup, the run's cgroup paths, named the evaluator and the host's own
+    cgroup). Run under the caller's uid too, where /proc/1/environ is readable."""
     if own_uid and not isolation.own_uid:
         pytest.skip("not root: no per-run uid")
     token = uuid.uuid4().hex

@@ -153,6 +153,7 @@ def test_every_model_is_scored_on_the_same_held_out_shards(report):
     [
         ("inf:1", "'inf:1' needs finite weights"),
         ("1:nan", "'1:nan' needs finite weights"),
+        ("1e308:1e308,1:1", "'1e308:1e308' needs finite weights"),  # sum: inf, share 0
         ("-1:1", "needs weights >= 0"),
         ("2:2,1:1", "'1:1' is the ratio 2:2 again"),
         ("0:1,4:2,2:1", "'2:1' is the ratio 4:2 again"),

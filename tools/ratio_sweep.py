@@ -65,7 +65,8 @@ class Sweep:
 
 def parse_ratios(text: str) -> list[tuple[float, float]]:
     """'0:1,1:1,4:1' -> [(0, 1), (1, 1), (4, 1)]; SweepError on anything else: a part that
-    is not two finite weights >= 0, not both 0, or a ratio that another one names again in
+    is not two finite weights >= 0 with a finite sum (the code share of 1e308:1e308 is 0),
+    not both 0, or a ratio that another one names again in
     other numbers (2:2 is 1:1; it would be built and trained twice)."""
     out: list[tuple[float, float]] = []
     for part in text.split(","):
@@ -73,7 +74,7 @@ def parse_ratios(text: str) -> list[tuple[float, float]]:
             code, txt = (float(x) for x in part.split(":"))
         except ValueError:
             raise SweepError(f"--ratios: {part!r} is not CODE:TEXT (e.g. 4:1)") from None
-        if not (math.isfinite(code) and math.isfinite(txt)):
+        if not (math.isfinite(code) and math.isfinite(txt) and math.isfinite(code + txt)):
             raise SweepError(f"--ratios: {part!r} needs finite weights")
         if not (code >= 0 and txt >= 0 and code + txt > 0):
             raise SweepError(f"--ratios: {part!r} needs weights >= 0, not both 0")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,12 @@ class MixConfig:
             # arm of a ratio sweep keeps the other domain's held-out set).
             if not r >= 0:
                 raise RecipeError(f"recipe: mix.ratio.{d} must be >= 0, got {r}")
+        # Each weight is finite (typed_yaml), but their sum may not be (1e308 twice): every
+        # domain's share would then be 0 and the mix planner fail after the tokenize pass.
+        if not math.isfinite(sum(self.ratio.values())):
+            raise RecipeError(
+                f"recipe: mix.ratio's weights sum to infinity ({self.ratio}): use smaller numbers"
+            )
         if self.total_tokens is not None and not self.total_tokens > 0:
             raise RecipeError("recipe: mix.total_tokens must be > 0")
         if not self.max_repeats >= 1:

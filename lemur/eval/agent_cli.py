@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from lemur.cli_common import positive_int, user_input, writing
+from lemur.cli_common import die, positive_int, user_input, writing
 from lemur.eval.cli_args import gen_args, limit_arg, model_args, sandbox_args, sandbox_limits
 
 
@@ -84,6 +84,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
     cli._need_tokenizer(args, model)
     if args.max_seq_len is not None:
         model.config = dataclasses.replace(model.config, max_seq_len=args.max_seq_len)
+    if args.turns > model.config.max_seq_len:  # each turn adds a token at least
+        die(
+            f"--turns {args.turns}: more than the context holds ({model.config.max_seq_len} tokens)"
+        )
     gen = cli._sampling(args)
     replies = agent.ModelReplies(
         model.params,

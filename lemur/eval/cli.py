@@ -223,6 +223,8 @@ def cmd_bpb(args: argparse.Namespace) -> int:
     model = _load(args)
     dirs = [ShardDir(d) for d in args.dirs]  # each manifest read once, here
     for d in dirs:
+        if not d.domains("val"):  # else an empty table, exit 0
+            die(f"{d}: no val shards to score (built with val_fraction 0?)")
         _check_tokenizer(args, model, d)
     seq_len = args.seq_len or min(2048, model.config.max_seq_len)
     with user_input(ValueError):
@@ -322,6 +324,10 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
     """Generate (or take canonical) completions, check them in the sandbox, report pass@k."""
     from lemur.eval import humaneval
 
+    samples_per_task = 1 if args.canonical else args.n
+    if max(args.k or [1]) > samples_per_task:  # pass@k needs k samples of a task
+        where = "--canonical checks one" if args.canonical else f"--n {args.n}"
+        die(f"--k {max(args.k)}: more than the samples per task ({where})")
     with user_input(ValueError):  # the --tasks file
         tasks = humaneval.load_tasks(args.tasks) if args.tasks else humaneval.humaneval_tasks()
     tasks = tasks[: args.limit]  # None: every task

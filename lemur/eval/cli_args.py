@@ -6,9 +6,36 @@ default"; an option left out does."""
 from __future__ import annotations
 
 import argparse
+import threading
 from typing import Any
 
 from lemur.cli_common import positive_float, positive_int
+
+# The seeds JAX's random keys take: a signed 64-bit integer (more is an OverflowError).
+SEED_RANGE = (-(2**63), 2**63 - 1)
+
+
+def seed_int(text: str) -> int:
+    """An argparse `type`: an integer a random key can be made of (SEED_RANGE)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise argparse.ArgumentTypeError(f"must be a 64-bit integer, got {value}")
+    return value
+
+
+def timeout_seconds(text: str) -> float:
+    """An argparse `type`: a time > 0 that a wait and RLIMIT_CPU can hold (beyond
+    threading.TIMEOUT_MAX, some 292 years, the CPU limit overflows inside every run, which
+    then fails as if the code had)."""
+    value = positive_float(text)
+    if value > threading.TIMEOUT_MAX:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {threading.TIMEOUT_MAX:.0f} seconds, got {text}"
+        )
+    return value
 
 
 def model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -39,14 +66,16 @@ def gen_args(p: argparse.ArgumentParser, max_new: int) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top-k", type=int, default=0, help="0: off")
     p.add_argument("--top-p", type=float, default=1.0, help="1: off")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--batch-size", type=positive_int, default=8, help="prompts decoded together")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
 def sandbox_args(p: argparse.ArgumentParser, unit: str) -> None:
     """The options of a command that runs generated code in the sandbox (`unit`: one run)."""
-    p.add_argument("--timeout", type=positive_float, default=10.0, help=f"seconds per {unit} (> 0)")
+    p.add_argument(
+        "--timeout", type=timeout_seconds, default=10.0, help=f"seconds per {unit} (> 0)"
+    )
     p.add_argument(
         "--workers", type=positive_int, default=None, help=f"{unit}s at once (default: CPUs)"
     )

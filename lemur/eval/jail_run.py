@@ -13,7 +13,7 @@ import time
 
 from jail_root import JailError, build_root, check, libc  # beside this file (see jail.py)
 
-CLONE_NEWIPC, CLONE_NEWPID = 0x08000000, 0x20000000
+CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWCGROUP = 0x08000000, 0x20000000, 0x02000000
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 # keyctl(2) has no glibc wrapper, and libkeyutils (the usual one) is often not installed:
@@ -61,6 +61,18 @@ def join_cgroups(spec: dict) -> None:
     for cgroup in spec.get("cgroups", []):
         with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
             f.write("0")
+
+
+def own_cgroup_namespace() -> None:
+    """A new cgroup namespace rooted at the run's cgroups (just joined): /proc/PID/cgroup
+    then shows "/", not their host paths (which name the evaluator's pid and the host's own
+    cgroups). Where none can be made (a kernel without them: EINVAL; no privilege: EPERM),
+    the paths stay visible, as without this step."""
+    if libc.unshare(CLONE_NEWCGROUP) == -1 and ctypes.get_errno() not in (
+        errno.EINVAL,
+        errno.EPERM,
+    ):
+        check(-1, "unshare cgroup namespace")
 
 
 def unshare(spec: dict) -> None:
@@ -279,6 +291,7 @@ def main() -> None:
     child = os.fork()
     if child == 0:
         guarded(join_cgroups, spec)
+        guarded(own_cgroup_namespace)
         if spec.get("mountns"):
             init(spec)
         guarded(become_program, spec)

@@ -27,6 +27,17 @@ PROBE: tuple[str, ...] = (
     "中文字符 日本語のテキスト 한국어 텍스트",
     "emoji: 🚀 👍🏽 🇫🇷 ❤️ 👩‍💻",
     "digits 0123456789 3.14159 1e-9 0xFF 1,000,000",
+    # Every byte a UTF-8 text can hold beyond ASCII: the 64 continuation bytes (U+00C0 to
+    # U+00FF), then a character for each lead byte C2-F4 (NFC as they are; private-use or
+    # unassigned code points where a lead byte has nothing else). A byte-level BPE trained
+    # without the full byte alphabet loses every script it did not see (Cyrillic became
+    # U+FFFD), yet gave the strings above back.
+    "".join(map(chr, range(0xC0, 0x100)))
+    + " \xa1\u0100\u0140\u0180\u01c0\u0200\u0240\u0280\u02c0x\u0300\u0370\u0384\u03c0"
+    "\u0400\u0440\u0480\u04c0\u0500\u0540\u0580\u05c0\u0606\u0640\u0680\u06c0\u0700"
+    "\u074d\u0780\u07c0\u0800\u1000\u2010\u3001\u4000\u5000\u6000\u7000\u8000\u9000"
+    "\ua000\ub000\uc000\ud000\ue000\ufa0e\U00010000\U00040000\U00080000\U000c0000"
+    "\U00100000",
     # A long line: 1,895 characters.
     "x = [" + ", ".join(str(i) for i in range(400)) + "]\n",
 )

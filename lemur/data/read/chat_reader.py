@@ -16,7 +16,7 @@ from typing import Any
 
 from datatrove.data import Document
 
-from lemur.data.counts import dropped_label, read_label
+from lemur.data.counts import dropped_label, read_label, repaired_label
 from lemur.data.read.chat import (
     OASST_COLUMNS,
     ChatDrop,
@@ -29,7 +29,14 @@ from lemur.data.read.chat import (
     render_chatml,
 )
 from lemur.data.read.listing import InputFile
-from lemur.data.read.readers import BaseReader, JsonlReader, ParquetReader, ReadLog, Row
+from lemur.data.read.readers import (
+    BaseReader,
+    JsonlReader,
+    ParquetReader,
+    ReadLog,
+    RepairedRow,
+    Row,
+)
 from lemur.data.read.streams import is_parquet
 from lemur.data.recipe import SourceConfig
 
@@ -92,6 +99,8 @@ class ChatReader(BaseReader):
             except ChatDrop as e:
                 self.drop(f, e.reason)
                 continue
+            if isinstance(row, RepairedRow):  # counted once it makes a conversation
+                self.log.stat_update(repaired_label(source.name, row.kind))
             yield self.chat_doc(
                 f, messages, self.row_id(f, row, line), self.row_metadata(row, source)
             )
@@ -101,7 +110,11 @@ class ChatReader(BaseReader):
         keep = set(OASST_COLUMNS) | {source.id_key, source.path_key, source.language_key}
         keep |= {"language", *(source.metadata_keys or ())}
         # Only the fields we use: a file's rows sit in memory together until grouped.
-        rows = [{k: v for k, v in row.items() if k in keep} for _, row in self.rows(f)]
+        rows = []
+        for _, row in self.rows(f):
+            if isinstance(row, RepairedRow):  # a message of a tree: counted as it is read
+                self.log.stat_update(repaired_label(source.name, row.kind))
+            rows.append({k: v for k, v in row.items() if k in keep})
         roots, replies = group_oasst1(rows)
         languages = set(source.languages) if source.languages else None
         for root in roots:

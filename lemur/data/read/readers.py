@@ -39,6 +39,12 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+class RepairedRow(dict):
+    """A row read after a repair of `kind`, counted once it makes a document (not if none)."""
+
+    kind: str = ""
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # json.loads accepts NaN and Infinity; orjson not
 
@@ -205,6 +211,8 @@ class RowReader(BaseReader):
         for number, row in self.rows(f):
             doc = self.row_doc(f, row, number)
             if doc is not None:
+                if isinstance(row, RepairedRow):
+                    self.log.stat_update(repaired_label(self.sources[f.source].name, row.kind))
                 yield doc
 
 
@@ -215,8 +223,8 @@ class JsonlReader(RowReader):
         """The object of one JSON line, or None (logged) for a bad line.
 
         A string escaping a lone UTF-16 surrogate (`"\\ud800"`: valid JSON, not valid
-        Unicode; orjson refuses it) is read with each lone surrogate as U+FFFD, and the
-        document counted `repaired:<source>:lone_surrogate`.
+        Unicode; orjson refuses it) is read with each lone surrogate as U+FFFD, and its
+        document, if it makes one, counted `repaired:<source>:lone_surrogate`.
         """
         try:
             row = orjson.loads(raw)
@@ -226,7 +234,7 @@ class JsonlReader(RowReader):
             except UnicodeDecodeError as u:
                 self.error("invalid_utf8", f, f"invalid UTF-8 at byte {u.start}", line_no)
                 return None
-            row = self._with_lone_surrogates(f, raw)
+            row = self._with_lone_surrogates(raw)
             if row is None:
                 self.error("invalid_json", f, str(e).split(":")[0], line_no)
                 return None
@@ -235,7 +243,7 @@ class JsonlReader(RowReader):
             return None
         return row
 
-    def _with_lone_surrogates(self, f: InputFile, raw: bytes) -> Any:
+    def _with_lone_surrogates(self, raw: bytes) -> Any:
         """The line parsed with its lone surrogates replaced (counted), or None if it holds
         none (orjson refused it for another reason) or is not JSON anyway."""
         if not _SURROGATE_ESCAPE.search(raw):
@@ -248,7 +256,8 @@ class JsonlReader(RowReader):
         if repaired == value:  # no lone surrogate: refused for another reason
             return None
         if isinstance(repaired, dict):  # else the caller logs a line that is not an object
-            self.log.stat_update(repaired_label(self.sources[f.source].name, LONE_SURROGATE))
+            repaired = RepairedRow(repaired)
+            repaired.kind = LONE_SURROGATE  # counted by `read` if the row makes a document
         return repaired
 
     def rows(self, f: InputFile) -> Iterator[tuple[int, Row]]:
