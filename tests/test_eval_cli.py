@@ -122,6 +122,21 @@ def test_generate_command(run_dir: Path, tmp_path: Path) -> None:
     assert cli.main(["generate", str(run_dir), "--prompt", "x", "--chat"]) == 2  # no ChatML
 
 
+@pytest.mark.parametrize("max_new", ["1000000000", "99999999999999999999"])
+def test_a_kv_cache_beyond_the_device_is_one_line(
+    run_dir: Path, max_new: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--max-new-tokens` whose KV cache cannot fit (a RESOURCE_EXHAUSTED traceback asking
+    for 512 GB; past int64, a JAX TypeError): one line naming the flags, exit 2, before
+    anything is allocated."""
+    capsys.readouterr()
+    argv = ["generate", str(run_dir), "--prompt", "x", "--max-new-tokens", max_new]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("lemur-eval: run model from"), err  # the model line, then:
+    assert len(err) == 2 and "lower --max-new-tokens or --batch-size" in err[1], err
+
+
 def test_chat_prompt_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A "messages" row needs --chat and well-formed messages: else one line, exit 2."""
     rows = tmp_path / "rows.jsonl"

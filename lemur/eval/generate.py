@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -294,6 +295,29 @@ def _run_batch(
                 _update(r, new_BxT[b], gen, eos_ids, tokenizer)
 
 
+def memory_limit_bytes() -> int:
+    """What the first device may hold: its allocator's limit (GPU, TPU), else the host's RAM."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_cache_fits(config: LlamaConfig, batch: int, longest: int, gen: GenerationConfig) -> None:
+    """UserError naming --max-new-tokens and --batch-size when the KV cache of the longest
+    batch would not fit the device: XLA would fail the allocation with a traceback (or, on a
+    host that overcommits, the kernel would kill the process without a word)."""
+    length = bucket(longest) + -(-(gen.max_new_tokens - 1) // gen.chunk) * gen.chunk
+    itemsize = jnp.dtype(config.compute_dtype).itemsize
+    need = 2 * config.n_layers * batch * length * config.n_kv_heads * config.head_dim * itemsize
+    if need > (limit := memory_limit_bytes()):
+        raise UserError(
+            f"the KV cache of {batch} x {length:,} tokens ({longest} of prompt + "
+            f"--max-new-tokens {gen.max_new_tokens:,}) needs {need / 2**30:,.1f} GiB, more "
+            f"than the device's {limit / 2**30:,.1f} GiB: lower --max-new-tokens or --batch-size"
+        )
+
+
 def stop_ids_of(eos_id: int | Sequence[int] | None) -> tuple[int, ...]:
     """The stop ids a decode loop compares with: `eos_id` as a tuple; (-1,) (never) for None."""
     return (-1,) if eos_id is None else tuple(np.atleast_1d(eos_id).astype(int).tolist())
@@ -321,6 +345,7 @@ def generate_ids(
         raise UserError(f"a prompt of {longest} tokens exceeds max_seq_len {config.max_seq_len}")
     if gen.stop and tokenizer is None:
         raise ValueError("stop strings need a tokenizer")
+    check_cache_fits(config, min(gen.batch_size, len(prompts)), longest, gen)
     if eos_id is None:
         gen = dataclasses.replace(gen, stop_at_eos=False)
     eos_ids = stop_ids_of(eos_id)
