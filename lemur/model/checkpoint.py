@@ -54,7 +54,7 @@ def save_params(
     )
     checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(type_handler_registry=registry))
     try:
-        with _absl_quiet():
+        with absl_logs_at(logging.CRITICAL):
             checkpointer.save(root / "params", args=ocp.args.PyTreeSave(params), force=True)
     except ValueError as e:
         # tensorstore's write errors are ValueErrors; a full disk is an OSError like any other.
@@ -80,16 +80,17 @@ def load_hf_token_ids(directory: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _absl_quiet() -> Iterator[None]:
-    """Orbax logs each failed write of a save as an ERROR with its traceback (dozens on a
-    full disk) before raising: the caller reports the error it raises, in one line."""
+def absl_logs_at(level: int) -> Iterator[None]:
+    """Only orbax's (absl's) log records at `level` and above while inside: orbax logs each
+    failed write of a save as an ERROR with its traceback (dozens on a full disk) before
+    raising, and warns of step directories without metadata; the callers report both."""
     logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    saved = logger.level
+    logger.setLevel(level)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logger.setLevel(saved)
 
 
 def tokenizer_path(directory: str | os.PathLike[str]) -> Path | None:

@@ -16,19 +16,18 @@ step to `<step>.damaged` (orbax ignores that name) so the run can go on from an 
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from lemur.model.checkpoint import absl_logs_at
 from lemur.process_setup import FAILED_RESTORES
 
 ITEMS = ("state", "data", "meta")
@@ -63,18 +62,6 @@ def _collect_quietly(path: Path) -> None:
         sys.unraisablehook = hook
 
 
-@contextlib.contextmanager
-def _quiet_orbax() -> Iterator[None]:
-    """Silence orbax's warnings about step directories without metadata (we report them)."""
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 class Checkpointer:
     """Save and restore `(state, loader state, meta)` under `directory/<step>/`."""
 
@@ -85,18 +72,18 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save
         )
-        with _quiet_orbax():
+        with absl_logs_at(logging.ERROR):
             self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step, or None."""
-        with _quiet_orbax():
+        with absl_logs_at(logging.ERROR):
             self.manager.reload()  # another process may have written since we opened it
             return self.manager.latest_step()
 
     def all_steps(self) -> list[int]:
         """Steps of every complete checkpoint, oldest first."""
-        with _quiet_orbax():
+        with absl_logs_at(logging.ERROR):
             self.manager.reload()
             return sorted(self.manager.all_steps())
 
@@ -139,7 +126,7 @@ class Checkpointer:
             n += 1
             target = self.directory / f"{step}{DAMAGED_SUFFIX}.{n}"
         os.replace(self.step_dir(step), target)
-        with _quiet_orbax():
+        with absl_logs_at(logging.ERROR):
             self.manager.reload()
         return target
 
@@ -161,7 +148,7 @@ class Checkpointer:
         )
         reason = None
         try:
-            with _quiet_orbax():
+            with absl_logs_at(logging.ERROR):
                 restored = self.manager.restore(step, args=args)
         except Exception as e:  # truncated arrays, bad JSON, missing items: all damage
             reason = str(e.__cause__ or e).replace(f"{self.step_dir(step)}{os.sep}", "")
