@@ -17,6 +17,34 @@ from lemur.tokenizer.base import TokenizerError
 SPACE = "\u2581"  # SentencePiece's whitespace marker
 
 
+def parse_model(data: bytes, name: object) -> Any:
+    """The SentencePiece ModelProto of a model's bytes: the one parser of model files (the
+    HF export, the build's piece checks); TokenizerError naming `name` when it is none."""
+    # sentencepiece's Python API cannot list piece types or add pieces; its own generated
+    # schema module (which needs protobuf) reads and edits the model.
+    try:
+        from sentencepiece import sentencepiece_model_pb2 as pb
+    except Exception as e:  # noqa: BLE001 - protobuf missing, or older than the schema (VersionError)
+        raise TokenizerError(
+            f"cannot read SentencePiece model pieces: {e} (try: pip install -U protobuf)"
+        ) from None
+    model = pb.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as e:  # protobuf's DecodeError: the bytes are not a model
+        raise TokenizerError(f"{name}: not a SentencePiece model ({e})") from None
+    return model
+
+
+def read_model(path: str | os.PathLike[str]) -> Any:
+    """`parse_model` of a model file (TokenizerError naming it when it cannot be read)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise TokenizerError(f"{path}: cannot read the tokenizer ({e.strerror})") from None
+    return parse_model(data, path)
+
+
 class SentencePieceTokenizer:
     """A SentencePiece model: `<s>` doc `</s>` framing, pieces as ids."""
 

@@ -15,6 +15,7 @@ import sentencepiece as spm
 from lemur.data.recipe import TokenizerTrainConfig
 from lemur.shards.format import atomic_write_bytes
 from lemur.tokenizer.base import TokenizerError  # one error type for every tokenizer
+from lemur.tokenizer.sentencepiece import parse_model
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 
@@ -74,18 +75,8 @@ def tokenizer_info(path: str | os.PathLike, pieces: Sequence[str] = ()) -> dict[
 
 def model_proto(sp: spm.SentencePieceProcessor) -> tuple[Any, int]:
     """The parsed ModelProto of a loaded model, and the enum value of USER_DEFINED pieces."""
-    # sentencepiece's Python API cannot list piece types or add pieces; its own generated
-    # schema module (which needs protobuf) reads and edits the model.
-    try:
-        from sentencepiece import sentencepiece_model_pb2 as pb
-    except Exception as e:  # noqa: BLE001 - protobuf missing, or older than the schema (VersionError)
-        raise TokenizerError(
-            f"cannot read SentencePiece model pieces: {e} (try: pip install -U protobuf)"
-        ) from None
-
-    model = pb.ModelProto()
-    model.ParseFromString(sp.serialized_model_proto())
-    return model, pb.ModelProto.SentencePiece.USER_DEFINED
+    model = parse_model(sp.serialized_model_proto(), "the loaded model")
+    return model, model.SentencePiece.USER_DEFINED
 
 
 def user_defined_ids(
