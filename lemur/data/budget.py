@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from lemur.data import work as work_folders
 from lemur.data.pack.records import task_records
 from lemur.data.read.listing import InputFile, Listing
 from lemur.data.read.split import ROW_GROUPS
@@ -147,7 +148,7 @@ def tokens_by_source(work: Path, n_tasks: int, dedup: Path | None) -> dict[int, 
     """Tokens kept per source index in a tokenize stage's work (after dedup when given)."""
     out: dict[int, int] = {}
     for rank in range(n_tasks):
-        rec = task_records(work / "tokens", rank, dedup)
+        rec = task_records(work_folders.tokens_dir(work), rank, dedup)
         kept = ~rec.removed
         sums = np.bincount(rec.source[kept], weights=rec.tokens[kept])
         for s in np.flatnonzero(sums):

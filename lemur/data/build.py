@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lemur.atomic_files import remove_stale_temporaries
+from lemur.data import work as work_folders
 from lemur.data.budget import is_enabled, read_sources
 from lemur.data.counts import collect_counts, drops
 from lemur.data.dedup.signer import DedupSigner
@@ -140,7 +141,7 @@ def tokenize_stage(
     n_tasks = max(1, min(recipe.executor.tasks, len(inputs)))
     chat, batch = recipe.is_chat(), recipe.tokenize_batch_docs
     pipeline = [
-        SourcesReader(inputs, recipe.sources, errors_dir=str(work / "errors")),
+        SourcesReader(inputs, recipe.sources, errors_dir=str(work_folders.errors_dir(work))),
         LanguageTagger(),
         *make_filters(recipe),
         # PII redaction rewrites text, which would move a conversation's loss spans.
@@ -152,16 +153,22 @@ def tokenize_stage(
         # Chat: encode once, mask and cut before signing, so dedup sees what is trained on.
         *([chat_step(recipe, str(tok_path), batch)] if chat else []),
         *(
-            [DedupSigner(recipe.dedup, str(work / "tokens"), tuple(recipe.domains()))]
+            [DedupSigner(recipe.dedup, str(work_folders.tokens_dir(work)), tuple(recipe.domains()))]
             if recipe.dedup.exact or recipe.dedup.near
             else []
         ),
         TokenizeWriter(
-            str(tok_path), str(work / "tokens"), batch, chat, *framing(recipe, tok_path)
+            str(tok_path),
+            str(work_folders.tokens_dir(work)),
+            batch,
+            chat,
+            *framing(recipe, tok_path),
         ),
     ]
     run_stage(recipe, report, pipeline, work, n_tasks, "tokenize")
-    missing = [r for r in range(n_tasks) if not (work / "tokens" / f"{r:05d}.bin").is_file()]
+    missing = [
+        r for r in range(n_tasks) if not (work_folders.tokens_dir(work) / f"{r:05d}.bin").is_file()
+    ]
     if missing:
         raise BuildError(
             f"tokenize stage: task {missing[0]} produced no output (see {work / 'logs'})"
@@ -247,7 +254,7 @@ def _read_round(
     """Tokenize `units` (kind `sample`, or `read`: then checked and deduplicated) under
     `<work root>/<tokens|sample>-<key>`; (work folder, tasks, dedup folder or None)."""
     key = _work_key(recipe, inputs_sha256(units), tok_sha)
-    work = recipe.work_root() / f"{'tokens' if kind == 'read' else kind}-{key}"
+    work = work_folders.tokenize_run(recipe.work_root(), kind, key)
     n = tokenize_stage(recipe, units, tok_path, work, report)
     if kind != "read":
         return work, n, None
@@ -307,14 +314,14 @@ def pack_stages(
 ) -> PackStages:
     """The build's pack stage: tokenize runs under `work`, tasks run through `stage`, shards
     under the build's own directory of the output (`PackStages.prefix`)."""
-    key = work.name.removeprefix("tokens-")
+    key = work_folders.run_key(work)
     # The build's own directory: no file of it shares a path with the previous build's, so
     # that build stays whole for readers until the manifest is replaced.
     # Named by content, not place: the same build in another directory gets the same names.
     settings = {k: v for k, v in recipe.to_dict().items() if k not in ("output", "work_dir")}
     return PackStages(
         recipe,
-        work / "tokens",
+        work_folders.tokens_dir(work),
         n_tasks,
         token_dtype(tok["vocab_size"]),
         dedup_dir=dd,
@@ -381,6 +388,6 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "recipe_sha256": recipe.sha256(),
         "inputs_sha256": inputs_sha,
     }
-    commit(out, prefix, manifest, work_root)
+    commit(out, prefix, manifest, work_folders.finished_shuffles(work_root))
     report(f"done in {time.time() - started:.0f}s", 1, 1)
     return manifest

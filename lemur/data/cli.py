@@ -19,6 +19,7 @@ from lemur.cli_common import (
     die,
     run_main,
 )
+from lemur.data.work import demo_sources
 
 
 def _load(args: argparse.Namespace, check_paths: bool = True, write: bool = True):
@@ -36,7 +37,7 @@ def _load(args: argparse.Namespace, check_paths: bool = True, write: bool = True
     if not isinstance(output, str) or not output.strip():
         recipe_from_dict(raw, check_paths=False)  # the one-line error naming `output`
     raw = apply_overrides(demo.demo_recipe(str(output)), list(args.set))
-    text_dir = Path(str(output)).expanduser() / ".work" / "demo-sources"
+    text_dir = demo_sources(Path(str(output)).expanduser())
     if check_paths and write:
         print(
             "demo: gathering text from man pages, /usr/share/doc and pydoc topics ...",

@@ -12,6 +12,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lemur.data import work as work_folders
+
 if TYPE_CHECKING:  # annotations only: read/ and filter/ import this module
     from lemur.data.read.listing import Listing
     from lemur.data.recipe import Recipe
@@ -118,14 +120,14 @@ def _errors(work: Path, n_tasks: int) -> tuple[list[dict[str, Any]], Counter[str
     """The first MAX_MANIFEST_ERRORS error records, and every file's error total."""
     errors: list[dict[str, Any]] = []
     for rank in range(n_tasks):
-        path = work / "errors" / f"{rank:05d}.jsonl"
+        path = work_folders.errors_dir(work) / f"{rank:05d}.jsonl"
         for line in path.read_text().splitlines():
             if len(errors) < MAX_MANIFEST_ERRORS:
                 errors.append(json.loads(line))
     # Every file's error total, past the caps on the lists above (none in older work dirs).
     by_file: Counter[str] = Counter()
     for rank in range(n_tasks):
-        totals = work / "errors" / f"{rank:05d}.files.json"
+        totals = work_folders.errors_dir(work) / f"{rank:05d}.files.json"
         if totals.is_file():
             by_file.update(json.loads(totals.read_text()))
     return errors, by_file

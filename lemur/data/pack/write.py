@@ -28,6 +28,7 @@ from lemur.data.pack.shuffle import (
 from lemur.data.pack.steps import Duplicates, PackGather, PackPrep, PackScatter
 from lemur.data.recipe import Recipe
 from lemur.data.run.task import StageRunner, run_here
+from lemur.data.work import shuffle_folder
 from lemur.shards.format import ShardInfo
 
 __all__ = ["PackError", "PackPlan", "PackStages"]
@@ -66,9 +67,10 @@ class PackStages:
                 raise ValueError("PackStages: the recipe writes duplicates: give the tokenizer")
             self.duplicates = Duplicates(str(tokenizer), tuple(s.name for s in recipe.sources))
         key = json.dumps([prefix, str(tok_dir), str(dedup_dir), self.dtype.str, n_tasks])
-        # Named `shuffle-*` so that commit() removes it once the manifest is written.
-        name = f"shuffle-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-        self.work = recipe.work_root() / name
+        # A shuffle folder: commit() removes it once the manifest is written.
+        self.work = shuffle_folder(
+            recipe.work_root(), hashlib.sha256(key.encode()).hexdigest()[:16]
+        )
 
     def plan(self) -> PackPlan:
         """Histogram tasks, then the plan (no shards written): what `--plan-only` shows."""
