@@ -14,7 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from lemur.cli_common import positive_int, user_input, writing
-from lemur.eval.cli_args import gen_args, limit_arg, model_args, sandbox_args, sandbox_limits
+from lemur.eval.cli_args import (
+    gen_args,
+    limit_arg,
+    load_checkpoint,
+    model_args,
+    need_tokenizer,
+    probe_sandbox,
+    sampling,
+    sandbox_args,
+    sandbox_limits,
+    say,
+)
 
 
 def add_parsers(sub: Any) -> None:
@@ -74,17 +85,17 @@ def _agent_config(args: argparse.Namespace) -> Any:
 
 def cmd_agent(args: argparse.Namespace) -> int:
     """Run (or resume) the agent evaluation; write transcripts, summary and plot."""
-    from lemur.eval import agent, agent_report, agent_tasks, cli
+    from lemur.eval import agent, agent_report, agent_tasks
 
     with user_input(ValueError):  # the --tasks file
         tasks = agent_tasks.load_agent_tasks(args.tasks)[: args.limit]  # None: every task
-    cli.probe_sandbox(args)
+    probe_sandbox(args)
     config = _agent_config(args)
-    model = cli._load(args, for_decoding=True)
-    cli._need_tokenizer(args, model)
+    model = load_checkpoint(args, for_decoding=True)
+    need_tokenizer(args, model)
     if args.max_seq_len is not None:
         model.config = dataclasses.replace(model.config, max_seq_len=args.max_seq_len)
-    gen = cli._sampling(args)
+    gen = sampling(args)
     replies = agent.ModelReplies(
         model.params,
         model.config,
@@ -105,7 +116,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         config,
         out,
         settings=settings,
-        progress=lambda i, n: cli._say(f"{i}/{n} tasks done"),
+        progress=lambda i, n: say(f"{i}/{n} tasks done"),
     )
     summary = {**agent_report.summarize(records, args.turns), **config.settings(), **settings}
     path = agent_report.write_summary(out, summary)
