@@ -125,13 +125,22 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
     return filters
 
 
-def framing(recipe: Recipe, tok_path: Path) -> tuple[tuple[int | None, int] | None, str, bool]:
-    """(BOS/EOS ids, engine, chat template?) the tokenize tasks use: a tokenizer.json's from
-    the recipe; a chat template frames its documents itself."""
+def tokenize_writer(recipe: Recipe, tok_path: Path, tokens_dir: Path) -> TokenizeWriter:
+    """The tokenize tasks' writer: a tokenizer.json's BOS/EOS ids and engine from the
+    recipe (a SentencePiece model's are its own); a chat template frames its documents."""
+    chat, batch = recipe.is_chat(), recipe.tokenize_batch_docs
     if not is_tokenizer_json(tok_path):
-        return None, "auto", False
-    tok = open_build_tokenizer(recipe, tok_path)
-    return (tok.bos_id, tok.eos_id), tok.engine, uses_template(recipe)
+        return TokenizeWriter(str(tok_path), str(tokens_dir), batch_docs=batch, masks=chat)
+    tokenizer = open_build_tokenizer(recipe, tok_path)
+    return TokenizeWriter(
+        str(tok_path),
+        str(tokens_dir),
+        batch_docs=batch,
+        masks=chat,
+        framing=(tokenizer.bos_id, tokenizer.eos_id),
+        engine=tokenizer.engine,
+        template=uses_template(recipe),
+    )
 
 
 def tokenize_stage(
@@ -157,13 +166,7 @@ def tokenize_stage(
             if recipe.dedup.exact or recipe.dedup.near
             else []
         ),
-        TokenizeWriter(
-            str(tok_path),
-            str(work_folders.tokens_dir(work)),
-            batch,
-            chat,
-            *framing(recipe, tok_path),
-        ),
+        tokenize_writer(recipe, tok_path, work_folders.tokens_dir(work)),
     ]
     run_stage(recipe, report, pipeline, work, n_tasks, "tokenize")
     missing = [
@@ -307,7 +310,7 @@ def pack_stages(
     recipe: Recipe,
     work: Path,
     n_tasks: int,
-    tok: dict[str, Any],
+    tok_info: dict[str, Any],
     dd: Path | None,
     tok_path: Path,
     stage: StageRunner,
@@ -323,7 +326,7 @@ def pack_stages(
         recipe,
         work_folders.tokens_dir(work),
         n_tasks,
-        token_dtype(tok["vocab_size"]),
+        token_dtype(tok_info["vocab_size"]),
         dedup_dir=dd,
         prefix=f"build-{_sha([settings, key])[:12]}",
         tokenizer=tok_path,
@@ -348,13 +351,13 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         return json.loads((out / MANIFEST).read_text())
     report("tokenizer", 0, 1)
     tok_path = prepare_tokenizer(recipe, inputs, work_root)
-    tok = build_tokenizer_info(recipe, tok_path)
+    tok_info = build_tokenizer_info(recipe, tok_path)
     report("tokenizer", 1, 1)
     stage = partial(run_stage, recipe, report)
     # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.
-    read_round = partial(_read_round, recipe, listing, tok_path, tokenizer_key(tok), report)
+    read_round = partial(_read_round, recipe, listing, tok_path, tokenizer_key(tok_info), report)
     reading, work, n_tasks, dd = read_sources(recipe, listing, read_round)
-    stages = pack_stages(recipe, work, n_tasks, tok, dd, tok_path, stage)
+    stages = pack_stages(recipe, work, n_tasks, tok_info, dd, tok_path, stage)
     prefix = stages.prefix
     try:
         pack_plan = stages.plan()  # histogram tasks, then the plan in this process
@@ -378,7 +381,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "format": FORMAT,
         "dtype": dtype_name(stages.dtype),
         "seq_len": recipe.seq_len,
-        "tokenizer": {"file": f"{prefix}/{tok_file}", **tok},
+        "tokenizer": {"file": f"{prefix}/{tok_file}", **tok_info},
         **({"framing": "template"} if uses_template(recipe) else {}),  # no BOS/EOS added
         "stats": f"{prefix}/stats.json",
         "shards": [s.to_json() for s in shards],
