@@ -45,6 +45,17 @@ def read_model(path: str | os.PathLike[str]) -> Any:
     return parse_model(data, path)
 
 
+def load_processor(path: str | os.PathLike[str]) -> spm.SentencePieceProcessor:
+    """A SentencePiece model file loaded: the one loader of model files (this engine's
+    tokenizer, and the build's `load_tokenizer`); TokenizerError naming it otherwise."""
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.Load(str(path))
+    except (OSError, RuntimeError) as e:
+        raise TokenizerError(f"{path}: not a SentencePiece model ({e})") from None
+    return sp
+
+
 class SentencePieceTokenizer:
     """A SentencePiece model: `<s>` doc `</s>` framing, pieces as ids."""
 
@@ -53,11 +64,7 @@ class SentencePieceTokenizer:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path).expanduser()
-        self.sp = spm.SentencePieceProcessor()
-        try:
-            self.sp.Load(str(self.path))
-        except (OSError, RuntimeError) as e:
-            raise TokenizerError(f"{self.path}: not a SentencePiece model ({e})") from None
+        self.sp = load_processor(self.path)
         self.vocab_size = int(self.sp.vocab_size())
         bos, self.eos_id = int(self.sp.bos_id()), int(self.sp.eos_id())
         self.bos_id: int | None = bos if bos >= 0 else None

@@ -15,7 +15,7 @@ import sentencepiece as spm
 from lemur.data.recipe import TokenizerTrainConfig
 from lemur.shards.format import atomic_write_bytes
 from lemur.tokenizer.base import TokenizerError  # one error type for every tokenizer
-from lemur.tokenizer.sentencepiece import parse_model
+from lemur.tokenizer.sentencepiece import load_processor, parse_model
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 
@@ -41,13 +41,10 @@ def _training_error(error: RuntimeError, vocab_size: int) -> TokenizerSettingsEr
 
 
 def load_tokenizer(path: str | os.PathLike) -> spm.SentencePieceProcessor:
-    """Load a SentencePiece model and check it follows the Llama-2 special-id layout."""
+    """A SentencePiece model (the tokenizer package's loader), checked to follow the Llama-2
+    special-id layout: the processor, whose piece types and offsets the build reads."""
     p = Path(path).expanduser()
-    sp = spm.SentencePieceProcessor()
-    try:
-        sp.Load(str(p))
-    except (OSError, RuntimeError) as e:
-        raise TokenizerError(f"{p}: not a SentencePiece model ({e})") from None
+    sp = load_processor(p)
     if sp.bos_id() != BOS_ID or sp.eos_id() != EOS_ID:
         raise TokenizerError(
             f"{p}: expected <s>={BOS_ID} and </s>={EOS_ID}, got {sp.bos_id()} and {sp.eos_id()}"
