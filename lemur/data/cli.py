@@ -25,12 +25,16 @@ from lemur.data.work import demo_sources
 def _load(args: argparse.Namespace, check_paths: bool = True, write: bool = True):
     """The recipe of the command line, or the demo's; `write=False` creates no file."""
     from lemur.data import demo
-    from lemur.data.load import apply_overrides, load_recipe, recipe_from_dict
+    from lemur.data.load import apply_overrides, check_recipe_paths, load_recipe, recipe_from_dict
 
     if args.recipe:
-        if check_paths and write:
-            _write_demo_conversations(load_recipe(args.recipe, args.set, check_paths=False))
-        return load_recipe(args.recipe, args.set, check_paths=check_paths)
+        # Read once; its paths are checked after the demo conversations it names are written.
+        recipe = load_recipe(args.recipe, args.set, check_paths=False)
+        if check_paths:
+            if write:
+                _write_demo_conversations(recipe)
+            check_recipe_paths(recipe)
+        return recipe
     # The demo's text file lives under its output, so resolve `output` first.
     raw = apply_overrides(demo.demo_recipe(), list(args.set))
     output = raw.get("output", "out/demo")
