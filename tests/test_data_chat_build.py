@@ -13,7 +13,8 @@ import yaml
 from conftest import real_python_files, real_text_docs
 from datatrove.data import Document
 
-from lemur.data.read.chat import IM_END, IM_START, MARKER_IN_CONTENT, render_chatml
+from lemur.chatml import IM_END, IM_START
+from lemur.data.read.chat import MARKER_IN_CONTENT, render_chatml
 from lemur.data.recipe import TokenizerTrainConfig
 from lemur.data.tokenize.chat import (
     BAD_SPANS,

@@ -342,3 +342,27 @@ def test_filters_text_enabled_switches_the_four_text_rules_off_at_once(tmp_path)
         }
     )
     assert "GopherQualityFilter" in kinds({"code": {"enabled": False}})  # code's switch alone
+
+
+def test_build_reads_the_recipe_once(tmp_path, monkeypatch, capsys):
+    """`lemur-data build` reads and validates its recipe once (#35): the paths are checked on
+    the recipe already read, after the demo conversations it may name are written."""
+    from lemur.data import cli
+
+    path = tmp_path / "r.yaml"
+    raw = _recipe(tmp_path)
+    raw["sources"][0]["paths"] = [str(tmp_path / "missing-*.jsonl")]
+    path.write_text(yaml.safe_dump(raw))
+    reads = []
+    real_load = yaml.safe_load
+
+    def counted(text):
+        reads.append(text)
+        return real_load(text)
+
+    monkeypatch.setattr(yaml, "safe_load", counted)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["build", str(path)])
+    assert exit_info.value.code == 2
+    assert "missing-*.jsonl" in capsys.readouterr().err
+    assert len(reads) == 1, f"the recipe was read {len(reads)} times"

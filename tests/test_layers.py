@@ -58,9 +58,6 @@ CHECKED_FOLDERS = ("lemur", "tools", "tests")
 # edge (importer, imported): the one that points the wrong way. Delete an entry once its
 # edge is gone or closes no cycle any more (the test says so); never add one.
 KNOWN_CYCLE_EDGES = {
-    # #35 item 1: eval's public CLI helpers in a module below both commands (cli.py and
-    # agent_cli.py; agent_cli imports cli's `_load`, `_sampling`, `_say`, `_need_tokenizer`).
-    ("lemur.eval.agent_cli", "lemur.eval.cli"): "agent_cli.py",
     # #35 item 1: the chat `Tokenizer` protocol in the tokenizer package (generate.py).
     ("lemur.eval.chat_prompt", "lemur.eval.generate"): "chat_prompt.py, generate.py",
     # #35 item 1: train errors and batch layout in their own modules (step.py, state.py).
@@ -74,11 +71,6 @@ KNOWN_PRIVATE_USES = {
     ("lemur/eval/agent_decode.py", "lemur.eval.generate._first"): "generate.py",
     ("lemur/eval/agent_decode.py", "lemur.eval.generate._Row"): "generate.py",
     ("lemur/eval/agent_decode.py", "lemur.eval.generate._update"): "generate.py",
-    # #35 item 1: eval's public CLI helpers in a module below both commands.
-    ("lemur/eval/agent_cli.py", "lemur.eval.cli._load"): "cli.py, agent_cli.py",
-    ("lemur/eval/agent_cli.py", "lemur.eval.cli._need_tokenizer"): "cli.py, agent_cli.py",
-    ("lemur/eval/agent_cli.py", "lemur.eval.cli._sampling"): "cli.py, agent_cli.py",
-    ("lemur/eval/agent_cli.py", "lemur.eval.cli._say"): "cli.py, agent_cli.py",
     # #35 item 4: tests of private helpers (their modules are being edited elsewhere).
     ("tests/test_eval_generate.py", "lemur.eval.generate._continue"): "generate.py",
     ("tests/test_eval_generate.py", "lemur.eval.generate._prefill_row"): "generate.py",

@@ -13,6 +13,7 @@ from conftest import real_python_files, real_text_docs
 from datatrove.data import Document
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
+from lemur.chatml import IM_END, IM_START
 from lemur.data.read.chat import render_chatml
 from lemur.data.tokenize.chat import CHAT_PIECES, TOKENS_KEY, ChatEncoder
 from lemur.data.tokenize.tokenizer import extend_tokenizer
@@ -20,7 +21,7 @@ from lemur.eval.generate import chat_prompt_ids
 from lemur.model import checkpoint, convert, hf_tokenizer
 from lemur.model.config import config_from_preset
 from lemur.model.grow import grow_vocab
-from lemur.model.hf_tokenizer import IM_END, IM_START, HFTokenizerError, write_hf_tokenizer
+from lemur.model.hf_tokenizer import HFTokenizerError, write_hf_tokenizer
 from lemur.model.llama import init_params
 from lemur.tokenizer import SentencePieceTokenizer
 

@@ -111,9 +111,9 @@ def run_stage(root: Path, stage: str, n_tasks: int) -> None:
     if stage == "pack histograms":
         from lemur.data.pack.steps import PackPrep
 
-        return _run(PackPrep(tok, ddir, stages.work / "hist", Groups.of(recipe)), n_tasks)
+        return _run(PackPrep(tok, ddir, stages.shuffle_dir / "hist", Groups.of(recipe)), n_tasks)
     if stage == "plan":
-        plan = make_plan(recipe, stages.work / "hist", n_tasks, 2)
+        plan = make_plan(recipe, stages.shuffle_dir / "hist", n_tasks, 2)
         (root / "plan.pkl").write_bytes(pickle.dumps(plan))
         return None
     plan = pickle.loads((root / "plan.pkl").read_bytes())
@@ -121,9 +121,11 @@ def run_stage(root: Path, stage: str, n_tasks: int) -> None:
 
     settings = stages.settings(plan)  # the steps are configured as a build configures them
     if stage == "scatter":
-        return _run(PackScatter(tok, ddir, stages.work, settings), n_tasks)
+        return _run(PackScatter(tok, ddir, stages.shuffle_dir, settings), n_tasks)
     shards = [(f"b/{rel}", split, d) for rel, split, d in plan.buckets()]
-    return _run(PackGather(stages.work, n_tasks, root / "out", shards, settings), len(shards))
+    return _run(
+        PackGather(stages.shuffle_dir, n_tasks, root / "out", shards, settings), len(shards)
+    )
 
 
 def peak_kib() -> int:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from lemur.data import work as work_folders
 from lemur.data.pack.records import task_records
 from lemur.data.read.listing import InputFile, Listing
 from lemur.data.read.split import ROW_GROUPS
@@ -143,11 +144,11 @@ def _fractions(recipe: Recipe) -> dict[str, float]:
     return {d: r / rsum for d, r in recipe.mix.ratio.items()}
 
 
-def tokens_by_source(work: Path, n_tasks: int, dedup: Path | None) -> dict[int, int]:
+def tokens_by_source(run_dir: Path, n_tasks: int, dedup: Path | None) -> dict[int, int]:
     """Tokens kept per source index in a tokenize stage's work (after dedup when given)."""
     out: dict[int, int] = {}
     for rank in range(n_tasks):
-        rec = task_records(work / "tokens", rank, dedup)
+        rec = task_records(work_folders.tokens_dir(run_dir), rank, dedup)
         kept = ~rec.removed
         sums = np.bincount(rec.source[kept], weights=rec.tokens[kept])
         for s in np.flatnonzero(sums):
@@ -183,8 +184,8 @@ def plan_reading(recipe: Recipe, listing: Listing, run: ReadRound) -> Reading:
     margin = recipe.mix.read_margin or DEFAULT_MARGIN
     sample = {s: max(1, math.ceil(frac * len(ix))) for s, ix in reading.order.items()}
     picked = sorted(i for s, ix in reading.order.items() for i in ix[: sample[s]])
-    work, n_tasks, _ = run([reading.files[i] for i in picked], "sample")
-    got = tokens_by_source(work, n_tasks, None)
+    run_dir, n_tasks, _ = run([reading.files[i] for i in picked], "sample")
+    got = tokens_by_source(run_dir, n_tasks, None)
     est: dict[int, float] = {}
     per_byte: dict[str, float] = {}
     for s, src in enumerate(recipe.sources):
@@ -208,9 +209,9 @@ def plan_reading(recipe: Recipe, listing: Listing, run: ReadRound) -> Reading:
     return reading
 
 
-def top_up(recipe: Recipe, reading: Reading, work: Path, n_tasks: int, dd: Path | None) -> bool:
+def top_up(recipe: Recipe, reading: Reading, run_dir: Path, n_tasks: int, dd: Path | None) -> bool:
     """After a round: extend the short domains' sources (True) or accept the round (False)."""
-    got = tokens_by_source(work, n_tasks, dd)
+    got = tokens_by_source(run_dir, n_tasks, dd)
     avail = _domain_avail(recipe, {s: float(t) for s, t in got.items()})
     doms = {src.domain for src in recipe.sources}
     full = {
@@ -249,6 +250,6 @@ def read_sources(
         return reading, *run(listing.files, "read")
     reading = plan_reading(recipe, listing, run)
     while True:
-        work, n_tasks, dd = run(reading.selected(), "read")
-        if not top_up(recipe, reading, work, n_tasks, dd):
-            return reading, work, n_tasks, dd
+        run_dir, n_tasks, dd = run(reading.selected(), "read")
+        if not top_up(recipe, reading, run_dir, n_tasks, dd):
+            return reading, run_dir, n_tasks, dd

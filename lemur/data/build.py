@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lemur.atomic_files import remove_stale_temporaries
+from lemur.data import work as work_folders
 from lemur.data.budget import is_enabled, read_sources
 from lemur.data.counts import collect_counts, drops
 from lemur.data.dedup.signer import DedupSigner
@@ -124,23 +125,32 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
     return filters
 
 
-def framing(recipe: Recipe, tok_path: Path) -> tuple[tuple[int | None, int] | None, str, bool]:
-    """(BOS/EOS ids, engine, chat template?) the tokenize tasks use: a tokenizer.json's from
-    the recipe; a chat template frames its documents itself."""
+def tokenize_writer(recipe: Recipe, tok_path: Path, tokens_dir: Path) -> TokenizeWriter:
+    """The tokenize tasks' writer: a tokenizer.json's BOS/EOS ids and engine from the
+    recipe (a SentencePiece model's are its own); a chat template frames its documents."""
+    chat, batch = recipe.is_chat(), recipe.tokenize_batch_docs
     if not is_tokenizer_json(tok_path):
-        return None, "auto", False
-    tok = open_build_tokenizer(recipe, tok_path)
-    return (tok.bos_id, tok.eos_id), tok.engine, uses_template(recipe)
+        return TokenizeWriter(str(tok_path), str(tokens_dir), batch_docs=batch, masks=chat)
+    tokenizer = open_build_tokenizer(recipe, tok_path)
+    return TokenizeWriter(
+        str(tok_path),
+        str(tokens_dir),
+        batch_docs=batch,
+        masks=chat,
+        framing=(tokenizer.bos_id, tokenizer.eos_id),
+        engine=tokenizer.engine,
+        template=uses_template(recipe),
+    )
 
 
 def tokenize_stage(
-    recipe: Recipe, inputs: list[InputFile], tok_path: Path, work: Path, report: Reporter
+    recipe: Recipe, inputs: list[InputFile], tok_path: Path, run_dir: Path, report: Reporter
 ) -> int:
     """Read, filter and tokenize every input file; return the number of tasks."""
     n_tasks = max(1, min(recipe.executor.tasks, len(inputs)))
     chat, batch = recipe.is_chat(), recipe.tokenize_batch_docs
     pipeline = [
-        SourcesReader(inputs, recipe.sources, errors_dir=str(work / "errors")),
+        SourcesReader(inputs, recipe.sources, errors_dir=str(work_folders.errors_dir(run_dir))),
         LanguageTagger(),
         *make_filters(recipe),
         # PII redaction rewrites text, which would move a conversation's loss spans.
@@ -152,29 +162,35 @@ def tokenize_stage(
         # Chat: encode once, mask and cut before signing, so dedup sees what is trained on.
         *([chat_step(recipe, str(tok_path), batch)] if chat else []),
         *(
-            [DedupSigner(recipe.dedup, str(work / "tokens"), tuple(recipe.domains()))]
+            [
+                DedupSigner(
+                    recipe.dedup, str(work_folders.tokens_dir(run_dir)), tuple(recipe.domains())
+                )
+            ]
             if recipe.dedup.exact or recipe.dedup.near
             else []
         ),
-        TokenizeWriter(
-            str(tok_path), str(work / "tokens"), batch, chat, *framing(recipe, tok_path)
-        ),
+        tokenize_writer(recipe, tok_path, work_folders.tokens_dir(run_dir)),
     ]
-    run_stage(recipe, report, pipeline, work, n_tasks, "tokenize")
-    missing = [r for r in range(n_tasks) if not (work / "tokens" / f"{r:05d}.bin").is_file()]
+    run_stage(recipe, report, pipeline, run_dir, n_tasks, "tokenize")
+    missing = [
+        r
+        for r in range(n_tasks)
+        if not (work_folders.tokens_dir(run_dir) / f"{r:05d}.bin").is_file()
+    ]
     if missing:
         raise BuildError(
-            f"tokenize stage: task {missing[0]} produced no output (see {work / 'logs'})"
+            f"tokenize stage: task {missing[0]} produced no output (see {run_dir / 'logs'})"
         )
     return n_tasks
 
 
 def run_stage(
-    recipe: Recipe, report: Reporter, pipeline: list, work: Path, tasks: int, stage: str
+    recipe: Recipe, report: Reporter, pipeline: list, folder: Path, tasks: int, stage: str
 ) -> None:
-    """Run `tasks` tasks of a pipeline on the recipe's executor (logs under `work/logs`)."""
+    """Run `tasks` tasks of a pipeline on the recipe's executor (logs under `folder/logs`)."""
     try:
-        run_tasks(recipe.executor, pipeline, work, tasks, stage, report)
+        run_tasks(recipe.executor, pipeline, folder, tasks, stage, report)
     except StageError as e:
         raise BuildError(str(e)) from None
 
@@ -247,12 +263,12 @@ def _read_round(
     """Tokenize `units` (kind `sample`, or `read`: then checked and deduplicated) under
     `<work root>/<tokens|sample>-<key>`; (work folder, tasks, dedup folder or None)."""
     key = _work_key(recipe, inputs_sha256(units), tok_sha)
-    work = recipe.work_root() / f"{'tokens' if kind == 'read' else kind}-{key}"
-    n = tokenize_stage(recipe, units, tok_path, work, report)
+    run_dir = work_folders.tokenize_run(recipe.work_root(), kind, key)
+    n = tokenize_stage(recipe, units, tok_path, run_dir, report)
     if kind != "read":
-        return work, n, None
-    _check_sources(collect_counts(work, recipe, n, listing))
-    return work, n, run_dedup(recipe.dedup, work, n, partial(run_stage, recipe, report))
+        return run_dir, n, None
+    _check_sources(collect_counts(run_dir, recipe, n, listing))
+    return run_dir, n, run_dedup(recipe.dedup, run_dir, n, partial(run_stage, recipe, report))
 
 
 def build(
@@ -272,9 +288,9 @@ def build(
     report = report or (lambda stage, done, total: None)
     out = Path(recipe.output).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    work = recipe.work_root()
+    work_root = recipe.work_root()
     try:
-        with DirectoryLock(out), _work_lock(work, out), executor_session(recipe.executor):
+        with DirectoryLock(out), _work_lock(work_root, out), executor_session(recipe.executor):
             return _build_locked(recipe, out, report, force, plan_only, on_plan)
     except (LockedError, ShuffleError) as e:
         raise BuildError(str(e)) from None
@@ -287,36 +303,36 @@ def build(
         raise
 
 
-def _work_lock(work: Path, out: Path) -> contextlib.AbstractContextManager:
+def _work_lock(work_root: Path, out: Path) -> contextlib.AbstractContextManager:
     """A lock on a work directory outside the output (`work_dir`), which other builds may
     share: commit() clears its finished shuffles, which must not be another build's."""
-    if work.resolve() == (out / ".work").resolve():
+    if work_root.resolve() == (out / ".work").resolve():
         return contextlib.nullcontext()  # the output's own lock covers it
-    work.mkdir(parents=True, exist_ok=True)
-    return DirectoryLock(work)
+    work_root.mkdir(parents=True, exist_ok=True)
+    return DirectoryLock(work_root)
 
 
 def pack_stages(
     recipe: Recipe,
-    work: Path,
+    run_dir: Path,
     n_tasks: int,
-    tok: dict[str, Any],
+    tok_info: dict[str, Any],
     dd: Path | None,
     tok_path: Path,
     stage: StageRunner,
 ) -> PackStages:
-    """The build's pack stage: tokenize runs under `work`, tasks run through `stage`, shards
+    """The build's pack stage: over the tokenize run `run_dir`, tasks run through `stage`, shards
     under the build's own directory of the output (`PackStages.prefix`)."""
-    key = work.name.removeprefix("tokens-")
+    key = work_folders.run_key(run_dir)
     # The build's own directory: no file of it shares a path with the previous build's, so
     # that build stays whole for readers until the manifest is replaced.
     # Named by content, not place: the same build in another directory gets the same names.
     settings = {k: v for k, v in recipe.to_dict().items() if k not in ("output", "work_dir")}
     return PackStages(
         recipe,
-        work / "tokens",
+        work_folders.tokens_dir(run_dir),
         n_tasks,
-        token_dtype(tok["vocab_size"]),
+        token_dtype(tok_info["vocab_size"]),
         dedup_dir=dd,
         prefix=f"build-{_sha([settings, key])[:12]}",
         tokenizer=tok_path,
@@ -329,9 +345,8 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     started = time.time()
     # Both locks held: a temporary whose writer is gone is a killed build's (atomic_files).
     work_root = recipe.work_root()
-    for root in dict.fromkeys((out, work_root)):
-        if root.is_dir():
-            remove_stale_temporaries(root)
+    for root in [r for r in dict.fromkeys((out, work_root)) if r.is_dir()]:
+        remove_stale_temporaries(root)
     report("list inputs", 0, 1)
     listing = list_inputs(recipe)
     inputs, inputs_sha = listing.files, inputs_sha256(listing.files)
@@ -341,18 +356,19 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         return json.loads((out / MANIFEST).read_text())
     report("tokenizer", 0, 1)
     tok_path = prepare_tokenizer(recipe, inputs, work_root)
-    tok = build_tokenizer_info(recipe, tok_path)
+    tok_info = build_tokenizer_info(recipe, tok_path)
     report("tokenizer", 1, 1)
     stage = partial(run_stage, recipe, report)
     # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.
-    read_round = partial(_read_round, recipe, listing, tok_path, tokenizer_key(tok), report)
-    reading, work, n_tasks, dd = read_sources(recipe, listing, read_round)
-    stages = pack_stages(recipe, work, n_tasks, tok, dd, tok_path, stage)
+    read_round = partial(_read_round, recipe, listing, tok_path, tokenizer_key(tok_info), report)
+    reading, run_dir, n_tasks, dd = read_sources(recipe, listing, read_round)
+    stages = pack_stages(recipe, run_dir, n_tasks, tok_info, dd, tok_path, stage)
     prefix = stages.prefix
     try:
         pack_plan = stages.plan()  # histogram tasks, then the plan in this process
     except PackError as e:  # e.g. nothing left to pack: say what the documents became
-        raise PackError(f"{e}; {drops(collect_counts(work, recipe, n_tasks, listing))}") from None
+        became = drops(collect_counts(run_dir, recipe, n_tasks, listing))
+        raise PackError(f"{e}; {became}") from None
     read = reading.summary(recipe)
     if on_plan:
         memory = {**expected_memory(recipe.dedup, dd), **pack_plan.memory}
@@ -364,14 +380,14 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     sections = ManifestSections(recipe, pack_plan, stages.totals(), dd, n_tasks, dups)
     # What was read of each source, when budgeted reading chose (a full read's counts stay).
     units = read["sources"] if is_enabled(recipe) else None
-    counts = collect_counts(work, recipe, n_tasks, listing, sections.dedup(), units)
+    counts = collect_counts(run_dir, recipe, n_tasks, listing, sections.dedup(), units)
     tok_file = copy_tokenizer_files(tok_path, out / prefix)
     atomic_write_json(out / prefix / "stats.json", sections.stats())
     manifest = {
         "format": FORMAT,
         "dtype": dtype_name(stages.dtype),
         "seq_len": recipe.seq_len,
-        "tokenizer": {"file": f"{prefix}/{tok_file}", **tok},
+        "tokenizer": {"file": f"{prefix}/{tok_file}", **tok_info},
         **({"framing": "template"} if uses_template(recipe) else {}),  # no BOS/EOS added
         "stats": f"{prefix}/stats.json",
         "shards": [s.to_json() for s in shards],
@@ -381,6 +397,6 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "recipe_sha256": recipe.sha256(),
         "inputs_sha256": inputs_sha,
     }
-    commit(out, prefix, manifest, work_root)
+    commit(out, prefix, manifest, work_folders.finished_shuffles(work_root))
     report(f"done in {time.time() - started:.0f}s", 1, 1)
     return manifest

@@ -19,24 +19,29 @@ from lemur.cli_common import (
     die,
     run_main,
 )
+from lemur.data.work import demo_sources
 
 
 def _load(args: argparse.Namespace, check_paths: bool = True, write: bool = True):
     """The recipe of the command line, or the demo's; `write=False` creates no file."""
     from lemur.data import demo
-    from lemur.data.load import apply_overrides, load_recipe, recipe_from_dict
+    from lemur.data.load import apply_overrides, check_recipe_paths, load_recipe, recipe_from_dict
 
     if args.recipe:
-        if check_paths and write:
-            _write_demo_conversations(load_recipe(args.recipe, args.set, check_paths=False))
-        return load_recipe(args.recipe, args.set, check_paths=check_paths)
+        # Read once; its paths are checked after the demo conversations it names are written.
+        recipe = load_recipe(args.recipe, args.set, check_paths=False)
+        if check_paths:
+            if write:
+                _write_demo_conversations(recipe)
+            check_recipe_paths(recipe)
+        return recipe
     # The demo's text file lives under its output, so resolve `output` first.
     raw = apply_overrides(demo.demo_recipe(), list(args.set))
     output = raw.get("output", "out/demo")
     if not isinstance(output, str) or not output.strip():
         recipe_from_dict(raw, check_paths=False)  # the one-line error naming `output`
     raw = apply_overrides(demo.demo_recipe(str(output)), list(args.set))
-    text_dir = Path(str(output)).expanduser() / ".work" / "demo-sources"
+    text_dir = demo_sources(Path(str(output)).expanduser())
     if check_paths and write:
         print(
             "demo: gathering text from man pages, /usr/share/doc and pydoc topics ...",

@@ -12,6 +12,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lemur.data import work as work_folders
+
 if TYPE_CHECKING:  # annotations only: read/ and filter/ import this module
     from lemur.data.read.listing import Listing
     from lemur.data.recipe import Recipe
@@ -65,11 +67,11 @@ def _stat_total(value: Any) -> int:
     return int(value["total"]) if isinstance(value, dict) else int(value)
 
 
-def _task_labels(work: Path, n_tasks: int) -> Counter[str]:
+def _task_labels(run_dir: Path, n_tasks: int) -> Counter[str]:
     """Every stat label's total over the tasks' datatrove stats files."""
     labels: Counter[str] = Counter()
     for rank in range(n_tasks):
-        for step in json.loads((work / "logs" / "stats" / f"{rank:05d}.json").read_text()):
+        for step in json.loads((run_dir / "logs" / "stats" / f"{rank:05d}.json").read_text()):
             for label, value in step["stats"].items():
                 labels[label] += _stat_total(value)
     return labels
@@ -114,18 +116,18 @@ def _per_source(labels: Counter[str], sources: dict[str, dict[str, Any]]) -> dic
     return totals
 
 
-def _errors(work: Path, n_tasks: int) -> tuple[list[dict[str, Any]], Counter[str]]:
+def _errors(run_dir: Path, n_tasks: int) -> tuple[list[dict[str, Any]], Counter[str]]:
     """The first MAX_MANIFEST_ERRORS error records, and every file's error total."""
     errors: list[dict[str, Any]] = []
     for rank in range(n_tasks):
-        path = work / "errors" / f"{rank:05d}.jsonl"
+        path = work_folders.errors_dir(run_dir) / f"{rank:05d}.jsonl"
         for line in path.read_text().splitlines():
             if len(errors) < MAX_MANIFEST_ERRORS:
                 errors.append(json.loads(line))
     # Every file's error total, past the caps on the lists above (none in older work dirs).
     by_file: Counter[str] = Counter()
     for rank in range(n_tasks):
-        totals = work / "errors" / f"{rank:05d}.files.json"
+        totals = work_folders.errors_dir(run_dir) / f"{rank:05d}.files.json"
         if totals.is_file():
             by_file.update(json.loads(totals.read_text()))
     return errors, by_file
@@ -139,7 +141,7 @@ def _merge_skipped(listing: Listing) -> dict[str, int]:
 
 
 def collect_counts(
-    work: Path,
+    run_dir: Path,
     recipe: Recipe,
     n_tasks: int,
     listing: Listing,
@@ -149,7 +151,7 @@ def collect_counts(
     """The manifest's `counts`: per-task datatrove stats and error logs merged, the dedup
     stage's section (`ManifestSections.dedup`: the removals summed) when it has run, and per source
     the input units and bytes read of those listed (`reading`, see budget.py) when given."""
-    labels = _task_labels(work, n_tasks)
+    labels = _task_labels(run_dir, n_tasks)
     sources: dict[str, dict[str, Any]] = {
         s.name: {
             "read": 0,
@@ -166,7 +168,7 @@ def collect_counts(
         sources[name].update(read)  # read_bytes, available_bytes, units_read, units_total
     totals = _per_source(labels, sources)
     dropped, error_kinds, pii = totals["dropped"], totals["errors"], totals["pii"]
-    errors, by_file = _errors(work, n_tasks)
+    errors, by_file = _errors(run_dir, n_tasks)
     for s in sources.values():
         s["kept"] = s["read"] - sum(s["dropped"].values())
     read = sum(s["read"] for s in sources.values())

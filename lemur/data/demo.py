@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 import zstandard
 
+from lemur.data.work import demo_sources
 from lemur.shards.format import atomic_write_bytes
 
 MAN_DIR = Path("/usr/share/man/man1")
@@ -123,7 +124,7 @@ def materialize_text(directory: Path) -> Path:
 def demo_recipe(output: str = "out/demo") -> dict[str, Any]:
     """The demo recipe as plain data (paths are this machine's)."""
     stdlib = sysconfig.get_paths()["stdlib"]
-    text = str(Path(output) / ".work" / "demo-sources" / "text.jsonl.zst")
+    text = str(demo_sources(output) / "text.jsonl.zst")
     sources: list[dict[str, Any]] = [
         {
             "name": "python-stdlib",

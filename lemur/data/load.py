@@ -37,7 +37,7 @@ def output_problem(path: str) -> str | None:
     return None
 
 
-def _check_paths(recipe: Recipe) -> None:
+def check_recipe_paths(recipe: Recipe) -> None:
     """What the recipe names on disk: writable outputs, sources that match files, a usable
     given tokenizer, benchmark files (the values were checked when the recipe was made)."""
     for key, value in (
@@ -139,7 +139,7 @@ def recipe_from_dict(raw: dict[str, Any], check_paths: bool = True) -> Recipe:
     raw = _apply_benchmark_names(_apply_mix_preset(_apply_presets(raw)))
     recipe = _LOADER.build(Recipe, raw)  # each section checks its values as it is made
     if check_paths:
-        _check_paths(recipe)
+        check_recipe_paths(recipe)
     return recipe
 
 

@@ -149,6 +149,7 @@ class MixConfig:
                 raise RecipeError(f"recipe: mix.shares.{d} sum to {sum(per.values()):.4f} > 1")
 
 
+# The values of `chat.long`: the one list (the chat tokenize steps check their argument too).
 CHAT_LONG = ("truncate", "drop")
 
 

@@ -14,18 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from lemur.cli_common import die, positive_int, user_input, writing
-from lemur.eval.cli_args import gen_args, limit_arg, model_args, sandbox_args, sandbox_limits
+from lemur.eval import cli_args
 
 
 def add_parsers(sub: Any) -> None:
     """The `agent` and `plot` subcommands (model, sampling, sandbox and `--limit` options
     as the others')."""
     ag = sub.add_parser("agent", help="multi-turn tasks with execution feedback (MINT-style)")
-    model_args(ag)
+    cli_args.model_args(ag)
     ag.add_argument("--tasks", default="humaneval", help="humaneval, or a JSONL file of tasks")
     ag.add_argument("--turns", type=positive_int, default=5, help="turn budget K per task")
     ag.add_argument("--feedback", choices=["exec", "binary", "none"], default="exec")
-    limit_arg(ag)
+    cli_args.limit_arg(ag)
     ag.add_argument("--system", default=None, help="a system message before each task")
     ag.add_argument(
         "--observation-role",
@@ -33,7 +33,7 @@ def add_parsers(sub: Any) -> None:
         default="user",
         help="the role of feedback turns (user, as MINT; tool, as CodeAct data)",
     )
-    sandbox_args(ag, "code run")
+    cli_args.sandbox_args(ag, "code run")
     ag.add_argument(
         "--no-cache-reuse",
         action="store_true",
@@ -49,7 +49,7 @@ def add_parsers(sub: Any) -> None:
         help="context length (default the model's; longer runs positions it never trained on)",
     )
     ag.add_argument("--out", default=None, help="run directory (default agent-FEEDBACK)")
-    gen_args(ag, 512)
+    cli_args.gen_args(ag, 512)
     pl = sub.add_parser("plot", help="success rate by turn of agent runs, one line each")
     pl.add_argument("runs", nargs="+", metavar="RUN", help="agent run directories or summaries")
     pl.add_argument("--out", default="agent-success.png", help="the PNG to write")
@@ -65,7 +65,7 @@ def _agent_config(args: argparse.Namespace) -> Any:
             feedback=args.feedback,
             observation_role=args.observation_role,
             system=args.system,
-            limits=sandbox_limits(args),
+            limits=cli_args.sandbox_limits(args),
             allow_network=args.allow_network,
             workers=args.workers,
             record_ids=args.record_ids,
@@ -74,21 +74,21 @@ def _agent_config(args: argparse.Namespace) -> Any:
 
 def cmd_agent(args: argparse.Namespace) -> int:
     """Run (or resume) the agent evaluation; write transcripts, summary and plot."""
-    from lemur.eval import agent, agent_report, agent_tasks, cli
+    from lemur.eval import agent, agent_report, agent_tasks
 
     with user_input(ValueError):  # the --tasks file
         tasks = agent_tasks.load_agent_tasks(args.tasks)[: args.limit]  # None: every task
-    cli.probe_sandbox(args)
+    cli_args.probe_sandbox(args)
     config = _agent_config(args)
-    model = cli._load(args, for_decoding=True)
-    cli._need_tokenizer(args, model)
+    model = cli_args.load_checkpoint(args, for_decoding=True)
+    cli_args.need_tokenizer(args, model)
     if args.max_seq_len is not None:
         model.config = dataclasses.replace(model.config, max_seq_len=args.max_seq_len)
     if args.turns > model.config.max_seq_len:  # each turn adds a token at least
         die(
             f"--turns {args.turns}: more than the context holds ({model.config.max_seq_len} tokens)"
         )
-    gen = cli._sampling(args)
+    gen = cli_args.sampling(args)
     replies = agent.ModelReplies(
         model.params,
         model.config,
@@ -109,7 +109,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         config,
         out,
         settings=settings,
-        progress=lambda i, n: cli._say(f"{i}/{n} tasks done"),
+        progress=lambda i, n: cli_args.say(f"{i}/{n} tasks done"),
     )
     summary = {**agent_report.summarize(records, args.turns), **config.settings(), **settings}
     path = agent_report.write_summary(out, summary)

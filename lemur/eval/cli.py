@@ -34,30 +34,21 @@ from lemur.cli_common import (
     writing,
 )
 from lemur.eval import agent_cli
-from lemur.eval.cli_args import gen_args, limit_arg, model_args, sandbox_args, sandbox_limits
+from lemur.eval.cli_args import (
+    gen_args,
+    limit_arg,
+    load_checkpoint,
+    model_args,
+    need_tokenizer,
+    probe_sandbox,
+    sampling,
+    sandbox_args,
+    sandbox_limits,
+    say,
+)
 from lemur.eval.prompts_file import read_prompts
 
 USAGE = "lemur-eval {bpb,generate,humaneval,agent,plot} ... (lemur-eval COMMAND --help)"
-
-
-def _say(message: str) -> None:
-    print(f"lemur-eval: {message}", file=sys.stderr, flush=True)
-
-
-def probe_sandbox(args: argparse.Namespace) -> Any:
-    """Probe the sandbox, say what it isolates, refuse without network isolation unless
-    --allow-network; the probe's Isolation."""
-    from lemur.eval import sandbox
-
-    isolation = sandbox.probe()
-    for line in isolation.describe():
-        _say(f"sandbox {line}")
-    if not isolation.network and not args.allow_network:
-        die(
-            "refusing to run generated code: this machine cannot isolate the "
-            "network (no network namespaces); pass --allow-network to run anyway"
-        )
-    return isolation
 
 
 def _add_bpb(sub: Any) -> None:
@@ -130,46 +121,6 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _load(args: argparse.Namespace, for_decoding: bool = False) -> Any:
-    """The model named on the command line (per-layer weights when it will decode)."""
-    from lemur.eval.load import load_model
-    from lemur.model.decode import split_layers
-
-    model = load_model(args.checkpoint, step=args.step, tokenizer=args.tokenizer, dtype=args.dtype)
-    if for_decoding:
-        model.params = split_layers(model.params, consume=True)
-    from lemur.model.config import param_count
-
-    _say(
-        f"{model.kind} model from {model.source}: {param_count(model.config):,} parameters, "
-        f"{model.config.n_layers} layers, compute {model.config.dtype}"
-    )
-    return model
-
-
-def _sampling(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> Any:
-    """The GenerationConfig of the sampling arguments."""
-    from lemur.eval.generate import GenerationConfig
-    from lemur.eval.sampling import Sampling
-
-    with user_input(ValueError):  # the settings check the arguments
-        sampling = Sampling(args.temperature, args.top_k, args.top_p)
-        return GenerationConfig(
-            max_new_tokens=args.max_new_tokens,
-            sampling=sampling,
-            stop=(*stop, *args.stop),
-            seed=args.seed,
-            batch_size=args.batch_size,
-        )
-
-
-def _need_tokenizer(args: argparse.Namespace, model: Any) -> None:
-    """Refuse, saying why, a model that came without a tokenizer."""
-    if model.tokenizer is None:
-        why = f" ({model.tokenizer_problem})" if model.tokenizer_problem else ""
-        die(f"{args.checkpoint}: no tokenizer found{why}; give --tokenizer")
-
-
 def _check_tokenizer(args: argparse.Namespace, model: Any, directory: Any) -> None:
     """Refuse shards (an open `ShardDir`) tokenized with another tokenizer than the model's:
     its file's, else the hash its run recorded. A run whose tokenizer is unknown is refused
@@ -220,7 +171,7 @@ def cmd_bpb(args: argparse.Namespace) -> int:
     from lemur.eval import bpb
     from lemur.shards.check import ShardDir
 
-    model = _load(args)
+    model = load_checkpoint(args)
     dirs = [ShardDir(d) for d in args.dirs]  # each manifest read once, here
     for d in dirs:
         if not d.domains("val"):  # else an empty table, exit 0
@@ -242,7 +193,7 @@ def cmd_bpb(args: argparse.Namespace) -> int:
         out = {"model": model.source, "kind": model.kind, "results": results}
         with writing(args.json):
             atomic_write_text(args.json, json.dumps(out, indent=2) + "\n")
-        _say(f"wrote {args.json}")
+        say(f"wrote {args.json}")
     return 0
 
 
@@ -251,14 +202,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from lemur.eval.generate import generate
 
     rows = read_prompts(args.prompt, args.prompts, args.chat)  # PromptsError: one line
-    model = _load(args, for_decoding=True)
-    _need_tokenizer(args, model)
+    model = load_checkpoint(args, for_decoding=True)
+    need_tokenizer(args, model)
     completions = generate(
         model.params,
         model.config,
         model.tokenizer,
         [r.get("prompt", r.get("messages")) for r in rows],
-        _sampling(args),
+        sampling(args),
         chat=args.chat,
     )
     out = [
@@ -275,7 +226,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.out:
         with writing(args.out):
             atomic_write_text(args.out, "".join(json.dumps(o) + "\n" for o in out))
-        _say(f"wrote {len(out)} completions to {args.out}")
+        say(f"wrote {len(out)} completions to {args.out}")
     else:
         for o in out:
             shown = o["prompt"] if "prompt" in o else o["messages"][-1]["content"]
@@ -294,11 +245,11 @@ def _humaneval_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list
         return [(t.task_id, t.canonical_solution) for t in tasks], {"model": "canonical"}
     if args.checkpoint is None:
         die("humaneval needs a CHECKPOINT (or --canonical)")
-    model = _load(args, for_decoding=True)
-    _need_tokenizer(args, model)
+    model = load_checkpoint(args, for_decoding=True)
+    need_tokenizer(args, model)
     if args.n > 1 and args.temperature == 0:
-        _say(f"--n {args.n} with greedy decoding: every sample of a task is the same")
-    gen = _sampling(args)
+        say(f"--n {args.n} with greedy decoding: every sample of a task is the same")
+    gen = sampling(args)
     samples = humaneval.complete(
         model.params,
         model.config,
@@ -306,7 +257,7 @@ def _humaneval_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list
         tasks,
         args.n,
         gen,
-        progress=lambda i, n: _say(f"generated {i}/{n}"),
+        progress=lambda i, n: say(f"generated {i}/{n}"),
     )
     notes = {
         "model": model.source,

@@ -1,15 +1,18 @@
-"""The options `lemur-eval`'s commands share, each defined once: the model to load, the
-sampling, the sandbox and `--limit`. A count or a size must be >= 1 and a time > 0, checked
+"""The options `lemur-eval`'s commands share, each defined once with what it makes: the
+model to load (`load_checkpoint`, `need_tokenizer`), the sampling (`sampling`), the sandbox
+(`probe_sandbox`, `sandbox_limits`) and `--limit`; both commands' modules (cli.py,
+agent_cli.py) use them. A count or a size must be >= 1 and a time > 0, checked
 as the command line is parsed (one line, exit 2): 0 never stands for "all" or "the
 default"; an option left out does."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 from typing import Any
 
-from lemur.cli_common import positive_float, positive_int
+from lemur.cli_common import die, positive_float, positive_int, user_input
 
 # The seeds JAX's random keys take: a signed 64-bit integer (more is an OverflowError).
 SEED_RANGE = (-(2**63), 2**63 - 1)
@@ -99,3 +102,63 @@ def sandbox_limits(args: argparse.Namespace) -> Any:
     from lemur.eval import sandbox
 
     return sandbox.Limits(timeout_s=args.timeout, cpu_s=max(1, int(args.timeout)))
+
+
+def say(message: str) -> None:
+    """One line on stderr, prefixed `lemur-eval:` (progress and what was loaded)."""
+    print(f"lemur-eval: {message}", file=sys.stderr, flush=True)
+
+
+def probe_sandbox(args: argparse.Namespace) -> Any:
+    """Probe the sandbox, say what it isolates, refuse without network isolation unless
+    --allow-network; the probe's Isolation."""
+    from lemur.eval import sandbox
+
+    isolation = sandbox.probe()
+    for line in isolation.describe():
+        say(f"sandbox {line}")
+    if not isolation.network and not args.allow_network:
+        die(
+            "refusing to run generated code: this machine cannot isolate the "
+            "network (no network namespaces); pass --allow-network to run anyway"
+        )
+    return isolation
+
+
+def load_checkpoint(args: argparse.Namespace, for_decoding: bool = False) -> Any:
+    """The model named on the command line (per-layer weights when it will decode)."""
+    from lemur.eval.load import load_model
+    from lemur.model.decode import split_layers
+
+    model = load_model(args.checkpoint, step=args.step, tokenizer=args.tokenizer, dtype=args.dtype)
+    if for_decoding:
+        model.params = split_layers(model.params, consume=True)
+    from lemur.model.config import param_count
+
+    say(
+        f"{model.kind} model from {model.source}: {param_count(model.config):,} parameters, "
+        f"{model.config.n_layers} layers, compute {model.config.dtype}"
+    )
+    return model
+
+
+def sampling(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> Any:
+    """The GenerationConfig of the sampling arguments."""
+    from lemur.eval.generate import GenerationConfig
+    from lemur.eval.sampling import Sampling
+
+    with user_input(ValueError):  # the settings check the arguments
+        return GenerationConfig(
+            max_new_tokens=args.max_new_tokens,
+            sampling=Sampling(args.temperature, args.top_k, args.top_p),
+            stop=(*stop, *args.stop),
+            seed=args.seed,
+            batch_size=args.batch_size,
+        )
+
+
+def need_tokenizer(args: argparse.Namespace, model: Any) -> None:
+    """Refuse, saying why, a model that came without a tokenizer."""
+    if model.tokenizer is None:
+        why = f" ({model.tokenizer_problem})" if model.tokenizer_problem else ""
+        die(f"{args.checkpoint}: no tokenizer found{why}; give --tokenizer")

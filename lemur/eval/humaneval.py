@@ -43,7 +43,7 @@ def _run(source):
     secret = os.read(0, 256)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     write, leave, show = os.write, os._exit, traceback.print_exc
-    linecache.cache["check_program.py"] = (len(source), None, source.splitlines(True), "")
+    linecache.cache["check_program.py"] = (len(source), None, source.splitlines(keepends=True), "")
     try:
         exec(compile(source, "check_program.py", "exec"), {})
     except BaseException:

@@ -83,12 +83,9 @@ class LoadedModel:
 
 def detect_kind(path: Path) -> str:
     """The kind of model in `path` ("run", "step", "lemur" or "hf"); LoadError otherwise."""
-    if (path / "config.json").is_file() and (path / "params").is_dir():
-        return "lemur"
-    if (path / "config.json").is_file() and any(
-        (path / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")
-    ):
-        return "hf"
+    found = pretrained.folder_kind(path)
+    if found is not None:
+        return found
     if (path / "state").is_dir() and (path / "meta").is_dir():
         return "step"
     if (path / "config.yaml").is_file() or (path / "checkpoints").is_dir():

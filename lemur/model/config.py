@@ -201,6 +201,14 @@ _LLAMA3 = dict(
     rope_high_freq_factor=4.0,
     rope_original_max_seq_len=8192,
 )
+# The fields that give the parameters their shapes, the one list: those without a default
+# (but the vocabulary, which comes from the data) must be given when there is no preset
+# (model/preset.py); a pretrained checkpoint must match all of them (tie_embeddings decides
+# whether there is an lm_head at all, qkv_bias whether there are biases).
+SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff")
+PARAM_SHAPE_FIELDS = (*SHAPE_FIELDS, "tie_embeddings", "qkv_bias")
+
+
 # Qwen2.5: 151,936-id embedding (152,064 on 7B and up; the tokenizer uses 151,665 of them),
 # biased q/k/v, theta 1e6, eps 1e-6; the small sizes tie the head. No sliding window
 # (their config.json says use_sliding_window: false).

@@ -36,6 +36,8 @@ from typing import Any
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from lemur.chatml import IM_END, IM_START
+from lemur.tokenizer import TokenizerError
+from lemur.tokenizer.sentencepiece import read_model
 
 CHATML_TEMPLATE = (
     "{{ bos_token }}"
@@ -65,13 +67,10 @@ class HFTokenizerError(ValueError):
 
 def read_model_proto(path: str | os.PathLike[str]) -> model_pb2.ModelProto:
     """The parsed SentencePiece model, checked to be one `tokenizers` can mirror exactly."""
-    proto = model_pb2.ModelProto()
     try:
-        proto.ParseFromString(Path(path).read_bytes())
-    except OSError as e:
-        raise HFTokenizerError(f"{path}: cannot read the tokenizer ({e.strerror})") from None
-    except Exception as e:  # protobuf's DecodeError: the file is not a model
-        raise HFTokenizerError(f"{path}: not a SentencePiece model ({e})") from None
+        proto = read_model(path)
+    except TokenizerError as e:  # this module's callers catch HFTokenizerError
+        raise HFTokenizerError(str(e)) from None
     normalizer = proto.normalizer_spec
     problems = [
         (proto.trainer_spec.model_type != model_pb2.TrainerSpec.BPE, "not a BPE model"),

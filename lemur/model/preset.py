@@ -13,15 +13,12 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from lemur.model.config import PRESETS, LlamaConfig
+from lemur.model.config import PRESETS, SHAPE_FIELDS, LlamaConfig
 from lemur.typed_yaml import TypedLoader
 
 # LlamaConfig fields a config may not override: the vocabulary comes from `model.vocab_size`
 # (or the shards' tokenizer), so it cannot disagree with the data.
 _FIXED_MODEL_FIELDS = ("vocab_size",)
-# LlamaConfig fields without a default: with `model.preset: null` the overrides (filled from
-# `model.init_from` at start-up) must give them all.
-SHAPE_FIELDS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff")
 
 
 class ConfigError(ValueError):

@@ -42,8 +42,9 @@ class PretrainedError(ValueError):
     """A folder that is no model lemur can start from (one line, naming it)."""
 
 
-def kind(path: str | os.PathLike[str]) -> str:
-    """ "lemur" or "hf" by the files inside; PretrainedError otherwise."""
+def folder_kind(path: str | os.PathLike[str]) -> str | None:
+    """ "lemur" or "hf" by the files inside, None for neither: the one test of a model folder's
+    kind (`kind` here, and `lemur-eval`'s loader, which also takes run directories)."""
     root = Path(path)
     if (root / "config.json").is_file() and (root / "params").is_dir():
         return "lemur"
@@ -51,6 +52,15 @@ def kind(path: str | os.PathLike[str]) -> str:
         (root / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")
     ):
         return "hf"
+    return None
+
+
+def kind(path: str | os.PathLike[str]) -> str:
+    """ "lemur" or "hf" by the files inside; PretrainedError otherwise."""
+    root = Path(path)
+    found = folder_kind(root)
+    if found is not None:
+        return found
     raise PretrainedError(
         f"{root}: neither a lemur checkpoint (config.json + params/) nor a Hugging Face "
         "model folder (config.json + model.safetensors[.index.json])"

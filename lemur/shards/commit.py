@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,10 @@ def _remove_empty_dirs(root: Path) -> None:
             root.rmdir()
 
 
-def commit(out: Path, prefix: str, manifest: dict[str, Any], work: Path | None = None) -> None:
+def commit(out: Path, prefix: str, manifest: dict[str, Any], finished: Iterable[Path] = ()) -> None:
     """Make a complete build the directory's build: rename its manifest in, then remove the
     previous build's files (none of which share a path with the new build's) and the
-    finished shuffles' work under `work` (default `<out>/.work`)."""
+    `finished` work folders (the build's shuffles: data/work.py names them)."""
     previous = _referenced(out / MANIFEST)
     atomic_write_json(out / MANIFEST, manifest)  # readers switch here, atomically
     current = _referenced(out / MANIFEST)
@@ -50,5 +51,5 @@ def commit(out: Path, prefix: str, manifest: dict[str, Any], work: Path | None =
             shutil.rmtree(stale, ignore_errors=True)  # earlier builds, finished or abandoned
     for legacy in ("train", "val"):  # shard directories of the layout before build-<id>/
         _remove_empty_dirs(out / legacy)
-    for stale in (work or out / ".work").glob("shuffle-*"):
+    for stale in finished:
         shutil.rmtree(stale, ignore_errors=True)  # bucket files and markers of finished shuffles

@@ -17,6 +17,45 @@ from lemur.tokenizer.base import TokenizerError
 SPACE = "\u2581"  # SentencePiece's whitespace marker
 
 
+def parse_model(data: bytes, name: object) -> Any:
+    """The SentencePiece ModelProto of a model's bytes: the one parser of model files (the
+    HF export, the build's piece checks); TokenizerError naming `name` when it is none."""
+    # sentencepiece's Python API cannot list piece types or add pieces; its own generated
+    # schema module (which needs protobuf) reads and edits the model.
+    try:
+        from sentencepiece import sentencepiece_model_pb2 as pb
+    except Exception as e:  # noqa: BLE001 - protobuf missing, or older than the schema (VersionError)
+        raise TokenizerError(
+            f"cannot read SentencePiece model pieces: {e} (try: pip install -U protobuf)"
+        ) from None
+    model = pb.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as e:  # protobuf's DecodeError: the bytes are not a model
+        raise TokenizerError(f"{name}: not a SentencePiece model ({e})") from None
+    return model
+
+
+def read_model(path: str | os.PathLike[str]) -> Any:
+    """`parse_model` of a model file (TokenizerError naming it when it cannot be read)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise TokenizerError(f"{path}: cannot read the tokenizer ({e.strerror})") from None
+    return parse_model(data, path)
+
+
+def load_processor(path: str | os.PathLike[str]) -> spm.SentencePieceProcessor:
+    """A SentencePiece model file loaded: the one loader of model files (this engine's
+    tokenizer, and the build's `load_tokenizer`); TokenizerError naming it otherwise."""
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.Load(str(path))
+    except (OSError, RuntimeError) as e:
+        raise TokenizerError(f"{path}: not a SentencePiece model ({e})") from None
+    return sp
+
+
 class SentencePieceTokenizer:
     """A SentencePiece model: `<s>` doc `</s>` framing, pieces as ids."""
 
@@ -25,11 +64,7 @@ class SentencePieceTokenizer:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path).expanduser()
-        self.sp = spm.SentencePieceProcessor()
-        try:
-            self.sp.Load(str(self.path))
-        except (OSError, RuntimeError) as e:
-            raise TokenizerError(f"{self.path}: not a SentencePiece model ({e})") from None
+        self.sp = load_processor(self.path)
         self.vocab_size = int(self.sp.vocab_size())
         bos, self.eos_id = int(self.sp.bos_id()), int(self.sp.eos_id())
         self.bos_id: int | None = bos if bos >= 0 else None

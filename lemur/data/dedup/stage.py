@@ -13,6 +13,7 @@ from pathlib import Path
 
 from datatrove.pipeline.base import PipelineStep
 
+from lemur.data import work as work_folders
 from lemur.data.dedup.buckets import Priorities, bucket_task
 from lemur.data.dedup.cluster import SUMMARY, DedupResult, cluster_task, load_result
 from lemur.data.dedup.runs import channels
@@ -41,7 +42,7 @@ def dedup_dir(tok_work: Path, config: DedupConfig) -> Path:
     """The dedup stage's folder for this config (beside the tokenize work it reads)."""
     settings = {"sim": config.min_similarity, "ranges": key_ranges(config), "v": 1}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    return Path(tok_work) / f"dedup-{key}"
+    return work_folders.dedup_folder(Path(tok_work), key)
 
 
 class DedupBuckets(TaskStep):
@@ -129,6 +130,8 @@ def run_dedup(
     if not (config.exact or config.near):
         return None
     ddir = dedup_dir(tok_work, config)
-    for name, step, tasks in dedup_stages(config, Path(tok_work) / "tokens", n_tasks, ddir):
+    for name, step, tasks in dedup_stages(
+        config, work_folders.tokens_dir(Path(tok_work)), n_tasks, ddir
+    ):
         run_stage([step], ddir / name, tasks, f"dedup {name}")
     return ddir

@@ -24,6 +24,7 @@ import numpy as np
 import xxhash
 from datatrove.data import Document
 
+from lemur.data import work as work_folders
 from lemur.data.filter.base import LemurFilter
 from lemur.data.filter.benchmarks import benchmark_texts
 from lemur.data.filter.ngrams import Ngrams, text_ngrams
@@ -202,7 +203,7 @@ class DecontaminationFilter(LemurFilter):
 
 def decontamination_filter(config: DecontaminateConfig, work: Path) -> DecontaminationFilter:
     """Build the recipe's benchmark indexes under `work/decontam` and a filter reading them."""
-    directory = work / "decontam"
+    directory = work_folders.decontam(work)
     build_indexes(config, directory)
     return DecontaminationFilter(
         str(directory), [b.name for b in config.benchmarks], config.ngram, config.min_matches

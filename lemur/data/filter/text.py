@@ -86,7 +86,7 @@ class TextRule(DomainFilter):
 
     def __init__(self, config: Any, domains: tuple[str, ...] = ("text",)) -> None:
         super().__init__(domains)
-        self.c = config
+        self.config = config
 
 
 class GopherQualityFilter(TextRule):
@@ -96,55 +96,59 @@ class GopherQualityFilter(TextRule):
 
     def check(self, doc: Document) -> bool | tuple[bool, str]:
         """Apply the rules in datatrove's order; the first failing rule names the reason."""
-        c, text = self.c, doc.text
+        config, text = self.config, doc.text
         words = text.split()
         # length rules ignore words made only of punctuation, as datatrove does
         non_symbol = [w for w in words if w.strip(_PUNCT)]
         n = len(non_symbol)
-        if c.min_doc_words and n < c.min_doc_words:
+        if config.min_doc_words and n < config.min_doc_words:
             return False, "gopher_short_doc"
-        if c.max_doc_words and n > c.max_doc_words:
+        if config.max_doc_words and n > config.max_doc_words:
             return False, "gopher_long_doc"
         if n:
             avg = sum(map(len, non_symbol)) / n
-            if c.min_avg_word_length and avg < c.min_avg_word_length:
+            if config.min_avg_word_length and avg < config.min_avg_word_length:
                 return False, "gopher_below_avg_threshold"
-            if c.max_avg_word_length and avg > c.max_avg_word_length:
+            if config.max_avg_word_length and avg > config.max_avg_word_length:
                 return False, "gopher_above_avg_threshold"
-        if words and c.max_symbol_word_ratio is not None:
-            if text.count("#") / len(words) > c.max_symbol_word_ratio:
+        if words and config.max_symbol_word_ratio is not None:
+            if text.count("#") / len(words) > config.max_symbol_word_ratio:
                 return False, "gopher_too_many_hashes"
-            if (text.count("...") + text.count("…")) / len(words) > c.max_symbol_word_ratio:
+            if (text.count("...") + text.count("…")) / len(words) > config.max_symbol_word_ratio:
                 return False, "gopher_too_many_ellipsis"
         reason = self._line_rules(text)
         if reason:
             return False, reason
-        if words and c.min_alpha_words_ratio is not None:
+        if words and config.min_alpha_words_ratio is not None:
             alpha = sum(any(map(str.isalpha, w)) for w in words)
-            if alpha / len(words) < c.min_alpha_words_ratio:
+            if alpha / len(words) < config.min_alpha_words_ratio:
                 return False, "gopher_below_alpha_threshold"
-        if c.min_stop_words:
-            found = {w.lower() for w in words} if c.stop_words_ignore_case else set(words)
-            if len(STOP_WORDS.intersection(found)) < c.min_stop_words:
+        if config.min_stop_words:
+            found = {w.lower() for w in words} if config.stop_words_ignore_case else set(words)
+            if len(STOP_WORDS.intersection(found)) < config.min_stop_words:
                 return False, "gopher_enough_stop_words"
         return True
 
     def _line_rules(self, text: str) -> str | None:
         """The bullet and end-ellipsis rules over lines (blank ones too, unless skipped)."""
-        c = self.c
+        config = self.config
         lines = text.splitlines()
-        if c.skip_blank_lines:
+        if config.skip_blank_lines:
             lines = [line for line in lines if line.strip()]
         if not lines:
             return None
-        if c.max_bullet_lines_ratio is not None:
-            marks = tuple(c.bullet_markers) if c.bullet_markers is not None else GOPHER_BULLETS
+        if config.max_bullet_lines_ratio is not None:
+            marks = (
+                tuple(config.bullet_markers)
+                if config.bullet_markers is not None
+                else GOPHER_BULLETS
+            )
             bullets = sum(line.lstrip().startswith(marks) for line in lines)
-            if bullets / len(lines) > c.max_bullet_lines_ratio:
+            if bullets / len(lines) > config.max_bullet_lines_ratio:
                 return "gopher_too_many_bullets"
-        if c.max_ellipsis_lines_ratio is not None:
+        if config.max_ellipsis_lines_ratio is not None:
             ell = sum(line.rstrip().endswith(("...", "…")) for line in lines)
-            if ell / len(lines) > c.max_ellipsis_lines_ratio:
+            if ell / len(lines) > config.max_ellipsis_lines_ratio:
                 return "gopher_too_many_end_ellipsis"
         return None
 
@@ -193,7 +197,7 @@ class GopherRepetitionFilter(TextRule):
 
     def check(self, doc: Document) -> bool | tuple[bool, str]:
         """Apply paragraph, line, top n-gram and duplicated n-gram rules in that order."""
-        c, text = self.c, doc.text
+        config, text = self.config, doc.text
         if not text:
             return False, "empty"
         reason = self._paragraph_and_line_rules(text)
@@ -208,15 +212,15 @@ class GopherRepetitionFilter(TextRule):
         )
         lengths = np.fromiter(map(len, words), np.int64, len(words))
         for n in (2, 3, 4):
-            limit = getattr(c, f"top_{n}_gram")
+            limit = getattr(config, f"top_{n}_gram")
             if limit is None or len(words) < n:
                 continue
-            chars = _top_ngram_chars(combine_ngrams(ids, n), lengths, n, c.top_ngram_min_count)
+            chars = _top_ngram_chars(combine_ngrams(ids, n), lengths, n, config.top_ngram_min_count)
             if chars / len(text) > limit:
                 return False, f"top_{n}_gram"
         cum = np.concatenate(([0], np.cumsum(lengths)))
         for n in range(5, 11):
-            limit = getattr(c, f"dup_{n}_gram")
+            limit = getattr(config, f"dup_{n}_gram")
             if limit is None or len(words) < n:
                 continue
             if _greedy_dup_chars(combine_ngrams(ids, n), cum, n) / len(text) > limit:
@@ -225,18 +229,18 @@ class GopherRepetitionFilter(TextRule):
 
     def _paragraph_and_line_rules(self, text: str) -> str | None:
         """Duplicate paragraph and line fractions (by count and by characters)."""
-        c, size = self.c, len(text)
+        config, size = self.config, len(text)
         paragraphs = _PARAGRAPHS.split(text.strip())
         n_dup, chars = _duplicates(paragraphs)
-        if c.dup_para_frac is not None and n_dup / len(paragraphs) > c.dup_para_frac:
+        if config.dup_para_frac is not None and n_dup / len(paragraphs) > config.dup_para_frac:
             return "dup_para_frac"
-        if c.dup_para_char_frac is not None and chars / size > c.dup_para_char_frac:
+        if config.dup_para_char_frac is not None and chars / size > config.dup_para_char_frac:
             return "dup_para_char_frac"
         lines = _LINES.split(text)
         n_dup, chars = _duplicates(lines)
-        if c.dup_line_frac is not None and n_dup / len(lines) > c.dup_line_frac:
+        if config.dup_line_frac is not None and n_dup / len(lines) > config.dup_line_frac:
             return "dup_line_frac"
-        if c.dup_line_char_frac is not None and chars / size > c.dup_line_char_frac:
+        if config.dup_line_char_frac is not None and chars / size > config.dup_line_char_frac:
             return "dup_line_char_frac"
         return None
 
@@ -248,7 +252,7 @@ class C4Filter(TextRule):
 
     def check(self, doc: Document) -> bool | tuple[bool, str]:
         """Apply C4's rules line by line; keep the surviving lines (reasons as datatrove's)."""
-        c = self.c
+        config = self.config
         kept: list[str] = []
         sentences = 0
         for raw in doc.text.splitlines():
@@ -256,35 +260,37 @@ class C4Filter(TextRule):
             if line is None:
                 continue
             lower = line.lower()
-            if c.lorem_ipsum and "lorem ipsum" in lower:
+            if config.lorem_ipsum and "lorem ipsum" in lower:
                 return False, "lorem_ipsum"
-            if c.javascript and "javascript" in lower:
+            if config.javascript and "javascript" in lower:
                 continue
-            if c.curly_bracket and "{" in line:
+            if config.curly_bracket and "{" in line:
                 return False, "curly_bracket"
-            if c.policy and any(p in lower for p in C4_POLICY):
+            if config.policy and any(p in lower for p in C4_POLICY):
                 continue
-            if c.min_sentences:
+            if config.min_sentences:
                 sentences += count_sentences(line)
             kept.append(line)
-        if c.min_sentences and sentences < c.min_sentences:
+        if config.min_sentences and sentences < config.min_sentences:
             return False, "too_few_sentences"
-        if c.remove_lines:
+        if config.remove_lines:
             doc.text = "\n".join(kept).strip()
         return True
 
     def _clean_line(self, line: str) -> str | None:
         """The line without citations, or None if a long word, no end mark or few words."""
-        c = self.c
+        config = self.config
         words = line.split()
-        if c.max_word_length is not None and any(len(w) > c.max_word_length for w in words):
+        if config.max_word_length is not None and any(
+            len(w) > config.max_word_length for w in words
+        ):
             return None
-        if c.remove_citations:
+        if config.remove_citations:
             line = _C4_CITATION.sub("", line)
-        if c.terminal_punct and (not line.endswith(C4_END_PUNCT) or line.endswith("...")):
+        if config.terminal_punct and (not line.endswith(C4_END_PUNCT) or line.endswith("...")):
             return None
         # datatrove counts the words before citations are removed
-        if c.min_words_per_line is not None and len(words) < c.min_words_per_line:
+        if config.min_words_per_line is not None and len(words) < config.min_words_per_line:
             return None
         return line
 
@@ -301,25 +307,27 @@ class FineWebFilter(TextRule):
 
     def check(self, doc: Document) -> bool | tuple[bool, str]:
         """Apply the punctuation, short-line, duplicate-line and newline rules."""
-        c, text = self.c, doc.text
+        config, text = self.config, doc.text
         lines = [line for line in text.split("\n") if line.strip()]
         if not lines:
             return False, "empty"
-        if c.strip_lines:
+        if config.strip_lines:
             lines = [line.strip() for line in lines]
-        if c.line_punct_thr is not None:
+        if config.line_punct_thr is not None:
             ratio = sum(line.endswith(self.stop_chars) for line in lines) / len(lines)
-            if ratio < c.line_punct_thr and not (ratio == 0 and c.line_punct_exclude_zero):
+            if ratio < config.line_punct_thr and not (
+                ratio == 0 and config.line_punct_exclude_zero
+            ):
                 return False, "line_punct_ratio"
-        if c.short_line_thr is not None:
-            short = sum(len(line) <= c.short_line_length for line in lines)
-            if short / len(lines) > c.short_line_thr:
+        if config.short_line_thr is not None:
+            short = sum(len(line) <= config.short_line_length for line in lines)
+            if short / len(lines) > config.short_line_thr:
                 return False, "short_line_ratio"
-        if c.char_duplicates_ratio is not None:
+        if config.char_duplicates_ratio is not None:
             _, chars = _duplicates(lines)
-            if chars / len(text.replace("\n", "")) > c.char_duplicates_ratio:
+            if chars / len(text.replace("\n", "")) > config.char_duplicates_ratio:
                 return False, "char_dup_ratio"
-        if c.new_line_ratio is not None:
-            if text.count("\n") / len(text.split()) > c.new_line_ratio:
+        if config.new_line_ratio is not None:
+            if text.count("\n") / len(text.split()) > config.new_line_ratio:
                 return False, "list_ratio"
         return True

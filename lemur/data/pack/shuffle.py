@@ -237,16 +237,37 @@ def check_scatter(work: Path, n_tasks: int, dtype: np.dtype, masks: bool) -> lis
     return bad
 
 
+@dataclass(frozen=True)
+class BucketPart:
+    """One scatter task's part of a bucket: copies [first_copy, end_copy) and tokens
+    [first_token, end_token) of its files, which hold `copies` copies and `tokens` tokens."""
+
+    task: int
+    first_copy: int
+    end_copy: int
+    first_token: int
+    end_token: int
+    copies: int
+    tokens: int
+
+
 def _shuffled(
-    work: Path, parts: list[tuple], ext: str, dtype: np.dtype, total: int, src: list, size: list
+    work: Path,
+    parts: list[BucketPart],
+    ext: str,
+    dtype: np.dtype,
+    total: int,
+    src: list,
+    size: list,
 ) -> np.ndarray:
     """One layer (tokens or mask) of a shard: every task's part read into one buffer, then
     copied document by document into shuffled order (`src`, `size`: each copy's place)."""
     read = np.empty(total, dtype)
     pos = 0
-    for t, _, _, t0, t1, _, tokens in parts:
-        _read_into(work / _name(t, ext), t0, tokens, read[pos : pos + t1 - t0])
-        pos += t1 - t0
+    for p in parts:
+        n = p.end_token - p.first_token
+        _read_into(work / _name(p.task, ext), p.first_token, p.tokens, read[pos : pos + n])
+        pos += n
     shuffled = np.empty(total, dtype)
     dst = 0
     for s, n in zip(src, size, strict=True):
@@ -268,17 +289,20 @@ def gather_task(
     if info_path.is_file():
         return  # finished shards are never rewritten
     dtype, masks = settings.dtype, settings.masks
-    parts = []  # (task, first copy, end copy, first token, end token, copies, tokens)
+    parts = []
     for t in range(n_tasks):
         off = open_array(work / _name(t, "offsets"), "<i8", (2,))
         (e0, t0), (e1, t1) = off[b].tolist(), off[b + 1].tolist()
         if e1 > e0:
-            parts.append((t, e0, e1, t0, t1, int(off[-1, 0]), int(off[-1, 1])))
+            parts.append(BucketPart(t, e0, e1, t0, t1, int(off[-1, 0]), int(off[-1, 1])))
     if not parts:
         atomic_write_json(info_path, {"empty": True})
         return
     keys = np.concatenate(
-        [_read(work / _name(t, "keys"), KEYREC, e0, e1, n) for t, e0, e1, _, _, n, _ in parts]
+        [
+            _read(work / _name(p.task, "keys"), KEYREC, p.first_copy, p.end_copy, p.copies)
+            for p in parts
+        ]
     )
     order = np.lexsort((np.arange(len(keys)), keys["key"]))  # ties: task, then scatter order
     lengths = keys["length"].astype(np.int64)
@@ -286,7 +310,7 @@ def gather_task(
     starts = np.cumsum(lengths) - lengths
     ends = np.cumsum(lengths[order])
     total = int(ends[-1]) if len(ends) else 0
-    if total != sum(t1 - t0 for _, _, _, t0, t1, _, _ in parts):
+    if total != sum(p.end_token - p.first_token for p in parts):
         raise ShuffleError(f"{work / BUCKETS}: bucket {b}: copy lengths disagree with the offsets")
     src, size = starts[order].tolist(), lengths[order].tolist()  # once for every layer
     layers = [("bin", dtype)] + ([("mask", np.dtype(MASK_DTYPE))] if masks else [])

@@ -28,6 +28,7 @@ from lemur.data.pack.shuffle import (
 from lemur.data.pack.steps import Duplicates, PackGather, PackPrep, PackScatter
 from lemur.data.recipe import Recipe
 from lemur.data.run.task import StageRunner, run_here
+from lemur.data.work import shuffle_folder
 from lemur.shards.format import ShardInfo
 
 __all__ = ["PackError", "PackPlan", "PackStages"]
@@ -66,19 +67,20 @@ class PackStages:
                 raise ValueError("PackStages: the recipe writes duplicates: give the tokenizer")
             self.duplicates = Duplicates(str(tokenizer), tuple(s.name for s in recipe.sources))
         key = json.dumps([prefix, str(tok_dir), str(dedup_dir), self.dtype.str, n_tasks])
-        # Named `shuffle-*` so that commit() removes it once the manifest is written.
-        name = f"shuffle-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-        self.work = recipe.work_root() / name
+        # A shuffle folder: commit() removes it once the manifest is written.
+        self.shuffle_dir = shuffle_folder(
+            recipe.work_root(), hashlib.sha256(key.encode()).hexdigest()[:16]
+        )
 
     def plan(self) -> PackPlan:
         """Histogram tasks, then the plan (no shards written): what `--plan-only` shows."""
         cfg = self.recipe.dedup
         if (cfg.exact or cfg.near) and self.dedup_dir is None:
             raise ValueError("PackStages: dedup is on but no dedup stage folder was given")
-        hist = self.work / "hist"
+        hist = self.shuffle_dir / "hist"
         groups = Groups.of(self.recipe)
         step = PackPrep(self.tok_dir, self.dedup_dir, hist, groups, self.duplicates)
-        self.run_stage([step], self.work / "prep", self.n_tasks, "pack: histograms")
+        self.run_stage([step], self.shuffle_dir / "prep", self.n_tasks, "pack: histograms")
         return make_plan(self.recipe, hist, self.n_tasks, self.dtype.itemsize)
 
     def settings(self, plan: PackPlan) -> PackSettings:
@@ -87,24 +89,26 @@ class PackStages:
 
     def shuffle(self, plan: PackPlan, out_dir: Path) -> list[ShardInfo]:
         """Scatter tasks, then gather tasks writing the shards under `out_dir/prefix`."""
-        settings, work = self.settings(plan), self.work
-        scatter = PackScatter(self.tok_dir, self.dedup_dir, work, settings)
-        self.run_stage([scatter], work / "scatter", self.n_tasks, "shuffle: scatter")
-        bad = check_scatter(work, self.n_tasks, self.dtype, settings.masks)
+        settings, shuffle_dir = self.settings(plan), self.shuffle_dir
+        scatter = PackScatter(self.tok_dir, self.dedup_dir, shuffle_dir, settings)
+        self.run_stage([scatter], shuffle_dir / "scatter", self.n_tasks, "shuffle: scatter")
+        bad = check_scatter(shuffle_dir, self.n_tasks, self.dtype, settings.masks)
         if bad:
             for t, _ in bad:  # a plain rerun redoes these scatter tasks (deterministically)
-                (work / "scatter" / "logs" / "completions" / f"{t:05d}").unlink(missing_ok=True)
-                summary_path(work, t).unlink(missing_ok=True)
+                (shuffle_dir / "scatter" / "logs" / "completions" / f"{t:05d}").unlink(
+                    missing_ok=True
+                )
+                summary_path(shuffle_dir, t).unlink(missing_ok=True)
             raise ShuffleError(
                 f"{bad[0][1]}; the shuffle's work files were changed by another process or a "
                 f"damaged disk: rerun the build to redo {len(bad)} scatter task(s)"
             )
         shards = [(self._rel(rel), split, d) for rel, split, d in plan.buckets()]
-        gather = PackGather(work, self.n_tasks, out_dir, shards, settings)
-        self.run_stage([gather], work / "gather", len(shards), "shuffle: write")
+        gather = PackGather(shuffle_dir, self.n_tasks, out_dir, shards, settings)
+        self.run_stage([gather], shuffle_dir / "gather", len(shards), "shuffle: write")
         infos = []
         for b in range(len(shards)):
-            entry = json.loads((work / DONE / f"{b:05d}.json").read_text())
+            entry = json.loads((shuffle_dir / DONE / f"{b:05d}.json").read_text())
             if not entry.get("empty"):
                 infos.append(ShardInfo(**entry))
         return infos
@@ -115,14 +119,14 @@ class PackStages:
 
     def totals(self) -> ScatterTotals:
         """The finished scatter tasks' summaries, summed."""
-        return read_summaries(self.work, self.n_tasks, len(self.recipe.sources))
+        return read_summaries(self.shuffle_dir, self.n_tasks, len(self.recipe.sources))
 
     def write_duplicates(self, out_dir: Path) -> str | None:
         """Join the prep tasks' removed documents into `duplicates.jsonl` when the recipe
         asks for it; its path relative to `out_dir`, or None."""
         if self.duplicates is None:
             return None
-        parts = [self.work / "hist" / f"{t:05d}.dups.jsonl" for t in range(self.n_tasks)]
+        parts = [self.shuffle_dir / "hist" / f"{t:05d}.dups.jsonl" for t in range(self.n_tasks)]
         rel = self._rel("duplicates.jsonl")
         with atomic_open(out_dir / rel) as fh:
             fh.writelines(p.read_bytes() for p in parts)

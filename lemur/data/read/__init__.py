@@ -6,15 +6,13 @@ and notebooks; `chat_reader`: chat schemas rendered as ChatML by `chat`), counti
 recording every bad input.
 """
 
-from lemur.data.read.chat import IM_END, IM_START, render_chatml
+from lemur.data.read.chat import render_chatml
 from lemur.data.read.listing import InputFile, Listing, display_name, list_inputs
 from lemur.data.read.notebooks import NotebookError, looks_like_notebook, notebook_to_script
 from lemur.data.read.sources import SourcesReader
 from lemur.data.read.streams import UnsupportedInput, open_maybe_compressed
 
 __all__ = [
-    "IM_END",
-    "IM_START",
     "InputFile",
     "Listing",
     "NotebookError",

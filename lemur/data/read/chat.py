@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
+from lemur.chatml import IM_END, IM_START
+
 ROLES = ("system", "user", "assistant", "tool")
 
 Message = dict[str, str]

@@ -192,7 +192,7 @@ def _walk(root: Path, index: int, source: SourceConfig, listing: Listing) -> Ite
                 listing.skip(source.name, "tool_directory")
             elif source.skip_vendored and enry.is_vendor(rel + "/"):
                 listing.skip(source.name, "vendored")
-            elif source.gitignore and ignored(full, True):
+            elif source.gitignore and ignored(full, is_dir=True):
                 listing.skip(source.name, "gitignored")
             else:
                 keep_dirs.append(d)
@@ -208,7 +208,7 @@ def _walk(root: Path, index: int, source: SourceConfig, listing: Listing) -> Ite
                 continue
             if name == ".gitignore" or os.path.islink(full) or not os.path.isfile(full):
                 continue
-            if source.gitignore and ignored(full, False):
+            if source.gitignore and ignored(full, is_dir=False):
                 listing.skip(source.name, "gitignored")
                 continue
             if source.skip_vendored and enry.is_vendor(shown.replace(os.sep, "/")):

@@ -25,16 +25,16 @@ from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
-from lemur.chatml import chat_processor, control_pattern
+from lemur.chatml import IM_END, IM_START, chat_processor, control_pattern
 from lemur.data.counts import dropped_label, truncated_label
-from lemur.data.read.chat import IM_END, IM_START, MARKER_IN_CONTENT, chatml_marker_in_content
+from lemur.data.read.chat import MARKER_IN_CONTENT, chatml_marker_in_content
+from lemur.data.recipe import CHAT_LONG
 from lemur.data.tokenize.offsets import TokenOffsets, byte_offsets
 from lemur.data.tokenize.tokenizer import load_tokenizer
 
 CHAT_PIECES = (IM_START, IM_END)
 # Where ChatEncoder leaves a document's ids and mask for TokenizeWriter (never serialized).
 TOKENS_KEY, MASK_KEY = "lemur_chat_ids", "lemur_chat_mask"
-LONG_POLICIES = ("truncate", "drop")
 # Drop reasons (counts.dropped) of the chat stage, named like the chat reader's.
 TOO_LONG = "chat:too_long"  # over seq_len, and no cut at a turn boundary fits (or `drop`)
 NO_LOSS = "chat:no_loss_tokens"  # no token lies wholly inside a loss span
@@ -134,8 +134,8 @@ class ChatEncoder(PipelineStep):
         self, tokenizer_path: str, seq_len: int, long: str = "truncate", batch_docs: int = 256
     ) -> None:
         super().__init__()
-        if long not in LONG_POLICIES:
-            raise ValueError(f"chat.long must be one of {', '.join(LONG_POLICIES)}, got {long!r}")
+        if long not in CHAT_LONG:
+            raise ValueError(f"chat.long must be one of {', '.join(CHAT_LONG)}, got {long!r}")
         self.tokenizer_path = tokenizer_path
         self.budget = seq_len - 2  # room for <s> and </s>
         self.long = long

@@ -15,6 +15,7 @@ from loguru import logger
 from lemur.atomic_files import temp_name
 from lemur.chat_template import ChatTemplate, template_source
 from lemur.chat_template.template import TEMPLATE_FILE
+from lemur.data import work as work_folders
 from lemur.data.read.listing import InputFile
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
@@ -130,7 +131,7 @@ def copy_hf_tokenizer(src: str, work: Path, chat: bool = False) -> Path:
     # Named by every file's content: a changed tokenizer_config.json (BOS/EOS, chat
     # template) or chat_template.jinja is another copy.
     key = _sha([files.sha256] + [(n, _file_sha(files.path.parent / n)) for n in present[1:]])
-    target = work / f"hf-tokenizer-{key[:16]}"
+    target = work_folders.hf_tokenizer(work, key[:16])
     if not (target / "tokenizer.json").is_file():
         tmp = temp_name(target)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -158,7 +159,7 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
     if recipe.tokenizer.model is not None:
         src = given_model(recipe.tokenizer.model)
         sha = tokenizer_info(src)["sha256"]  # TokenizerError naming `src` if unusable
-        target = work / f"given-tokenizer-{sha[:16]}{'-chatml' if chat else ''}.model"
+        target = work_folders.given_tokenizer(work, sha[:16], chat)
         if not target.is_file():
             if chat:
                 extend_tokenizer(src, CHAT_PIECES, target)
@@ -173,13 +174,13 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
                 "recipe: tokenizer.train.kind byte-bpe: chat builds need a SentencePiece "
                 "tokenizer (ChatML) or a given tokenizer.json with its chat template"
             )
-        folder = work / f"byte-bpe-{_sha(what)[:16]}"
+        folder = work_folders.byte_bpe(work, _sha(what)[:16])
         if not (folder / "tokenizer.json").is_file():
             train_byte_bpe(sample_texts(recipe, inputs, train.sample_bytes), train, folder)
         return folder / "tokenizer.json"
     if chat:
         what["symbols"] = CHAT_PIECES
-    target = work / f"tokenizer-{_sha(what)[:16]}.model"
+    target = work_folders.trained_tokenizer(work, _sha(what)[:16])
     if not target.is_file():
         texts = sample_texts(recipe, inputs, train.sample_bytes)
         train_tokenizer(texts, train, target, CHAT_PIECES if chat else ())

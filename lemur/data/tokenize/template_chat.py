@@ -24,10 +24,9 @@ from datatrove.utils.batching import batched
 from lemur.chat_template import ChatTemplate, TemplateChat, TemplateDrop
 from lemur.data.counts import dropped_label, truncated_label
 from lemur.data.read.chat import Message, parse_chatml
-from lemur.data.recipe import Recipe
+from lemur.data.recipe import CHAT_LONG, Recipe
 from lemur.data.tokenize.chat import (
     BAD_SPANS,
-    LONG_POLICIES,
     MASK_KEY,
     NO_LOSS,
     TOKENS_KEY,
@@ -78,8 +77,8 @@ class TemplateChatEncoder(PipelineStep):
         engine: str = "auto",
     ) -> None:
         super().__init__()
-        if long not in LONG_POLICIES:
-            raise ValueError(f"chat.long must be one of {', '.join(LONG_POLICIES)}, got {long!r}")
+        if long not in CHAT_LONG:
+            raise ValueError(f"chat.long must be one of {', '.join(CHAT_LONG)}, got {long!r}")
         self.tokenizer_path = tokenizer_path
         self.budget = seq_len  # the template frames the conversation: nothing is added
         self.long = long

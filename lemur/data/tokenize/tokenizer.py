@@ -15,6 +15,7 @@ import sentencepiece as spm
 from lemur.data.recipe import TokenizerTrainConfig
 from lemur.shards.format import atomic_write_bytes
 from lemur.tokenizer.base import TokenizerError  # one error type for every tokenizer
+from lemur.tokenizer.sentencepiece import load_processor, parse_model
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 
@@ -40,13 +41,10 @@ def _training_error(error: RuntimeError, vocab_size: int) -> TokenizerSettingsEr
 
 
 def load_tokenizer(path: str | os.PathLike) -> spm.SentencePieceProcessor:
-    """Load a SentencePiece model and check it follows the Llama-2 special-id layout."""
+    """A SentencePiece model (the tokenizer package's loader), checked to follow the Llama-2
+    special-id layout: the processor, whose piece types and offsets the build reads."""
     p = Path(path).expanduser()
-    sp = spm.SentencePieceProcessor()
-    try:
-        sp.Load(str(p))
-    except (OSError, RuntimeError) as e:
-        raise TokenizerError(f"{p}: not a SentencePiece model ({e})") from None
+    sp = load_processor(p)
     if sp.bos_id() != BOS_ID or sp.eos_id() != EOS_ID:
         raise TokenizerError(
             f"{p}: expected <s>={BOS_ID} and </s>={EOS_ID}, got {sp.bos_id()} and {sp.eos_id()}"
@@ -74,18 +72,8 @@ def tokenizer_info(path: str | os.PathLike, pieces: Sequence[str] = ()) -> dict[
 
 def model_proto(sp: spm.SentencePieceProcessor) -> tuple[Any, int]:
     """The parsed ModelProto of a loaded model, and the enum value of USER_DEFINED pieces."""
-    # sentencepiece's Python API cannot list piece types or add pieces; its own generated
-    # schema module (which needs protobuf) reads and edits the model.
-    try:
-        from sentencepiece import sentencepiece_model_pb2 as pb
-    except Exception as e:  # noqa: BLE001 - protobuf missing, or older than the schema (VersionError)
-        raise TokenizerError(
-            f"cannot read SentencePiece model pieces: {e} (try: pip install -U protobuf)"
-        ) from None
-
-    model = pb.ModelProto()
-    model.ParseFromString(sp.serialized_model_proto())
-    return model, pb.ModelProto.SentencePiece.USER_DEFINED
+    model = parse_model(sp.serialized_model_proto(), "the loaded model")
+    return model, model.SentencePiece.USER_DEFINED
 
 
 def user_defined_ids(

@@ -1,0 +1,91 @@
+"""Every folder and file of a build's work directory, named here and nowhere else.
+
+The work directory is `recipe.work_root()`: `<output>/.work`, or the recipe's `work_dir`,
+which builds into other outputs may share. Under it:
+
+    tokens-<key>/          a tokenize run of the build's inputs, keyed by recipe, inputs and
+        tokens/            tokenizer: its token runs (TokenizeWriter, DedupSigner),
+        errors/            the bad inputs the reader recorded,
+        dedup-<key>/       and the dedup stages over those runs (dedup/stage.py)
+    sample-<key>/          a tokenize run of a sample (the ratio sweep), laid out the same
+    shuffle-<key>/         a pack stage's histograms, scatter and gather (pack/write.py);
+                           `finished_shuffles` lists them for commit() once the manifest is in
+    tokenizer-<sha>.model, given-tokenizer-<sha>[-chatml].model, hf-tokenizer-<sha>/,
+    byte-bpe-<sha>/        the prepared tokenizers (tokenize/prepare.py)
+    decontam/              the benchmark n-gram indexes (filter/decontaminate.py)
+
+The demo's gathered text lives under `<output>/.work/demo-sources/` (`demo_sources`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TOKENS, ERRORS = "tokens", "errors"
+
+
+def tokenize_run(root: Path, kind: str, key: str) -> Path:
+    """The folder of a tokenize run: `tokens-<key>` for the inputs (`kind` "read"), else
+    `<kind>-<key>` (a sample)."""
+    return root / f"{'tokens' if kind == 'read' else kind}-{key}"
+
+
+def run_key(run: Path) -> str:
+    """The key a tokenize run of the inputs is named by (`tokenize_run`)."""
+    return run.name.removeprefix("tokens-")
+
+
+def tokens_dir(run: Path) -> Path:
+    """Where a tokenize run's token files lie."""
+    return run / TOKENS
+
+
+def errors_dir(run: Path) -> Path:
+    """Where a tokenize run's reader records its bad inputs."""
+    return run / ERRORS
+
+
+def dedup_folder(run: Path, key: str) -> Path:
+    """The dedup stages' folder for one dedup config (`key`), beside the run they read."""
+    return run / f"dedup-{key}"
+
+
+def shuffle_folder(root: Path, key: str) -> Path:
+    """A pack stage's folder: removed by commit() once the build's manifest is written."""
+    return root / f"shuffle-{key}"
+
+
+def finished_shuffles(root: Path) -> list[Path]:
+    """Every pack stage's folder under `root` (the build holds the work directory's lock)."""
+    return sorted(root.glob("shuffle-*"))
+
+
+def trained_tokenizer(root: Path, key: str) -> Path:
+    """A SentencePiece model trained by the build."""
+    return root / f"tokenizer-{key}.model"
+
+
+def given_tokenizer(root: Path, sha: str, chat: bool) -> Path:
+    """The recipe's given SentencePiece model (with the ChatML markers for a chat build)."""
+    return root / f"given-tokenizer-{sha}{'-chatml' if chat else ''}.model"
+
+
+def hf_tokenizer(root: Path, key: str) -> Path:
+    """A copy of the recipe's tokenizer.json folder."""
+    return root / f"hf-tokenizer-{key}"
+
+
+def byte_bpe(root: Path, key: str) -> Path:
+    """A byte-level BPE tokenizer.json folder trained by the build."""
+    return root / f"byte-bpe-{key}"
+
+
+def decontam(root: Path) -> Path:
+    """The benchmark n-gram indexes of decontamination."""
+    return root / "decontam"
+
+
+def demo_sources(output: str | os.PathLike[str]) -> Path:
+    """The demo's gathered text files, under its output's own work directory."""
+    return Path(output) / ".work" / "demo-sources"
