@@ -1,0 +1,152 @@
+"""`lemur-train plan`: the run's own steps compiled for TPU topologies on this CPU host
+(libtpu's compiler, no TPU), the out-of-HBM refusal in one line, --fit, GPU estimates, and
+every shipped config on its documented topology (marked `pod`: `-m "not pod"` skips them).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lemur.train import plan_targets
+from lemur.train.cli import main
+from lemur.train.config import CONFIGS_DIR, load_train_config
+from lemur.train.plan_targets import GIB, parse_oom, parse_target
+
+needs_libtpu = pytest.mark.skipif(
+    not plan_targets.libtpu_available(), reason="libtpu not installed (pip install -e '.[dev]')"
+)
+# An oversized tiny run: fp32 logits of 4096 x 256 tokens x 65,536 ids over 4 chips are
+# 64 GiB per chip; the compiler refuses it in seconds.
+OVERSIZED = ["--set", "batch.size=4096", "--set", "model.vocab_size=65536"]
+
+
+@pytest.fixture(autouse=True)
+def _libtpu_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `plan` sets for itself, undone after each test (it runs in this process)."""
+    for name, value in (
+        ("JAX_PLATFORMS", "cpu"),
+        ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
+        ("TPU_ACCELERATOR_TYPE", "v4-8"),
+        ("TPU_WORKER_HOSTNAMES", "localhost"),
+    ):
+        monkeypatch.setenv(name, value)
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict, str]:
+    """Run `lemur-train plan ARGV --json`: exit code, the JSON, stderr."""
+    code = main(["plan", *argv, "--json"])
+    out, err = capsys.readouterr()
+    return code, json.loads(out) if out.strip() else {}, err
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology, chips, hbm_gib", [("v4-8", 4, 30.75), ("v5e-8", 8, 15.75)])
+def test_tiny_compiles_for_a_tpu_and_fits(capsys, topology, chips, hbm_gib) -> None:
+    code, plan, _ = plan_json(capsys, "tiny", "--topology", topology)
+    assert code == 0
+    memory = plan["memory"]
+    assert plan["devices"] == chips and plan["mesh"] == {"data": 1, "fsdp": chips, "tensor": 1}
+    assert memory["fits"] and 0 < memory["peak"] < memory["hbm"]
+    assert memory["hbm"] == pytest.approx(hbm_gib * GIB, rel=1e-3)
+    assert memory["hbm_source"] == "the compiler's limit"
+    assert memory["arguments"] > 0 and memory["eval_peak"] > 0
+    # The model's own count: tokens x flops_per_token (8 x 128 tokens per step).
+    assert plan["tokens_per_step"] == 1024 and plan["flops_per_step"] > 6 * 164_160 * 1024
+
+
+@needs_libtpu
+def test_oversized_config_exits_1_with_the_compilers_figures(capsys) -> None:
+    code = main(["plan", "tiny", "--topology", "v4-8", *OVERSIZED])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    [line] = err.splitlines()
+    assert "does not fit" in line and "GiB per device, 30.75 GiB usable (the compiler)" in line
+    needed = float(line.split("needs ")[1].split(" GiB")[0])
+    assert needed > 64
+
+
+@needs_libtpu
+def test_fit_finds_the_fewest_microbatches_that_fit(capsys) -> None:
+    code = main(["plan", "tiny", "--topology", "v4-8", *OVERSIZED, "--fit"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    flags = out.splitlines()[-1]
+    assert flags.startswith("fastest setting that fits: --set batch.microbatches=")
+    chosen = int(flags.split("microbatches=")[1].split()[0])
+    assert "--set model.overrides.remat=none" in flags  # no recompute needed at this size
+    tried = [line for line in err.splitlines() if "--fit: remat" in line]
+    # The largest count first, then a binary search: the one below the choice did not fit.
+    assert "microbatches 1024: fits" in tried[0]
+    below = [line for line in tried if f"microbatches {chosen // 2}:" in line]
+    assert below and "does not fit" in below[0] and len(tried) <= 6
+
+
+def test_bad_topology_exits_2_listing_valid_names(capsys) -> None:
+    assert main(["plan", "tiny", "--topology", "v4-9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lemur-train: --topology: unknown 'v4-9'; valid: v4-{8,16,")
+    assert "v5e-{4,8,16,32,64,128,256}" in err and len(err.splitlines()) == 1
+
+
+def test_topology_names_map_to_cloud_tpu_shapes() -> None:
+    v4 = parse_target("v4-512")  # names count TensorCores: 256 chips
+    assert (v4.chips, v4.shape, v4.chip.chip_config) == (256, "4x8x8", "megacore")
+    v5e = parse_target("v5e-256")  # names count chips, 2D
+    assert (v5e.chips, v5e.shape, v5e.chip.chip_config) == (256, "16x16", "default")
+    assert parse_target("v5p-12288").shape == "16x16x24"
+    assert parse_target("v6e-8", slices=2).devices == 16
+
+
+def test_no_libtpu_exits_2_saying_how_to_install(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(plan_targets, "libtpu_available", lambda: False)
+    assert main(["plan", "tiny", "--topology", "v4-8"]) == 2
+    assert "pip install -e '.[dev]'" in capsys.readouterr().err
+
+
+def test_out_of_hbm_message_parses() -> None:
+    message = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (245.19G) exceeds available HBM (30.75G)."
+    )
+    assert parse_oom(message) == (245.19 * GIB, 30.75 * GIB)
+    assert parse_oom("INTERNAL: something else") is None
+
+
+def test_gpu_target_says_it_is_an_estimate(capsys) -> None:
+    code, plan, err = plan_json(capsys, "lemur-70b", "--topology", "h100-8")
+    assert code == 1  # 70B with Adam on 8 GPUs: ~128 GiB of state per GPU alone
+    assert "jax-ml/jax#28376" in err and plan["estimate"] is True
+    assert plan["memory"]["peak"] > 4 * 68e9 * 4 / 8
+    code, plan, _ = plan_json(capsys, "tiny", "--topology", "h100-8")
+    assert code == 0 and plan["memory"]["fits"] and plan["memory"]["hbm_source"] == "published HBM"
+
+
+def planned_configs() -> list[str]:
+    """The shipped configs that name the machine they are sized for."""
+    names = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+    return [n for n in names if load_train_config(n).plan.topology is not None]
+
+
+def test_the_paper_config_is_sized_for_the_papers_pod() -> None:
+    assert load_train_config("lemur-70b").plan.topology == "v4-512"
+    assert {"lemur-70b-v5p", "llama3.1-8b-cpt", "qwen2.5-7b-cpt"} <= set(planned_configs())
+
+
+@pytest.mark.pod
+@needs_libtpu
+@pytest.mark.parametrize("name", planned_configs())
+def test_shipped_config_fits_its_documented_topology(name: str) -> None:
+    """The config as shipped, its train step compiled for its pod (the eval step, smaller,
+    is left out to keep the suite's time)."""
+    from lemur.train.plan import plan_gpu, plan_tpu
+
+    config = load_train_config(name)
+    target = parse_target(config.plan.topology, config.plan.slices)
+    if target.is_gpu:
+        plan = plan_gpu(config, name, target, None)
+    else:
+        plan = plan_tpu(config, name, target, None, with_eval=False)
+    assert plan.memory.fits, (name, plan.memory.peak / GIB)
+    assert plan.memory.peak < plan.memory.hbm
