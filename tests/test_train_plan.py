@@ -9,9 +9,11 @@ import json
 
 import pytest
 
-from lemur.train import plan_targets
+from lemur.model.config import flops_per_token
+from lemur.train import plan_fit, plan_targets
 from lemur.train.cli import main
 from lemur.train.config import CONFIGS_DIR, load_train_config
+from lemur.train.plan import Memory
 from lemur.train.plan_targets import GIB, parse_oom, parse_target
 
 needs_libtpu = pytest.mark.skipif(
@@ -53,7 +55,8 @@ def test_tiny_compiles_for_a_tpu_and_fits(capsys, topology, chips, hbm_gib) -> N
     assert memory["hbm_source"] == "the compiler's limit"
     assert memory["arguments"] > 0 and memory["eval_peak"] > 0
     # The model's own count: tokens x flops_per_token (8 x 128 tokens per step).
-    assert plan["tokens_per_step"] == 1024 and plan["flops_per_step"] > 6 * 164_160 * 1024
+    per_token = flops_per_token(load_train_config("tiny").model.llama(), 128)
+    assert plan["tokens_per_step"] == 1024 and plan["flops_per_step"] == per_token * 1024
 
 
 @needs_libtpu
@@ -64,23 +67,53 @@ def test_oversized_config_exits_1_with_the_compilers_figures(capsys) -> None:
     [line] = err.splitlines()
     assert "does not fit" in line and "GiB per device, 30.75 GiB usable (the compiler)" in line
     needed = float(line.split("needs ")[1].split(" GiB")[0])
-    assert needed > 64
+    assert needed > 30.75
+
+
+def test_fit_searches_cost_order_and_bisects_microbatches(capsys, monkeypatch) -> None:
+    """The search's order, with the compiler replaced by a memory model (a real fitting
+    compile takes 30-700 s here): peak = 100 GiB x recompute share / microbatches."""
+    share = {"none": 4.0, "dots": 1.0, "full": 0.5}
+    compiled: list[tuple[str, int]] = []
+
+    def fake_compile(config, model, devices, hbm, with_eval=True):
+        compiled.append((model.remat, config.batch.microbatches))
+        peak = 100 * GIB * share[model.remat] / config.batch.microbatches
+        return Memory(peak <= hbm[0], peak, hbm[0], hbm[1])
+
+    monkeypatch.setattr(plan_fit, "compile_memory", fake_compile)
+    monkeypatch.setattr(plan_fit, "eval_memory_for", lambda *a: GIB)
+    monkeypatch.setattr(plan_fit, "tpu_devices", lambda target: [None] * target.devices)
+    monkeypatch.setattr(plan_fit, "chip_hbm", lambda target, devices: (30 * GIB, "test"))
+    # 64 windows on 4 chips: microbatches 1, 2, 4, 8, 16 keep whole windows per chip.
+    argv = ["plan", "tiny", "--topology", "v4-8", "--fit", "--set", "batch.size=64"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    # none needs 400 GiB / microbatches: it fits from 16 (25 GiB). The largest count first,
+    # then the bisection (4: 100 GiB, 8: 50); dots, which recomputes more, is never tried.
+    assert compiled == [("none", 16), ("none", 4), ("none", 8)]
+    assert out.splitlines()[-1].startswith(
+        "fastest setting that fits: --set batch.microbatches=16 --set model.overrides.remat=none"
+    )
+    compiled.clear()
+    share["none"] = 8.0  # now none never fits; dots does from 4 (25 GiB)
+    assert main(argv) == 0
+    assert compiled == [("none", 16), ("dots", 16), ("dots", 4), ("dots", 2)]
+    share.update(none=99.0, dots=99.0, full=99.0)
+    assert main(argv) == 1
+    assert "nothing fits (3 compiles" in capsys.readouterr().err
 
 
 @needs_libtpu
-def test_fit_finds_the_fewest_microbatches_that_fit(capsys) -> None:
-    code = main(["plan", "tiny", "--topology", "v4-8", *OVERSIZED, "--fit"])
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    flags = out.splitlines()[-1]
-    assert flags.startswith("fastest setting that fits: --set batch.microbatches=")
-    chosen = int(flags.split("microbatches=")[1].split()[0])
-    assert "--set model.overrides.remat=none" in flags  # no recompute needed at this size
-    tried = [line for line in err.splitlines() if "--fit: remat" in line]
-    # The largest count first, then a binary search: the one below the choice did not fit.
-    assert "microbatches 1024: fits" in tried[0]
-    below = [line for line in tried if f"microbatches {chosen // 2}:" in line]
-    assert below and "does not fit" in below[0] and len(tried) <= 6
+def test_a_pods_mesh_gives_each_host_one_block_of_rows() -> None:
+    """jax.make_mesh put host 0's chips of a v4-512 at rows 0, 32, 256, 288: the trainer
+    refused to start ("not one aligned block"); the mesh lists each host's chips together."""
+    from lemur.train.state import make_run_mesh
+    from lemur.train.step import BatchLayout, HostSlice
+
+    devices = plan_targets.tpu_devices(parse_target("v4-512"))
+    mesh = make_run_mesh(load_train_config("lemur-70b"), devices)
+    assert BatchLayout.on(mesh, 1024, 4096).host == HostSlice(index=0, count=64, rows=16)
 
 
 def test_bad_topology_exits_2_listing_valid_names(capsys) -> None:

@@ -154,7 +154,15 @@ def run_layout(config: TrainConfig, model: LlamaConfig, devices: list[Any]) -> t
     from lemur.train.state import StateLayout, make_run_mesh
 
     mesh = make_run_mesh(config, devices)
-    schedule = step_lib.make_schedule(config.schedule, config.steps or 1)
+    # A run by `epochs` of data not readable here has no steps yet: the schedule's length
+    # changes no buffer, so any will do.
+    steps, schedule_config = config.steps or 1000, config.schedule
+    if schedule_config.warmup_fraction is not None:
+        warmup = round(schedule_config.warmup_fraction * steps)
+        schedule_config = dataclasses.replace(
+            schedule_config, warmup_steps=warmup, warmup_fraction=None
+        )
+    schedule = step_lib.make_schedule(schedule_config, steps)
     tx = step_lib.make_optimizer(config.optimizer, schedule)
     return StateLayout.of(model, tx, mesh, config.seed), schedule
 
@@ -296,7 +304,7 @@ def format_plan(plan: Plan) -> str:
     m, label = plan.memory, " (analytic estimate)" if plan.estimate else ""
     mesh = " x ".join(f"{k} {v}" for k, v in plan.mesh.items())
     lines = [
-        f"{plan.config} on {plan.target}: {plan.devices} devices, mesh {mesh}",
+        f"{plan.config} on {plan.target}: {plan.devices} device(s), mesh {mesh}",
         f"settings: {set_flags(plan.settings)}",
         f"memory per device{label}: peak {gib(m.peak)} of {gib(m.hbm)} usable "
         f"({m.hbm_source}): {'fits' if m.fits else 'does not fit'}",

@@ -37,7 +37,7 @@ CHIPS: dict[str, Chip] = {
         "v5e", 1, "default", 16, 0.60, "MaxText configs/v5e/README.md: 64B on v5e-256, 59.9%"
     ),
     "v5p": Chip(
-        "v5p", 2, "megacore", 95, 0.65, "MaxText: Llama-2-70B on v5p-512, 65.4% (seq 4096)"
+        "v5p", 2, "megacore", 95, 0.65, "MaxText: Llama-2-70B on v5p-512 at seq 4096, 65.4%"
     ),
     "v6e": Chip(
         "v6e", 1, "default", 32, 0.44, "MaxText tiering (tpu-recipes): Llama-2-70B v6e-256, 43.8%"
@@ -45,9 +45,7 @@ CHIPS: dict[str, Chip] = {
     "h100": Chip(
         "h100", 1, "", 80, 0.52, "NVIDIA dgxc-benchmarking: Llama-2-70B MaxText, 64 H100, 52.6%"
     ),
-    "h200": Chip(
-        "h200", 1, "", 141, 0.52, "H100's figure (NVIDIA dgxc-benchmarking, Llama-2-70B, 52.6%)"
-    ),
+    "h200": Chip("h200", 1, "", 141, 0.52, "H100's: NVIDIA dgxc-benchmarking, Llama-2-70B, 52.6%"),
 }
 GPU_FAMILIES = ("h100", "h200")
 # Dense bf16 TFLOP/s per chip (vendor datasheets), for GPUs (TPUs take lemur.train.metrics').
