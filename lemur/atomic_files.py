@@ -6,6 +6,10 @@ into place only when the block ends without an exception. Any exception removes 
 temporary file and leaves an existing destination as it was; a killed process leaves at
 most a dot-temp that nothing reads (a rerun writes its own and replaces the destination).
 
+A killed writer's temporary stays until `remove_stale_temporaries` (a build's resume)
+deletes it: the name says which process on which host wrote it (`.NAME.tmp-PID@HOST`), so
+the temporaries of writers that are gone can be told from those of live ones.
+
 Durability (`durable`, on by default): before the rename the file's data is fsynced, and
 after it the directory, so that after a power loss the name never points at a short or
 empty file. Every caller in lemur writes files that a later stage or a rerun trusts by
@@ -17,18 +21,102 @@ a machine crash. This module imports nothing of lemur: every layer may use it.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_open", "atomic_path", "atomic_write_bytes", "atomic_write_text", "temp_name"]
+__all__ = [
+    "atomic_open",
+    "atomic_path",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "remove_stale_temporaries",
+    "temp_name",
+]
+
+# `.NAME.tmp-PID@HOST`; names without `@HOST` were written before the host was recorded.
+TEMP_NAME = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>\d+)(?:@(?P<host>.+))?")
+# A temporary of another host is stale once untouched this long: its pid cannot be asked
+# about from here, and no live writer leaves its file unwritten for a day.
+REMOTE_STALE_S = 24 * 3600
 
 
 def temp_name(path: str | os.PathLike) -> Path:
-    """The temporary name `atomic_open` writes `path` under in this process."""
+    """The temporary name a file or directory `path` is written under by this process
+    (`atomic_open`'s; anything renamed into place whole takes it too)."""
     path = Path(path)
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}@{socket.gethostname()}")
+
+
+def remove_stale_temporaries(root: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries (`temp_name`) under `root` whose writers are gone; the paths.
+
+    Only for a caller that holds `root` exclusively (a build holds its output's lock), so
+    that the writers left are leftovers of a killed run. What is deleted, decided so that
+    a live writer's file is never taken (a leak until the next resume is the lesser harm):
+    - this host's temporary whose pid is not alive;
+    - this host's temporary whose pid is alive but started after the file was last
+      written (the pid was reused: that process is not its writer);
+    - another host's, once untouched for REMOTE_STALE_S (a killed build's Slurm task may
+      still be writing on its node, and its pid means nothing here).
+    A live pid that is ours, or another process's that started before the file was
+    written, keeps it (names without a host are taken as this host's).
+    """
+    removed = []
+    for top, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = Path(top) / name
+            if (match := TEMP_NAME.fullmatch(name)) is None or not _stale(path, match):
+                continue
+            if name in dirs:
+                dirs.remove(name)  # not descended into: it goes whole
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _stale(path: Path, match: re.Match[str]) -> bool:
+    """Whether the temporary `path` (its name parsed by TEMP_NAME) has no live writer."""
+    try:
+        written = path.lstat().st_mtime
+    except FileNotFoundError:
+        return False  # its writer renamed it into place just now
+    host, pid = match["host"], int(match["pid"])
+    if host is not None and host != socket.gethostname():
+        return time.time() - written > REMOTE_STALE_S
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    started = _process_start(pid)
+    return started is not None and started > written + 1.0  # 1 s: clock tick rounding
+
+
+def _process_start(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch; None where /proc cannot say)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, StopIteration, ValueError):
+        return None
+    # Field 22 (starttime, clock ticks after boot), counted after the ")" ending the name.
+    ticks = int(stat.rsplit(")", 1)[1].split()[19])
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _fsync_dir(directory: Path) -> None:

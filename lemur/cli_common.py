@@ -3,7 +3,8 @@
 Every command (`lemur-data`, `lemur-train`, `lemur-eval`, `lemur-convert`) runs the body
 of its `main()` through `run_main`, which turns how it ended into an exit code:
 
-- 0 done; 1 a failure the command reports in one line (`die(message, 1)`);
+- 0 done; 1 a failure the command reports in one line (`die(message, 1)`), e.g. a full
+  disk (`writing`);
 - 2 a user mistake (a bad argument, recipe, config, checkpoint or input file): one line
   `PROG: message` on stderr, no traceback; the command names which exception types are
   such mistakes, plus `UserError` (raised by library checks of what the user gave) and
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import math
 import os
 import signal
 import sys
@@ -83,6 +86,39 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     except yaml.YAMLError:
         value = text
     return dotted.strip().split("."), value
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage mistakes are one line, `PROG: message`, and exit 2
+    (the usage is one `--help` away); its subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        """Report a usage mistake in one line and exit 2."""
+        _say(f"{self.prog}: {message} (see {self.prog} --help)")
+        raise SystemExit(EXIT_USAGE)
+
+
+def positive_int(text: str) -> int:
+    """An argparse `type`: an integer >= 1 (an option left out keeps its default instead:
+    0 never stands for "all" or "the default")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse `type`: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
 
 
 def add_debug_option(parser: argparse.ArgumentParser) -> None:
@@ -159,10 +195,14 @@ def user_input(*kinds: type[Exception]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def writing(path: str | os.PathLike[str]) -> Iterator[None]:
-    """An output the user named that cannot be written: one line naming it, exit 2."""
+    """An output the user named that cannot be written: one line naming it, exit 2; a full
+    disk (or quota) is no mistake of theirs: one line naming the output, exit 1."""
     try:
         yield
     except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            full = "no space left on device" if e.errno == errno.ENOSPC else "disk quota exceeded"
+            die(f"{path}: {full}", 1)
         die(f"{e.filename or path}: {e.strerror or e}")
 
 

@@ -18,7 +18,11 @@ lemur-train
   pending, and their leftovers print dozens of tracebacks around our one line at any later
   moment, the interpreter's exit included, so the filter must outlive the restore.
 
-lemur-eval, lemur-convert: none.
+lemur-convert
+- the same filter (`quiet_failed_restores`): a save that fails (a full disk) leaves the same
+  leftovers as a failed restore.
+
+lemur-eval: none.
 
 Changes a command's own code makes later, for as long as they are needed, and undoes:
 - every command's body (`lemur.cli_common.run_main`): a SIGTERM handler that raises
@@ -39,8 +43,9 @@ Changes a command's own code makes later, for as long as they are needed, and un
   `PR_SET_PDEATHSIG` and a parent watch, so that they die with the process that started them.
 - a dedup bucket task raises its soft limit of open files (`lemur.data.dedup.rows`); a
   sandboxed program's process sets its resource limits and umask (`lemur.eval.jail`).
-- `lemur.train.checkpoint`: absl's log level around orbax calls, and a muted
-  `sys.unraisablehook` while collecting a failed restore's leftovers (both put back).
+- `lemur.train.checkpoint` and `lemur.model.checkpoint`: absl's log level around orbax
+  calls, and a muted `sys.unraisablehook` while collecting a failed restore's leftovers
+  (both put back).
 """
 
 from __future__ import annotations
@@ -114,7 +119,7 @@ COMMANDS: dict[str, tuple[Callable[[], None], ...]] = {
     "lemur-data": (hub_offline, quiet_datatrove),
     "lemur-train": (quiet_failed_restores,),
     "lemur-eval": (),
-    "lemur-convert": (),
+    "lemur-convert": (quiet_failed_restores,),
 }
 
 

@@ -225,3 +225,69 @@ def pathological_texts() -> list[str]:
         "e\u0301 NFC-able and ﬁ ligature, Ａ fullwidth",
         "",
     ]
+
+
+def mistral_folder(out: Path) -> Path:
+    """Mistral v3's real SentencePiece BPE (32,768 pieces, byte fallback) as a tokenizer.json,
+    converted by transformers as it converts a model folder's `tokenizer.model` (`Metaspace`
+    with a dummy prefix on the first piece)."""
+    import shutil
+
+    import transformers
+
+    src = out / "sentencepiece"
+    src.mkdir(parents=True)
+    model = _wheel_file("mistral_common", "data", "mistral_instruct_tokenizer_240323.model.v3")
+    shutil.copyfile(model, src / "tokenizer.model")
+    config = {"tokenizer_class": "LlamaTokenizer", "legacy": False}
+    config |= {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    transformers.AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(out))
+    shutil.rmtree(src)
+    return out
+
+
+def lossy_folder(out: Path, kind: str, texts: list[str]) -> Path:
+    """A tokenizer.json trained with `tokenizers` on `texts` that does not give text back:
+    `wordpiece` (BERT's: lowercased, split on spaces and punctuation, `##` pieces, `[UNK]`),
+    `whitespace-bpe` (BPE over `Whitespace` pre-tokens: spaces and newlines dropped) or
+    `unigram` (`Metaspace`, `<unk>` for what the sample lacks: tabs, `\\r`, most non-ASCII)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    specials = ["<unk>", "</s>"]
+    if kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="<unk>"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=800, special_tokens=specials)
+    elif kind == "whitespace-bpe":
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        trainer = trainers.BpeTrainer(vocab_size=800, special_tokens=specials)
+    else:
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
+        tok.decoder = decoders.Metaspace(prepend_scheme="never")
+        trainer = trainers.UnigramTrainer(
+            vocab_size=800, special_tokens=specials, unk_token="<unk>"
+        )
+    trainer.show_progress = False
+    tok.train_from_iterator(texts, trainer)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    return out
+
+
+def with_byte_fallback(unigram: Path, out: Path) -> Path:
+    """A copy of a trained Unigram tokenizer.json with SentencePiece's byte fallback (the
+    256 `<0xNN>` pieces, decoded back to bytes), so that it gives every text back."""
+    spec = json.loads((unigram / "tokenizer.json").read_text())
+    spec["model"]["vocab"] += [[f"<0x{b:02X}>", -100.0] for b in range(256)]
+    spec["model"]["byte_fallback"] = True
+    replace = {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}
+    steps = [replace, {"type": "ByteFallback"}, {"type": "Fuse"}]
+    spec["decoder"] = {"type": "Sequence", "decoders": steps}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tokenizer.json").write_text(json.dumps(spec))
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -140,7 +141,7 @@ def killed_while_writing(path: Path) -> Path:
     finally:
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
-    return path.with_name(f".{path.name}.tmp-{proc.pid}")
+    return path.with_name(f".{path.name}.tmp-{proc.pid}@{socket.gethostname()}")
 
 
 def test_a_killed_writer_leaves_the_old_file_and_only_a_dot_temp(tmp_path):
@@ -243,7 +244,9 @@ def test_the_pack_stage_does_not_trust_a_killed_scatter_tasks_temp(tmp_path):
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(timeout=30)
-    assert os.listdir(work / "buckets") == [f".scatter-00000.bin.tmp-{proc.pid}"]
+    assert os.listdir(work / "buckets") == [
+        f".scatter-00000.bin.tmp-{proc.pid}@{socket.gethostname()}"
+    ]
     [(task, problem)] = check_scatter(work, 1, np.dtype("<u2"), masks=False)
     assert task == 0 and "scatter-00000.offsets" in problem  # the task is redone, not read
     scatter_task(0, tmp_path / "tok", None, work, settings)  # the rerun

@@ -177,10 +177,15 @@ def test_mask_is_each_reply_and_its_end_of_turn(kind, request):
 
 def test_control_text_in_content_or_across_its_edge_drops(qwen, tmp_path):
     template = ChatTemplate(open_tokenizer(qwen))
-    for role in ("system", "user", "assistant"):
+    # `<|im_end|>` is this model's own end of turn (text to Llama-3: test_chat_template_tools).
+    for role, spelled in (
+        ("system", "<|endoftext|>"),
+        ("user", "<|im_end|>"),
+        ("assistant", "<|endoftext|>"),
+    ):
         msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
         msgs = [{"role": "system", "content": "S"}, *msgs]
-        next(m for m in msgs if m["role"] == role)["content"] = "an <|endoftext|> here"
+        next(m for m in msgs if m["role"] == role)["content"] = f"an {spelled} here"
         with pytest.raises(TemplateDrop) as drop:
             template.encode(msgs)
         assert drop.value.reason == CONTROL_TEXT
@@ -217,7 +222,8 @@ def test_long_conversations_are_cut_to_a_rendered_prefix(llama3):
     hf = hf_tokenizer(llama3)
     turn = [{"role": "user", "content": "More?"}, {"role": "assistant", "content": "word " * 30}]
     msgs = [{"role": "system", "content": "Count."}] + turn * 4
-    assert parse_chatml(render_chatml(msgs)[0]) == msgs
+    text, _, ends = render_chatml(msgs)
+    assert parse_chatml(text, ends) == msgs
     sizes = [len(hf_ids(hf, msgs[:k])) for k in (3, 5, 7, 9)]
     step = TemplateChatEncoder(str(llama3 / "tokenizer.json"), seq_len=sizes[2] + 1)
     (kept,) = list(step.run([chat_doc(msgs, 0)]))

@@ -359,3 +359,35 @@ def test_rejects_are_written_with_their_reason(tmp_path, tokenizer_model):
     assert rejected["t/short"] == ("c4", "too_few_sentences")
     assert rejected["t/lorem"] == ("c4", "lorem_ipsum")
     assert sum(m["counts"]["dropped"].values()) == len(rejected)
+
+
+def test_the_build_summary_lists_every_drop_reason(capsys, monkeypatch):
+    from lemur.data.cli import print_summary
+    from lemur.data.counts import drops
+
+    monkeypatch.setenv("COLUMNS", "400")  # one table row per line
+    reasons = {
+        "empty": 3,
+        "language": 40,
+        "code:long_line": 7,
+        "code:alpha": 1,
+        "gopher_quality:short": 12,
+        "c4:curly_bracket": 2,
+        "decontaminated": 5,
+    }
+    manifest = {
+        "counts": {
+            "read": 100,
+            "errors_total": 0,
+            "dropped": reasons,
+            "duplicates": 0,
+            "dedup": {"exact": 0, "near": 0},
+        },
+        "mix": {"unselected_documents": 0, "tokens": {"code": 10}, "achieved": {"code": 1.0}},
+        "shards": [{"split": "train", "documents": 30}],
+    }
+    print_summary(manifest)
+    [row] = [line for line in capsys.readouterr().out.splitlines() if "filtered out" in line]
+    listed = "language 40, gopher_quality:short 12, code:long_line 7, decontaminated 5, "
+    assert listed + "empty 3, c4:curly_bracket 2, code:alpha 1" in row
+    assert "(language 40, gopher_quality:short 12" in drops(manifest["counts"])

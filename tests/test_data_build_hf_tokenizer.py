@@ -35,6 +35,12 @@ def shard_documents(directory: Path) -> tuple[dict, list[list[int]]]:
     return manifest, docs
 
 
+def as_read(text: str) -> str:
+    """`text` as JSON gives it back: an escaped surrogate pair joined, a lone half U+FFFD."""
+    text = text.replace("\ud83d\ude00", "\U0001f600")
+    return text.replace("\ud800", "\ufffd").replace("\udfff", "\ufffd")
+
+
 def inputs(tmp: Path) -> tuple[list[str], list[dict]]:
     """Real code files, real text and pathological documents, as two sources of one domain."""
     code = tmp / "code"
@@ -43,12 +49,13 @@ def inputs(tmp: Path) -> tuple[list[str], list[dict]]:
     for p in real_python_files(25):
         (code / p.name).write_bytes(p.read_bytes())
         texts.append(p.read_text(encoding="utf-8"))
-    # Pathological documents as JSONL. The reader refuses a lone surrogate (`invalid_json`)
-    # and whitespace-only text (`empty`); a megabyte of spaces inside a document stays.
+    # Pathological documents as JSONL. The reader reads a lone surrogate's escape as U+FFFD
+    # (counted `repaired`) and drops whitespace-only text (`empty`); a megabyte of spaces
+    # inside a document stays.
     rows = [{"text": t} for t in pathological_texts() if t] + real_text_docs(15)
     rows.append({"text": "x" + " " * 1_000_000 + "y"})
     write_jsonl(tmp / "text.jsonl", rows)
-    texts += [r["text"] for r in rows if r["text"].strip() and "\ud800" not in r["text"]]
+    texts += [as_read(r["text"]) for r in rows if r["text"].strip()]
     sources = [
         {
             "name": "py",
@@ -102,7 +109,9 @@ def test_llama3_build_has_the_reference_ids_on_every_document(tmp_path, llama3):
     want = Counter(tuple([128000, *reference_ids(llama3, t), 128001]) for t in texts)
     assert Counter(tuple(d) for d in docs) == want  # every document, pathological ones too
     assert manifest["counts"]["dropped"] == {"empty": 2}
-    assert manifest["counts"]["error_kinds"] == {"invalid_json": 1}
+    assert manifest["counts"]["error_kinds"] == {}
+    assert manifest["counts"]["repaired"] == {"lone_surrogate": 1}
+    assert manifest["counts"]["sources"]["txt"]["repaired"] == {"lone_surrogate": 1}
     assert verify(out) == []
 
 
@@ -131,8 +140,11 @@ def test_recipe_framing_overrides_and_errors(tmp_path, llama3):
     no_eos.mkdir()
     (no_eos / "tokenizer.json").write_bytes((llama3 / "tokenizer.json").read_bytes())
     (no_eos / "tokenizer_config.json").write_text('{"eos_token": null}')
+    no_eos_recipe = recipe(tmp_path, {"hf": str(no_eos)}, sources[:1])
+    with pytest.raises(RecipeError, match="name no EOS token to end documents with"):
+        recipe_from_dict(no_eos_recipe)  # when the recipe is loaded, before any build
     with pytest.raises(TokenizerError, match="name no EOS token to end documents with"):
-        build(recipe_from_dict(recipe(tmp_path, {"hf": str(no_eos)}, sources[:1])))
+        build(recipe_from_dict(no_eos_recipe, check_paths=False))  # a Recipe made in code
     with pytest.raises(RecipeError, match="tokenizer.hf '.*nowhere' is not a tokenizer.json"):
         recipe_from_dict(recipe(tmp_path, {"hf": str(tmp_path / "nowhere")}, sources))
     with pytest.raises(RecipeError, match="apply to 'hf' tokenizers only"):

@@ -24,19 +24,20 @@ from lemur.data.read.chat import (
     ENDS_ON_USER,
     IM_END,
     IM_START,
-    MARKER_IN_CONTENT,
     MISSING_FIELD,
     NO_TURNS,
     NOT_ALTERNATING,
     TREE_NOT_READY,
     UNKNOWN_ROLE,
     ChatDrop,
+    chatml_marker_in_content,
     check_messages,
     group_oasst1,
     normalize_row,
     oasst1_messages,
     oasst1_orphans,
     orphan_reason,
+    parse_chatml,
     render_chatml,
 )
 from lemur.data.read.listing import list_inputs
@@ -100,10 +101,6 @@ TOOL = {"role": "tool", "content": "out"}
         ([TOOL, ANSWER], NOT_ALTERNATING),  # the user speaks first
         ([QUESTION, TOOL, ANSWER], NOT_ALTERNATING),  # an observation follows an assistant turn
         ([QUESTION, ANSWER, TOOL], ENDS_ON_USER),
-        (
-            [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a<|im_end|>"}],
-            MARKER_IN_CONTENT,
-        ),
     ],
 )
 def test_check_messages_refuses_with_reason(messages, reason):
@@ -188,6 +185,25 @@ CODEACT = [
 ]
 
 
+def test_markers_in_content_are_text_until_a_model_reads_them():
+    """The reader keeps content spelling ChatML's markers (text to Llama-3); the turn ends
+    give the messages back exactly, and the ChatML build, whose markers they are, sees
+    them."""
+    msgs = [
+        msg("user", "Why does Qwen's prompt end in <|im_end|>?\n<|im_start|>assistant\n"),
+        msg("assistant", "Each turn is `<|im_start|>role\n...<|im_end|>`."),
+    ]
+    assert check_messages(msgs) == msgs
+    text, _, ends = render_chatml(msgs)
+    assert parse_chatml(text, ends) == msgs
+    assert chatml_marker_in_content(text, len(msgs))
+    plain = render_chatml(CODEACT)
+    assert not chatml_marker_in_content(plain[0], len(CODEACT))
+    assert parse_chatml(plain[0], plain[2]) == CODEACT
+    with pytest.raises(ValueError):
+        parse_chatml(text, ends[:1])  # turn ends that miss the text's end
+
+
 def test_check_messages_accepts_tool_turns_after_assistant_ones():
     assert check_messages(CODEACT) == CODEACT
     with_user = [*CODEACT, msg("user", "And 1..4?"), msg("assistant", "10")]
@@ -265,6 +281,7 @@ def test_messages_jsonl_bad_rows_dropped_by_reason_neighbours_kept(tmp_path):
         "source_index": 0,
         "domain": "chat",
         "path": "m.jsonl",
+        "path_is_container": True,  # the row has no file name of its own
         "loss_spans": [[91, 103]],
         "turn_ends": [39, 69, 104],
     }

@@ -280,6 +280,32 @@ def test_jsonl_bad_streams_lines_and_paths(tmp_path):
     assert [d.text for d in from_trunc] == [d["text"] for d in docs[: len(from_trunc)]]
 
 
+def test_a_lone_surrogate_escape_becomes_u_fffd_and_is_counted(tmp_path):
+    """`"\\ud800"` is valid JSON but half a UTF-16 pair (orjson refuses it): the document is
+    kept with U+FFFD there, in keys and metadata too, and counted; a line refused for
+    another reason stays an error."""
+    lines = [
+        r'{"text": "before \ud800 after", "url": "u\udfff"}',  # lone high, lone low
+        r'{"text": "pair \ud83d\ude00 ok"}',  # a pair escaped in halves: orjson reads it
+        r'{"text": "key", "k\udc00": 1}',
+        r'{"text": "\ud800 and NaN", "n": NaN}',  # NaN is not JSON: still invalid
+        r'{"text": "escaped \\ud800 backslash", }',  # no surrogate: its error stays
+    ]
+    (tmp_path / "s.jsonl").write_text("\n".join(lines) + "\n")
+    source = {
+        "name": "s",
+        "domain": "text",
+        "format": "jsonl",
+        "paths": [str(tmp_path / "s.jsonl")],
+    }
+    docs, reader = read_all(recipe(tmp_path, [{**source, "metadata_keys": ["url"]}]))
+    assert [d.text for d in docs] == ["before \ufffd after", "pair \U0001f600 ok", "key"]
+    assert docs[0].metadata["url"] == "u\ufffd"
+    stats = {k: v.total for k, v in reader.stats.stats.items()}
+    assert stats["repaired:s:lone_surrogate"] == 2
+    assert _errors(reader) == [("s.jsonl", "invalid_json", 4), ("s.jsonl", "invalid_json", 5)]
+
+
 # ------------------------------------------------------------------ bad input (issue 12)
 
 

@@ -97,6 +97,9 @@ def test_bad_sources(tmp_path):
     raw["sources"][1]["paths"] = [str(tmp_path / "missing/*.jsonl")]
     with pytest.raises(RecipeError, match=r"source 't': path '.*missing/\*.jsonl' matches nothing"):
         recipe_from_dict(raw)
+    with pytest.raises(RecipeError) as e:
+        recipe_from_dict(raw)
+    assert str(e.value).endswith("point it at your files: --set 'sources.1.paths=[DIR_OR_GLOB]'")
     raw = _recipe(tmp_path)
     raw["sources"][1]["format"] = "csv"
     with pytest.raises(
@@ -313,3 +316,25 @@ def test_recipe_made_directly_runs_the_checks_loading_runs(tmp_path):
         with pytest.raises(RecipeError) as made:
             make()
         assert str(made.value) == str(loaded.value), overrides
+
+
+def test_filters_text_enabled_switches_the_four_text_rules_off_at_once(tmp_path):
+    from lemur.data.build import make_filters
+
+    def kinds(filters: dict) -> list[str]:
+        recipe = recipe_from_dict(_recipe(tmp_path, filters=filters))
+        return [type(f).__name__ for f in make_filters(recipe)]
+
+    text_rules = ["C4Filter", "GopherQualityFilter", "FineWebFilter", "GopherRepetitionFilter"]
+    assert set(text_rules) <= set(kinds({}))
+    off = kinds({"text": {"enabled": False}})
+    assert not set(text_rules) & set(off)
+    assert off == kinds(
+        {
+            "text": {
+                k: {"enabled": False}
+                for k in ("c4", "gopher_quality", "fineweb", "gopher_repetition")
+            }
+        }
+    )
+    assert "GopherQualityFilter" in kinds({"code": {"enabled": False}})  # code's switch alone

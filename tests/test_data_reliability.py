@@ -325,3 +325,44 @@ def test_full_disk_is_one_line_and_leaves_no_temporary_file(sources, tmp_path, m
     monkeypatch.undo()
     build(recipe_from_dict(raw_recipe(sources, out)))  # with space again, the rerun completes
     assert verify(out) == []
+
+
+def test_a_rerun_removes_the_temporaries_of_dead_writers_only(built, sources):
+    import socket
+    import time
+
+    out, _, before = built
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    live = subprocess.Popen(["sleep", "60"])
+    host = socket.gethostname()
+    try:
+        time.sleep(0.05)  # the live writer started before its file was written
+        work = out / ".work"
+        planted = {
+            work / f".00003.bin.tmp-{dead.pid}": False,  # as byte_bpe and atomic_files named it
+            work / f".00004.bin.tmp-{dead.pid}@{host}": False,
+            work / f".tokenizer.tmp-{dead.pid}@{host}": False,  # a directory, removed whole
+            out / f".manifest.json.tmp-{dead.pid}@{host}": False,
+            work / f".00005.bin.tmp-{live.pid}@{host}": True,  # a live writer's
+            work / f".00006.bin.tmp-{os.getpid()}@{host}": True,  # this test process: alive
+            work / ".00007.bin.tmp-1@a-node-of-the-cluster": True,  # fresh, another host's
+            work / ".00008.bin.tmp-1@a-node-of-the-cluster": False,  # untouched for 2 days
+            work / f".00009.bin.tmp-1@{host}": False,  # pid 1 reused: it started after this
+        }
+        for path in planted:
+            if "tokenizer" in path.name:
+                path.mkdir()
+                (path / "tokenizer.json").write_text("{}")
+            else:
+                path.write_bytes(b"partial")
+        two_days_ago = time.time() - 2 * 24 * 3600
+        os.utime(work / ".00008.bin.tmp-1@a-node-of-the-cluster", (two_days_ago,) * 2)
+        os.utime(work / f".00009.bin.tmp-1@{host}", (0, 0))
+        res = cli(["build", str(out.parent / "recipe.yaml")])  # up to date: nothing rebuilt
+        assert res.returncode == 0, res.stderr
+        assert {p: p.exists() for p in planted} == planted
+        assert_valid(out, before)
+    finally:
+        live.kill()
+        live.wait()

@@ -183,3 +183,67 @@ def test_humaneval_bad_task_file_is_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     expected = "not JSON (Expecting property name enclosed in double quotes)"
     assert err == [f"lemur-eval: {tasks}:3: {expected}"]
+
+
+def _exit_code(argv: list[str]) -> int:
+    """lemur-eval's exit code in this process (a usage mistake exits from argparse)."""
+    try:
+        return cli.main(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["humaneval", "--canonical", "--timeout", "0"], "--timeout"),
+        (["humaneval", "--canonical", "--timeout", "-1"], "--timeout"),
+        (["agent", "CKPT", "--timeout", "0"], "--timeout"),
+        (["humaneval", "--canonical", "--workers", "0"], "--workers"),
+        (["agent", "CKPT", "--workers", "0"], "--workers"),
+        (["humaneval", "--canonical", "--limit", "0"], "--limit"),
+        (["agent", "CKPT", "--limit", "0"], "--limit"),
+        (["agent", "CKPT", "--max-seq-len", "0"], "--max-seq-len"),
+        (["generate", "CKPT", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
+        (["bpb", "CKPT", "DIR", "--seq-len", "0"], "--seq-len"),
+    ],
+)
+def test_counts_and_times_below_one_are_refused_when_parsed(
+    argv: list[str], flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 0 or negative count, size or time is one line naming the option, exit 2, before
+    anything runs: 0 means neither "all" nor "the default" (leaving the option out does).
+    A missing task file / checkpoint stands behind each, so a value let through fails on it
+    instead."""
+    argv = [a.replace("CKPT", str(tmp_path / "none")) for a in argv]
+    argv += ["--tasks", str(tmp_path / "none.jsonl")] if argv[0] in ("humaneval", "agent") else []
+    assert _exit_code(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"lemur-eval {argv[0]}: "), err
+    assert f"argument {flag}: must be" in err[0], err
+
+
+def test_deeply_nested_json_lines_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A task or prompt line nested deeper than Python's parser goes: one line naming the
+    file and the line (not a RecursionError), for each command that reads such a file; an
+    agent run's summary so nested, given to `plot`, is one line too."""
+    good = {"prompt": "def f():\n", "test": "def check(c):\n    pass\n", "entry_point": "f"}
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text(json.dumps(good) + "\n" + "[" * 100_000 + "]" * 100_000 + "\n")
+    missing = str(tmp_path / "none")
+    for argv in (
+        ["humaneval", "--canonical", "--tasks", str(deep)],
+        ["agent", missing, "--tasks", str(deep)],
+        ["generate", missing, "--prompts", str(deep)],
+    ):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"lemur-eval: {deep}:2: JSON nested too deeply"], argv
+    summary = tmp_path / "summary.json"  # what `plot` reads: one JSON document
+    summary.write_text("[" * 100_000 + "]" * 100_000)
+    assert cli.main(["plot", str(summary), "--out", str(tmp_path / "p.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"lemur-eval: {summary}: not an agent run"), err
+    assert not (tmp_path / "p.png").exists()

@@ -165,3 +165,25 @@ def test_task_file_and_truncation(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"prompt": "x"}) + "\n")
     with pytest.raises(ValueError, match="test, entry_point"):
         he.load_tasks(bad)
+
+
+def test_repeated_task_ids_are_refused_by_both_loaders(tmp_path: Path) -> None:
+    """Samples are matched to their task by id: a repeated id, or an explicit `task/1` beside
+    the id-less line that gets it, would check one task's code against the other's test.
+    HumanEval's and the agent's task files refuse it with the same check, naming the line."""
+    from lemur.eval import agent_tasks
+
+    task = {"prompt": "def f():\n", "test": "def check(c):\n    pass\n", "entry_point": "f"}
+    for rows, message in (
+        (
+            [{**task, "task_id": "a"}, task, {**task, "task_id": "a"}],
+            "3: task id 'a' repeats line 1",
+        ),
+        ([{**task, "task_id": "task/1"}, task], "2: task id 'task/1' repeats line 1"),
+    ):
+        path = tmp_path / "tasks.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with pytest.raises(ValueError, match=f"^{path}:{message}'s"):
+            he.load_tasks(path)
+        with pytest.raises(ValueError, match=f"^{path}:{message}'s"):
+            agent_tasks.load_agent_tasks(str(path))

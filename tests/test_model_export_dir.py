@@ -93,7 +93,7 @@ def test_every_command_refuses_a_non_empty_destination(
     assert (out / "notes.txt").read_text() == "mine" and _files(out) == ["notes.txt"]
     assert "not empty (1 entries: notes.txt)" in capsys.readouterr().err
     assert convert.main(["to-lemur", str(tmp_path / "hf"), str(out), "--force"]) == 0
-    assert _files(out) == ["config.json", "params"]
+    assert _files(out) == ["config.json", "hf_token_ids.json", "params"]
     (tmp_path / "empty").mkdir()  # an empty directory is no export to lose
     assert convert.main(["to-lemur", str(tmp_path / "hf"), str(tmp_path / "empty")]) == 0
 

@@ -139,7 +139,11 @@ UNTOUCHED = {"HF_HUB_OFFLINE": None, "restore noise filter": False, "asyncio fil
         ("lemur.data.cli", {"HF_HUB_OFFLINE": "1", "loguru handlers": QUIET}),
         ("lemur.train.cli", {"restore noise filter": True, "asyncio filters": ["_AsyncioFilter"]}),
         ("lemur.eval.cli", {}),
-        ("lemur.model.convert", {}),
+        # A failed save (a full disk) leaves what a failed restore does.
+        (
+            "lemur.model.convert",
+            {"restore noise filter": True, "asyncio filters": ["_AsyncioFilter"]},
+        ),
     ],
 )
 def test_each_command_main_makes_its_changes(module: str, expected: dict) -> None:

@@ -146,3 +146,56 @@ def test_every_model_is_scored_on_the_same_held_out_shards(report):
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = (out / "sweep.md").read_text().splitlines()[2:]  # after the header and the rule
     assert [r.split(" | ")[0] for r in rows] == ["| 0:1", "| 2:1", "| 1:0"]
+
+
+@pytest.mark.parametrize(
+    "ratios, message",
+    [
+        ("inf:1", "'inf:1' needs finite weights"),
+        ("1:nan", "'1:nan' needs finite weights"),
+        ("-1:1", "needs weights >= 0"),
+        ("2:2,1:1", "'1:1' is the ratio 2:2 again"),
+        ("0:1,4:2,2:1", "'2:1' is the ratio 4:2 again"),
+        ("0:1,0:3", "'0:3' is the ratio 0:1 again"),
+        ("1:3,0.5:1.5", "'0.5:1.5' is the ratio 1:3 again"),
+    ],
+)
+def test_non_finite_and_repeated_ratios_are_refused(ratios: str, message: str) -> None:
+    """A ratio with an infinite or NaN weight, and one that names an earlier ratio in other
+    numbers (the same mix built and trained twice), are refused as the ratios are read."""
+    with pytest.raises(sweep_tool.SweepError, match=message):
+        sweep_tool.parse_ratios(ratios)
+
+
+def _refused(argv: list[str], capsys, monkeypatch) -> str:
+    """The one line of a sweep refused from the command line (exit 2)."""
+    monkeypatch.setattr("lemur.process_setup.install", lambda command: None)  # not in pytest
+    assert sweep_tool.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ratio-sweep: error: "), err
+    return err[0]
+
+
+def test_a_refused_sweep_writes_nothing(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Everything is checked before anything is written: the demo's bad ratio renders no
+    text source; a recipe's bad ratio, a source path that matches nothing or an unknown
+    train config (found after every build, before) leave no output folder."""
+    out = tmp_path / "out"
+    assert "'inf:1' needs finite weights" in _refused(
+        ["--out", str(out), "--ratios", "0:1,inf:1"], capsys, monkeypatch
+    )
+    assert not out.exists()
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "a.py").write_text("print(1)\n")
+    text = write_jsonl(tmp_path / "text.jsonl", real_text_docs(2))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(base_recipe(tmp_path / "unused", code, [text])))
+    for extra, message in (
+        (["--ratios", "1:1,inf:1"], "'inf:1' needs finite weights"),
+        (["--set", f"sources.0.paths=[{tmp_path / 'nothing'}]"], "matches nothing"),
+        (["--train", str(tmp_path / "missing.yaml")], "missing.yaml"),
+    ):
+        argv = [str(recipe), "--out", str(out), *extra]
+        assert message in _refused(argv, capsys, monkeypatch)
+        assert not out.exists(), extra

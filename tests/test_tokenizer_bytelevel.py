@@ -8,21 +8,26 @@ from pathlib import Path
 import pytest
 from bytelevel_fixtures import (
     llama3_folder,
+    lossy_folder,
+    mistral_folder,
     pathological_texts,
     qwen_like_folder,
     reference_ids,
     tekken_folder,
+    with_byte_fallback,
 )
 from conftest import real_python_files, real_text_docs
 
 from lemur.tokenizer import (
     ByteLevelTokenizer,
+    SentencePieceTokenizer,
     TokenBytes,
     TokenizerError,
     open_tokenizer,
     read_hf_tokenizer,
 )
 from lemur.tokenizer.long_pieces import MAX_RUN, has_long_run
+from lemur.tokenizer.round_trip import PROBE, round_trip_problem
 from lemur.tokenizer.tiktoken_exact import restartable
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -156,3 +161,46 @@ def test_long_run_check_bounds_every_piece():
         assert has_long_run(text.encode()), text[:4]
     assert restartable(r"\s+(?!\S)|[^\s\p{L}]+") and not restartable(r"(?<=a)b")
     assert not restartable(r"^\w+") and restartable(r"[^\r\n]+")
+
+
+def test_real_tokenizers_give_the_probe_back(
+    llama3, tekken, qwen_like, tmp_path, llama2_tokenizer, tokenizer_model
+):
+    # Every real pre-training tokenizer passes the round-trip check, or it refuses them.
+    folders = [llama3, tekken, qwen_like, mistral_folder(tmp_path / "mistral")]
+    for tok in [open_tokenizer(f) for f in folders]:
+        assert round_trip_problem(tok) is None, tok.files.path
+    for model in (llama2_tokenizer, tokenizer_model):  # Llama-2's SentencePiece, lemur's
+        assert round_trip_problem(SentencePieceTokenizer(model)) is None
+    mistral = open_tokenizer(tmp_path / "mistral")  # not byte-level: encoded by tokenizers
+    assert (mistral.engine, mistral.bos_id, mistral.eos_id) == ("tokenizers", 1, 2)
+    assert all(mistral.encode(x) == reference_ids(tmp_path / "mistral", x) for x in PROBE)
+
+
+def test_lossy_tokenizers_are_named_by_what_they_lose(tmp_path):
+    texts = real_documents(8, 10)
+    wordpiece = open_tokenizer(lossy_folder(tmp_path / "wp", "wordpiece", texts))
+    problem = round_trip_problem(wordpiece)
+    # Where the text first differs, cut short: indentation, case and spacing lost.
+    assert problem == (
+        r"'def parse(path, *, strict=False):\n    " + '"""' + "Read `p...' decodes to "
+        r"""'def parse ( path, *, strict = false ) : " " " re...' """
+        "(10 of 10 probe texts do not come back)"
+    )
+    unigram = open_tokenizer(lossy_folder(tmp_path / "uni", "unigram", texts))
+    assert round_trip_problem(unigram) == (
+        r"""'int main(void) {\n\tfor (int i = 0; i < 10; i++) {...' decodes to """
+        r"""'int main(void) {\n<unk>for (int i = 0; i < 10; i+...' """
+        "(5 of 10 probe texts do not come back)"
+    )
+
+
+def test_a_unigram_tokenizer_json_is_encoded_by_tokenizers(tmp_path):
+    texts = real_documents(8, 10)
+    folder = with_byte_fallback(lossy_folder(tmp_path / "u", "unigram", texts), tmp_path / "bf")
+    tok = open_tokenizer(folder)
+    assert (tok.engine, tok.info()["engine_reason"]) == ("tokenizers", "model Unigram is not BPE")
+    assert round_trip_problem(tok) is None  # byte fallback: every text comes back
+    assert_reference_ids(folder, tok, real_documents(5, 5) + list(PROBE))
+    table = tok.token_bytes()
+    assert table.shape == (tok.vocab_size,) and table[tok.eos_id] == 0

@@ -223,3 +223,67 @@ def test_init_from_a_folder_that_is_no_model(tmp_path: Path, llama_case: dict) -
     config = run_config(llama_case["data"], tmp_path / "run", tmp_path)
     with pytest.raises(RunError, match="neither a lemur checkpoint .* nor a Hugging Face model"):
         plan_run(config, DataDirs())
+
+
+@pytest.mark.parametrize("how", ["truncated", "missing"])
+def test_init_from_a_damaged_folder_is_one_line_and_leaves_no_run_dir(
+    tmp_path: Path, llama_case: dict, how: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_model_convert_source import corrupt
+
+    from lemur.train import cli
+
+    folder = tmp_path / "hf"
+    shutil.copytree(llama_case["folder"], folder)
+    message = corrupt(folder, how)
+    run = tmp_path / "run"
+    sets = [f"run_dir={run}", f"data.dirs=[{llama_case['data']}]", f"model.init_from={folder}"]
+    argv = ["continue", *(a for s in sets for a in ("--set", s))]
+    assert cli.main([*argv, "--set", "batch.seq_len=32", "--set", "batch.size=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lemur-train: model.init_from: {message}"), err
+    assert err.count("\n") == 1
+    assert not run.exists()
+
+
+def test_dry_run_shows_the_model_the_run_trains(qwen2_case: dict, tmp_path: Path) -> None:
+    # The folder has 128 embedding rows (Qwen's padding), the data's tokenizer 100 ids: the
+    # run keeps the 128 rows, and the dry run must say so (not 100 and fewer parameters).
+    from lemur.model.config import param_count
+    from lemur.train.cli import dry_run_summary
+
+    config = run_config(qwen2_case["data"], tmp_path / "run", qwen2_case["folder"])
+    model = plan_run(config, DataDirs()).model
+    assert model.vocab_size == 128
+    summary = dry_run_summary(config)
+    assert f"# vocab_size 128 from model.init_from {qwen2_case['folder']}" in summary
+    assert f"# parameters: {param_count(model):,}\n" in summary
+
+
+def test_continue_defaults_too_long_or_too_big_name_the_keys_to_lower(
+    qwen2_case: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lemur.train import setup
+    from lemur.train.config import ConfigError
+
+    folder = qwen2_case["folder"]
+    config = run_config(qwen2_case["data"], tmp_path / "run", folder, "batch.seq_len=4096")
+    with pytest.raises(ConfigError) as e:  # the folder's max_position_embeddings is 128
+        plan_run(config, DataDirs())
+    assert str(e.value) == (
+        "config: batch.seq_len (4096) exceeds the model's max_seq_len (128 of model.init_from "
+        f"{folder}): lower it, e.g. --set batch.seq_len=128"
+    )
+    # One microbatch's logits: 64 x 32 tokens x 128 ids x 4 bytes x 2 = 2 MiB, on a "host"
+    # of 1 MiB: refused before anything starts, with the keys and a value that fits.
+    monkeypatch.setattr(setup, "host_memory_bytes", lambda: 2**20)
+    config = run_config(qwen2_case["data"], tmp_path / "run", folder, "batch.size=64")
+    with pytest.raises(RunError) as e:
+        plan_run(config, DataDirs())
+    assert str(e.value) == (
+        "batch: one microbatch's logits (64 x 32 tokens x 128 ids, fp32, with their gradient) "
+        "need 2.0 MiB, more than this host's 1.0 MiB: raise batch.microbatches (e.g. "
+        "--set batch.microbatches=4) or lower batch.size or batch.seq_len"
+    )
+    sets = ("batch.size=64", "batch.microbatches=4")  # as the error suggests: it fits
+    assert plan_run(run_config(qwen2_case["data"], tmp_path / "run", folder, *sets), DataDirs())

@@ -297,3 +297,27 @@ def test_evals_report_bits_per_byte_by_hand(
         expected = loss * n_tokens / math.log(2) / n_bytes
         assert last[f"eval/{domain}/bpb"] == pytest.approx(expected, rel=1e-9), domain
         assert 0 < expected < loss / math.log(2)  # more than one byte per token
+
+
+def test_the_record_and_the_closing_line_label_their_two_losses() -> None:
+    # For the same step the record shows the mean over the window, the closing line that
+    # step's own loss: two numbers, so each says which it is.
+    from lemur.train.cli import closing_line
+    from lemur.train.metrics import format_record
+    from lemur.train.setup import RunSummary
+
+    record = {
+        "step": 20,
+        "loss": 4.5,
+        "lr": 1e-3,
+        "grad_norm": 1.0,
+        "tokens_per_s": 9.0,
+        "mfu": 0.1,
+    }
+    assert "step     20  mean loss 4.5000  lr" in format_record(record)
+    summary = RunSummary(
+        step=20, loss=4.25, evals={"code": 4.0}, resumed_from=None, stopped_early=False, run_dir="r"
+    )
+    assert closing_line(summary) == (
+        "lemur-train: step 20  last step's loss 4.2500  val code 4.0000  (r)"
+    )

@@ -23,12 +23,15 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from lemur.cli_common import OneLineParser, positive_float, positive_int
 
 DOMAINS = ("code", "text")
 DEFAULT_RATIOS = "0:1,1:1,4:1,10:1,1:0"
@@ -55,22 +58,40 @@ class Sweep:
     eval_seq_len: int | None = None  # None: the training batch's seq_len
     max_windows: int | None = 512
     log: Any = print
+    # The demo recipe's text source: written here (once) before the first build; None: the
+    # recipe's sources are the user's, and must exist before anything is written.
+    demo_sources: Path | None = None
 
 
 def parse_ratios(text: str) -> list[tuple[float, float]]:
-    """'0:1,1:1,4:1' -> [(0, 1), (1, 1), (4, 1)]; SweepError on anything else."""
-    out = []
+    """'0:1,1:1,4:1' -> [(0, 1), (1, 1), (4, 1)]; SweepError on anything else: a part that
+    is not two finite weights >= 0, not both 0, or a ratio that another one names again in
+    other numbers (2:2 is 1:1; it would be built and trained twice)."""
+    out: list[tuple[float, float]] = []
     for part in text.split(","):
         try:
             code, txt = (float(x) for x in part.split(":"))
         except ValueError:
             raise SweepError(f"--ratios: {part!r} is not CODE:TEXT (e.g. 4:1)") from None
+        if not (math.isfinite(code) and math.isfinite(txt)):
+            raise SweepError(f"--ratios: {part!r} needs finite weights")
         if not (code >= 0 and txt >= 0 and code + txt > 0):
             raise SweepError(f"--ratios: {part!r} needs weights >= 0, not both 0")
+        for other in out:
+            if label(other) == label((code, txt)) or math.isclose(
+                code_share(other), code_share((code, txt)), rel_tol=1e-9
+            ):
+                raise SweepError(
+                    f"--ratios: {part!r} is the ratio {label(other)} again (code share "
+                    f"{code_share(other):g}): one mix would be built and trained twice"
+                )
         out.append((code, txt))
-    if len(set(out)) != len(out):
-        raise SweepError(f"--ratios: {text!r} names a ratio twice")
     return out
+
+
+def code_share(ratio: tuple[float, float]) -> float:
+    """(3.0, 1.0) -> 0.75: the code domain's share of the mix."""
+    return ratio[0] / (ratio[0] + ratio[1])
 
 
 def label(ratio: tuple[float, float]) -> str:
@@ -78,7 +99,9 @@ def label(ratio: tuple[float, float]) -> str:
     return f"{ratio[0]:g}:{ratio[1]:g}"
 
 
-def recipe_for(sweep: Sweep, ratio: tuple[float, float], total: float | None) -> Any:
+def recipe_for(
+    sweep: Sweep, ratio: tuple[float, float], total: float | None, check_paths: bool = True
+) -> Any:
     """The validated recipe of one ratio: its own output, the shared work_dir."""
     from lemur.data.load import recipe_from_dict
 
@@ -89,7 +112,7 @@ def recipe_for(sweep: Sweep, ratio: tuple[float, float], total: float | None) ->
     raw["mix"] = {**raw["mix"], "ratio": dict(zip(DOMAINS, ratio, strict=True))}
     if total is not None:
         raw["mix"]["total_tokens"] = float(total)
-    recipe = recipe_from_dict(raw)
+    recipe = recipe_from_dict(raw, check_paths)
     if sorted(recipe.domains()) != sorted(DOMAINS) or recipe.is_chat():
         raise SweepError(f"the recipe must have code and text sources, not {recipe.domains()}")
     return recipe
@@ -169,21 +192,38 @@ def check_same_val(rows: list[dict[str, Any]]) -> None:
             )
 
 
+def train_config(sweep: Sweep, corpus: str, run: Path) -> Any:
+    """The train config of one ratio's run: the sweep's, on that corpus, in that run dir."""
+    from lemur.train.config import load_train_config
+
+    overrides = [
+        f"compile_cache_dir={sweep.out / '.jax-cache'}",  # one compile serves every ratio
+        *sweep.train_set,
+        f"data.dirs=[{corpus}]",
+        f"run_dir={run}",
+        *([f"steps={sweep.steps}"] if sweep.steps else []),
+    ]
+    return load_train_config(sweep.train, overrides)
+
+
+def check_sweep(sweep: Sweep) -> None:
+    """Refuse a sweep that could not run to its end, before anything is written: every
+    ratio's recipe (and, for a user's recipe, what it names on disk) and the train config.
+    SweepError, RecipeError or ConfigError."""
+    if not sweep.ratios:
+        raise SweepError("--ratios: no ratio given")
+    for i, ratio in enumerate(sweep.ratios):  # the paths do not depend on the ratio
+        recipe_for(sweep, ratio, sweep.total_tokens, check_paths=i == 0 and not sweep.demo_sources)
+    train_config(sweep, str(sweep.out / "corpus"), sweep.out / "run")
+
+
 def train_ratio(sweep: Sweep, row: dict[str, Any]) -> dict[str, Any]:
     """Train the sweep's model on one ratio's corpus from scratch; its run dir and figures."""
-    from lemur.train.config import load_train_config
     from lemur.train.loop import train
 
     run = sweep.out / f"run-{row['ratio'].replace(':', '-')}"
     shutil.rmtree(run, ignore_errors=True)  # same steps and seed for every ratio: no resume
-    overrides = [
-        f"compile_cache_dir={sweep.out / '.jax-cache'}",  # one compile serves every ratio
-        *sweep.train_set,
-        f"data.dirs=[{row['corpus']}]",
-        f"run_dir={run}",
-        *([f"steps={sweep.steps}"] if sweep.steps else []),
-    ]
-    config = load_train_config(sweep.train, overrides)
+    config = train_config(sweep, row["corpus"], run)
     started = time.time()
     summary = train(config)
     return {
@@ -210,8 +250,14 @@ def score(sweep: Sweep, run: str, held_out: str, seq_len: int) -> dict[str, Any]
 
 
 def run_sweep(sweep: Sweep) -> dict[str, Any]:
-    """The whole sweep: one tokenize pass, a build, a run and a score per ratio; the report."""
+    """The whole sweep: one tokenize pass, a build, a run and a score per ratio; the report.
+    A sweep that `check_sweep` refuses writes nothing."""
+    check_sweep(sweep)
     sweep.out.mkdir(parents=True, exist_ok=True)
+    if sweep.demo_sources is not None:
+        from lemur.data import demo
+
+        demo.materialize_text(sweep.demo_sources)
     plan = plan_pass(sweep)
     max_repeats = float(sweep.recipe.get("mix", {}).get("max_repeats", 1.0))
     total = int(sweep.total_tokens or common_total(plan["available"], sweep.ratios, max_repeats))
@@ -289,18 +335,18 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
 
 
 def demo_raw(out: Path) -> dict[str, Any]:
-    """The demo recipe (lemur/data/demo.py) with its text gathered under the shared work."""
+    """The demo recipe (lemur/data/demo.py); its text source, under the shared work, is
+    written by `run_sweep` (`Sweep.demo_sources`)."""
     from lemur.data import demo
 
     raw = demo.demo_recipe(str(out))  # text source: OUT/.work/demo-sources/text.jsonl.zst
-    demo.materialize_text(out / ".work" / "demo-sources")
     raw["val_fraction"] = DEMO_VAL_FRACTION
     return raw
 
 
 def parser() -> argparse.ArgumentParser:
     """The command line."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="ratio_sweep.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -309,12 +355,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="out/ratio-sweep", help="corpora, runs and the report")
     p.add_argument("--ratios", default=DEFAULT_RATIOS, help="CODE:TEXT,... (default %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe key")
-    p.add_argument("--total-tokens", type=float, default=None, help="default: the largest common")
+    p.add_argument(
+        "--total-tokens", type=positive_float, default=None, help="default: the largest common"
+    )
     p.add_argument("--train", default="demo", help="train config name or YAML (default demo)")
     p.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--steps", type=int, default=None, help="default: the train config's")
-    p.add_argument("--eval-seq-len", type=int, default=None, help="default: training seq_len")
-    p.add_argument("--max-windows", type=int, default=512, help="val windows per domain")
+    p.add_argument("--steps", type=positive_int, default=None, help="default: the train config's")
+    p.add_argument(
+        "--eval-seq-len", type=positive_int, default=None, help="default: training seq_len"
+    )
+    p.add_argument("--max-windows", type=positive_int, default=512, help="val windows per domain")
     return p
 
 
@@ -330,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     process_setup.install("lemur-data")  # builds in this process: lemur-data's console
     out = Path(args.out).expanduser().absolute()
     try:
+        ratios = parse_ratios(args.ratios)  # before anything is read, rendered or written
         if args.recipe:  # resolved (presets applied) but not checked: each ratio's build is
             raw = load_recipe(args.recipe, args.set, check_paths=False).to_dict()
         else:
@@ -337,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep = Sweep(
             recipe=raw,
             out=out,
-            ratios=parse_ratios(args.ratios),
+            ratios=ratios,
             train=args.train,
             train_set=args.train_set,
             steps=args.steps,
@@ -345,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             eval_seq_len=args.eval_seq_len,
             max_windows=args.max_windows,
             log=lambda m: print(f"ratio-sweep: {m}", file=sys.stderr),
+            demo_sources=None if args.recipe else out / ".work" / "demo-sources",
         )
         report = run_sweep(sweep)
     except (SweepError, RecipeError, BuildError, ConfigError) as e:

@@ -2,9 +2,11 @@
 
 `AddedTokens` splits text at the tokenizer's added tokens as `tokenizers` does with
 added-token parsing on (leftmost-longest, `lstrip`/`rstrip` taking the whitespace beside
-a token), and knows which of them are control tokens. `content_spans` finds each message's
-content in the rendered text from a second render with the contents replaced by markers;
-`loss_spans` turns the assistant ones into the character ranges the loss is taken on.
+a token), and knows which of them are control tokens. `content_spans` finds the marked
+messages' contents in the rendered text from a second render with those contents replaced
+by markers (every message's, or only the assistant ones' when the template does not render
+another turn's content as is); `loss_spans` turns the assistant ones into the character
+ranges the loss is taken on.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ class TemplateDrop(ValueError):
 def marker(i: int) -> str:
     """The stand-in for message `i`'s content in the marked render."""
     return f"{MARK}{i}{MARK_END}"
+
+
+def holds_marker(text: str) -> bool:
+    """Whether `text` holds a character of the markers (it could pass for one)."""
+    return MARK in text or MARK_END in text
 
 
 class AddedTokens:
@@ -98,12 +105,13 @@ def _alternation(texts: list[str]) -> re.Pattern[str] | None:
 def content_spans(
     messages: Sequence[Mapping[str, str]], text: str, marked: str
 ) -> list[list[tuple[int, int]]]:
-    """Each message's content occurrences `[start, end)` in `text`, the template's render.
+    """Each marked message's content occurrences `[start, end)` in `text`, the render.
 
-    `marked` is the render with message i's content replaced by `marker(i)`: `text` must be
-    `marked` with every marker replaced by its content as is, stripped, lstripped or
-    rstripped (Jinja's `trim` is `strip`), else TemplateDrop TEMPLATE_CONTENT. An assistant
-    content must occur exactly once.
+    `marked` is the render with message i's content replaced by `marker(i)` (for every
+    message, or some: the others' contents are in it as rendered): `text` must be `marked`
+    with every marker replaced by its content as is, stripped, lstripped or rstripped
+    (Jinja's `trim` is `strip`), else TemplateDrop TEMPLATE_CONTENT. An assistant content
+    must occur exactly once; an unmarked message has no occurrences.
     """
     parts = _MARKED.split(marked)  # [chunk, index, chunk, index, ..., chunk]
     spans: list[list[tuple[int, int]]] = [[] for _ in messages]

@@ -15,7 +15,10 @@ located in the rendered text by rendering the conversation a second time with th
 contents replaced by unique markers (`spans.py`), which works whatever the template does
 around them, and the loss is taken on every token overlapping an assistant content or the
 text after it up to and including the first control token (its end of turn:
-`<|eot_id|>` for Llama-3, `<|im_end|>` for ChatML).
+`<|eot_id|>` for Llama-3, `<|im_end|>` for ChatML). A turn that is not trained on need
+not be rendered as is (Llama-3.1 writes a tool output as `content | tojson`): then only
+the assistant contents are marked, the other contents stay in the second render as the
+template writes them, and the ids are still those of the real render.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ import numpy as np
 from lemur.chat_template.env import compile_template, literal_text
 from lemur.chat_template.spans import (
     CONTROL_TEXT,
+    TEMPLATE_CONTENT,
     TEMPLATE_ERROR,
     AddedTokens,
     TemplateDrop,
     content_spans,
+    holds_marker,
     loss_spans,
     marker,
 )
@@ -183,18 +188,23 @@ class ChatTemplate:
     def encode(self, messages: Sequence[Message]) -> TemplateChat:
         """A conversation's text, ids (apply_chat_template's) and loss mask, or TemplateDrop.
 
-        Dropped: content that spells a control token (CONTROL_TEXT), a template that
-        fails (TEMPLATE_ERROR) or renders an assistant content other than once, as is or
-        stripped (spans.TEMPLATE_CONTENT).
+        Dropped: content that spells a control token, alone or with the template's text
+        beside it (CONTROL_TEXT), a template that fails (TEMPLATE_ERROR) or renders an
+        assistant content other than once, as is or stripped (spans.TEMPLATE_CONTENT).
+        Other contents may be rendered otherwise (a tool output as JSON).
         """
         if any(self.added.control_in(str(m.get("content", ""))) for m in messages):
             raise TemplateDrop(CONTROL_TEXT)
         text = self.render(messages)
         marked = self.render([{**m, "content": marker(i)} for i, m in enumerate(messages)])
-        spans = content_spans(messages, text, marked)
         found = self.added.find(text)
-        ids, ranges = self.encode_text(text, found)
         control = [(s, e) for s, e, i in found if self.added.is_control_id(i)]
+        try:
+            spans = content_spans(messages, text, marked)
+        except TemplateDrop:  # a content not rendered as is: is it only untrained ones?
+            own = [i for _, _, i in found if self.added.is_control_id(i)]
+            spans = self._trained_spans(messages, text, marked, own)
+        ids, ranges = self.encode_text(text, found)
         loss = loss_spans(spans, control, messages)
         to_byte = _byte_offsets(text)
         mask = np.zeros(len(ids), np.uint8)
@@ -203,6 +213,32 @@ class ChatTemplate:
         ):  # overlap, as return_assistant_tokens_mask does
             mask[(ranges[:, 0] < e) & (ranges[:, 1] > s)] = 1
         return TemplateChat(text, np.asarray(ids, np.int64), mask)
+
+    def _trained_spans(
+        self, messages: Sequence[Message], text: str, marked: str, control_ids: list[int]
+    ) -> list[list[tuple[int, int]]]:
+        """The assistant contents' spans in `text` (none for the other messages) when some
+        other content is not rendered as is, or TemplateDrop.
+
+        They come from a render with only the assistant contents marked, the others in it
+        as the template writes them (Llama-3.1: a tool output as JSON), so nothing but the
+        trained turns has to match. No content may make a control token (each was checked
+        alone before): `control_ids`, the real render's control tokens, must be those of
+        `marked`, where every content is a marker and every control token the template's.
+        """
+        if any(holds_marker(str(m.get("content", ""))) for m in messages):
+            raise TemplateDrop(TEMPLATE_CONTENT)  # a content could pass for a marker
+        trained = self.render(
+            [
+                {**m, "content": marker(i)} if m.get("role") == "assistant" else m
+                for i, m in enumerate(messages)
+            ]
+        )
+        spans = content_spans(messages, text, trained)
+        template_own = [i for _, _, i in self.added.find(marked) if self.added.is_control_id(i)]
+        if control_ids != template_own:
+            raise TemplateDrop(CONTROL_TEXT)
+        return spans
 
     def probe(self) -> list[dict[str, str]]:
         """A plain conversation the template renders: PROBE, or PROBE without its system

@@ -23,6 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from lemur.atomic_files import remove_stale_temporaries
 from lemur.data.budget import is_enabled, read_sources
 from lemur.data.counts import collect_counts, drops
 from lemur.data.dedup.signer import DedupSigner
@@ -108,7 +109,7 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
         (t.fineweb, FineWebFilter),
         (t.gopher_repetition, GopherRepetitionFilter),
     ):
-        if config.enabled and not recipe.is_chat():
+        if t.enabled and config.enabled and not recipe.is_chat():
             filters.append(cls(config))
     if recipe.decontaminate.benchmarks:  # builds the benchmark indexes, once per build
         filters.append(decontamination_filter(recipe.decontaminate, recipe.work_root()))
@@ -326,6 +327,11 @@ def pack_stages(
 def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, Any]:
     """`build` while holding the output directory's lock."""
     started = time.time()
+    # Both locks held: a temporary whose writer is gone is a killed build's (atomic_files).
+    work_root = recipe.work_root()
+    for root in dict.fromkeys((out, work_root)):
+        if root.is_dir():
+            remove_stale_temporaries(root)
     report("list inputs", 0, 1)
     listing = list_inputs(recipe)
     inputs, inputs_sha = listing.files, inputs_sha256(listing.files)
@@ -333,7 +339,6 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     if not force and not plan_only and is_up_to_date(out, recipe, inputs_sha):
         report("up to date", 1, 1)
         return json.loads((out / MANIFEST).read_text())
-    work_root = recipe.work_root()
     report("tokenizer", 0, 1)
     tok_path = prepare_tokenizer(recipe, inputs, work_root)
     tok = build_tokenizer_info(recipe, tok_path)

@@ -146,6 +146,8 @@ def print_summary(manifest: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from lemur.data.counts import drop_reasons
+
     c = manifest["counts"]
     mix = manifest["mix"]
     train_docs = sum(s["documents"] for s in manifest["shards"] if s["split"] == "train")
@@ -158,7 +160,7 @@ def print_summary(manifest: dict[str, Any]) -> None:
     t.add_row(
         "filtered out",
         f"{sum(c['dropped'].values()):,}",
-        ", ".join(f"{k} {v:,}" for k, v in sorted(c["dropped"].items(), key=lambda kv: -kv[1])[:4]),
+        drop_reasons(c),  # every reason the manifest counts, not the largest few
     )
     t.add_row(
         "duplicates",

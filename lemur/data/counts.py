@@ -31,6 +31,11 @@ def dropped_label(source: str, reason: str) -> str:
     return f"dropped:{source}:{reason}"
 
 
+def repaired_label(source: str, kind: str) -> str:
+    """A document of `source` kept after a repair of `kind` (e.g. `lone_surrogate`)."""
+    return f"repaired:{source}:{kind}"
+
+
 def truncated_label(source: str) -> str:
     """A chat document of `source` cut at a turn boundary to fit `seq_len` (kept, not dropped)."""
     return f"truncated:{source}"
@@ -77,6 +82,7 @@ def _per_source(labels: Counter[str], sources: dict[str, dict[str, Any]]) -> dic
         "errors": Counter(),
         "pii": Counter(),
         "truncated": Counter(),
+        "repaired": Counter(),
     }
     for label, n in sorted(labels.items()):
         if label.startswith("read:"):
@@ -85,6 +91,11 @@ def _per_source(labels: Counter[str], sources: dict[str, dict[str, Any]]) -> dic
             _, src, reason = label.split(":", 2)
             sources[src]["dropped"][reason] = sources[src]["dropped"].get(reason, 0) + n
             totals["dropped"][reason] += n
+        elif label.startswith("repaired:"):
+            _, src, kind = label.split(":", 2)
+            per = sources[src]["repaired"]
+            per[kind] = per.get(kind, 0) + n
+            totals["repaired"][kind] += n
         elif label.startswith("truncated:"):
             src = label.split(":", 1)[1]
             sources[src]["truncated"] = sources[src].get("truncated", 0) + n
@@ -147,6 +158,7 @@ def collect_counts(
             "kept": 0,
             "skipped_files": listing.skipped.get(s.name, {}),
             "language_disagreements": 0,
+            "repaired": {},
         }
         for s in recipe.sources
     }
@@ -177,15 +189,22 @@ def collect_counts(
             if reason.startswith("contaminated:")
         },
         "pii": dict(sorted(pii.items())),
+        "repaired": dict(sorted(totals["repaired"].items())),
         "sources": sources,
         **truncated,
         **({"dedup": dedup} if dedup is not None else {}),
     }
 
 
+def drop_reasons(counts: dict[str, Any]) -> str:
+    """Every reason documents were dropped for, with its count, the largest first."""
+    ranked = sorted(counts["dropped"].items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{reason} {n:,}" for reason, n in ranked)
+
+
 def drops(counts: dict[str, Any]) -> str:
     """One line of what became of the documents read: `read N, dropped M (reason n, ...)`."""
-    reasons = ", ".join(f"{r} {n:,}" for r, n in counts["dropped"].items())
+    reasons = drop_reasons(counts)
     dropped = sum(counts["dropped"].values())
     return (
         f"read {counts['read']:,} documents, dropped {dropped:,}"

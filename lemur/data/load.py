@@ -22,14 +22,20 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return typed_yaml.apply_overrides(raw, overrides, RecipeError)
 
 
-def expand_paths(source: SourceConfig) -> list[str]:
-    """Expand `~` and globs of a source's paths; each entry must match something."""
+def expand_paths(source: SourceConfig, index: int | None = None) -> list[str]:
+    """Expand `~` and globs of a source's paths; each entry must match something (the error
+    says which key to set when the source's `index` in `sources` is given)."""
     out: list[str] = []
     for p in source.paths:
         pattern = os.path.expanduser(p)
         matches = sorted(glob.glob(pattern, recursive=True))
         if not matches:
-            raise RecipeError(f"recipe: source '{source.name}': path '{p}' matches nothing")
+            hint = (
+                ""
+                if index is None
+                else f"; point it at your files: --set 'sources.{index}.paths=[DIR_OR_GLOB]'"
+            )
+            raise RecipeError(f"recipe: source '{source.name}': path '{p}' matches nothing{hint}")
         out.extend(matches)
     return out
 
@@ -60,8 +66,8 @@ def _check_paths(recipe: Recipe) -> None:
         problem = output_problem(value) if value is not None else None
         if problem:
             raise RecipeError(f"recipe: {key} '{value}' {problem}")
-    for s in recipe.sources:
-        expand_paths(s)
+    for i, s in enumerate(recipe.sources):
+        expand_paths(s, i)
     tok = recipe.tokenizer
     if tok.model is not None:
         model = Path(tok.model).expanduser()
@@ -70,13 +76,14 @@ def _check_paths(recipe: Recipe) -> None:
             raise RecipeError(
                 f"recipe: tokenizer.model '{tok.model}' is not a file or a shard directory"
             )
-        _check_given_tokenizer(tok.model)
     if tok.hf is not None:
         hf = Path(tok.hf).expanduser()
         if not (hf / "tokenizer.json" if hf.is_dir() else hf).is_file():
             raise RecipeError(
                 f"recipe: tokenizer.hf '{tok.hf}' is not a tokenizer.json or a folder holding one"
             )
+    if tok.train is None:
+        _check_given_tokenizer(recipe)
     for i, b in enumerate(recipe.decontaminate.benchmarks):
         if b.path is not None and not Path(b.path).expanduser().is_file():
             raise RecipeError(
@@ -84,16 +91,18 @@ def _check_paths(recipe: Recipe) -> None:
             )
 
 
-def _check_given_tokenizer(value: str) -> None:
-    """Load the model `tokenizer.model` names (a file, or a shard directory's), so that an
-    unusable one is a recipe mistake found before any input is read (exit 2)."""
-    from lemur.data.tokenize.prepare import given_model
-    from lemur.data.tokenize.tokenizer import TokenizerError, load_tokenizer
+def _check_given_tokenizer(recipe: Recipe) -> None:
+    """Load the tokenizer `tokenizer.model` or `tokenizer.hf` names and check it (framing,
+    round trip: `check_given_tokenizer`), so that an unusable one is a recipe mistake found
+    before any input is read or the output is made (exit 2)."""
+    from lemur.data.tokenize.prepare import check_given_tokenizer
+    from lemur.data.tokenize.tokenizer import TokenizerError
 
+    key = "model" if recipe.tokenizer.model is not None else "hf"
     try:
-        load_tokenizer(given_model(value))
+        check_given_tokenizer(recipe)
     except TokenizerError as e:
-        raise RecipeError(f"recipe: tokenizer.model: {e}") from None
+        raise RecipeError(f"recipe: tokenizer.{key}: {e}") from None
 
 
 def _apply_benchmark_names(raw: dict[str, Any]) -> dict[str, Any]:

@@ -114,6 +114,7 @@ class FineWebConfig:
 class TextFiltersConfig:
     """Natural-language filters, applied to documents of the `text` domain."""
 
+    enabled: bool = True  # false: none of the four runs, whatever their own `enabled`
     gopher_quality: GopherQualityConfig = field(default_factory=GopherQualityConfig)
     gopher_repetition: GopherRepetitionConfig = field(default_factory=GopherRepetitionConfig)
     c4: C4Config = field(default_factory=C4Config)

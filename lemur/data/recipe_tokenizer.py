@@ -75,7 +75,9 @@ class TokenizerConfig:
 
     For `hf` only: `bos`/`eos` name the tokens a document is framed with (default: the
     folder's `bos_token`/`eos_token`), `no_bos` frames without a BOS, `engine` picks the
-    encoder (`auto`: tiktoken where its ids are exact, else `tokenizers`).
+    encoder (`auto`: tiktoken where its ids are exact, else `tokenizers`). A given
+    tokenizer (`model` or `hf`) must give back the text it encodes
+    (`lemur.tokenizer.round_trip`) unless `lossy: allow`.
     """
 
     model: str | None = None
@@ -86,10 +88,18 @@ class TokenizerConfig:
     # None (not False / "auto") when unset, so that older recipes keep their hashes.
     no_bos: bool | None = None
     engine: str | None = None
+    lossy: str | None = None  # "allow": take a tokenizer that does not give text back
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.model, self.hf, self.train)) != 1:
             raise RecipeError("recipe: tokenizer: give exactly one of 'model', 'hf' or 'train'")
+        if self.lossy is not None and self.lossy != "allow":
+            raise RecipeError(f"recipe: tokenizer.lossy {self.lossy!r}: the one value is 'allow'")
+        if self.lossy is not None and self.train is not None:
+            raise RecipeError(
+                "recipe: tokenizer.lossy applies to a given tokenizer ('model' or 'hf'): "
+                "a trained one gives its text back"
+            )
         hf_only = (self.bos, self.eos, self.no_bos, self.engine)
         if self.hf is None and any(x is not None for x in hf_only):
             raise RecipeError(

@@ -244,6 +244,8 @@ def _print_counts(console: Any, counts: dict[str, Any]) -> None:
     t.add_row("duplicates removed", f"{counts.get('duplicates', 0):,}")
     for kind, n in counts.get("error_kinds", {}).items():
         t.add_row(f"skipped input ({kind})", f"{n:,}")
+    for kind, n in counts.get("repaired", {}).items():
+        t.add_row(f"repaired, kept ({kind})", f"{n:,}")
     console.print(t)
     _print_reading(console, counts.get("sources") or {})
     _print_dedup(console, counts.get("dedup") or {})

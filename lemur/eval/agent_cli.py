@@ -13,18 +13,19 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from lemur.cli_common import die, user_input, writing
+from lemur.cli_common import positive_int, user_input, writing
+from lemur.eval.cli_args import gen_args, limit_arg, model_args, sandbox_args, sandbox_limits
 
 
-def add_parsers(sub: Any, model_args: Any, gen_args: Any, sandbox_args: Any) -> None:
-    """The `agent` and `plot` subcommands (model, sampling and sandbox arguments as the
-    others')."""
+def add_parsers(sub: Any) -> None:
+    """The `agent` and `plot` subcommands (model, sampling, sandbox and `--limit` options
+    as the others')."""
     ag = sub.add_parser("agent", help="multi-turn tasks with execution feedback (MINT-style)")
     model_args(ag)
     ag.add_argument("--tasks", default="humaneval", help="humaneval, or a JSONL file of tasks")
-    ag.add_argument("--turns", type=int, default=5, help="turn budget K per task")
+    ag.add_argument("--turns", type=positive_int, default=5, help="turn budget K per task")
     ag.add_argument("--feedback", choices=["exec", "binary", "none"], default="exec")
-    ag.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    limit_arg(ag)
     ag.add_argument("--system", default=None, help="a system message before each task")
     ag.add_argument(
         "--observation-role",
@@ -43,7 +44,7 @@ def add_parsers(sub: Any, model_args: Any, gen_args: Any, sandbox_args: Any) -> 
     )
     ag.add_argument(
         "--max-seq-len",
-        type=int,
+        type=positive_int,
         default=None,
         help="context length (default the model's; longer runs positions it never trained on)",
     )
@@ -56,7 +57,7 @@ def add_parsers(sub: Any, model_args: Any, gen_args: Any, sandbox_args: Any) -> 
 
 def _agent_config(args: argparse.Namespace) -> Any:
     """The AgentConfig the command line asks for."""
-    from lemur.eval import agent, sandbox
+    from lemur.eval import agent
 
     with user_input(ValueError):  # the settings check the arguments
         return agent.AgentConfig(
@@ -64,7 +65,7 @@ def _agent_config(args: argparse.Namespace) -> Any:
             feedback=args.feedback,
             observation_role=args.observation_role,
             system=args.system,
-            limits=sandbox.Limits(timeout_s=args.timeout, cpu_s=max(1, int(args.timeout))),
+            limits=sandbox_limits(args),
             allow_network=args.allow_network,
             workers=args.workers,
             record_ids=args.record_ids,
@@ -75,10 +76,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     """Run (or resume) the agent evaluation; write transcripts, summary and plot."""
     from lemur.eval import agent, agent_report, agent_tasks, cli
 
-    if args.turns < 1:
-        die(f"--turns must be >= 1, got {args.turns}")
     with user_input(ValueError):  # the --tasks file
-        tasks = agent_tasks.load_agent_tasks(args.tasks)[: args.limit]
+        tasks = agent_tasks.load_agent_tasks(args.tasks)[: args.limit]  # None: every task
     cli.probe_sandbox(args)
     config = _agent_config(args)
     model = cli._load(args, for_decoding=True)

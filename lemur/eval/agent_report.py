@@ -57,7 +57,7 @@ def read_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     p = p / "summary.json" if p.is_dir() else p
     try:
         summary = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ValueError(f"{p}: not an agent run summary ({e})") from None
     if not isinstance(summary, dict) or "success_rate_by_turn" not in summary:
         raise ValueError(f"{p}: not an agent run summary (no success_rate_by_turn)")

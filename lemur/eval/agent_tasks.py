@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import json
 import re
 import secrets
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from lemur.eval import humaneval, sandbox
+from lemur.eval import humaneval, jsonl, sandbox
 
 FEEDBACK_MODES = ("exec", "binary", "none")
 HUMANEVAL_STATEMENT = (
@@ -106,7 +104,7 @@ def _task(row: Any, index: int, where: str) -> AgentTask:
     """One JSONL row in the HumanEval or the MBPP shape."""
     if not isinstance(row, dict):
         raise ValueError(f"{where}: not a JSON object")
-    task_id = str(row.get("task_id", f"task/{index}"))
+    task_id = jsonl.task_id(row, index)
     if "text" in row and "test_list" in row:
         return from_mbpp(row, task_id, where)
     missing = [k for k in ("prompt", "test", "entry_point") if not isinstance(row.get(k), str)]
@@ -122,23 +120,11 @@ def load_agent_tasks(source: str) -> list[AgentTask]:
     """`humaneval` (the 164 problems of the wheel) or a JSONL file of tasks of either shape."""
     if source == "humaneval":
         return [from_humaneval(t) for t in humaneval.humaneval_tasks()]
-    path = Path(source)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: cannot read tasks ({e})") from None
-    tasks = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{number}: not JSON ({e.msg})") from None
-        tasks.append(_task(row, len(tasks), f"{path}:{number}"))
-    ids = [t.task_id for t in tasks]
-    if not tasks or len(set(ids)) != len(ids):
-        raise ValueError(f"{path}: {'no tasks' if not tasks else 'task ids repeat'}")
+    tasks, ids = [], []
+    for number, row in jsonl.read_rows(source):
+        tasks.append(_task(row, len(tasks), f"{source}:{number}"))
+        ids.append((number, tasks[-1].task_id))
+    jsonl.check_task_ids(source, ids)
     return tasks
 
 

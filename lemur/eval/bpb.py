@@ -78,60 +78,23 @@ def token_nll(
     return nll_BxL * batch["loss_mask"].astype(jnp.float32)
 
 
-# Magika's labels -> the Linguist names lemur's build uses (lemur.data.filter.tagging).
-MAGIKA_NAMES = {
-    "python": "Python",
-    "javascript": "JavaScript",
-    "typescript": "TypeScript",
-    "c": "C",
-    "cpp": "C++",
-    "cs": "C#",
-    "java": "Java",
-    "go": "Go",
-    "rust": "Rust",
-    "ruby": "Ruby",
-    "php": "PHP",
-    "sql": "SQL",
-    "shell": "Shell",
-    "perl": "Perl",
-    "lua": "Lua",
-    "r": "R",
-    "scala": "Scala",
-    "kotlin": "Kotlin",
-    "swift": "Swift",
-    "haskell": "Haskell",
-    "html": "HTML",
-    "css": "CSS",
-    "markdown": "Markdown",
-    "json": "JSON",
-    "yaml": "YAML",
-    "ipynb": "Jupyter Notebook",
-    "makefile": "Makefile",
-    "dockerfile": "Dockerfile",
-}
-
-
 class LanguageTagger:
-    """Language of a decoded val document: Magika for code, fastText for everything else.
+    """Language of a decoded val document: by content for code, fastText for the rest.
 
     Shards keep no per-document language, so per-language scores re-tag the documents
-    they touch. Code has no file name here, so lemur's build-time tagger (enry, which
-    leans on the name) cannot be used; Magika classifies from the content alone.
+    they touch. Code has no file name here, so it is tagged as the build tags a row
+    without one (`content_language`: a shebang or modeline, else Magika).
     """
 
     def __init__(self) -> None:
-        self._code: Any = None
         self._text: Any = None
 
     def __call__(self, domain: str, text: str) -> str:
         """A Linguist name for code, an ISO 639-1 code for text, or "unknown"."""
         if domain == "code":
-            if self._code is None:
-                from magika import Magika
+            from lemur.data.filter.tagging import content_language
 
-                self._code = Magika()
-            label = str(self._code.identify_bytes(text.encode("utf-8", "replace")).output.label)
-            return MAGIKA_NAMES.get(label, label if label not in ("txt", "unknown") else "unknown")
+            return content_language(text)
         if self._text is None:
             from lemur.data.filter.tagging import TextLanguageID
 

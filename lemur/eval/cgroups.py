@@ -1,16 +1,19 @@
 """Per-run cgroups for the sandbox: a cap on processes (pids) and on memory, v1 or v2.
 
-A run's jail joins every cgroup made here before it unshares anything, so the program and
-all its descendants stay in them. `memory` caps the run's processes together (their
-anonymous memory and the pages of their private tmpfs), not each one: the per-process
-RLIMIT_AS alone let 16 processes hold 16 times the limit. Swap is capped at zero where
-the kernel accounts it, so the cap cannot be dodged by swapping.
+A run's first process joins every cgroup made here before it does anything else, so the
+program and all its descendants stay in them (the jail itself stays out, to kill them).
+`memory` caps the run's processes together (their anonymous memory and the pages of their
+private tmpfs), not each one: the per-process RLIMIT_AS alone let 16 processes hold 16
+times the limit. Swap is capped at zero where the kernel accounts it, so the cap cannot be
+dodged by swapping.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -77,14 +80,32 @@ def _limit(path: Path, controller: str, v2: bool, value: int) -> None:
         (path / files[1]).write_text("0" if v2 else str(value))
 
 
+def remove(path: Path, sweep: Callable[[Callable[[], list[int]]], None]) -> None:
+    """Kill every process in a cgroup (cgroup.kill where there is one: v2, Linux >= 5.14),
+    then remove it (retried for 2 s while its last processes are reaped)."""
+    if (path / "cgroup.kill").exists():
+        with contextlib.suppress(OSError):
+            (path / "cgroup.kill").write_text("1")
+    sweep(lambda: procs(path))
+    for _ in range(400):
+        try:
+            path.rmdir()
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                return  # gone already, or not ours to remove
+            time.sleep(0.005)
+
+
 @contextlib.contextmanager
 def run_cgroups(
-    caps: dict[str, int], sweep: Callable[[Callable[[], list[int]]], None]
+    caps: dict[str, int], sweep: Callable[[Callable[[], list[int]]], None], prefix: str
 ) -> Iterator[list[Path]]:
-    """Fresh cgroups, one per available controller of `caps` ({"pids": n, "memory": bytes}).
+    """Fresh cgroups named `prefix` + a random part, one per available controller of `caps`
+    ({"pids": n, "memory": bytes}).
 
-    Yields their directories (the jail joins each); afterwards `sweep` kills what is left in
-    them and they are removed.
+    Yields their directories (the run's first process joins each); afterwards they are
+    `remove`d (`sweep` kills what is left in them).
     """
     made: list[Path] = []
     try:
@@ -92,13 +113,11 @@ def run_cgroups(
             found = parent(controller)
             if found is None:
                 continue
-            path = found[0] / f"lemur-sandbox-{uuid.uuid4().hex}"
+            path = found[0] / f"{prefix}{uuid.uuid4().hex}"
             path.mkdir()
             made.append(path)
             _limit(path, controller, found[1], value)
         yield made
     finally:
         for path in made:
-            sweep(lambda p=path: procs(p))
-            with contextlib.suppress(OSError):
-                path.rmdir()
+            remove(path, sweep)

@@ -23,8 +23,18 @@ import sys
 from typing import Any
 
 from lemur.atomic_files import atomic_write_text
-from lemur.cli_common import add_debug_option, debug_wanted, die, run_main, user_input, writing
+from lemur.cli_common import (
+    OneLineParser,
+    add_debug_option,
+    debug_wanted,
+    die,
+    positive_int,
+    run_main,
+    user_input,
+    writing,
+)
 from lemur.eval import agent_cli
+from lemur.eval.cli_args import gen_args, limit_arg, model_args, sandbox_args, sandbox_limits
 from lemur.eval.prompts_file import read_prompts
 
 USAGE = "lemur-eval {bpb,generate,humaneval,agent,plot} ... (lemur-eval COMMAND --help)"
@@ -32,39 +42,6 @@ USAGE = "lemur-eval {bpb,generate,humaneval,agent,plot} ... (lemur-eval COMMAND 
 
 def _say(message: str) -> None:
     print(f"lemur-eval: {message}", file=sys.stderr, flush=True)
-
-
-def _model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    """Arguments shared by every command that loads a model."""
-    p.add_argument(
-        "checkpoint",
-        nargs=None if required else "?",
-        help="run dir, orbax step, lemur checkpoint or HF Llama folder",
-    )
-    p.add_argument("--step", type=int, default=None, help="checkpoint step of a run dir")
-    p.add_argument(
-        "--tokenizer",
-        default=None,
-        help="SentencePiece model, or a shard directory or model folder holding one "
-        "(overrides the one found)",
-    )
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="compute dtype (auto: float32 on CPU, the checkpoint's elsewhere)",
-    )
-
-
-def sandbox_args(p: argparse.ArgumentParser, unit: str) -> None:
-    """The options of a command that runs generated code in the sandbox (`unit`: one run)."""
-    p.add_argument("--timeout", type=float, default=10.0, help=f"seconds per {unit}")
-    p.add_argument("--workers", type=int, default=None, help=f"{unit}s at once (default: CPUs)")
-    p.add_argument(
-        "--allow-network",
-        action="store_true",
-        help="run generated code even where the network cannot be isolated",
-    )
 
 
 def probe_sandbox(args: argparse.Namespace) -> Any:
@@ -83,34 +60,21 @@ def probe_sandbox(args: argparse.Namespace) -> Any:
     return isolation
 
 
-def _gen_args(p: argparse.ArgumentParser, max_new: int) -> None:
-    """Sampling arguments."""
-    p.add_argument("--max-new-tokens", type=int, default=max_new)
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--top-k", type=int, default=0, help="0: off")
-    p.add_argument("--top-p", type=float, default=1.0, help="1: off")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-
-
-def parser() -> argparse.ArgumentParser:
-    """The `lemur-eval` argument parser."""
-    top = argparse.ArgumentParser(
-        prog="lemur-eval",
-        usage=USAGE,
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = top.add_subparsers(dest="command", required=True)
+def _add_bpb(sub: Any) -> None:
+    """The `bpb` subcommand."""
     bpb = sub.add_parser("bpb", help="bits per byte per domain and language on val shards")
-    _model_args(bpb)
+    model_args(bpb)
     bpb.add_argument("dirs", nargs="+", metavar="DIR", help="shard directories")
     bpb.add_argument(
-        "--seq-len", type=int, default=None, help="window (default min(2048, max_seq_len))"
+        "--seq-len",
+        type=positive_int,
+        default=None,
+        help="window (default min(2048, max_seq_len))",
     )
-    bpb.add_argument("--batch-size", type=int, default=8)
-    bpb.add_argument("--max-windows", type=int, default=None, help="per domain (default all)")
+    bpb.add_argument("--batch-size", type=positive_int, default=8)
+    bpb.add_argument(
+        "--max-windows", type=positive_int, default=None, help="per domain (default all)"
+    )
     bpb.add_argument(
         "--packed",
         action="store_true",
@@ -119,8 +83,20 @@ def parser() -> argparse.ArgumentParser:
     )
     bpb.add_argument("--no-languages", action="store_true", help="skip the per-language split")
     bpb.add_argument("--json", default=None, metavar="OUT", help="also write the results here")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The `lemur-eval` argument parser."""
+    top = OneLineParser(
+        prog="lemur-eval",
+        usage=USAGE,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = top.add_subparsers(dest="command", required=True, prog="lemur-eval")
+    _add_bpb(sub)
     gen = sub.add_parser("generate", help="complete prompts")
-    _model_args(gen)
+    model_args(gen)
     gen.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     gen.add_argument(
         "--prompts",
@@ -131,13 +107,15 @@ def parser() -> argparse.ArgumentParser:
         "--chat", action="store_true", help="wrap prompts in ChatML (as the chat build does)"
     )
     gen.add_argument("--out", default=None, help="write JSONL here instead of printing")
-    _gen_args(gen, 256)
+    gen_args(gen, 256)
     he = sub.add_parser("humaneval", help="HumanEval (or --tasks) pass@k in a sandbox")
-    _model_args(he, required=False)
-    he.add_argument("--n", type=int, default=1, help="samples per task")
-    he.add_argument("--k", type=int, action="append", default=None, help="pass@k (repeatable)")
+    model_args(he, required=False)
+    he.add_argument("--n", type=positive_int, default=1, help="samples per task")
+    he.add_argument(
+        "--k", type=positive_int, action="append", default=None, help="pass@k (repeatable)"
+    )
     he.add_argument("--tasks", default=None, help="JSONL of {prompt, test, entry_point} tasks")
-    he.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    limit_arg(he)
     he.add_argument(
         "--canonical",
         action="store_true",
@@ -145,8 +123,8 @@ def parser() -> argparse.ArgumentParser:
     )
     sandbox_args(he, "check")
     he.add_argument("--out", default="humaneval-results", help="samples.jsonl + summary.json")
-    _gen_args(he, 512)
-    agent_cli.add_parsers(sub, _model_args, _gen_args, sandbox_args)
+    gen_args(he, 512)
+    agent_cli.add_parsers(sub)
     for p in (top, *sub.choices.values()):
         add_debug_option(p)
     return top
@@ -270,8 +248,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Complete prompts; print them or write JSONL."""
     from lemur.eval.generate import generate
 
-    with user_input(OSError):  # a --prompts file that cannot be read
-        rows = read_prompts(args.prompt, args.prompts, args.chat)
+    rows = read_prompts(args.prompt, args.prompts, args.chat)  # PromptsError: one line
     model = _load(args, for_decoding=True)
     _need_tokenizer(args, model)
     completions = generate(
@@ -343,16 +320,19 @@ def _humaneval_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list
 
 def cmd_humaneval(args: argparse.Namespace) -> int:
     """Generate (or take canonical) completions, check them in the sandbox, report pass@k."""
-    from lemur.eval import humaneval, sandbox
+    from lemur.eval import humaneval
 
     with user_input(ValueError):  # the --tasks file
         tasks = humaneval.load_tasks(args.tasks) if args.tasks else humaneval.humaneval_tasks()
-    tasks = tasks[: args.limit] if args.limit else tasks
+    tasks = tasks[: args.limit]  # None: every task
     isolation = probe_sandbox(args)
     samples, notes = _humaneval_samples(args, tasks)
-    limits = sandbox.Limits(timeout_s=args.timeout, cpu_s=max(1, int(args.timeout)))
     records = humaneval.check(
-        tasks, samples, limits, workers=args.workers, allow_network=args.allow_network
+        tasks,
+        samples,
+        sandbox_limits(args),
+        workers=args.workers,
+        allow_network=args.allow_network,
     )
     summary = {
         **humaneval.summarize(records, args.k or [1]),

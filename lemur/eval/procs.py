@@ -33,6 +33,36 @@ def proc_ids(uid: int | None = None) -> list[int]:
     return found
 
 
+def start_time(pid: int) -> int | None:
+    """When process `pid` started (clock ticks after boot, proc(5)), or None: no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    return int(stat.rsplit(b")", 1)[1].split()[19])
+
+
+def owner_tag() -> str:
+    """This process, as the owner of what its runs leave on the host: pid.start.namespace.
+
+    The start time tells a reused pid apart; the pid namespace, an owner in another one
+    (another container sharing /tmp or the cgroups), whose liveness cannot be seen here.
+    """
+    pid = os.getpid()
+    return f"{pid}.{start_time(pid)}.{os.stat('/proc/self/ns/pid').st_ino}"
+
+
+def owner_alive(tag: str) -> bool | None:
+    """Whether the owner `tag` names still runs; None when that cannot be told here (not a
+    tag, or an owner in another pid namespace)."""
+    parts = tag.split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    if int(parts[2]) != os.stat("/proc/self/ns/pid").st_ino:
+        return None
+    return start_time(int(parts[0])) == int(parts[1])
+
+
 def free_uid() -> int:
     """A random uid in UID_RANGE that no process uses."""
     rng = random.SystemRandom()

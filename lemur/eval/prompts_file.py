@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
+
+from lemur.eval import jsonl
 
 
 class PromptsError(ValueError):
@@ -31,13 +31,7 @@ def read_prompts(prompt: Sequence[str], prompts: str | None, chat: bool) -> list
     "messages": the conversation so far)."""
     rows: list[dict[str, Any]] = [{"prompt": p} for p in prompt]
     if prompts:
-        for i, line in enumerate(Path(prompts).read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PromptsError(f"{prompts}:{i}: not JSON ({e.msg})") from None
+        for i, row in jsonl.read_rows(prompts, PromptsError):
             if chat and isinstance(row, dict) and "messages" in row:
                 if not is_messages(row["messages"]) or "prompt" in row:
                     raise PromptsError(

@@ -17,12 +17,17 @@ the machine allows (probed once, `probe`):
   a pids cgroup (when one can be made) caps the count again, independent of uids;
 - memory: a memory cgroup (when one can be made) caps all the run's processes together
   at `memory_bytes`; without one, each process gets `memory_bytes / processes` of
-  address space, so that together they stay within it.
+  address space, so that together they stay within it;
+- keys: a new, empty session keyring, not the caller's (where Kerberos tickets live);
+- the jail: the program's pid 1 shows "lemur-jail" and a minimal environment, nothing of
+  the run's host paths, uid or settings; the working directory is SANDBOX_CWD.
 
 After the program exits or times out, its process group, every process of its uid and
 every process of its cgroups are killed with SIGKILL (with a pid namespace, the kernel
 kills them all when its first process ends), and the run's directory is removed. Output
 goes to files, not pipes, so a leftover child holding a pipe open cannot stall the harness.
+Should the evaluator die (kill -9), each jail gets a parent-death signal and does the same
+itself; what a jail killed as well left is removed at the next start (`leftovers`).
 
 Without root some of this is unavailable: unprivileged user namespaces may still give
 the network, mount and pid namespaces; RLIMIT_NPROC then counts all of the user's
@@ -43,7 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lemur.eval import cgroups, procs
+from lemur.eval import cgroups, leftovers, procs
 
 JAIL = Path(__file__).with_name("jail.py")
 TAIL = 4000  # characters of stdout/stderr kept per run
@@ -65,6 +70,12 @@ SYSTEM = (
     "/etc/localtime",
 )
 REPORT_FD = 3  # where a run's program finds its report channel (`run_python(report=True)`)
+# The working directory inside a root of its own: not the host's path (nothing there
+# tells the program where on the host it is, or which run it is).
+SANDBOX_CWD = "/sandbox"
+# The jail's own environment (the program gets its spec's `env`): nothing of the caller's,
+# which its namespace's init, pid 1 to the program, would otherwise show in /proc/1/environ.
+JAIL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,16 +186,18 @@ def _spec(
     # With an own uid the count starts at 0; otherwise every process of the user counts.
     base = 0 if uid is not None else len(procs.proc_ids(os.getuid()))
     rlimits["nproc"] = base + limits.processes
-    env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(work),
-        "TMPDIR": str(work),
-        "LANG": "C.UTF-8",
+    cwd = SANDBOX_CWD if isolation.filesystem else str(work)
+    env = JAIL_ENV | {
+        "HOME": cwd,
+        "TMPDIR": cwd,
         "PYTHONHASHSEED": "0",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
     return {
+        "parent": os.getpid(),  # the jail dies with it (and checks it is still its parent)
+        "rundir": str(work.parent),  # the jail removes it should the evaluator die
         "workdir": str(work),
+        "cwd": cwd,
         "argv": argv,
         "env": env,
         "uid": uid,
@@ -239,7 +252,9 @@ def run_python(
             "(no network namespaces); allow the network explicitly to "
             "run anyway"
         )
-    with tempfile.TemporaryDirectory(prefix="lemur-sandbox-", ignore_cleanup_errors=True) as tmp:
+    leftovers.remove_once()  # of killed evaluators before this one
+    prefix = leftovers.prefix()
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as tmp:
         os.chmod(tmp, 0o711)  # the run's uid traverses it; stdout/stderr files stay private
         work, root = Path(tmp) / "work", Path(tmp) / "root"
         work.mkdir()
@@ -250,11 +265,12 @@ def run_python(
             for path in (work, work / "program.py"):
                 os.chown(path, uid, uid)
         argv = [sys.executable, "-I", "-B", "program.py"]
-        # The jail and its namespace's init sit in the cgroup too (with a root of its own).
-        extra = 2 if iso.filesystem else 0
+        # The namespace's init sits in the cgroups too (with a root of its own).
+        extra = 1 if iso.filesystem else 0
         caps = {"pids": limits.processes + extra} if iso.pids_cgroup else {}
         caps |= {"memory": limits.memory_bytes} if iso.memory_cgroup else {}
-        with cgroups.run_cgroups(caps, procs.sweep) as cgroup_dirs, tempfile.TemporaryFile() as rep:
+        made = cgroups.run_cgroups(caps, procs.sweep, prefix)
+        with made as cgroup_dirs, tempfile.TemporaryFile() as rep:
             spec = _spec(work, argv, limits, uid, cgroup_dirs, iso)
             spec["report_fd"] = rep.fileno() if report else None
             returncode, timed_out, seconds = _launch(spec, Path(tmp), limits, uid, stdin)
@@ -269,9 +285,15 @@ def _launch(
     spec: dict, tmp: Path, limits: Limits, uid: int | None, stdin: bytes
 ) -> tuple[int | None, bool, float]:
     """Start the jail, wait up to the timeout, kill everything: (returncode, timed out, s)."""
-    jail = [sys.executable, "-I", "-S", str(JAIL), marshal.dumps(spec).hex()]
-    keep = (spec["report_fd"],) if spec["report_fd"] is not None else ()
-    with open(tmp / "stdout", "wb") as out, open(tmp / "stderr", "wb") as err:
+    # The spec goes through a file, not the command line, which the run's pid 1 (a fork of
+    # the jail) would show the program.
+    spec_file = os.fdopen(os.memfd_create("lemur-jail-spec"), "wb")
+    spec_file.write(marshal.dumps(spec))
+    spec_file.flush()
+    jail = [sys.executable, "-I", "-S", str(JAIL), str(spec_file.fileno())]
+    keep = (spec_file.fileno(),)
+    keep += (spec["report_fd"],) if spec["report_fd"] is not None else ()
+    with spec_file, open(tmp / "stdout", "wb") as out, open(tmp / "stderr", "wb") as err:
         start = time.monotonic()
         # No preexec_fn (unsafe in a threaded process): the jail script does the work.
         proc = subprocess.Popen(
@@ -282,6 +304,7 @@ def _launch(
             start_new_session=True,
             close_fds=True,
             pass_fds=keep,
+            env=JAIL_ENV,
         )
         try:
             if stdin:

@@ -102,6 +102,7 @@ def to_lemur(hf_dir: str, out_dir: str, dtype: str = "float32", force: bool = Fa
             config,
             checkpoint.tokenizer_path(hf_dir),
             hf_tokenizer=pretrained.tokenizer_files(hf_dir),
+            hf_token_ids=hf.token_ids_from_hf(hf_config),
         )
     print(f"wrote {out_dir} ({dtype}) in {time.time() - start:.0f}s", flush=True)
 
@@ -131,7 +132,10 @@ def from_run(
                 "--tokenizer PATH (the run's tokenizer.model, or a shard directory holding it)"
             )
         tok, files = _run_tokenizer_files(loaded)
-        checkpoint.save_params(partial, loaded.params, loaded.config, tok, hf_tokenizer=files)
+        ids = pretrained.source_token_ids(files) or None  # those of the run's init_from
+        checkpoint.save_params(
+            partial, loaded.params, loaded.config, tok, hf_tokenizer=files, hf_token_ids=ids
+        )
         tok = tok or files.get("tokenizer.json")
     print(
         f"wrote {out_dir}: {param_count(loaded.config):,} params, tokenizer {tok} "
@@ -184,6 +188,13 @@ def to_hf(
     check_source("to-hf", lemur_dir)
     config = checkpoint.load_checkpoint_config(lemur_dir)
     carried = pretrained.tokenizer_files(lemur_dir) if tokenizer is None else {}
+    # The source config.json's ids (a Qwen2's null bos) over generation_config.json's; a
+    # tokenizer given here is another tokenizer: its ids are the SentencePiece defaults.
+    token_ids = (
+        {**pretrained.hf_token_ids(carried), **checkpoint.load_hf_token_ids(lemur_dir)}
+        if tokenizer is None
+        else {}
+    )
     tok_path = None if carried else _tokenizer_to_export(lemur_dir, tokenizer, config.vocab_size)
     sources = (Path(lemur_dir),) + ((tok_path,) if tok_path is not None else ())
     with export_dir.replacing(out_dir, force, sources) as partial:
@@ -198,7 +209,7 @@ def to_hf(
             hf.params_to_hf(params, config, dtype),
             dtype=dtype,
             max_shard_bytes=int(shard_gb * 2**30),
-            token_ids=pretrained.hf_token_ids(carried),
+            token_ids=token_ids,
         )
         for name, src in carried.items():
             shutil.copyfile(src, Path(partial) / name)

@@ -18,6 +18,7 @@ conversion streams one tensor at a time and needs no torch.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -26,7 +27,7 @@ from typing import Any
 
 import ml_dtypes  # noqa: F401  (registers the "bfloat16" dtype name safetensors' numpy API uses)
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from lemur.atomic_files import atomic_path
@@ -35,6 +36,9 @@ from lemur.model.config import DTYPES, LlamaConfig, Params, param_shapes
 # Re-exported (the `as` form): callers read and write configs through this module too.
 from lemur.model.hf_config import config_from_hf as config_from_hf
 from lemur.model.hf_config import config_to_hf as config_to_hf
+from lemur.model.hf_config import token_ids_from_hf as token_ids_from_hf
+from lemur.model.safetensors_header import HFCheckpointError as HFCheckpointError
+from lemur.model.safetensors_header import safetensors_shapes
 
 HF_GLOBAL_NAMES: dict[str, str] = {
     "embed": "model.embed_tokens.weight",
@@ -185,21 +189,12 @@ def open_hf_checkpoint(
 ) -> Iterator[tuple[dict[str, Any], Callable[[str], np.ndarray]]]:
     """Yield (config.json dict, get_tensor) for an HF directory, sharded or single-file.
 
-    Tensors are read lazily, one per call, from memory-mapped safetensors files.
+    Every file is checked first (`check_hf_checkpoint`), so that a bad folder is refused
+    before anything is read or written; tensors are then read lazily, one per call, from
+    memory-mapped safetensors files.
     """
     root = Path(directory)
-    hf_config = json.loads((root / "config.json").read_text())
-    index = root / "model.safetensors.index.json"
-    if index.exists():
-        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-    elif (root / "model.safetensors").exists():
-        with safe_open(root / "model.safetensors", framework="numpy") as f:
-            weight_map = dict.fromkeys(f.keys(), "model.safetensors")
-    else:
-        raise FileNotFoundError(
-            f"{root}: no model.safetensors[.index.json] (only safetensors "
-            "checkpoints are read; convert .bin files with transformers)"
-        )
+    hf_config, weight_map = check_hf_checkpoint(root)
     with contextlib.ExitStack() as stack:
         handles: dict[str, Any] = {}
 
@@ -212,6 +207,84 @@ def open_hf_checkpoint(
             return handles[file].get_tensor(name)
 
         yield hf_config, get_tensor
+
+
+def check_hf_checkpoint(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(config.json dict, tensor name -> file) of an HF folder whose safetensors headers parse,
+    whose files hold all the bytes their headers describe, and which has every tensor of its
+    config at its shape; HFCheckpointError (or FileNotFoundError) naming the file otherwise.
+
+    Reads the headers only. A config.json lemur cannot read is left to config_from_hf.
+    """
+    root = Path(directory)
+    try:
+        hf_config = json.loads((root / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise HFCheckpointError(
+            f"{root / 'config.json'}: {getattr(e, 'strerror', None) or e}"
+        ) from None
+    index = root / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map: dict[str, str] = dict(json.loads(index.read_text())["weight_map"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise HFCheckpointError(f"{index}: not a safetensors index ({e})") from None
+    elif (root / "model.safetensors").exists():
+        weight_map = {}
+    else:
+        raise FileNotFoundError(
+            f"{root}: no model.safetensors[.index.json] (only safetensors "
+            "checkpoints are read; convert .bin files with transformers)"
+        )
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(set(weight_map.values())) or ["model.safetensors"]:
+        header = safetensors_shapes(root / file)
+        shapes |= {name: shape for name, shape in header.items() if weight_map.get(name) == file}
+        if not weight_map:
+            shapes, weight_map = header, dict.fromkeys(header, file)
+    for name, file in weight_map.items():
+        if name not in shapes:
+            raise HFCheckpointError(f"{index}: lists {name} in {file}, which does not hold it")
+    try:
+        config = config_from_hf(hf_config)
+    except (ValueError, KeyError, TypeError):
+        return hf_config, weight_map  # the caller's config_from_hf says what is wrong
+    for hf_name, name, _ in hf_names(config):
+        want = _hf_shape(name, config)
+        if hf_name not in shapes:
+            raise HFCheckpointError(
+                f"{root}: tensor {hf_name} missing (its config.json describes a "
+                f"{config.n_layers}-layer {config.arch} model)"
+            )
+        if shapes[hf_name] != want:
+            raise HFCheckpointError(
+                f"{root / weight_map[hf_name]}: tensor {hf_name} has shape "
+                f"{list(shapes[hf_name])}, config.json gives {list(want)}"
+            )
+    return hf_config, weight_map
+
+
+def _hf_shape(name: str, config: LlamaConfig) -> tuple[int, ...]:
+    """The shape of lemur parameter `name` (one layer's, for per-layer ones) in HF's layout."""
+    D, F, V = config.d_model, config.d_ff, config.vocab_size
+    q, kv = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+    return {
+        "embed": (V, D),
+        "lm_head": (V, D),
+        "final_norm": (D,),
+        "attn_norm": (D,),
+        "mlp_norm": (D,),
+        "wq": (q, D),
+        "wk": (kv, D),
+        "wv": (kv, D),
+        "wo": (D, q),
+        "w_gate": (F, D),
+        "w_up": (F, D),
+        "w_down": (D, F),
+        "bq": (q,),
+        "bk": (kv,),
+        "bv": (kv,),
+    }[name]
 
 
 def write_hf_checkpoint(
@@ -273,5 +346,10 @@ def _hf_tensor_bytes(config: LlamaConfig, itemsize: int) -> dict[str, int]:
 def _save_shard(path: Path, tensors: dict[str, np.ndarray]) -> Path:
     """Atomically write one safetensors file (format=pt, which transformers requires)."""
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        try:
+            save_file(tensors, str(tmp), metadata={"format": "pt"})
+        except SafetensorError as e:  # its I/O errors are not OSErrors: a full disk is one
+            if "(os error 28)" in str(e):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
+            raise
     return path

@@ -24,12 +24,19 @@ HF_CLASSES = {
     "qwen2": "Qwen2ForCausalLM",
     "mistral": "MistralForCausalLM",
 }
-# transformers' defaults for keys a config.json may leave out, per family.
+# transformers' defaults for keys a config.json may leave out, per family. Qwen2's config
+# class has no bos/eos ids of its own (None): id 1 is an ordinary token there.
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
     "qwen2": {"rms_norm_eps": 1e-6, "max_position_embeddings": 32768},
     "mistral": {"rms_norm_eps": 1e-6, "max_position_embeddings": 131072},
 }
+_TOKEN_ID_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"bos_token_id": 1, "eos_token_id": 2},
+    "qwen2": {"bos_token_id": None, "eos_token_id": None},
+    "mistral": {"bos_token_id": 1, "eos_token_id": 2},
+}
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id")
 
 
 def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> LlamaConfig:
@@ -56,11 +63,19 @@ def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> LlamaConfig:
         max_seq_len=max_seq_len,
         norm_eps=float(hf.get("rms_norm_eps", defaults["rms_norm_eps"])),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        init_std=float(hf.get("initializer_range", 0.02)),  # transformers' default
         arch=arch,
         qkv_bias=arch == "qwen2",
         **_rope_from_hf(hf, max_seq_len),
     )
     return LlamaConfig(**{**fields, **overrides})
+
+
+def token_ids_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """bos/eos ids of an HF config.json as transformers reads them (null kept: no such token;
+    a missing key takes the family's default)."""
+    defaults = _TOKEN_ID_DEFAULTS.get(hf.get("model_type", "llama"), _TOKEN_ID_DEFAULTS["llama"])
+    return {key: hf.get(key, defaults[key]) for key in TOKEN_ID_KEYS}
 
 
 def _refuse_unsupported(hf: Mapping[str, Any], arch: str) -> None:
@@ -155,7 +170,8 @@ def config_to_hf(
 ) -> dict[str, Any]:
     """An HF config.json dict of the config's family (readable by transformers 4.x and 5.x).
 
-    `token_ids`: bos_token_id / eos_token_id (default 1 and 2, Llama-2's SentencePiece ids).
+    `token_ids`: bos_token_id / eos_token_id (None writes null); by default 1 and 2, the
+    ids of lemur's own SentencePiece tokenizers (Llama-2's), whatever the family.
     """
     family: dict[str, Any] = {
         "llama": {"attention_bias": False, "mlp_bias": False},

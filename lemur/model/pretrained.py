@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from lemur.model import checkpoint, hf
 from lemur.model.config import LlamaConfig, Params
@@ -61,21 +62,28 @@ def load_pretrained_config(path: str | os.PathLike[str]) -> LlamaConfig:
     try:
         if kind(path) == "lemur":
             return checkpoint.load_checkpoint_config(path)
-        return hf.config_from_hf(json.loads((Path(path) / "config.json").read_text()))
+        # The safetensors too (their headers): a folder that cannot be loaded is refused
+        # before a run starts (no run directory left behind).
+        hf_config, _ = hf.check_hf_checkpoint(path)
+        return hf.config_from_hf(hf_config)
     except PretrainedError:
         raise
+    except hf.HFCheckpointError as e:
+        raise PretrainedError(str(e)) from None  # it names the file
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise PretrainedError(f"{path}/config.json: {e}") from None
 
 
 def load_hf_params(path: str | os.PathLike[str], dtype: str = "float32") -> Params:
     """Host (numpy) params of an HF folder in `dtype`, read one tensor at a time."""
-    with hf.open_hf_checkpoint(path) as (hf_config, get_tensor):
-        try:
+    try:
+        with hf.open_hf_checkpoint(path) as (hf_config, get_tensor):
             config = hf.config_from_hf(hf_config)
             return hf.params_from_hf(get_tensor, config, dtype)
-        except (ValueError, KeyError) as e:
-            raise PretrainedError(f"{path}: {e}") from None
+    except hf.HFCheckpointError as e:
+        raise PretrainedError(str(e)) from None  # it names the file
+    except (OSError, ValueError, KeyError) as e:
+        raise PretrainedError(f"{path}: {e}") from None
 
 
 def tokenizer_files(path: str | os.PathLike[str]) -> dict[str, Path]:
@@ -91,6 +99,20 @@ def sentencepiece_model(path: str | os.PathLike[str]) -> Path | None:
     """The SentencePiece model the folder carries (`tokenizer.model`), or None."""
     candidate = Path(path) / checkpoint.TOKENIZER_FILE
     return candidate if candidate.is_file() else None
+
+
+def source_token_ids(files: dict[str, Path]) -> dict[str, Any]:
+    """The bos/eos ids the HF config.json of the model that `files` came from gave: an HF
+    folder's own config.json, or those a lemur checkpoint recorded; {} when unknown."""
+    if not files:
+        return {}
+    folder = next(iter(files.values())).parent
+    if folder.name == checkpoint.HF_TOKENIZER_DIR:
+        return checkpoint.load_hf_token_ids(folder.parent)
+    try:
+        return hf.token_ids_from_hf(json.loads((folder / "config.json").read_text()))
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def hf_token_ids(files: dict[str, Path]) -> dict[str, int | list[int]]:

@@ -46,6 +46,15 @@ def clean_text(text: str) -> str:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
+def _vocabulary(model: dict[str, Any]) -> list[tuple[str, int]]:
+    """(token, id) of a tokenizer.json model: BPE, WordPiece and WordLevel map tokens to
+    ids; a Unigram lists `[piece, score]` pairs, the id being the place in the list."""
+    vocab = model.get("vocab") or {}
+    if isinstance(vocab, list):
+        return [(str(entry[0]), i) for i, entry in enumerate(vocab)]
+    return [(str(token), int(i)) for token, i in vocab.items()]
+
+
 _references: dict[str, Any] = {}
 
 
@@ -226,7 +235,7 @@ class ByteLevelTokenizer:
     def token_bytes(self) -> np.ndarray:
         """UTF-8 bytes of every id in the middle of a text; special tokens 0."""
         table = np.zeros(self.vocab_size, np.int64)
-        for token, i in self.files.data["model"].get("vocab", {}).items():
+        for token, i in _vocabulary(self.files.data["model"]):
             b = token_to_bytes(token)
             table[i] = len(b) if b is not None else len(token.encode("utf-8"))
         for content, t in self.files.added.items():

@@ -62,10 +62,28 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _is_sentencepiece(raw: bytes) -> bool:
+    """Whether `raw` is a SentencePiece model (a `tokenizer.model` given where JSON goes)."""
+    import sentencepiece as spm
+
+    try:
+        return bool(spm.SentencePieceProcessor().LoadFromSerializedProto(raw))
+    except RuntimeError:
+        return False
+
+
 def _read_json(path: Path, raw: bytes | None = None) -> dict[str, Any]:
     try:
-        data = orjson.loads(path.read_bytes() if raw is None else raw)
-    except (OSError, orjson.JSONDecodeError) as e:
+        raw = path.read_bytes() if raw is None else raw
+        data = orjson.loads(raw)
+    except OSError as e:
+        raise TokenizerError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except orjson.JSONDecodeError as e:
+        if _is_sentencepiece(raw):
+            raise TokenizerError(
+                f"{path}: a SentencePiece model, not a tokenizer.json (a recipe gives it as "
+                "tokenizer.model)"
+            ) from None
         raise TokenizerError(f"{path}: not a readable JSON file ({e})") from None
     if not isinstance(data, dict):
         raise TokenizerError(f"{path}: expected a JSON object")
@@ -92,7 +110,10 @@ def read_hf_tokenizer(
     documents without a BOS whatever the folder says.
     """
     file = tokenizer_json_path(path)
-    raw = file.read_bytes()
+    try:
+        raw = file.read_bytes()
+    except OSError as e:  # e.g. no permission: named, as a damaged file is
+        raise TokenizerError(f"{file}: cannot be read ({e.strerror or e})") from None
     sha = hashlib.sha256(raw).hexdigest()
     if sha not in _parsed:  # 17 MB of JSON for Llama-3: parsed once per process
         _parsed.clear()

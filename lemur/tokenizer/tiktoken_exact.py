@@ -208,11 +208,12 @@ def tiktoken_plan(data: dict[str, Any], tokenize: Any) -> TiktokenPlan:
     if not problem and any(not t.get("special") for t in added):
         # The reference matches non-special added tokens inside text; tiktoken cannot.
         problem = "added tokens that are not special"
+    if problem:  # a Unigram's vocabulary is a list of [piece, score]: not read at all
+        return TiktokenPlan(reason=problem)
     special_ids = {t["id"] for t in added}
     vocab = {k: v for k, v in model.get("vocab", {}).items() if v not in special_ids}
     ranks: dict[bytes, int] = {}
-    if not problem:
-        problem = _special_piece(data, str(pattern))
+    problem = _special_piece(data, str(pattern))
     if not problem:
         ranks, problem = _ranks(vocab)
     problem = problem or (_merges_problem(vocab, model.get("merges", [])) if ranks else "")

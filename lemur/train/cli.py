@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING
 from lemur.cli_common import add_debug_option, add_set_option, debug_wanted, die, run_main
 
 if TYPE_CHECKING:
+    from lemur.model.config import LlamaConfig
     from lemur.train.config import TrainConfig
+    from lemur.train.setup import RunSummary
 
 USAGE = (
     "lemur-train CONFIG [--set KEY=VALUE ...] [--dry-run] [--debug] | lemur-train plot RUN_DIR"
@@ -61,7 +63,8 @@ def plot_parser() -> argparse.ArgumentParser:
 
 def dry_run_summary(config: TrainConfig) -> str:
     """Derived sizes of a config as YAML comments (the vocab, the steps of `epochs` and the
-    model of `init_from` from the data and the checkpoint when they are readable)."""
+    model of `init_from` from the data and the checkpoint when they are readable): the
+    model the run would train, padded embedding rows of `init_from` included."""
     from lemur.model.config import flops_per_token, param_count
     from lemur.train.config import ConfigError
     from lemur.train.setup import DataDirs, RunError, resolve_config
@@ -72,13 +75,6 @@ def dry_run_summary(config: TrainConfig) -> str:
         lines += [note.removeprefix("lemur-train: ") for note in notes]
     except (RunError, ConfigError) as e:
         lines.append(f"not resolved now: {str(e).removeprefix('lemur-train: ')}")
-    vocab, source = config.model.vocab_size, "model.vocab_size"
-    if vocab is None:
-        try:
-            vocab = int(DataDirs()[config.data.dirs[0]].tokenizer["vocab_size"])
-            source = f"{config.data.dirs[0]} tokenizer"
-        except RunError:
-            source = "the data (unreadable now: preset's vocab shown)"
     tokens = config.tokens_per_step
     lines.append(
         f"tokens per step: {tokens:,} ({config.batch.size} x {config.batch.seq_len}, "
@@ -87,7 +83,7 @@ def dry_run_summary(config: TrainConfig) -> str:
     if config.steps is not None:
         lines.append(f"total tokens: {tokens * config.steps:,} over {config.steps:,} steps")
     if config.model.complete:
-        model = config.model.llama(vocab)
+        model, source = _dry_run_model(config)
         lines += [
             f"model: {model}",
             f"vocab_size {model.vocab_size} from {source}",
@@ -96,6 +92,30 @@ def dry_run_summary(config: TrainConfig) -> str:
         ]
     lines.append(f"checkpoints: {config.checkpoint_dir}")
     return "".join(f"# {line}\n" for line in lines)
+
+
+def _dry_run_model(config: TrainConfig) -> tuple[LlamaConfig, str]:
+    """The model a run of `config` trains (as `resolve_model` makes it: an `init_from`
+    checkpoint's padded vocabulary kept) and where its vocab_size comes from."""
+    from lemur.train.setup import DataDirs, RunError, resolve_model
+
+    vocab, source = config.model.vocab_size, "model.vocab_size"
+    if vocab is None:
+        try:
+            vocab = int(DataDirs()[config.data.dirs[0]].tokenizer["vocab_size"])
+            source = f"{config.data.dirs[0]} tokenizer"
+        except RunError:
+            return config.model.llama(None), "the data (unreadable now: preset's vocab shown)"
+    try:
+        model = resolve_model(config, vocab, DataDirs())
+    except RunError as e:
+        return config.model.llama(vocab), f"{source} (not checked now: {e})"
+    if model.vocab_size != vocab:
+        source = (
+            f"model.init_from {config.model.init_from} (its embedding rows; the "
+            f"{source} has {vocab} ids)"
+        )
+    return model, source
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -132,12 +152,19 @@ def _train(args: argparse.Namespace) -> int:
         die(str(e))
     except TrainingDiverged as e:
         die(str(e), 1)
+    print(closing_line(summary), file=sys.stderr)
+    return 0
+
+
+def closing_line(summary: RunSummary) -> str:
+    """The run's last line: its step, that step's own loss (the step records show the mean
+    over the steps since the previous record: another number for the same step) and the
+    latest eval losses."""
     parts = [f"step {summary.step}"]
     if summary.loss is not None:
-        parts.append(f"loss {summary.loss:.4f}")
+        parts.append(f"last step's loss {summary.loss:.4f}")
     parts += [f"val {k} {v:.4f}" for k, v in summary.evals.items()]
-    print(f"lemur-train: {'  '.join(parts)}  ({summary.run_dir})", file=sys.stderr)
-    return 0
+    return f"lemur-train: {'  '.join(parts)}  ({summary.run_dir})"
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

@@ -239,7 +239,11 @@ class TrainConfig:
         check_key(bool(self.run_dir), "run_dir", "must not be empty")
         if self.model.complete:  # else checked once init_from gives the model
             max_len = self.model.llama().max_seq_len
-            too_long = f"({self.batch.seq_len}) exceeds the model's max_seq_len ({max_len})"
+            of = f" of model.init_from {self.model.init_from}" if self.model.init_from else ""
+            too_long = (
+                f"({self.batch.seq_len}) exceeds the model's max_seq_len ({max_len}{of}): "
+                f"lower it, e.g. --set batch.seq_len={max_len}"
+            )
             check_key(self.batch.seq_len <= max_len, "batch.seq_len", too_long)
 
     @property

@@ -209,11 +209,12 @@ class StepWindow:
 
 
 def format_record(record: dict[str, Any]) -> str:
-    """One line for a metrics record: train loss, throughput and MFU, or eval losses."""
+    """One line for a metrics record: train loss (the mean over the steps since the previous
+    record, so labelled), throughput and MFU, or eval losses."""
     step = f"step {record['step']:>6}"
     if "loss" in record:
         return (
-            f"{step}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+            f"{step}  mean loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
             f"gnorm {record['grad_norm']:.3f}  {record['tokens_per_s']:,.0f} tok/s  "
             f"MFU {100 * record['mfu']:.1f}%"
         )
@@ -245,7 +246,7 @@ class Reporter:
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn(
-                "loss {task.fields[loss]}  {task.fields[tps]} tok/s  MFU {task.fields[mfu]}"
+                "mean loss {task.fields[loss]}  {task.fields[tps]} tok/s  MFU {task.fields[mfu]}"
             ),
             TimeRemainingColumn(),
             console=self.console,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -222,7 +223,45 @@ def plan_run(config: TrainConfig, dirs: DataDirs) -> RunPlan:
     fraction), then the vocabulary of the data and the model checked against `init_from`."""
     config, notes = resolve_config(config, dirs)
     vocab, tokenizer_sha = data_vocab(config, dirs)
-    return RunPlan(config, resolve_model(config, vocab, dirs), vocab, tokenizer_sha, notes)
+    model = resolve_model(config, vocab, dirs)
+    if jax.default_backend() == "cpu":
+        check_host_memory(config, model, host_memory_bytes())
+    return RunPlan(config, model, vocab, tokenizer_sha, notes)
+
+
+def host_memory_bytes() -> int:
+    """This host's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _size(n: float) -> str:
+    """Bytes as GiB, or MiB below one GiB."""
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def check_host_memory(config: TrainConfig, model: LlamaConfig, memory: int) -> None:
+    """RunError naming the batch keys when one microbatch's logits alone (fp32, and their
+    gradient) exceed the host's memory: on CPU such a run is killed by the kernel, without
+    a word, at its first step (the `continue` config's 256 x 4096 does it to small hosts)."""
+    rows = max(1, config.batch.size // config.batch.microbatches // jax.process_count())
+    need = 2 * 4 * rows * config.batch.seq_len * model.vocab_size
+    if need <= memory:
+        return
+    # The fewest microbatches (a divisor of batch.size) whose logits take half the memory.
+    more = next(
+        (
+            m
+            for m in range(config.batch.microbatches + 1, config.batch.size + 1)
+            if config.batch.size % m == 0 and need * config.batch.microbatches / m <= memory / 2
+        ),
+        config.batch.size,
+    )
+    raise RunError(
+        f"batch: one microbatch's logits ({rows} x {config.batch.seq_len} tokens x "
+        f"{model.vocab_size:,} ids, fp32, with their gradient) need {_size(need)}, "
+        f"more than this host's {_size(memory)}: raise batch.microbatches (e.g. "
+        f"--set batch.microbatches={more}) or lower batch.size or batch.seq_len"
+    )
 
 
 def _check_growth(config: TrainConfig, saved: int, vocab: int, dirs: DataDirs) -> None:

@@ -8,6 +8,10 @@ assistant message's content and its `<|im_end|>` (not on the role header, not on
 newline after the marker); the tokenizer maps character spans to token masks. `tool` is
 an observation (execution output in a CodeAct-style trajectory: assistant code, its output,
 the assistant again): rendered like a user turn and, like it, never trained on.
+Content may hold the ChatML markers: the document's `turn_ends` still delimit its
+messages exactly (`parse_chatml`). Only a model whose own markers they are refuses such a
+conversation (`chatml_marker_in_content`: the ChatML build; a template build checks the
+model's own control tokens), since to another model they are plain text.
 This module has no I/O: `chat_reader` reads the files.
 """
 
@@ -38,7 +42,7 @@ NOT_ALTERNATING = "chat:not_alternating"
 EMPTY_ASSISTANT = "chat:empty_assistant"
 ENDS_ON_USER = "chat:ends_on_user"
 NO_TURNS = "chat:no_turns"
-MARKER_IN_CONTENT = "chat:marker_in_content"
+MARKER_IN_CONTENT = "chat:marker_in_content"  # ChatML builds: content forging a turn
 
 
 def render_chatml(messages: list[Message]) -> tuple[str, list[list[int]], list[int]]:
@@ -62,15 +66,28 @@ def render_chatml(messages: list[Message]) -> tuple[str, list[list[int]], list[i
     return "".join(parts), spans, ends
 
 
-def parse_chatml(text: str) -> list[Message]:
-    """The messages `render_chatml` rendered as `text` (exact: no content holds a marker,
-    `check_messages` refuses it), for a build that renders them with another template."""
+def parse_chatml(text: str, turn_ends: list[int]) -> list[Message]:
+    """The messages `render_chatml` rendered as `text` with `turn_ends`, for a build that
+    renders them with another template: exact whatever the contents hold (markers too).
+    ValueError if a turn is not one `render_chatml` writes."""
     out = []
-    for block in text.split(IM_START)[1:]:
-        role, _, rest = block.partition("\n")
-        content, _, _ = rest.rpartition(f"{IM_END}\n")
-        out.append({"role": role, "content": content})
+    for start, end in zip([0, *turn_ends], turn_ends, strict=False):
+        block = text[start:end]
+        role, newline, rest = block.removeprefix(IM_START).partition("\n")
+        tail = f"{IM_END}\n"
+        if not (block.startswith(IM_START) and newline and rest.endswith(tail)):
+            raise ValueError(f"not a ChatML turn at {start}-{end}")
+        out.append({"role": role, "content": rest[: -len(tail)]})
+    if not turn_ends or turn_ends[-1] != len(text):
+        raise ValueError("the turns do not end where the text does")
     return out
+
+
+def chatml_marker_in_content(text: str, turns: int) -> bool:
+    """Whether a content of `text`, `render_chatml`'s rendering of `turns` messages, holds a
+    ChatML marker: it then holds more than one of each per turn (a marker cannot straddle a
+    content's edge, where a newline or `<|im_end|>` stands)."""
+    return text.count(IM_START) != turns or text.count(IM_END) != turns
 
 
 def check_messages(messages: list[Message]) -> list[Message]:
@@ -78,8 +95,8 @@ def check_messages(messages: list[Message]) -> list[Message]:
 
     Accepted: an optional single leading system message, then input turns (user, or tool:
     an observation) and assistant turns alternating, starting with the user and ending
-    with a non-empty assistant reply.
-    Content holding a ChatML marker is refused: it would forge turns once tokenized.
+    with a non-empty assistant reply. Content may spell anything: which text would forge a
+    turn depends on the model, and the build's tokenize stage checks it.
     """
     turns = messages[1:] if messages and messages[0]["role"] == "system" else messages
     if not turns:
@@ -87,8 +104,6 @@ def check_messages(messages: list[Message]) -> list[Message]:
     for m in messages:
         if m["role"] not in ROLES:
             raise ChatDrop(UNKNOWN_ROLE, f"role {m['role']!r}")
-        if IM_START in m["content"] or IM_END in m["content"]:
-            raise ChatDrop(MARKER_IN_CONTENT)
     for i, m in enumerate(turns):
         expected = ("user",) if i == 0 else ("user", "tool") if i % 2 == 0 else ("assistant",)
         if m["role"] not in expected:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import re
 import zlib
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -23,7 +24,7 @@ import orjson
 import zstandard
 from datatrove.data import Document
 
-from lemur.data.counts import error_labels, read_label
+from lemur.data.counts import error_labels, read_label, repaired_label
 from lemur.data.read.listing import InputFile
 from lemur.data.read.notebooks import NotebookError, looks_like_notebook, notebook_to_script
 from lemur.data.read.split import BYTES, part_lines
@@ -33,6 +34,25 @@ from lemur.shards.format import atomic_write_bytes
 
 MAX_ERRORS_PER_TASK = 1000
 Row = dict[str, Any]
+LONE_SURROGATE = "lone_surrogate"  # the repair of a JSON string escaping half a UTF-16 pair
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # json.loads accepts NaN and Infinity; orjson not
+
+
+def replace_surrogates(value: Any) -> Any:
+    """`value` (parsed JSON) with every lone surrogate in its strings, keys too, replaced
+    by U+FFFD (a pair escaped as two halves is one character already)."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [replace_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {replace_surrogates(k): replace_surrogates(v) for k, v in value.items()}
+    return value
 
 
 class ReadLog:
@@ -134,13 +154,17 @@ class BaseReader(ABC):
         return self.emit(f, text, doc_id, meta)
 
     def row_metadata(self, row: Row, source: SourceConfig) -> dict[str, Any]:
-        """Metadata a row carries: `metadata_keys`, its path and its language."""
+        """Metadata a row carries: `metadata_keys`, its path and its language. A row without
+        a path of its own (`path_key`) keeps its file's as `path`, marked
+        `path_is_container`: the tagger must not take `code.jsonl` for the row's name."""
         extra: dict[str, Any] = {}
         for key in source.metadata_keys or ():
             if key in row and row[key] is not None:
                 extra[key] = row[key]
-        if source.path_key and isinstance(row.get(source.path_key), str):
+        if source.path_key and isinstance(row.get(source.path_key), str) and row[source.path_key]:
             extra["path"] = row[source.path_key]
+        else:
+            extra["path_is_container"] = True
         keys = (source.language_key,) if source.language_key else ("language", "lang")
         for key in keys:
             if isinstance(row.get(key), str) and row[key]:
@@ -188,7 +212,12 @@ class JsonlReader(RowReader):
     """JSON lines, plain, gzip or zstd; a bad line is logged and its neighbours kept."""
 
     def parse(self, f: InputFile, raw: bytes, line_no: int) -> Row | None:
-        """The object of one JSON line, or None (logged) for a bad line."""
+        """The object of one JSON line, or None (logged) for a bad line.
+
+        A string escaping a lone UTF-16 surrogate (`"\\ud800"`: valid JSON, not valid
+        Unicode; orjson refuses it) is read with each lone surrogate as U+FFFD, and the
+        document counted `repaired:<source>:lone_surrogate`.
+        """
         try:
             row = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
@@ -197,12 +226,30 @@ class JsonlReader(RowReader):
             except UnicodeDecodeError as u:
                 self.error("invalid_utf8", f, f"invalid UTF-8 at byte {u.start}", line_no)
                 return None
-            self.error("invalid_json", f, str(e).split(":")[0], line_no)
-            return None
+            row = self._with_lone_surrogates(f, raw)
+            if row is None:
+                self.error("invalid_json", f, str(e).split(":")[0], line_no)
+                return None
         if not isinstance(row, dict):
             self.error("invalid_json", f, "line is not a JSON object", line_no)
             return None
         return row
+
+    def _with_lone_surrogates(self, f: InputFile, raw: bytes) -> Any:
+        """The line parsed with its lone surrogates replaced (counted), or None if it holds
+        none (orjson refused it for another reason) or is not JSON anyway."""
+        if not _SURROGATE_ESCAPE.search(raw):
+            return None
+        try:
+            value = json.loads(raw, parse_constant=_no_constant)
+            repaired = replace_surrogates(value)
+        except (ValueError, RecursionError):
+            return None
+        if repaired == value:  # no lone surrogate: refused for another reason
+            return None
+        if isinstance(repaired, dict):  # else the caller logs a line that is not an object
+            self.log.stat_update(repaired_label(self.sources[f.source].name, LONE_SURROGATE))
+        return repaired
 
     def rows(self, f: InputFile) -> Iterator[tuple[int, Row]]:
         """(line number, object) of each good line; bad lines and damaged streams are logged.

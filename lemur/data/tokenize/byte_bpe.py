@@ -17,6 +17,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from lemur.atomic_files import temp_name
 from lemur.data.recipe import TokenizerTrainConfig
 from lemur.tokenizer.bytelevel import clean_text
 from lemur.tokenizer.long_pieces import MAX_RUN, has_long_run
@@ -84,7 +85,7 @@ def train_byte_bpe(
     spec["model"]["merges"] = _rank_merges(spec["model"]["vocab"], specials)
     spec["model"]["ignore_merges"] = True
     out = Path(out_dir)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp = temp_name(out)  # a killed build's is removed on resume (remove_stale_temporaries)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     (tmp / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))

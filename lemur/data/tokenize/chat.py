@@ -9,7 +9,9 @@ encoding of the whole conversation (offsets.py), so the tokens are those a plain
 of the text gives, by the model without its dummy prefix (lemur/chatml.py: the ids
 transformers' `apply_chat_template` gives with the exported tokenizer). A conversation
 whose text spells a control piece (`<s>`, `</s>`, `<unk>`) is dropped: transformers would
-read it as that token, and content never becomes a control token in training data.
+read it as that token, and content never becomes a control token in training data; one
+whose content holds a ChatML marker too (it would forge a turn: the markers are this
+model's own pieces).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from datatrove.utils.batching import batched
 
 from lemur.chatml import chat_processor, control_pattern
 from lemur.data.counts import dropped_label, truncated_label
-from lemur.data.read.chat import IM_END, IM_START
+from lemur.data.read.chat import IM_END, IM_START, MARKER_IN_CONTENT, chatml_marker_in_content
 from lemur.data.tokenize.offsets import TokenOffsets, byte_offsets
 from lemur.data.tokenize.tokenizer import load_tokenizer
 
@@ -119,7 +121,8 @@ class ChatEncoder(PipelineStep):
 
     Kept documents carry their ids and mask in metadata (TOKENS_KEY, MASK_KEY) for
     TokenizeWriter; a truncated one also carries its cut text (so dedup signs what is
-    trained on). Drops are counted under CONTROL_TEXT, TOO_LONG, NO_LOSS or BAD_SPANS,
+    trained on). Drops are counted under MARKER_IN_CONTENT, CONTROL_TEXT, TOO_LONG, NO_LOSS
+    or BAD_SPANS,
     cuts under `truncated:<source>`. Sits before the dedup signer: every document it passes is
     tokenized, so signatures and token records stay one to one.
     """
@@ -149,7 +152,12 @@ class ChatEncoder(PipelineStep):
             yield from kept
 
     def _spells_control(self, doc: Document, control: re.Pattern[str] | None) -> bool:
-        """Whether `doc` holds a control piece's text (then dropped as CONTROL_TEXT)."""
+        """Whether a content of `doc` holds a ChatML marker (then dropped as
+        MARKER_IN_CONTENT) or its text a control piece's (then CONTROL_TEXT)."""
+        turns = doc.metadata.get("turn_ends")
+        if isinstance(turns, list) and chatml_marker_in_content(doc.text, len(turns)):
+            self._drop(doc, MARKER_IN_CONTENT)
+            return True
         if control is None or control.search(doc.text) is None:
             return False
         self._drop(doc, CONTROL_TEXT)

@@ -12,6 +12,7 @@ from typing import Any
 
 from loguru import logger
 
+from lemur.atomic_files import temp_name
 from lemur.chat_template import ChatTemplate, template_source
 from lemur.chat_template.template import TEMPLATE_FILE
 from lemur.data.read.listing import InputFile
@@ -22,12 +23,20 @@ from lemur.data.tokenize.chat import CHAT_PIECES
 from lemur.data.tokenize.tokenizer import (
     TokenizerError,
     extend_tokenizer,
+    load_tokenizer,
     tokenizer_info,
     train_tokenizer,
 )
 from lemur.shards.format import ShardFormatError, atomic_write_bytes, read_manifest
-from lemur.tokenizer import Tokenizer, is_tokenizer_json, open_tokenizer, read_hf_tokenizer
-from lemur.tokenizer.hf_files import CONFIG_FILES
+from lemur.tokenizer import (
+    SentencePieceTokenizer,
+    Tokenizer,
+    is_tokenizer_json,
+    open_tokenizer,
+    read_hf_tokenizer,
+)
+from lemur.tokenizer.hf_files import CONFIG_FILES, tokenizer_json_path
+from lemur.tokenizer.round_trip import round_trip_problem
 
 # Part of a trained tokenizer's file name key (the build's WORK_VERSION when it was set).
 KEY_VERSION = 2
@@ -81,6 +90,30 @@ def given_model(path: str) -> Path:
 HF_FILES = ("tokenizer.json", *CONFIG_FILES, TEMPLATE_FILE)
 
 
+def check_given_tokenizer(recipe: Recipe) -> None:
+    """A TokenizerError naming the file if the recipe's given tokenizer (`model` or `hf`)
+    cannot frame this build's documents or loses text (`round_trip_problem`), unless
+    `lossy: allow`. Cheap: a few milliseconds once the file is loaded, and loading is
+    cached per process (tiktoken's plan is left to the build when `engine` is `auto`)."""
+    cfg = recipe.tokenizer
+    if cfg.hf is not None:
+        file = tokenizer_json_path(cfg.hf)
+        engine = "tiktoken" if cfg.engine == "tiktoken" else "tokenizers"
+        tok = _open_hf(recipe, file, engine)
+    elif cfg.model is not None:
+        file = given_model(cfg.model)
+        load_tokenizer(file)  # Llama-2's <unk>/<s>/</s> ids, as every build's model has
+        tok = SentencePieceTokenizer(file)
+    else:
+        return
+    problem = None if cfg.lossy == "allow" else round_trip_problem(tok)
+    if problem:
+        raise TokenizerError(
+            f"{file}: loses text, {problem}; a pre-training tokenizer must give back what it "
+            "encodes (set tokenizer.lossy: allow to take it anyway)"
+        )
+
+
 def copy_hf_tokenizer(src: str, work: Path, chat: bool = False) -> Path:
     """A recipe's `tokenizer.hf` copied under `work/` (tokenizer.json and its config files).
 
@@ -99,7 +132,7 @@ def copy_hf_tokenizer(src: str, work: Path, chat: bool = False) -> Path:
     key = _sha([files.sha256] + [(n, _file_sha(files.path.parent / n)) for n in present[1:]])
     target = work / f"hf-tokenizer-{key[:16]}"
     if not (target / "tokenizer.json").is_file():
-        tmp = work / f".{target.name}.tmp"
+        tmp = temp_name(target)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         for name in present:
@@ -119,6 +152,7 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
     build renders with the folder's own chat template instead.
     """
     chat = recipe.is_chat()
+    check_given_tokenizer(recipe)  # loading the recipe checked it too: a Recipe made in code
     if recipe.tokenizer.hf is not None:
         return copy_hf_tokenizer(recipe.tokenizer.hf, work, chat)
     if recipe.tokenizer.model is not None:
@@ -154,12 +188,15 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
 
 def open_build_tokenizer(recipe: Recipe, path: Path) -> Tokenizer:
     """The prepared tokenizer with the recipe's framing settings (BOS/EOS, engine)."""
-    cfg = recipe.tokenizer
-    if cfg.hf is None:  # SentencePiece, or a trained byte-level BPE: its own framing
+    if recipe.tokenizer.hf is None:  # SentencePiece, or a trained byte-level BPE: its own framing
         return open_tokenizer(path)
-    tok = open_tokenizer(
-        path, bos=cfg.bos, eos=cfg.eos, no_bos=bool(cfg.no_bos), engine=cfg.engine or "auto"
-    )
+    return _open_hf(recipe, path, recipe.tokenizer.engine or "auto")
+
+
+def _open_hf(recipe: Recipe, path: Path, engine: str) -> Tokenizer:
+    """The recipe's `hf` tokenizer at `path` with its framing settings, an EOS required."""
+    cfg = recipe.tokenizer
+    tok = open_tokenizer(path, bos=cfg.bos, eos=cfg.eos, no_bos=bool(cfg.no_bos), engine=engine)
     if tok.eos_id is None:
         raise TokenizerError(
             f"{cfg.hf}: its files name no EOS token to end documents with: set tokenizer.eos"

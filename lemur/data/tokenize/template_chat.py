@@ -1,7 +1,9 @@
 """Chat documents of a `tokenizer.json` build: encoded with the model's own chat template.
 
 The reader renders every conversation as ChatML (lemur/data/read/chat.py); here its
-messages are read back (`parse_chatml`) and rendered by the folder's template
+messages are read back (`parse_chatml`, by the turn ends: a content may hold ChatML's
+markers, plain text to a model whose markers they are not) and rendered by the folder's
+template
 (lemur/chat_template), so a document's ids are exactly
 `apply_chat_template(messages, tokenize=True)`'s and nothing is added around them: the
 template writes its own BOS (Llama-3) or none (ChatML), and its own end of turn. The loss
@@ -24,6 +26,7 @@ from lemur.data.counts import dropped_label, truncated_label
 from lemur.data.read.chat import Message, parse_chatml
 from lemur.data.recipe import Recipe
 from lemur.data.tokenize.chat import (
+    BAD_SPANS,
     LONG_POLICIES,
     MASK_KEY,
     NO_LOSS,
@@ -59,8 +62,8 @@ class TemplateChatEncoder(PipelineStep):
     Kept documents carry the rendered text (what dedup signs), their ids and mask
     (TOKENS_KEY, MASK_KEY) for TokenizeWriter, which writes them as they are. Drops are
     counted under the template's reasons (`chat:control_in_content`,
-    `chat:template_error`, `chat:template_content`), TOO_LONG or NO_LOSS; cuts under
-    `truncated:<source>`.
+    `chat:template_error`, `chat:template_content`), TOO_LONG, NO_LOSS or BAD_SPANS (turn
+    ends that do not delimit the ChatML turns); cuts under `truncated:<source>`.
     """
 
     name = "💬 lemur chat template tokens"
@@ -94,7 +97,11 @@ class TemplateChatEncoder(PipelineStep):
 
     def _encode(self, doc: Document, template: ChatTemplate) -> bool:
         """Attach `doc`'s ids and mask (its text becomes the rendered one); False: dropped."""
-        messages = parse_chatml(doc.text)
+        try:
+            messages = parse_chatml(doc.text, doc.metadata.get("turn_ends") or [])
+        except (ValueError, TypeError):  # a bug upstream, not bad input
+            self.stat_update(dropped_label(str(doc.metadata.get("source")), BAD_SPANS))
+            return False
         try:
             chat = self._fit(doc, messages, template)
         except TemplateDrop as e:
