@@ -81,6 +81,7 @@ def test_fit_searches_cost_order_and_bisects_microbatches(capsys, monkeypatch) -
         peak = 100 * GIB * share[model.remat] / config.batch.microbatches
         return Memory(peak <= hbm[0], peak, hbm[0], hbm[1])
 
+    monkeypatch.setattr(plan_targets, "libtpu_available", lambda: True)
     monkeypatch.setattr(plan_fit, "compile_memory", fake_compile)
     monkeypatch.setattr(plan_fit, "eval_memory_for", lambda *a: GIB)
     monkeypatch.setattr(plan_fit, "tpu_devices", lambda target: [None] * target.devices)
@@ -183,3 +184,15 @@ def test_shipped_config_fits_its_documented_topology(name: str) -> None:
         plan = plan_tpu(config, name, target, None, with_eval=False)
     assert plan.memory.fits, (name, plan.memory.peak / GIB)
     assert plan.memory.peak < plan.memory.hbm
+
+
+def test_gpu_fit_searches_the_estimate(capsys) -> None:
+    assert main(["plan", "qwen2.5-7b-cpt", "--topology", "h100-8", "--fit"]) == 0
+    out, err = capsys.readouterr()
+    assert "jax-ml/jax#28376" in err.splitlines()[0]
+    last = out.splitlines()[-1]
+    assert last.startswith("fastest setting that fits: --set batch.microbatches=")
+    chosen = int(last.split("microbatches=")[1].split()[0])
+    # The bisection's last refusal is the count below the choice (per device, one
+    # remat policy): the estimate falls as the microbatches rise.
+    assert f"microbatches {chosen // 2}: does not fit" in err and " estimates in " in last

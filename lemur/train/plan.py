@@ -315,7 +315,12 @@ def format_plan(plan: Plan) -> str:
         f"per step; {plan.flops_per_step:.3e} model FLOPs per step (attention included)",
         f"time at {plan.mfu:.0%} MFU ({plan.mfu_source}) of {plan.peak_tflops:g} TFLOP/s "
         f"per chip: {duration(plan.step_s)} per step"
-        + ("" if plan.run_s is None else f"; {plan.steps:,} steps: {duration(plan.run_s)}"),
+        + f" ({duration(plan.step_s * 1e9 / plan.tokens_per_step)} per billion tokens)"
+        + (
+            "; steps unknown (epochs of data not readable here)"
+            if plan.run_s is None
+            else f"; {plan.steps:,} steps: {duration(plan.run_s)}"
+        ),
     ]
     if not plan.estimate:
         lines.append(f"compile: {m.compile_s:.0f} s on this host")

@@ -77,7 +77,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         die(f"--mfu: must be in (0, 1], got {args.mfu}")
     target = parse_target(topology, args.slices or config.plan.slices)
     if target.is_gpu:
-        return _report_gpu(args, config, target)
+        from lemur.train.plan_estimate import NOT_COMPILED
+
+        print(f"lemur-train plan: {NOT_COMPILED}", file=sys.stderr)
+        return _report_fit(args, config, target) if args.fit else _report_gpu(args, config, target)
     if not libtpu_available():
         die(LIBTPU_MISSING)
     _quiet_libtpu(topology)
@@ -107,9 +110,7 @@ def _report(args: argparse.Namespace, plan: Plan) -> int:
 def _report_gpu(args: argparse.Namespace, config: TrainConfig, target: Target) -> int:
     """The analytic estimate for a GPU target, said to be one."""
     from lemur.train.plan import plan_gpu
-    from lemur.train.plan_estimate import NOT_COMPILED
 
-    print(f"lemur-train plan: {NOT_COMPILED}", file=sys.stderr)
     return _report(args, plan_gpu(config, args.config, target, args.mfu))
 
 
@@ -119,7 +120,8 @@ def _report_fit(args: argparse.Namespace, config: TrainConfig, target: Target) -
     from lemur.train.plan_fit import fit
 
     result = fit(config, args.config, target, args.mfu, lambda s: print(s, file=sys.stderr))
-    compiles = f"{len(result.tried)} compiles in {result.seconds:.0f} s"
+    kind = "estimates" if target.is_gpu else "compiles"
+    compiles = f"{len(result.tried)} {kind} in {result.seconds:.0f} s"
     if args.json:
         out = {"plan": result.plan and result.plan.to_json(), "search_s": result.seconds}
         out["tried"] = [{**s, "fits": m.fits, "peak": m.peak} for s, m in result.tried]

@@ -7,7 +7,8 @@ microbatch count is compiled first (if even it does not fit, no count does and t
 policy is tried), then a binary search finds the fewest microbatches that fit (memory only
 falls as they rise). The first policy with a fit wins: fewer recomputed FLOPs first, then
 fewer microbatches. An out-of-HBM refusal compiles in seconds; a fit takes minutes for a
-70B model on a CPU host. scan_layers and the attention kernel stay as configured.
+70B model on a CPU host (GPU targets: the analytic estimate of each, no compile).
+scan_layers and the attention kernel stay as configured.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from lemur.train.plan import (
     plan_model,
     with_slices,
 )
-from lemur.train.plan_estimate import mesh_sizes
+from lemur.train.plan_estimate import estimate_memory, mesh_sizes
 from lemur.train.plan_targets import Target, tpu_devices
 
 REMAT_BY_COST = ("none", "dots", "full")  # fewest recomputed FLOPs first
@@ -71,14 +72,12 @@ def fit(
     """Search remat x microbatches for the fastest setting of `config` that fits `target`."""
     start = time.perf_counter()
     config = with_slices(config, target)
-    devices = tpu_devices(target)
-    hbm = chip_hbm(target, devices)
+    measure, eval_peak = _measures(target)
     choices = microbatch_choices(config, target.devices)
     tried: list[tuple[dict[str, Any], Memory]] = []
 
     def attempt(remat: str, microbatches: int) -> Memory:
-        candidate = with_settings(config, remat, microbatches)
-        memory = compile_memory(candidate, plan_model(candidate), devices, hbm, with_eval=False)
+        memory = measure(with_settings(config, remat, microbatches))
         settings = {"batch.microbatches": microbatches, "model.overrides.remat": remat}
         tried.append((settings, memory))
         verdict = "fits" if memory.fits else "does not fit"
@@ -101,11 +100,26 @@ def fit(
         best = with_settings(config, remat, choices[hi])
         model = plan_model(best)
         memory = next(m for s, m in reversed(tried) if _same(s, remat, choices[hi]))
-        memory.eval_peak = eval_memory_for(best, model, devices)
+        memory.eval_peak = eval_peak(best)
         mesh = dict(zip(("data", "fsdp", "tensor"), mesh_sizes(best, target.devices), strict=True))
         plan = make_plan(best, name, target, memory, model, mfu, mesh)
         return FitResult(plan, tried, time.perf_counter() - start)
     return FitResult(None, tried, time.perf_counter() - start)
+
+
+def _measures(
+    target: Target,
+) -> tuple[Callable[[TrainConfig], Memory], Callable[[TrainConfig], float | None]]:
+    """How a candidate's train-step memory and eval-step peak are had on `target`: compiled
+    for a TPU, estimated by formula for a GPU (no eval figure)."""
+    if target.is_gpu:
+        return lambda c: estimate_memory(c, plan_model(c), target), lambda c: None
+    devices = tpu_devices(target)
+    hbm = chip_hbm(target, devices)
+    return (
+        lambda c: compile_memory(c, plan_model(c), devices, hbm, with_eval=False),
+        lambda c: eval_memory_for(c, plan_model(c), devices),
+    )
 
 
 def _same(settings: dict[str, Any], remat: str, microbatches: int) -> bool:
