@@ -36,7 +36,7 @@ Changes a command's own code makes later, for as long as they are needed, and un
   checkpoint and stop, put back when the loop ends; a Trainer's start
   (`lemur.train.state.start_processes`): `jax.distributed` for multi-host runs and JAX's
   `jax_compilation_cache_dir` from the config's `compile_cache_dir` (unless already set).
-- each data task, in whatever process runs it (`lemur.data.run.logs.QuietTaskLogs`):
+- each data task, in whatever process runs it (`lemur.data.run.logs.task_logs`):
   datatrove's task logger is ours for the task (the task's file at INFO, the console at
   WARNING); datatrove itself sets its `DATATROVE_*` environment variables per task.
 - local build workers and the trainer's loader processes (`lemur.process_guard`):

@@ -126,7 +126,7 @@ def read_chat(tmp_path: Path, **source) -> tuple[list, dict[str, int], list[dict
     reader = SourcesReader(listing.files, r.sources, errors_dir="")
     docs = [d for f in listing.files for d in reader.read(f)]
     stats = {k: v.total for k, v in reader.stats.stats.items()}
-    return docs, stats, reader._errors
+    return docs, stats, reader.log.errors
 
 
 def drops(stats: dict[str, int]) -> dict[str, int]:

@@ -20,11 +20,19 @@ from lemur.data.dedup.merge import BigGroup, chunk_entries, merge_runs
 from lemur.data.dedup.runs import GOLDEN64, RUN
 from lemur.data.dedup.signer import DedupSigner, normalized_hash, shingles
 from lemur.data.dedup.sketch import NONE, bottom_k, sketch_jaccard
-from lemur.data.dedup.stage import run_in_process
+from lemur.data.dedup.stage import dedup_result, dedup_stages
 from lemur.data.load import recipe_from_dict
 from lemur.data.recipe import DedupConfig
+from lemur.data.run.task import run_here
 from lemur.data.tokenize.step import DOC_RECORD
 from lemur.shards.format import open_array
+
+
+def run_in_process(config: DedupConfig, tok_dir: Path, n_tasks: int, ddir: Path) -> DedupResult:
+    """Every dedup task run in this process, one after the other; the stage's decisions."""
+    for stage, step, tasks in dedup_stages(config, tok_dir, n_tasks, ddir):
+        run_here([step], ddir / stage, tasks, stage)
+    return dedup_result(tok_dir, n_tasks, ddir)
 
 
 def jaccard(a: str, b: str, n: int = 5) -> float:

@@ -17,7 +17,7 @@ from conftest import real_python_files, real_text_docs, write_jsonl
 from lemur.data.build import build
 from lemur.data.dedup.stage import bucket_tasks, dedup_stages
 from lemur.data.load import recipe_from_dict
-from lemur.data.recipe import DedupConfig, RecipeError
+from lemur.data.recipe import DedupConfig, ExecutorConfig, RecipeError
 from lemur.data.run.executors import make_executor
 
 
@@ -227,11 +227,19 @@ def ticks():
     return itertools.count(step=1.0).__next__
 
 
-def test_waiting_for_slurm_fails_when_the_array_stops_short(tmp_path, monkeypatch):
-    from types import SimpleNamespace
+SLURM_SMALL = ExecutorConfig(kind="slurm", partition="cpu", time="10")
 
-    from lemur.data.run.slurm_cluster import wait_for_slurm
-    from lemur.data.run.stage import StageError
+
+def submitted_job(logs: Path, job: str):
+    """A Slurm executor logging under `logs` that has submitted the array job `job`."""
+    executor = make_executor(SLURM_SMALL, [lambda data, rank, world_size: None], 2, logs)
+    executor.job_ids.append(job)
+    executor.job_id = job
+    return executor
+
+
+def test_waiting_for_slurm_fails_when_the_array_stops_short(tmp_path, monkeypatch):
+    from lemur.data.run.task import StageError
 
     stand_in(tmp_path, monkeypatch, "squeue", "")  # the job is no longer queued: no output
     logs = tmp_path / "logs"
@@ -246,20 +254,17 @@ def test_waiting_for_slurm_fails_when_the_array_stops_short(tmp_path, monkeypatc
         "slurmstepd: error: execve(): launch_pickled_pipeline: No such file or directory\n"
         "srun: error: localhost: task 0: Exited with exit code 2\n"
     )
-    job = SimpleNamespace(
-        job_ids=["77"], job_id="77", max_array_size=1001, slurm_logs_folder=str(logs / "slurm_logs")
-    )
+    job = submitted_job(logs, "77")
+    assert job.slurm_logs_folder == str(logs / "slurm_logs")
     with pytest.raises(StageError) as e:
-        wait_for_slurm(job, tmp_path, 2, lambda *a: None, sleep=lambda s: None, clock=ticks())
+        job.wait(tmp_path, 2, lambda *a: None, sleep=lambda s: None, clock=ticks())
     assert str(e.value) == (
         "tokenize stage: slurm job 77 ended with 1 of 2 tasks unfinished; task 1: "
         "slurmstepd: error: execve(): launch_pickled_pipeline: No such file or directory "
         f"({logs / 'slurm_logs' / '77_1.out'}); rerun to resubmit only those"
     )
     (logs / "completions" / "00001").touch()
-    wait_for_slurm(
-        job, tmp_path, 2, lambda *a: None, sleep=lambda s: None, clock=ticks()
-    )  # all done
+    job.wait(tmp_path, 2, lambda *a: None, sleep=lambda s: None, clock=ticks())  # all done
 
 
 def test_waiting_for_slurm_sees_a_finished_stage_at_once_and_backs_off_squeue(
@@ -268,10 +273,6 @@ def test_waiting_for_slurm_sees_a_finished_stage_at_once_and_backs_off_squeue(
     """Virtual time: the stage's markers appear at t=2 s and the job leaves the queue at
     t=600 s. The wait must end by t=2.5 s (it polled every 30 s), and a 600 s stage must
     cost a few dozen squeue calls, not one per marker look."""
-    from types import SimpleNamespace
-
-    from lemur.data.run.slurm_cluster import wait_for_slurm
-
     now = [0.0]
     state = tmp_path / "queued"
     state.write_text("1")
@@ -291,20 +292,54 @@ def test_waiting_for_slurm_sees_a_finished_stage_at_once_and_backs_off_squeue(
                 (logs / f"{rank:05d}").touch()
             state.write_text("0")
 
-    job = SimpleNamespace(job_ids=["77"], job_id="77", max_array_size=1001)
-    wait_for_slurm(
-        job, tmp_path, 2, lambda *a: None, sleep=lambda s: sleep(s, 2.0), clock=lambda: now[0]
-    )
+    job = submitted_job(tmp_path / "logs", "77")
+    job.wait(tmp_path, 2, lambda *a: None, sleep=lambda s: sleep(s, 2.0), clock=lambda: now[0])
     assert now[0] <= 2.5
     for marker in logs.iterdir():
         marker.unlink()
     state.write_text("1")
     calls.write_text("")
     now[0] = 0.0
-    wait_for_slurm(
-        job, tmp_path, 2, lambda *a: None, sleep=lambda s: sleep(s, 600.0), clock=lambda: now[0]
-    )
+    job.wait(tmp_path, 2, lambda *a: None, sleep=lambda s: sleep(s, 600.0), clock=lambda: now[0])
     assert len(calls.read_text().splitlines()) <= 30
+
+
+def test_a_slurm_executor_cancels_every_job_it_submitted(tmp_path, monkeypatch):
+    calls = stand_in(tmp_path, monkeypatch, "scancel", "")
+    job = submitted_job(tmp_path / "logs", "77")
+    job.job_ids.append("78")  # a second array (over max_array_size tasks)
+    job.cancel()
+    assert [json.loads(line) for line in calls.read_text().splitlines()] == [["77", "78"]]
+    calls.write_text("")
+    fresh = make_executor(SLURM_SMALL, [lambda data, rank, world_size: None], 2, tmp_path)
+    fresh.cancel()  # nothing submitted: nothing to cancel
+    assert calls.read_text() == ""
+
+
+def test_the_datatrove_privates_we_rely_on_are_there(tmp_path):
+    """The two private members of datatrove's executors that lemur.data.run.datatrove_private
+    wraps, pinned: a datatrove that renames or changes them fails here, not in a build."""
+    import inspect
+
+    from datatrove.executor import LocalPipelineExecutor, SlurmPipelineExecutor
+    from datatrove.executor.base import PipelineExecutor
+
+    params = list(inspect.signature(PipelineExecutor._run_for_rank).parameters)
+    assert params == ["self", "rank", "local_rank", "node_rank"]
+    # datatrove's own runs call it: our override is what a Slurm array task runs
+    assert "self._run_for_rank(rank, node_rank=node_rank)" in inspect.getsource(
+        SlurmPipelineExecutor.run
+    )
+    plain = LocalPipelineExecutor(pipeline=[], tasks=1, logging_dir=str(tmp_path / "plain"))
+    assert plain._launched is False  # set by run(); a dependent executor reads it:
+    assert "if not self.depends._launched" in inspect.getsource(LocalPipelineExecutor.run)
+    ran = []
+    ours = make_executor(
+        ExecutorConfig(workers=1), [lambda data, rank, world_size: ran.append(rank)], 2, tmp_path
+    )
+    ours.run()
+    assert ran == [0, 1] and ours._launched is True
+    assert sorted(p.name for p in (tmp_path / "completions").iterdir()) == ["00000", "00001"]
 
 
 def test_slurm_memory_in_megabytes_and_the_recipes_qos(tmp_path, monkeypatch):

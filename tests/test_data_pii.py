@@ -16,11 +16,11 @@ from conftest import real_python_files
 from datatrove.data import Document
 
 from lemur.data.filter.pii import (
-    _IPV6,
+    IPV6_PATTERN,
     PRIVATE_IPV4,
     PRIVATE_IPV6,
     PiiRedactor,
-    _ipv6_matches,
+    ipv6_matches,
     redact,
     replacement_ip,
 )
@@ -165,7 +165,7 @@ def test_ordinary_code_is_left_alone(real_hosts, line):
 
 
 def test_ipv6_scan_finds_what_the_full_regex_finds():
-    """The colon-anchored scan gives exactly `_IPV6.finditer`'s spans, on dense hex/colon
+    """The colon-anchored scan gives exactly `IPV6_PATTERN.finditer`'s spans, on dense hex/colon
     noise (overlapping and adjacent candidates) and on real C++ headers full of `::`."""
     rng = random.Random(7)
     texts = ["".join(rng.choice("23aF0:: .\n") for _ in range(400)) for _ in range(300)]
@@ -174,7 +174,7 @@ def test_ipv6_scan_finds_what_the_full_regex_finds():
     ]
     texts += ["2001:db8::1", "x2a03:2880:f12f:83:face:b00c::25de", "3fff::1:2:3:4:5:6:7:8:9"]
     for text in texts:
-        assert _ipv6_matches(text) == [m.span() for m in _IPV6.finditer(text)], text[:80]
+        assert ipv6_matches(text) == [m.span() for m in IPV6_PATTERN.finditer(text)], text[:80]
 
 
 def test_ip_replacement_is_private_and_fixed_per_document():

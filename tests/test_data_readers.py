@@ -92,7 +92,7 @@ def test_notebooks_as_files_and_inside_jsonl(tmp_path):
     )
     assert [d.text for d in docs] == [SCRIPT, SCRIPT]
     assert all(d.metadata["language"] == "Jupyter Notebook" for d in docs)
-    assert [(Path(e["file"]).name, e["kind"]) for e in reader._errors] == [
+    assert [(Path(e["file"]).name, e["kind"]) for e in reader.log.errors] == [
         ("broken.ipynb", "invalid_notebook")
     ]
 
@@ -182,7 +182,7 @@ def test_parquet_the_stack_preset(tmp_path):
     )
     rw = [d for d in docs if d.metadata["source"] == "rw"]
     assert rw[0].id == "rw/u" and rw[0].metadata["url"] == "u"
-    kinds = sorted((Path(e["file"]).name, e["kind"]) for e in reader._errors)
+    kinds = sorted((Path(e["file"]).name, e["kind"]) for e in reader.log.errors)
     assert kinds == [("bad.parquet", "corrupt_file"), ("nocol.parquet", "missing_text")]
 
 
@@ -212,7 +212,7 @@ def test_file_tree_gitignore_vendored_binary(tmp_path):
     reader = SourcesReader(listing.files, r.sources, errors_dir="")
     docs = [d for f in listing.files for d in reader.read(f)]
     assert sorted(d.metadata["path"] for d in docs) == ["src/main.py", "sub/ok.py"]
-    assert [e["kind"] for e in reader._errors] == ["binary"]
+    assert [e["kind"] for e in reader.log.errors] == ["binary"]
 
 
 def test_source_with_no_documents_is_fatal(tmp_path):
@@ -268,7 +268,7 @@ def test_jsonl_bad_streams_lines_and_paths(tmp_path):
             ],
         )
     )
-    errors = sorted((Path(e["file"]).name, e["kind"], e.get("line")) for e in reader._errors)
+    errors = sorted((Path(e["file"]).name, e["kind"], e.get("line")) for e in reader.log.errors)
     assert ("utf8.jsonl", "invalid_utf8", 2) in errors
     assert ("gone.jsonl", "unreadable", None) in errors
     assert any(name == "trunc.jsonl.zst" and kind == "corrupt_file" for name, kind, _ in errors)
@@ -310,7 +310,7 @@ def test_a_lone_surrogate_escape_becomes_u_fffd_and_is_counted(tmp_path):
 
 
 def _errors(reader: SourcesReader) -> list[tuple[str, str, int | None]]:
-    return sorted((Path(e["file"]).name, e["kind"], e.get("line")) for e in reader._errors)
+    return sorted((Path(e["file"]).name, e["kind"], e.get("line")) for e in reader.log.errors)
 
 
 @pytest.mark.parametrize(
@@ -387,7 +387,7 @@ def test_non_utf8_file_name_is_kept_with_an_escaped_id(tmp_path, skip_vendored):
     for d in docs:  # what the tokenize step and the manifest do with names
         d.id.encode()
         json.dumps(d.metadata["path"]).encode()
-    assert "print('caf\u00e9')\n" in [d.text for d in docs] and not reader._errors
+    assert "print('caf\u00e9')\n" in [d.text for d in docs] and not reader.log.errors
     r = recipe_from_dict(raw)
     assert len(list(sample_texts(r, list_inputs(r).files, 1000))) == 2
 
@@ -441,10 +441,10 @@ def test_unreadable_subdirectory_is_counted_and_named(tmp_path, monkeypatch):
         recipe(tmp_path, [{"name": "r", "domain": "code", "format": "files", "paths": [str(repo)]}])
     )
     assert [d.metadata["path"] for d in docs] == ["main.py"]
-    assert [(e["file"], e["kind"]) for e in reader._errors] == [
+    assert [(e["file"], e["kind"]) for e in reader.log.errors] == [
         (str(repo / "secret"), "unreadable")
     ]
-    assert "Permission denied" in reader._errors[0]["error"]
+    assert "Permission denied" in reader.log.errors[0]["error"]
 
 
 def _text_source(tmp_path: Path, pattern: str, fmt: str = "jsonl") -> dict:
@@ -471,7 +471,7 @@ def test_bom_xz_and_utf16_jsonl(tmp_path):
         ("utf16.jsonl", "unsupported_format", None),
         ("utf16le.jsonl", "unsupported_format", None),
     ]
-    messages = {Path(e["file"]).name: e["error"] for e in reader._errors}
+    messages = {Path(e["file"]).name: e["error"] for e in reader.log.errors}
     assert messages["utf16.jsonl"].startswith("UTF-16 text is not supported")
     assert messages["utf16le.jsonl"].startswith("UTF-16 or UTF-32 text is not supported")
     assert messages["data.jsonl.xz"].startswith("xz compression is not supported")
@@ -503,7 +503,7 @@ def test_damaged_zstd_frames_keep_the_readable_ones(tmp_path):
     from_multi = [d.text for d in docs if d.metadata["path"] == "multi.jsonl.zst"]
     for frame in (frames[0], frames[2], frames[3]):
         assert all(r["text"] in from_multi for r in frame)
-    damage = [e for e in reader._errors if e["kind"] == "corrupt_file"]
+    damage = [e for e in reader.log.errors if e["kind"] == "corrupt_file"]
     assert [Path(e["file"]).name for e in damage] == ["multi.jsonl.zst", "single.jsonl.zst"]
     assert f"zstd frame at byte {len(blobs[0])} is damaged" in damage[0]["error"]
     assert "resumed at byte" in damage[0]["error"]
@@ -524,7 +524,7 @@ def test_damaged_parquet_row_group_keeps_the_others(tmp_path):
     docs, reader = read_all(_text_source(tmp_path, "t.parquet", "parquet"))
     assert [d.text for d in docs] == texts[:10] + texts[20:]
     assert _errors(reader) == [("t.parquet", "corrupt_file", 11)]
-    assert "row group 1 (rows 11-20) unreadable" in reader._errors[0]["error"]
+    assert "row group 1 (rows 11-20) unreadable" in reader.log.errors[0]["error"]
 
 
 def test_per_file_error_totals_survive_the_error_list_cap(tmp_path):

@@ -185,3 +185,19 @@ def test_a_full_disk_is_one_line_exit_1_and_leaves_nothing(
         err = capfd.readouterr().err
         assert err == f"lemur-convert: {dst}: no space left on device\n", err
         assert list(full_disk.iterdir()) == []  # no DST, no partial one
+
+
+@pytest.mark.parametrize("how", ["truncated", "missing"])
+def test_lemur_eval_of_a_damaged_folder_is_one_line(
+    tmp_path: Path, how: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # lemur-eval converts an HF folder on the fly: the same check, the same one line, exit 2.
+    from lemur.eval import cli as eval_cli
+
+    src = write_hf_folder(tmp_path / "src", tiny_config())
+    message = corrupt(src, how)
+    capsys.readouterr()
+    assert eval_cli.main(["generate", str(src), "--prompt", "def f():"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lemur-eval: {message}"), err
+    assert err.count("\n") == 1

@@ -310,11 +310,13 @@ def test_bf16_compute_stays_close_to_fp32(params: Params) -> None:
 
 
 def test_attention_backend_selection() -> None:
-    # On CPU the auto choice is XLA; an explicit choice is kept.
-    if jax.default_backend() == "cpu":
-        assert llama._attention_impl(dataclasses.replace(CONFIG, dtype="bfloat16"), 128) == "xla"
+    # Without a mesh the platform is JAX's backend; on CPU the auto choice is XLA; an
+    # explicit choice is kept (the TPU and GPU choices: tests/test_model_splash.py).
+    assert llama.compile_platform() == jax.default_backend()
+    bf16 = dataclasses.replace(CONFIG, dtype="bfloat16")
+    assert llama.choose_attention_impl(bf16, 128, 64, "cpu", dense_mask=False) == "xla"
     xla = dataclasses.replace(CONFIG, attention_impl="xla")
-    assert llama._attention_impl(xla, 8) == "xla"
+    assert llama.choose_attention_impl(xla, 8, 64, "tpu", dense_mask=False) == "xla"
 
 
 def test_tied_head_is_the_embedding_transposed(params: Params) -> None:

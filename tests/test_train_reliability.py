@@ -261,9 +261,9 @@ def test_token_ids_the_sample_missed_stop_the_run_naming_the_shard(
         # Every id outside the blocks the start-up sample reads is out of range.
         sampled = np.zeros(len(tokens), bool)
         for start in np.linspace(
-            0, max(len(tokens) - data._SAMPLE_LEN, 0), data._SAMPLE_BLOCKS
+            0, max(len(tokens) - data.SAMPLE_LEN, 0), data.SAMPLE_BLOCKS
         ).astype(np.int64):
-            sampled[start : start + data._SAMPLE_LEN] = True
+            sampled[start : start + data.SAMPLE_LEN] = True
         tokens[~sampled] = 60_000
         tokens.tofile(bad / shard["file"])
     code, err = run_cli(capsys, tiny_config(bad, tmp_path / "run", cache=cache))

@@ -6,7 +6,7 @@ sides use word 5-grams and 16 bands x 8 rows. Each side runs in its own subproce
 core) so peak RSS is its own:
 
   lemur    : DedupSigner over the documents (one task), then its bucket tasks and cluster
-             task run one after the other in this process (run_in_process)
+             task run one after the other in this process (run_here)
   datatrove: MinhashDedupSignature -> MinhashDedupBuckets -> MinhashDedupCluster
              (stage 4, the filter, re-reads the data and is left out of both timings)
 
@@ -97,8 +97,9 @@ def run_lemur(docs) -> dict:
     from datatrove.data import Document
 
     from lemur.data.dedup.signer import DedupSigner
-    from lemur.data.dedup.stage import run_in_process
+    from lemur.data.dedup.stage import dedup_result, dedup_stages
     from lemur.data.recipe import DedupConfig
+    from lemur.data.run.task import run_here
     from lemur.data.tokenize.step import DOC_RECORD
 
     cfg = DedupConfig()
@@ -118,7 +119,10 @@ def run_lemur(docs) -> dict:
     rec = np.zeros(n, DOC_RECORD)  # the tokenize task's records: keep order = document order
     rec["id_hash"] = np.arange(n)
     np.save(tmp / "00000.docs.npy", rec)
-    res = run_in_process(cfg, tmp, 1, tmp / "dedup")
+    ddir = tmp / "dedup"
+    for stage, step, tasks in dedup_stages(cfg, tmp, 1, ddir):  # in this process, in turn
+        run_here([step], ddir / stage, tasks, stage)
+    res = dedup_result(tmp, 1, ddir)
     t2 = time.process_time()
     return {"signature_s": t1 - t0, "cluster_s": t2 - t1, "removed": int(res.removed.sum())}
 

@@ -33,7 +33,7 @@ import psutil
 
 from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
 from lemur.shards.windows import ShardSource
-from lemur.train.streams import _derived_seed, make_train_iterator
+from lemur.train.streams import derived_seed, make_train_iterator
 
 VOCAB = 32000
 
@@ -188,7 +188,7 @@ def main() -> None:
     )
     # The loader's window order for one source: the same derived seed, epoch 0.
     order_ds = grain.MapDataset.range(len(src)).shuffle(
-        seed=_derived_seed(args.seed, 0, src.content_id)
+        seed=derived_seed(args.seed, 0, src.content_id)
     )
     order = np.fromiter((order_ds[i] for i in range(steps * args.batch)), np.int64)
     floor_s = floor_pass(src, order, args.batch)

@@ -117,12 +117,47 @@ def time_steps(run_one: Any, steps: int) -> float:
     return (time.perf_counter() - t) / steps
 
 
+def compile_lemur_step(
+    model: LlamaConfig,
+    batch: int,
+    seq_len: int,
+    *,
+    microbatches: int = 1,
+    document_attention: bool = False,
+    seed: int = 0,
+) -> tuple[Any, Any, step_lib.BatchLayout, float]:
+    """lemur's train step compiled exactly as `lemur-train` compiles it (explicit shardings
+    on a 1-device-per-axis mesh, donated state): (compiled step, fresh state from
+    `jax.random.key(seed)`, the batch layout, compile seconds)."""
+    key = jax.random.key(seed)
+    m = MeshConfig()
+    mesh = model_sharding.make_mesh(m.data, m.fsdp, m.tensor)
+    schedule = step_lib.make_schedule(ScheduleConfig(peak_lr=1e-4, warmup_steps=10), 1000)
+    tx = step_lib.make_optimizer(OptimizerConfig(), schedule)
+    init = functools.partial(step_lib.init_state, model=model, tx=tx)
+    abstract = jax.eval_shape(init, key)
+    shardings = step_lib.state_shardings(abstract, model, tx, mesh)
+    layout = step_lib.BatchLayout.on(mesh, batch, seq_len)
+    state = jax.jit(init, out_shardings=shardings)(key)
+    train = step_lib.make_train_step(
+        model, tx, schedule, microbatches=microbatches, document_attention=document_attention
+    )
+    t = time.perf_counter()
+    with jax.set_mesh(mesh):
+        compiled = step_lib.compile_step(
+            train,
+            (step_lib.with_shardings(abstract, shardings), layout.abstract()),
+            (shardings, layout.sharding),
+            (shardings, NamedSharding(mesh, P())),
+            donate_argnums=0,
+        )
+    return compiled, state, layout, time.perf_counter() - t
+
+
 def bench_steps(model: LlamaConfig, args: argparse.Namespace) -> dict[str, Any]:
     """Median seconds per step of the reference and lemur steps, alternating rounds."""
     B, L = args.batch, args.seq_len
     key = jax.random.key(0)
-    m = MeshConfig()
-    mesh = model_sharding.make_mesh(m.data, m.fsdp, m.tensor)
     host = random_batch(model, B, L)
 
     # Reference: params straight from init on the default device.
@@ -136,25 +171,10 @@ def bench_steps(model: LlamaConfig, args: argparse.Namespace) -> dict[str, Any]:
     ref_compile = time.perf_counter() - t
 
     # lemur: exactly the trainer's compile path.
-    schedule = step_lib.make_schedule(ScheduleConfig(peak_lr=1e-4, warmup_steps=10), 1000)
-    tx = step_lib.make_optimizer(OptimizerConfig(), schedule)
-    init = functools.partial(step_lib.init_state, model=model, tx=tx)
-    abstract = jax.eval_shape(init, key)
-    shardings = step_lib.state_shardings(abstract, model, tx, mesh)
-    layout = step_lib.BatchLayout.on(mesh, B, L)
-    state = jax.jit(init, out_shardings=shardings)(key)
+    compiled, state, layout, lemur_compile = compile_lemur_step(
+        model, B, L, microbatches=args.microbatches
+    )
     batch = layout.put(host)
-    train = step_lib.make_train_step(model, tx, schedule, microbatches=args.microbatches)
-    t = time.perf_counter()
-    with jax.set_mesh(mesh):
-        compiled = step_lib.compile_step(
-            train,
-            (step_lib.with_shardings(abstract, shardings), layout.abstract()),
-            (shardings, layout.sharding),
-            (shardings, NamedSharding(mesh, P())),
-            donate_argnums=0,
-        )
-    lemur_compile = time.perf_counter() - t
     box = {"state": state}
 
     def lemur_one() -> Any:

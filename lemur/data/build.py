@@ -47,7 +47,8 @@ from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
 from lemur.data.run.lock import DirectoryLock, LockedError
-from lemur.data.run.stage import StageError, executor_session, run_tasks
+from lemur.data.run.stage import executor_session, run_tasks
+from lemur.data.run.task import Reporter, StageError, StageRunner
 from lemur.data.tokenize.prepare import (
     build_tokenizer_info,
     copy_tokenizer_files,
@@ -73,7 +74,6 @@ from lemur.tokenizer import is_tokenizer_json
 
 WORK_VERSION = 2  # 2: records carry mix language families
 __all__ = ["BuildError", "build", "make_filters", "prepare_tokenizer", "sample_texts"]
-Reporter = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 class BuildError(RuntimeError):
@@ -303,7 +303,7 @@ def pack_stages(
     tok: dict[str, Any],
     dd: Path | None,
     tok_path: Path,
-    stage: Callable[[list, Path, int, str], None],
+    stage: StageRunner,
 ) -> PackStages:
     """The build's pack stage: tokenize runs under `work`, tasks run through `stage`, shards
     under the build's own directory of the output (`PackStages.prefix`)."""

@@ -3,7 +3,6 @@ mistake; the values check themselves in the recipe's dataclasses)."""
 
 from __future__ import annotations
 
-import glob
 import os
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,8 @@ from typing import Any
 import yaml
 
 from lemur import typed_yaml
-from lemur.data.recipe import CHAT_DOMAIN, SOURCE_PRESETS, Recipe, RecipeError, SourceConfig
+from lemur.data.recipe import CHAT_DOMAIN, SOURCE_PRESETS, Recipe, RecipeError
+from lemur.data.recipe_sources import expand_paths
 from lemur.typed_yaml import TypedLoader
 
 _LOADER = TypedLoader(RecipeError, "recipe")
@@ -20,24 +20,6 @@ _LOADER = TypedLoader(RecipeError, "recipe")
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply `a.b=value` overrides (value parsed as YAML; list items by index, `sources.0.name`)."""
     return typed_yaml.apply_overrides(raw, overrides, RecipeError)
-
-
-def expand_paths(source: SourceConfig, index: int | None = None) -> list[str]:
-    """Expand `~` and globs of a source's paths; each entry must match something (the error
-    says which key to set when the source's `index` in `sources` is given)."""
-    out: list[str] = []
-    for p in source.paths:
-        pattern = os.path.expanduser(p)
-        matches = sorted(glob.glob(pattern, recursive=True))
-        if not matches:
-            hint = (
-                ""
-                if index is None
-                else f"; point it at your files: --set 'sources.{index}.paths=[DIR_OR_GLOB]'"
-            )
-            raise RecipeError(f"recipe: source '{source.name}': path '{p}' matches nothing{hint}")
-        out.extend(matches)
-    return out
 
 
 def output_problem(path: str) -> str | None:

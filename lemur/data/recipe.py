@@ -35,8 +35,7 @@ from lemur.data.recipe_sources import SourceConfig, check_sources
 from lemur.data.recipe_tokenizer import TOKENIZER_ENGINES as TOKENIZER_ENGINES
 from lemur.data.recipe_tokenizer import TokenizerConfig
 from lemur.data.recipe_tokenizer import TokenizerTrainConfig as TokenizerTrainConfig
-
-EXECUTORS = ("local", "ray", "slurm")
+from lemur.data.run.settings import ExecutorConfig
 
 
 @dataclass(frozen=True)
@@ -164,39 +163,6 @@ class ChatConfig:
             raise RecipeError(
                 f"recipe: chat.long {self.long!r} is not one of {', '.join(CHAT_LONG)}"
             )
-
-
-@dataclass(frozen=True)
-class ExecutorConfig:
-    """Where the stages' tasks run: `local` (tasks x workers), `ray` or `slurm`.
-
-    Every key, with an example per engine, is in docs/scale.md.
-    """
-
-    kind: str = "local"
-    tasks: int = 4
-    workers: int = 2
-    cpus_per_task: int = 1
-    mem_per_cpu_gb: float = 2.0
-    # Ray: `local` (a private instance), `auto` or `host:port`; unset: $RAY_ADDRESS, else local.
-    address: str | None = None
-    # Ray: a task whose process or node is lost is run again this many times, then fails.
-    retries: int = 1
-    partition: str | None = None
-    # Slurm's time limit of an array task; Ray: a task still running after it fails.
-    time: str | None = None
-    job_name: str = "lemur-data"
-    sbatch_args: dict[str, str] | None = None
-    venv_path: str | None = None
-    env_command: str | None = None
-    # Inputs bigger than this are read as several parts (lemur/data/read/split.py); 0: never.
-    split_bytes: int = 256 << 20
-
-    def __post_init__(self) -> None:
-        # Imported here: lemur.data.run.settings imports this module.
-        from lemur.data.run.settings import check_executor
-
-        check_executor(self)
 
 
 @dataclass(frozen=True)

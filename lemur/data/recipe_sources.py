@@ -1,8 +1,11 @@
 """The recipe's `sources:` list: one input source each (files of one format and one domain),
-and the checks of the list, keyed by position (`sources[1].format ...`)."""
+the checks of the list, keyed by position (`sources[1].format ...`), and the files a
+source's paths match (`expand_paths`: loading a recipe checks them, listing reads them)."""
 
 from __future__ import annotations
 
+import glob
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,6 +61,24 @@ class SourceConfig:
     gitignore: bool = True
     skip_vendored: bool = True
     schema: str | None = None
+
+
+def expand_paths(source: SourceConfig, index: int | None = None) -> list[str]:
+    """Expand `~` and globs of a source's paths; each entry must match something (the error
+    says which key to set when the source's `index` in `sources` is given)."""
+    out: list[str] = []
+    for p in source.paths:
+        pattern = os.path.expanduser(p)
+        matches = sorted(glob.glob(pattern, recursive=True))
+        if not matches:
+            hint = (
+                ""
+                if index is None
+                else f"; point it at your files: --set 'sources.{index}.paths=[DIR_OR_GLOB]'"
+            )
+            raise RecipeError(f"recipe: source '{source.name}': path '{p}' matches nothing{hint}")
+        out.extend(matches)
+    return out
 
 
 def check_sources(sources: Sequence[SourceConfig]) -> None:

@@ -185,12 +185,15 @@ def _run_hf_tokenizer(meta: dict[str, Any]) -> dict[str, Path]:
 
 def _load_hf(path: Path) -> tuple[LlamaConfig, Params]:
     """Config and numpy params of an HF Llama folder (lemur.model.hf, one tensor at a time)."""
-    with hf.open_hf_checkpoint(path) as (hf_config, get_tensor):
-        try:
-            config = hf.config_from_hf(hf_config)
-        except (ValueError, KeyError) as e:
-            raise LoadError(f"{path}: {e}") from None
-        return config, hf.params_from_hf(get_tensor, config)
+    try:
+        with hf.open_hf_checkpoint(path) as (hf_config, get_tensor):
+            try:
+                config = hf.config_from_hf(hf_config)
+            except (ValueError, KeyError) as e:
+                raise LoadError(f"{path}: {e}") from None
+            return config, hf.params_from_hf(get_tensor, config)
+    except hf.HFCheckpointError as e:  # a damaged download: the message names the file
+        raise LoadError(str(e)) from None
 
 
 def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Found, str, dict]:

@@ -33,7 +33,9 @@ REMAT_POLICIES: dict[str, Any] = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-ATTENTION_IMPLS = (None, "xla", "cudnn")
+# Attention kernels (lemur.model.llama.attention): None picks splash on TPU, cuDNN on GPU
+# where it fits, XLA otherwise; "splash" off TPU runs interpreted (tests only: slow).
+ATTENTION_IMPLS = (None, "xla", "cudnn", "splash")
 # Rotary frequency schemes: "default" is theta^(-2i/K) (Llama-2, Llama-3.0); "llama3"
 # stretches the low frequencies by rope_factor, smoothly (Llama-3.1 and later).
 ROPE_TYPES = ("default", "llama3")
@@ -67,7 +69,10 @@ class LlamaConfig:
     param_dtype: str = "float32"  # storage (and optimizer master copy)
     remat: str = "none"  # "none" | "full" | "dots"
     scan_layers: bool = False  # lax.scan over layers: compile time flat in depth
-    attention_impl: str | None = None  # "xla" | "cudnn" | None: cuDNN on GPU when it fits
+    attention_impl: str | None = None  # "xla" | "cudnn" | "splash" | None: auto by platform
+    # Positions per chunk of the training loss's head + cross-entropy (lemur.model.loss):
+    # None bounds a chunk's fp32 logits per device (256 MiB); >= seq_len is unchunked.
+    logits_chunk: int | None = None
     init_std: float = 0.02  # HF's initializer_range; norms start at 1
     tie_embeddings: bool = False  # logits = h @ embed.T, no lm_head (Llama-3.2 1B/3B)
     arch: str = "llama"  # the HF family: "llama" | "qwen2" | "mistral"
@@ -118,6 +123,13 @@ class LlamaConfig:
             raise ValueError(
                 f"LlamaConfig.attention_impl must be one of {ATTENTION_IMPLS}, "
                 f"got {self.attention_impl!r}"
+            )
+        chunk = self.logits_chunk
+        if chunk is not None and (
+            not isinstance(chunk, int) or isinstance(chunk, bool) or chunk <= 0
+        ):
+            raise ValueError(
+                f"LlamaConfig.logits_chunk must be a positive int or None, got {chunk!r}"
             )
         for name in ("scan_layers", "tie_embeddings", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):

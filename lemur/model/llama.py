@@ -31,6 +31,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from lemur.model import splash
 from lemur.model.config import (
     BIAS_NAMES,
     DTYPES,
@@ -116,12 +117,31 @@ def apply_rope(x_BxLxHxK: jax.Array, cos_BxLxK2: jax.Array, sin_BxLxK2: jax.Arra
     return out.reshape(B, L, H, K).astype(x_BxLxHxK.dtype)
 
 
-def _attention_impl(config: LlamaConfig, head_dim: int) -> str:
-    """The attention backend: the configured one, else cuDNN on GPU for shapes it supports."""
-    if config.attention_impl is not None:
-        return config.attention_impl
-    fits = config.dtype in ("bfloat16", "float16") and head_dim % 8 == 0 and head_dim <= 128
-    return "cudnn" if jax.default_backend() == "gpu" and fits else "xla"
+def compile_platform() -> str:
+    """The platform the step is compiled for: the context mesh's devices (a TPU topology
+    compiled ahead of time on a CPU host says "tpu"), else JAX's default backend."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.abstract_device is not None:
+        return mesh.abstract_device.platform
+    return jax.default_backend()
+
+
+def choose_attention_impl(
+    config: LlamaConfig, head_dim: int, seq_len: int, platform: str, dense_mask: bool
+) -> str:
+    """The attention backend: the configured one, else splash on TPU (for lengths that
+    are a multiple of its blocks), cuDNN on GPU for shapes it supports, XLA otherwise.
+
+    Splash takes causal and document masks only: with a dense mask (the decode prefill's
+    padding) the XLA path runs instead, whatever the config says.
+    """
+    impl = config.attention_impl
+    if impl is None and platform == "tpu":
+        impl = "splash" if splash.block_size(seq_len) is not None else "xla"
+    elif impl is None:
+        fits = config.dtype in ("bfloat16", "float16") and head_dim % 8 == 0 and head_dim <= 128
+        impl = "cudnn" if platform == "gpu" and fits else "xla"
+    return "xla" if impl == "splash" and dense_mask else impl
 
 
 def attention(
@@ -130,9 +150,27 @@ def attention(
     v_BxLxGxK: jax.Array,
     mask_Bx1xLxL: jax.Array | None,
     config: LlamaConfig,
+    *,
+    segment_ids_BxL: jax.Array | None = None,
 ) -> jax.Array:
-    """Causal grouped-query attention through jax.nn.dot_product_attention (fp32 softmax)."""
-    impl = _attention_impl(config, q_BxLxHxK.shape[-1])
+    """Causal grouped-query attention (fp32 softmax), within documents when segment ids are
+    given (tokens attend only to tokens of their own id), and within `mask` when one is.
+
+    Splash runs through lemur.model.splash (an explicit `splash` with a length that is no
+    multiple of its blocks is an error there); the others through
+    jax.nn.dot_product_attention.
+    """
+    _, L, _, K = q_BxLxHxK.shape
+    platform = compile_platform()
+    impl = choose_attention_impl(config, K, L, platform, dense_mask=mask_Bx1xLxL is not None)
+    if impl == "splash":
+        # Interpreted off TPU: exact, slow, for tests (Mosaic compiles for TPU only).
+        return splash.splash_attention(
+            q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, segment_ids_BxL, interpret=platform != "tpu"
+        )
+    if segment_ids_BxL is not None:
+        same_doc = segment_ids_BxL[:, None, :, None] == segment_ids_BxL[:, None, None, :]
+        mask_Bx1xLxL = same_doc if mask_Bx1xLxL is None else mask_Bx1xLxL & same_doc
     call = functools.partial(
         jax.nn.dot_product_attention,
         q_BxLxHxK,
@@ -202,11 +240,13 @@ def block(
     config: LlamaConfig,
     cos_BxLxK2: jax.Array,
     sin_BxLxK2: jax.Array,
-    mask_Bx1xLxL: jax.Array | None,
+    segment_ids_BxL: jax.Array | None,
 ) -> jax.Array:
     """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
     q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = attention_qkv(x_BxLxD, layer, config, cos_BxLxK2, sin_BxLxK2)
-    o_BxLxHxK = attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, mask_Bx1xLxL, config)
+    o_BxLxHxK = attention(
+        q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, None, config, segment_ids_BxL=segment_ids_BxL
+    )
     x_BxLxD = attention_residual(x_BxLxD, o_BxLxHxK, layer, config)
     return mlp_residual(x_BxLxD, layer, config)
 
@@ -229,22 +269,31 @@ def forward_embeddings(
     positions: jax.Array | None = None,
 ) -> jax.Array:
     """Transformer blocks, final norm and output head over input embeddings -> fp32 logits."""
+    x_BxLxD = hidden_states(params, x_BxLxD, config, segment_ids=segment_ids, positions=positions)
+    return output_head(params, x_BxLxD, config)
+
+
+def hidden_states(
+    params: Params,
+    x_BxLxD: jax.Array,
+    config: LlamaConfig,
+    *,
+    segment_ids: jax.Array | None = None,
+    positions: jax.Array | None = None,
+) -> jax.Array:
+    """Transformer blocks and final norm over input embeddings: what the head reads."""
     B, L, _ = x_BxLxD.shape
     x_BxLxD = x_BxLxD.astype(config.compute_dtype)
     positions_BxL = (
         jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L)) if positions is None else positions
     )
     cos_BxLxK2, sin_BxLxK2 = rope_angles(positions_BxL, rope_inv_freq(config))
-    mask_Bx1xLxL = None
-    if segment_ids is not None:  # document masking: attend only within one's own document
-        mask_Bx1xLxL = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
-
     block_fn = functools.partial(
         block,
         config=config,
         cos_BxLxK2=cos_BxLxK2,
         sin_BxLxK2=sin_BxLxK2,
-        mask_Bx1xLxL=mask_Bx1xLxL,
+        segment_ids_BxL=segment_ids,  # document masking: attend only within one's document
     )
     if config.remat != "none":
         # prevent_cse only matters outside scan (scan already stops CSE across iterations).
@@ -260,8 +309,7 @@ def forward_embeddings(
         unstacked = {name: jnp.unstack(w) for name, w in params["layers"].items()}
         for i in range(config.n_layers):
             x_BxLxD = block_fn(x_BxLxD, {name: ws[i] for name, ws in unstacked.items()})
-    x_BxLxD = rms_norm(x_BxLxD, params["final_norm"], config.norm_eps)
-    return output_head(params, x_BxLxD, config)
+    return rms_norm(x_BxLxD, params["final_norm"], config.norm_eps)
 
 
 def output_head(params: Params, x_BxLxD: jax.Array, config: LlamaConfig) -> jax.Array:

@@ -35,7 +35,7 @@ class ShardCompatibilityError(ShardFormatError):
 # Index entries checked per vectorized pass: bounded memory (32 MiB) on any shard size.
 _INDEX_CHUNK = 1 << 22
 # Token ids sampled per shard at start-up: this many evenly spaced blocks of this length.
-_SAMPLE_BLOCKS, _SAMPLE_LEN = 16, 4096
+SAMPLE_BLOCKS, SAMPLE_LEN = 16, 4096
 _VERIFY_HINT = "(`lemur-data verify DIR` checks every shard)"
 
 
@@ -150,9 +150,9 @@ def check_token_sample(path: str | os.PathLike, dtype: np.dtype, vocab_size: int
         return
     tokens = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
     n = len(tokens)
-    starts = np.unique(np.linspace(0, max(n - _SAMPLE_LEN, 0), _SAMPLE_BLOCKS).astype(np.int64))
+    starts = np.unique(np.linspace(0, max(n - SAMPLE_LEN, 0), SAMPLE_BLOCKS).astype(np.int64))
     for start in starts.tolist():
-        block = np.asarray(tokens[start : start + _SAMPLE_LEN])
+        block = np.asarray(tokens[start : start + SAMPLE_LEN])
         if block.size and int(block.max()) >= vocab_size:
             i = int(np.argmax(block >= vocab_size))
             raise ShardFormatError(token_error(path, start + i, int(block[i]), vocab_size))

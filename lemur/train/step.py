@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 from lemur.model import llama
 from lemur.model import sharding as model_sharding
 from lemur.model.config import BIAS_NAMES, LlamaConfig, Params
+from lemur.model.loss import token_cross_entropy
 from lemur.shards.windows import BATCH_KEYS
 from lemur.train.config import OptimizerConfig, ScheduleConfig, TrainConfig
 
@@ -148,12 +149,14 @@ def with_shardings(abstract: Any, shardings: Any) -> Any:
 def token_losses(
     params: Params, batch: Batch, model: LlamaConfig, document_attention: bool
 ) -> jax.Array:
-    """Per-token cross-entropy (fp32, BxL), zero where `loss_mask` is 0."""
+    """Per-token cross-entropy (fp32, BxL), zero where `loss_mask` is 0; the head's logits
+    are made a chunk of positions at a time (`model.logits_chunk`, lemur.model.loss)."""
     kwargs = {}
     if document_attention:
         kwargs = {"segment_ids": batch["segment_ids"], "positions": batch["positions"]}
-    logits_BxLxV = llama.forward(params, batch["inputs"], model, **kwargs)
-    ce_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, batch["targets"])
+    x_BxLxD = llama.embed_tokens(params, batch["inputs"], model)
+    x_BxLxD = llama.hidden_states(params, x_BxLxD, model, **kwargs)
+    ce_BxL = token_cross_entropy(params, x_BxLxD, batch["targets"], model)
     return ce_BxL * batch["loss_mask"].astype(jnp.float32)
 
 

@@ -32,7 +32,7 @@ class LoaderStateMismatch(ValueError):
     """A saved loader state that comes from another data pipeline."""
 
 
-def _derived_seed(*parts: int | str) -> int:
+def derived_seed(*parts: int | str) -> int:
     """A 32-bit seed hashed from several parts."""
     # Grain seeds epoch e with seed + e, so user seeds s and s + 1 would share
     # permutations one epoch apart if we passed them through: hash them instead.
@@ -230,7 +230,7 @@ def _shuffled_mix(
     parts = [
         grain.MapDataset.source(src)
         # Shuffle before repeat: a new lazy global permutation every epoch.
-        .shuffle(seed=_derived_seed(seed, i, src.legacy_content_id if legacy else src.content_id))
+        .shuffle(seed=derived_seed(seed, i, src.legacy_content_id if legacy else src.content_id))
         .repeat(None)
         for i, src in enumerate(sources)
     ]

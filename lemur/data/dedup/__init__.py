@@ -28,7 +28,7 @@ a verified partner, never one entry per document of the corpus.
 
 from lemur.data.dedup.cluster import DedupResult
 from lemur.data.dedup.signer import DedupSigner, combine_ngrams, minhash, normalized_hash, shingles
-from lemur.data.dedup.stage import DedupBuckets, DedupClusters, dedup_stages, run_in_process
+from lemur.data.dedup.stage import DedupBuckets, DedupClusters, dedup_stages
 
 __all__ = [
     "DedupBuckets",
@@ -39,6 +39,5 @@ __all__ = [
     "dedup_stages",
     "minhash",
     "normalized_hash",
-    "run_in_process",
     "shingles",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from datatrove.pipeline.base import PipelineStep
@@ -17,7 +17,7 @@ from lemur.data.dedup.buckets import Priorities, bucket_task
 from lemur.data.dedup.cluster import SUMMARY, DedupResult, cluster_task, load_result
 from lemur.data.dedup.runs import channels
 from lemur.data.recipe import DedupConfig
-from lemur.data.run.task import TaskStep, run_here
+from lemur.data.run.task import StageRunner, TaskStep
 
 BUCKETS, CLUSTER = "buckets", "cluster"  # the stages' folders under the dedup directory
 # Peak bytes of the cluster task per document that has a duplicate (codes, keep-order
@@ -119,7 +119,7 @@ def dedup_result(tok_dir: Path, n_tasks: int, ddir: Path) -> DedupResult:
 
 
 def run_dedup(
-    config: DedupConfig, tok_work: Path, n_tasks: int, run_stage: Callable[..., None]
+    config: DedupConfig, tok_work: Path, n_tasks: int, run_stage: StageRunner
 ) -> Path | None:
     """Run the bucket tasks, then the cluster task, through `run_stage`; their folder.
 
@@ -132,10 +132,3 @@ def run_dedup(
     for name, step, tasks in dedup_stages(config, Path(tok_work) / "tokens", n_tasks, ddir):
         run_stage([step], ddir / name, tasks, f"dedup {name}")
     return ddir
-
-
-def run_in_process(config: DedupConfig, tok_dir: Path, n_tasks: int, ddir: Path) -> DedupResult:
-    """Run every dedup task in this process, one after the other (tests and benchmarks)."""
-    for stage, step, tasks in dedup_stages(config, tok_dir, n_tasks, ddir):
-        run_here([step], ddir / stage, tasks, stage)
-    return dedup_result(tok_dir, n_tasks, ddir)

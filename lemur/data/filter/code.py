@@ -35,7 +35,8 @@ _SEP_BYTES = np.zeros(256, np.uint8)
 _SEP_BYTES[[ord(c) for c in string.whitespace + ",;:[]{}()"]] = 1
 
 
-def _utf8(text: str) -> np.ndarray:
+def utf8_bytes(text: str) -> np.ndarray:
+    """A text's UTF-8 as bytes (lone surrogates kept), the arrays the byte tables index."""
     return np.frombuffer(text.encode("utf-8", "surrogatepass"), np.uint8)
 
 
@@ -88,7 +89,7 @@ class AlphanumericFilter(CodeRule):
         """Keep files with at least `min_alnum_fraction` alphanumeric characters."""
         if self.c.min_alnum_fraction is None or not doc.text:
             return True
-        b = _utf8(doc.text)
+        b = utf8_bytes(doc.text)
         alnum = int(_ALNUM_BYTES[b].sum(dtype=np.int64))
         chars = int(_CHAR_BYTES[b].sum(dtype=np.int64))
         if alnum / chars < self.c.min_alnum_fraction:
@@ -132,7 +133,7 @@ class DataLikeFilter(CodeRule):
             return True
         # Every numeric field holds a digit, so with too few digits per field the file
         # cannot be data-like; this numpy bound skips the exact (regex) count for most code.
-        b = _utf8(doc.text)
+        b = utf8_bytes(doc.text)
         sep = _SEP_BYTES[b]
         n_fields = int(sep[0] == 0) + int(((sep[1:] == 0) & (sep[:-1] == 1)).sum()) if len(b) else 0
         if int(_DIGIT_BYTES[b].sum(dtype=np.int64)) <= self.c.max_numeric_fraction * n_fields:
@@ -146,19 +147,19 @@ class DataLikeFilter(CodeRule):
         return True
 
 
-# StarCoder's three patterns. Base64 runs are found with numpy (`_base64_runs`; the regex
+# StarCoder's three patterns. Base64 runs are found with numpy (`base64_runs`; the regex
 # `[a-zA-Z0-9+/\n=]{64,}` is its reference in the tests); the unicode pattern starts
 # with its literal so the regex engine jumps to the candidates; the hex one only runs over
-# the stretches of a file that could hold a match (`_hex_spans`). Together ~3x faster than
+# the stretches of a file that could hold a match (`hex_spans`). Together ~3x faster than
 # the three regexes over whole files, with the same matches.
-_HEX = re.compile(r"(?:\b(?:0x|\\x)?[0-9a-fA-F]{2}(?:,|\b\s*)){8,}")
+HEX_DATA = re.compile(r"(?:\b(?:0x|\\x)?[0-9a-fA-F]{2}(?:,|\b\s*)){8,}")
 _UNICODE = re.compile(r"\\u[0-9a-fA-F]{4}(?:\\u[0-9a-fA-F]{4}){7,}")
 _BASE64_BYTES = np.zeros(256, np.int8)
 _BASE64_BYTES[[ord(c) for c in string.ascii_letters + string.digits + "+/\n="]] = 1
 _LETTER_BYTES = np.zeros(256, np.int64)
 _LETTER_BYTES[[ord(c) for c in string.ascii_letters]] = 1
 BASE64_MIN_RUN = 64
-# Characters a _HEX match can contain (hex digits, the 0x / \\x prefixes, commas, ASCII
+# Characters a HEX_DATA match can contain (hex digits, the 0x / \\x prefixes, commas, ASCII
 # whitespace as `\s` matches it), and the hex digits, of which a match holds >= 16.
 _HEX_RUN_BYTES = np.zeros(256, np.int8)
 _HEX_RUN_BYTES[[ord(c) for c in string.hexdigits + "x\\," + string.whitespace]] = 1
@@ -174,7 +175,7 @@ def _runs(member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
 
 
-def _base64_runs(b: np.ndarray) -> list[int]:
+def base64_runs(b: np.ndarray) -> list[int]:
     """Lengths of the base64-like runs of a text's UTF-8 `b` that count as encoded data.
 
     A run is a maximal stretch of >= 64 characters of [a-zA-Z0-9+/\\n=] (all ASCII, so
@@ -193,8 +194,8 @@ def _base64_runs(b: np.ndarray) -> list[int]:
     return length[~word].tolist()
 
 
-def _hex_spans(text: str, b: np.ndarray) -> list[int]:
-    """Lengths of the _HEX matches of a text (`b`: its UTF-8) that count as encoded data.
+def hex_spans(text: str, b: np.ndarray) -> list[int]:
+    """Lengths of the HEX_DATA matches of a text (`b`: its UTF-8) that count as encoded data.
 
     A match only holds characters of `_HEX_RUN_BYTES` and at least 16 hex digits, so the
     regex runs only over such stretches, from their start to one past their end (so that
@@ -212,7 +213,7 @@ def _hex_spans(text: str, b: np.ndarray) -> list[int]:
     return [
         m.end() - m.start()
         for lo, hi in windows
-        for m in _HEX.finditer(text, lo, hi)
+        for m in HEX_DATA.finditer(text, lo, hi)
         if "\n" in m.group() or not m.group().isalpha()
     ]
 
@@ -227,11 +228,11 @@ class EncodedDataFilter(CodeRule):
         if self.c.max_encoded_match is None and self.c.max_encoded_fraction is None:
             return True
         text = doc.text
-        b = _utf8(text)
+        b = utf8_bytes(text)
         # Long identifiers and prose also match; only runs that are not plain words count.
-        spans = _base64_runs(b)
+        spans = base64_runs(b)
         if "0x" in text or "\\x" in text or "," in text:
-            spans += _hex_spans(text, b)
+            spans += hex_spans(text, b)
         if "\\u" in text:
             spans += [
                 m.end() - m.start()

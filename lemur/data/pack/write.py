@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +27,10 @@ from lemur.data.pack.shuffle import (
 )
 from lemur.data.pack.steps import Duplicates, PackGather, PackPrep, PackScatter
 from lemur.data.recipe import Recipe
-from lemur.data.run.task import run_here
+from lemur.data.run.task import StageRunner, run_here
 from lemur.shards.format import ShardInfo
 
 __all__ = ["PackError", "PackPlan", "PackStages"]
-StageRunner = Callable[[list, Path, int, str], None]  # (pipeline, folder, tasks, name)
 
 
 class PackStages:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lemur.data.load import expand_paths
 from lemur.data.read.split import plan_parts
 from lemur.data.recipe import Recipe, RecipeError, SourceConfig
+from lemur.data.recipe_sources import expand_paths
 
 # Directories that hold vendored, generated or tool data rather than authored source.
 SKIP_DIRS = frozenset(

@@ -8,7 +8,6 @@ of its source's format (`readers`, `chat_reader`), all sharing the task's `ReadL
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
@@ -52,11 +51,6 @@ class SourcesReader(PipelineStep):
         self.errors_dir = errors_dir
         self.log = ReadLog(sources, self.stat_update)
         self.readers = {fmt: cls(sources, self.log) for fmt, cls in READERS.items()}
-
-    @property
-    def _errors(self) -> list[dict[str, Any]]:
-        """The errors logged so far (the first MAX_ERRORS_PER_TASK)."""
-        return self.log.errors
 
     def read(self, f: InputFile) -> Iterator[Document]:
         """Documents of one input file."""

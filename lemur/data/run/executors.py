@@ -21,17 +21,17 @@ from typing import Any
 
 from datatrove.executor import LocalPipelineExecutor
 
-from lemur.data.recipe import ExecutorConfig
-from lemur.data.run.logs import QuietTaskLogs
+from lemur.data.run.datatrove_private import LemurExecutor
+from lemur.data.run.settings import ExecutorConfig
 from lemur.process_guard import die_with_parent
 
 
-class LemurLocalExecutor(QuietTaskLogs, LocalPipelineExecutor):
+class LemurLocalExecutor(LemurExecutor, LocalPipelineExecutor):
     """datatrove's local executor without a Manager process (see the module docstring)."""
 
     def run(self) -> None:
         """Run every incomplete task: in this process with one worker, else in a pool."""
-        self._launched = True
+        self.mark_launched()
         ranks = self.get_incomplete_ranks(
             range(self.local_rank_offset, self.local_rank_offset + self.local_tasks)
         )
@@ -42,7 +42,7 @@ class LemurLocalExecutor(QuietTaskLogs, LocalPipelineExecutor):
             pipeline = self.pipeline
             for rank in ranks:
                 self.pipeline = copy.deepcopy(pipeline)
-                self._run_for_rank(rank)
+                self.run_task(rank)
             self.pipeline = pipeline
             return
         # Spawned (not forkserver) so that the workers' parent is this process; the pool is
@@ -63,7 +63,7 @@ class LemurLocalExecutor(QuietTaskLogs, LocalPipelineExecutor):
 
 def _run_rank(executor: LemurLocalExecutor, rank: int, local_rank: int) -> None:
     # datatrove logs only local_rank 0 to the console; the others go to files only.
-    executor._run_for_rank(rank, local_rank)
+    executor.run_task(rank, local_rank)
 
 
 def make_executor(

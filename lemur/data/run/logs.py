@@ -6,9 +6,9 @@ and only let warnings and errors through to the console. Nothing happens on impo
 
 - `quiet_datatrove()` (from `lemur.process_setup`) sets the console of the process running
   `lemur-data`, installed by its `main()`;
-- `QuietTaskLogs`, a base of our executors, gives each task our task logger in whatever
-  process runs it (the build itself, a spawned local worker, a Ray worker, a Slurm array
-  task), for the duration of the task.
+- `task_logs()`, entered by the base of our executors (`datatrove_private.LemurExecutor`)
+  around each task, gives the task our task logger in whatever process runs it (the build
+  itself, a spawned local worker, a Ray worker, a Slurm array task), for its duration.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from loguru import logger
 
 from lemur.process_setup import quiet_console, quiet_datatrove
 
-__all__ = ["QuietTaskLogs", "quiet_datatrove", "task_logs", "where"]
+__all__ = ["quiet_datatrove", "task_logs", "where"]
 
 
 def where() -> str:
@@ -74,11 +74,3 @@ def task_logs() -> Iterator[None]:
         yield
     finally:
         executor_base.add_task_logger, executor_base.close_task_logger = saved
-
-
-class QuietTaskLogs:
-    """Base of a datatrove executor whose tasks log through `task_logs()`."""
-
-    def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1) -> Any:
-        with task_logs():
-            return super()._run_for_rank(rank, local_rank, node_rank)  # type: ignore[misc]

@@ -27,9 +27,8 @@ from typing import Any
 from datatrove.executor.base import DistributedEnvVars, PipelineExecutor
 from loguru import logger
 
-from lemur.data.recipe import ExecutorConfig
-from lemur.data.run.logs import QuietTaskLogs
-from lemur.data.run.settings import time_seconds
+from lemur.data.run.datatrove_private import LemurExecutor
+from lemur.data.run.settings import ExecutorConfig, time_seconds
 
 # Ray's errors for a task whose process, node or result was lost (not one that raised)
 LOST = ("WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "LocalRayletDiedError")
@@ -115,7 +114,7 @@ def node_local_problem(hosts: set[str], here: str, output: Path, fs: str | None 
 
 def _run_rank(executor: LemurRayExecutor, rank: int) -> None:
     """A Ray task: run one rank in this worker process (its death is the task's)."""
-    executor._run_for_rank(rank)
+    executor.run_task(rank)
 
 
 def _lost(error: BaseException) -> str | None:
@@ -134,7 +133,7 @@ def _raised(error: BaseException) -> str:
     return f"{type(cause).__name__}: {text[0][:200] if text else ''}".rstrip(": ")
 
 
-class LemurRayExecutor(QuietTaskLogs, PipelineExecutor):
+class LemurRayExecutor(LemurExecutor, PipelineExecutor):
     """Runs a stage's incomplete ranks as Ray tasks, `workers` at a time, spread over nodes."""
 
     def __init__(

@@ -1,17 +1,52 @@
-"""The recipe's `executor` section, checked: each key's range, and the keys each engine reads.
+"""The recipe's `executor` section and its checks: each key's range, and the keys each engine
+reads.
 
-Kept apart from the executors so that checking a recipe imports neither datatrove nor Ray.
+Kept apart from the executors so that checking a recipe imports neither datatrove nor Ray;
+lemur.data.recipe takes the section from here.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-from lemur.data.recipe import EXECUTORS, ExecutorConfig, RecipeError
+from lemur.data.recipe_errors import RecipeError
+
+EXECUTORS = ("local", "ray", "slurm")
 
 # `local`, `auto`, or host:port (a name, an IPv4 address or a bracketed IPv6 one)
 _ADDRESS = re.compile(r"^(local|auto|(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):\d{1,5})$")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """Where the stages' tasks run: `local` (tasks x workers), `ray` or `slurm`.
+
+    Every key, with an example per engine, is in docs/scale.md.
+    """
+
+    kind: str = "local"
+    tasks: int = 4
+    workers: int = 2
+    cpus_per_task: int = 1
+    mem_per_cpu_gb: float = 2.0
+    # Ray: `local` (a private instance), `auto` or `host:port`; unset: $RAY_ADDRESS, else local.
+    address: str | None = None
+    # Ray: a task whose process or node is lost is run again this many times, then fails.
+    retries: int = 1
+    partition: str | None = None
+    # Slurm's time limit of an array task; Ray: a task still running after it fails.
+    time: str | None = None
+    job_name: str = "lemur-data"
+    sbatch_args: dict[str, str] | None = None
+    venv_path: str | None = None
+    env_command: str | None = None
+    # Inputs bigger than this are read as several parts (lemur/data/read/split.py); 0: never.
+    split_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        check_executor(self)
 
 
 def time_seconds(text: str) -> int | None:

@@ -1,4 +1,5 @@
-"""Slurm: datatrove's array jobs as a build needs them, waiting for them, and explaining failures.
+"""Slurm: datatrove's array jobs as a build needs them, waiting for them or cancelling them,
+and explaining failures.
 
 What we change in datatrove's `SlurmPipelineExecutor`, and why:
 - memory in megabytes (`--mem-per-cpu=512M`): datatrove writes whole gigabytes, so
@@ -7,7 +8,8 @@ What we change in datatrove's `SlurmPipelineExecutor`, and why:
   without one, no `--qos` line: the account's default QOS applies;
 - no `merge_stats` job: we never read its `stats.json`, and it waited on `afterok`, so a
   failed stage left it pending forever (`DependencyNeverSatisfied`);
-- every submitted job id is kept, so that a failed or interrupted stage cancels them;
+- every submitted job id is kept, so that a failed or interrupted stage cancels them
+  (`cancel`), and waiting for the stage (`wait`) watches them in the queue;
 - array tasks run the interpreter that runs `lemur-data` when neither `executor.venv_path`
   nor `$VIRTUAL_ENV` says otherwise (without it, `launch_pickled_pipeline` was not found).
 """
@@ -25,16 +27,15 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from datatrove.executor import SlurmPipelineExecutor
 
-from lemur.data.recipe import ExecutorConfig
-from lemur.data.run.logs import QuietTaskLogs
+from lemur.data.run.datatrove_private import LemurExecutor
+from lemur.data.run.settings import ExecutorConfig
+from lemur.data.run.task import Reporter, StageError, tasks_done
 
 MARKERS_EVERY = 0.25  # s between looks at the completion markers (a directory listing)
 FIRST_QUEUE_CHECK, LAST_QUEUE_CHECK = 1.0, 30.0  # squeue: 1 s, doubling up to 30 s
-Reporter = Callable[[str, int, int], None]
 # The line of a task's output that says what went wrong: an exception, an error from srun,
 # slurmstepd or our task logger, a kill or a cancel.
 ERROR_LINE = re.compile(
@@ -63,7 +64,7 @@ def task_environment(config: ExecutorConfig) -> tuple[str | None, str | None]:
     return None, f'export PATH={shlex.quote(str(Path(sys.executable).parent))}:"$PATH"'
 
 
-class LemurSlurmExecutor(QuietTaskLogs, SlurmPipelineExecutor):
+class LemurSlurmExecutor(LemurExecutor, SlurmPipelineExecutor):
     """datatrove's Slurm executor with the changes of the module docstring."""
 
     def __init__(self, config: ExecutorConfig, pipeline: list, tasks: int, logging_dir: str):
@@ -97,6 +98,56 @@ class LemurSlurmExecutor(QuietTaskLogs, SlurmPipelineExecutor):
     def launch_merge_stats(self) -> None:
         """No stats-merge job (see the module docstring)."""
 
+    def submitted(self) -> list[str]:
+        """The ids of every job this executor submitted (none before `run`)."""
+        if self.job_ids:
+            return list(self.job_ids)
+        return [str(self.job_id)] if self.job_id not in (None, -1) else []
+
+    def wait(
+        self,
+        work: Path,
+        n_tasks: int,
+        report: Reporter,
+        stage: str = "tokenize",
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Wait until the stage's arrays finish every task; raise StageError if they stop short.
+
+        Completion markers are looked at every 0.25 s, so a stage that is done is seen at
+        once; squeue (is anything of ours still queued?) at 1 s, then doubling up to 30 s.
+        """
+        ids = self.submitted()
+        interval = FIRST_QUEUE_CHECK
+        next_check = clock() + interval
+        while True:
+            done = tasks_done(work)
+            report(stage, done, n_tasks)
+            if done >= n_tasks:
+                return
+            if clock() >= next_check:
+                if ids and not still_queued(ids) and tasks_done(work) < n_tasks:
+                    left = n_tasks - tasks_done(work)
+                    detail = failed_task(self, work)
+                    raise StageError(
+                        f"{stage} stage: slurm job {ids[-1]} ended with {left} of {n_tasks} "
+                        f"tasks unfinished; {detail or 'logs: ' + str(work / 'logs')}; "
+                        "rerun to resubmit only those"
+                    )
+                interval = min(2 * interval, LAST_QUEUE_CHECK)
+                next_check = clock() + interval
+            sleep(MARKERS_EVERY)
+
+    def cancel(self) -> None:
+        """scancel every job this executor submitted (Slurm ignores those already finished)."""
+        ids = self.submitted()
+        if ids:
+            try:
+                subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+
 
 def still_queued(job_ids: list[str]) -> bool:
     """Whether any of the jobs is pending or running; True when squeue cannot tell."""
@@ -114,15 +165,6 @@ def still_queued(job_ids: list[str]) -> bool:
     return bool(out.stdout.strip())
 
 
-def cancel_jobs(job_ids: list[str]) -> None:
-    """scancel the jobs (those already finished are ignored by Slurm)."""
-    if job_ids:
-        try:
-            subprocess.run(["scancel", *job_ids], capture_output=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-
-
 def first_error_line(path: Path) -> str:
     """The first line of a task's output that says what went wrong (else its last line)."""
     with open(path, errors="replace") as f:
@@ -134,7 +176,7 @@ def first_error_line(path: Path) -> str:
     return lines[-1] if lines else "(empty)"
 
 
-def failed_task(executor: Any, work: Path) -> str:
+def failed_task(executor: LemurSlurmExecutor, work: Path) -> str:
     """'task R: LINE (PATH)' for the first unfinished task that left an output file."""
     logs = work / "logs"
     try:
@@ -142,7 +184,7 @@ def failed_task(executor: Any, work: Path) -> str:
     except (OSError, ValueError):
         return ""
     done = {p.name for p in (logs / "completions").glob("*")}
-    ids = getattr(executor, "job_ids", None) or [str(executor.job_id)]
+    ids = executor.submitted() or [str(executor.job_id)]
     size = max(1, executor.max_array_size)
     first = ""
     for i, rank in enumerate(ranks):
@@ -154,43 +196,3 @@ def failed_task(executor: Any, work: Path) -> str:
             return f"task {rank}: {first_error_line(out)} ({out})"
         first = first or f"task {rank} left no output ({out})"
     return first
-
-
-def wait_for_slurm(
-    executor: Any,
-    work: Path,
-    n_tasks: int,
-    report: Reporter,
-    stage: str = "tokenize",
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> None:
-    """Wait until the stage's arrays finish every task; raise StageError if they stop short.
-
-    Completion markers are looked at every 0.25 s, so a stage that is done is seen at once;
-    squeue (is anything of ours still queued?) at 1 s, then doubling up to every 30 s.
-    """
-    from lemur.data.run.stage import StageError, tasks_done
-
-    ids = list(getattr(executor, "job_ids", None) or [])
-    if not ids and getattr(executor, "job_id", None) not in (None, -1):
-        ids = [str(executor.job_id)]
-    interval = FIRST_QUEUE_CHECK
-    next_check = clock() + interval
-    while True:
-        done = tasks_done(work)
-        report(stage, done, n_tasks)
-        if done >= n_tasks:
-            return
-        if clock() >= next_check:
-            if ids and not still_queued(ids) and tasks_done(work) < n_tasks:
-                left = n_tasks - tasks_done(work)
-                detail = failed_task(executor, work)
-                raise StageError(
-                    f"{stage} stage: slurm job {ids[-1]} ended with {left} of {n_tasks} tasks "
-                    f"unfinished; {detail or 'logs: ' + str(work / 'logs')}; "
-                    "rerun to resubmit only those"
-                )
-            interval = min(2 * interval, LAST_QUEUE_CHECK)
-            next_check = clock() + interval
-        sleep(MARKERS_EVERY)

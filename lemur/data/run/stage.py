@@ -1,35 +1,25 @@
 """Running one stage's tasks on the recipe's executor: progress, waiting, clear failures.
 
-A stage either finishes every task or raises StageError with one line naming the stage and
-what failed; what the build submitted to Slurm and no longer needs is cancelled on the way
-out (a failure or Ctrl-C). `executor_session` holds what lives as long as a build: its Ray
-connection.
+A stage either finishes every task or raises StageError (run/task.py) with one line naming
+the stage and what failed; what the build submitted to Slurm and no longer needs is
+cancelled on the way out (a failure or Ctrl-C). `executor_session` holds what lives as long
+as a build: its Ray connection.
 """
 
 from __future__ import annotations
 
 import errno
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lemur.data.recipe import ExecutorConfig
 from lemur.data.run.executors import make_executor
+from lemur.data.run.settings import ExecutorConfig
+from lemur.data.run.task import Reporter, StageError, tasks_done
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-Reporter = Callable[[str, int, int], None]  # (stage, done, total)
-
-
-class StageError(RuntimeError):
-    """A stage that did not finish all its tasks (the message says which and why)."""
-
-
-def tasks_done(work: Path) -> int:
-    """Tasks of a stage (logging under `work/logs`) with a datatrove completion marker."""
-    done_dir = work / "logs" / "completions"
-    return len(list(done_dir.glob("*"))) if done_dir.is_dir() else 0
 
 
 def run_executor(
@@ -78,14 +68,10 @@ def run_tasks(
     try:
         run_executor(executor, work, tasks, report, stage, settle=60.0 if slurm else 0.0)
         if slurm:
-            from lemur.data.run.slurm_cluster import wait_for_slurm
-
-            wait_for_slurm(executor, work, tasks, report, stage)
+            executor.wait(work, tasks, report, stage)
     except BaseException:
         if slurm:  # a failed stage or Ctrl-C: nothing it submitted is needed any more
-            from lemur.data.run.slurm_cluster import cancel_jobs
-
-            cancel_jobs(executor.job_ids)
+            executor.cancel()
         raise
     left = tasks - tasks_done(work)
     if left > 0:

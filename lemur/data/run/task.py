@@ -1,12 +1,31 @@
-"""A global stage's task as a datatrove step: `run(rank)` does task `rank`, yields nothing."""
+"""A stage's tasks: how a stage is run (`StageRunner`), how its progress is told (`Reporter`),
+how its finished tasks are counted and how it fails (`StageError`), and a global stage's
+task as a datatrove step (`TaskStep`: `run(rank)` does task `rank`, yields nothing).
+"""
 
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
+
+# Runs every task of a pipeline to the end: (pipeline, logging folder, tasks, stage name).
+StageRunner = Callable[[list, Path, int, str], None]
+# Told how far a stage is: (stage name, tasks done, tasks in all).
+Reporter = Callable[[str, int, int], None]
+
+
+class StageError(RuntimeError):
+    """A stage that did not finish all its tasks (the message says which and why)."""
+
+
+def tasks_done(work: Path) -> int:
+    """Tasks of a stage (logging under `work/logs`) with a datatrove completion marker."""
+    done_dir = work / "logs" / "completions"
+    return len(list(done_dir.glob("*"))) if done_dir.is_dir() else 0
 
 
 class TaskStep(PipelineStep):
