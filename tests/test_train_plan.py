@@ -19,9 +19,12 @@ from lemur.train.plan_targets import GIB, parse_oom, parse_target
 needs_libtpu = pytest.mark.skipif(
     not plan_targets.libtpu_available(), reason="libtpu not installed (pip install -e '.[dev]')"
 )
-# An oversized tiny run: fp32 logits of 4096 x 256 tokens x 65,536 ids over 4 chips are
-# 64 GiB per chip; the compiler refuses it in seconds.
-OVERSIZED = ["--set", "batch.size=4096", "--set", "model.vocab_size=65536"]
+# An oversized run: the tiny config with a 70B's widths (16 layers): ~15B parameters with
+# Adam on 4 chips need ~65 GiB per chip; the compiler refuses it in seconds.
+OVERSIZED = [
+    *("--set", "model.overrides.d_model=8192", "--set", "model.overrides.d_ff=28672"),
+    *("--set", "model.overrides.n_layers=16", "--set", "model.overrides.scan_layers=true"),
+]
 
 
 @pytest.fixture(autouse=True)

@@ -19,23 +19,7 @@ from typing import Any
 from lemur.cli_common import UserError
 from lemur.model.config import LlamaConfig, flops_per_token, param_count
 from lemur.train.config import TrainConfig
-from lemur.train.plan_targets import GIB, Target, parse_oom, tpu_devices, usable_hbm
-
-
-@dataclasses.dataclass
-class Memory:
-    """Per-device bytes of one compiled step (or the compiler's refusal of it)."""
-
-    fits: bool
-    peak: float  # what the compiler holds against HBM; on refusal, the figure it refused
-    hbm: float  # usable bytes per chip
-    hbm_source: str
-    arguments: float | None = None
-    temporaries: float | None = None
-    outputs: float | None = None
-    aliased: float | None = None
-    eval_peak: float | None = None
-    compile_s: float = 0.0
+from lemur.train.plan_targets import GIB, Memory, Target, parse_oom, tpu_devices, usable_hbm
 
 
 @dataclasses.dataclass

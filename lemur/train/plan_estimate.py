@@ -14,8 +14,7 @@ import jax.numpy as jnp
 
 from lemur.model.config import LlamaConfig, param_count
 from lemur.train.config import TrainConfig
-from lemur.train.plan import Memory
-from lemur.train.plan_targets import GIB, Target
+from lemur.train.plan_targets import GIB, Memory, Target
 
 NOT_COMPILED = (
     "JAX cannot compile for a GPU without one (jax-ml/jax#28376): "

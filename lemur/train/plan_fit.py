@@ -20,7 +20,6 @@ from typing import Any
 
 from lemur.train.config import TrainConfig
 from lemur.train.plan import (
-    Memory,
     Plan,
     chip_hbm,
     compile_memory,
@@ -31,7 +30,7 @@ from lemur.train.plan import (
     with_slices,
 )
 from lemur.train.plan_estimate import estimate_memory, mesh_sizes
-from lemur.train.plan_targets import Target, tpu_devices
+from lemur.train.plan_targets import Memory, Target, tpu_devices
 
 REMAT_BY_COST = ("none", "dots", "full")  # fewest recomputed FLOPs first
 

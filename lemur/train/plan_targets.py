@@ -72,6 +72,22 @@ _MAX_CHIPS = {"v4": 2048, "v5p": 6144, "v5e": 256, "v6e": 256}
 _GPUS_PER_NODE = 8
 
 
+@dataclasses.dataclass
+class Memory:
+    """Per-device bytes of one compiled step (or the compiler's refusal of it)."""
+
+    fits: bool
+    peak: float  # what the compiler holds against HBM; on refusal, the figure it refused
+    hbm: float  # usable bytes per chip
+    hbm_source: str
+    arguments: float | None = None
+    temporaries: float | None = None
+    outputs: float | None = None
+    aliased: float | None = None
+    eval_peak: float | None = None
+    compile_s: float = 0.0
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     """A named machine: `chips` chips of `chip` (per slice), `slices` slices over DCN."""
