@@ -124,7 +124,12 @@ def test_shell_commands_parse(where: str, line: int, argv: list[str]) -> None:
     if argv[1] == "plot":
         plot_parser().parse_args(argv[2:])
         return
-    args = train_parser().parse_args(argv[1:])
+    if argv[1] == "plan":
+        from lemur.train.plan_cli import plan_parser
+
+        args = plan_parser().parse_args(argv[2:])
+    else:
+        args = train_parser().parse_args(argv[1:])
     assert args.config in shipped_configs() or args.config.endswith(".yaml"), (
         f"{where}:{line}: {args.config} is neither a shipped config nor a YAML file"
     )

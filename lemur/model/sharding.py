@@ -81,7 +81,17 @@ def make_mesh(
         raise ValueError(f"mesh {asked} needs {int(np.prod(shape))} devices, have {len(devices)}")
     # Auto axes: the model states shardings as constraints and lets GSPMD propagate
     # (jax.make_mesh defaults to Explicit axes, where constraints become assertions).
-    return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    auto = (AxisType.Auto,) * 3
+    if len({d.process_index for d in devices}) > 1:
+        # The trainer's loader gives each process one contiguous block of a batch's rows,
+        # so each process's devices must be adjacent in the mesh: jax.make_mesh orders a
+        # TPU pod's chips along ICI rings, which puts one host's 4 chips of a v4-512 at
+        # rows 0, 32, 256 and 288 of an fsdp axis of 256 (found by `lemur-train plan`).
+        ordered = sorted(
+            devices, key=lambda d: (getattr(d, "slice_index", 0), d.process_index, d.id)
+        )
+        return Mesh(np.array(ordered).reshape(shape), MESH_AXES, axis_types=auto)
+    return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=auto, devices=devices)
 
 
 def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh | AbstractMesh) -> P:

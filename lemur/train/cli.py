@@ -2,6 +2,7 @@
 
     lemur-train CONFIG [--set KEY=VALUE ...] [--dry-run]
     lemur-train plot RUN_DIR [--out DIR]
+    lemur-train plan CONFIG [--topology NAME] [--slices N] [--set ...] [--mfu X] [--fit] [--json]
 
 CONFIG is a YAML file or the name of a shipped config (tiny, demo, lemur-70b, ...).
 Exit codes: 0 done, already done, or stopped by a signal with a checkpoint saved;
@@ -24,7 +25,10 @@ if TYPE_CHECKING:
     from lemur.train.config import TrainConfig
     from lemur.train.setup import RunSummary
 
-USAGE = "lemur-train CONFIG [--set KEY=VALUE ...] [--dry-run] [--debug] | lemur-train plot RUN_DIR"
+USAGE = (
+    "lemur-train CONFIG [--set KEY=VALUE ...] [--dry-run] [--debug] | lemur-train plot RUN_DIR"
+    " | lemur-train plan CONFIG --topology NAME"
+)
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -182,9 +186,15 @@ def main(argv: list[str] | None = None) -> int:
 
     process_setup.install("lemur-train")  # every process-wide change: see lemur.process_setup
     argv = sys.argv[1:] if argv is None else list(argv)
-    plot = bool(argv) and argv[0] == "plot"
-    args = (plot_parser() if plot else train_parser()).parse_args(argv[1:] if plot else argv)
-    command = cmd_plot if plot else cmd_train
+    sub = argv[0] if argv and argv[0] in ("plot", "plan") else None
+    if sub == "plan":
+        from lemur.train.plan_cli import cmd_plan, plan_parser
+
+        args, command = plan_parser().parse_args(argv[1:]), cmd_plan
+    elif sub == "plot":
+        args, command = plot_parser().parse_args(argv[1:]), cmd_plot
+    else:
+        args, command = train_parser().parse_args(argv), cmd_train
     # Ctrl-C after training started, or with several processes: "interrupted", exit 130.
     return run_main(lambda: command(args), "lemur-train", debug=debug_wanted(args))
 

@@ -199,6 +199,17 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class PlanConfig:
+    """The machine the config is sized for: `lemur-train plan CONFIG` compiles for it."""
+
+    topology: str | None = None  # a Cloud TPU accelerator type (v4-512) or h100-8
+    slices: int = 1  # TPU slices over DCN (data parallel)
+
+    def __post_init__(self) -> None:
+        check_key(self.slices >= 1, "plan.slices", "must be >= 1")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Everything one `lemur-train` run needs."""
 
@@ -217,6 +228,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
     def __post_init__(self) -> None:
         check_key(self.steps is None or self.epochs is None, "steps", _ONE_OF_THEM)

@@ -79,11 +79,19 @@ def peak_tflops_per_device(override: float | None = None, dtype: Any = jnp.float
     """
     if override is not None:
         return float(override)
-    device = jax.local_devices()[0]
-    for name, tflops in PEAK_TFLOPS:
-        if name.lower() in device.device_kind.lower():
-            return tflops
+    tflops = datasheet_tflops(jax.local_devices()[0].device_kind)
+    if tflops is not None:
+        return tflops
     return measure_matmul_tflops(dtype) / jax.local_device_count()
+
+
+def datasheet_tflops(device_kind: str) -> float | None:
+    """Dense bf16 peak TFLOP/s of a device kind ("TPU v4", "NVIDIA H100 ..."), None if
+    the table does not know it."""
+    for name, tflops in PEAK_TFLOPS:
+        if name.lower() in device_kind.lower():
+            return tflops
+    return None
 
 
 class MetricsWriter:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,12 +95,12 @@ def start_processes(config: TrainConfig) -> None:
         )
 
 
-def make_run_mesh(config: TrainConfig) -> Mesh:
-    """The run's (data, fsdp, tensor) mesh, checked to fit the batch (ConfigError naming
-    `mesh` if not)."""
+def make_run_mesh(config: TrainConfig, devices: Sequence[Any] | None = None) -> Mesh:
+    """The run's (data, fsdp, tensor) mesh over `devices` (default: all of this job's),
+    checked to fit the batch (ConfigError naming `mesh` if not)."""
     m = config.mesh
     try:
-        mesh = model_sharding.make_mesh(m.data, m.fsdp, m.tensor)
+        mesh = model_sharding.make_mesh(m.data, m.fsdp, m.tensor, devices)
         parallel = mesh.shape["data"] * mesh.shape["fsdp"]
         micro = config.batch.size // config.batch.microbatches
         if micro % parallel:

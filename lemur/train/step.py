@@ -299,13 +299,19 @@ def compile_steps(
             donate_argnums=0,
         )
         if eval_batch is not None:
-            eval_step = compile_step(
-                make_eval_step(model, document_attention),
-                (state["params"], eval_batch.abstract()),
-                (shardings["params"], eval_batch.sharding),
-                replicated,
-            )
+            eval_step = compile_eval_step(layout, config, eval_batch)
     return train_step, eval_step, time.perf_counter() - t
+
+
+def compile_eval_step(layout: StateLayout, config: TrainConfig, eval_batch: BatchLayout) -> Any:
+    """The eval step compiled ahead of time for `layout`'s mesh (under that mesh)."""
+    with jax.set_mesh(layout.mesh):
+        return compile_step(
+            make_eval_step(layout.model, config.data.document_attention),
+            (layout.target()["params"], eval_batch.abstract()),
+            (layout.shardings["params"], eval_batch.sharding),
+            NamedSharding(layout.mesh, P()),
+        )
 
 
 # ---------------------------------------------------------------------------- global batches

@@ -1,0 +1,201 @@
+"""`lemur-train plan`: the run's own steps compiled for TPU topologies on this CPU host
+(libtpu's compiler, no TPU), the out-of-HBM refusal in one line, --fit, GPU estimates, and
+every shipped config on its documented topology (marked `pod`: `-m "not pod"` skips them).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lemur.model.config import flops_per_token
+from lemur.train import plan_fit, plan_targets
+from lemur.train.cli import main
+from lemur.train.config import CONFIGS_DIR, load_train_config
+from lemur.train.plan import Memory
+from lemur.train.plan_targets import GIB, parse_oom, parse_target
+
+needs_libtpu = pytest.mark.skipif(
+    not plan_targets.libtpu_available(), reason="libtpu not installed (pip install -e '.[dev]')"
+)
+# An oversized run: the tiny config with a 70B's widths (16 layers): ~15B parameters with
+# Adam on 4 chips need ~65 GiB per chip; the compiler refuses it in seconds.
+OVERSIZED = [
+    *("--set", "model.overrides.d_model=8192", "--set", "model.overrides.d_ff=28672"),
+    *("--set", "model.overrides.n_layers=16", "--set", "model.overrides.scan_layers=true"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _libtpu_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `plan` sets for itself, undone after each test (it runs in this process)."""
+    for name, value in (
+        ("JAX_PLATFORMS", "cpu"),
+        ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
+        ("TPU_ACCELERATOR_TYPE", "v4-8"),
+        ("TPU_WORKER_HOSTNAMES", "localhost"),
+    ):
+        monkeypatch.setenv(name, value)
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict, str]:
+    """Run `lemur-train plan ARGV --json`: exit code, the JSON, stderr."""
+    code = main(["plan", *argv, "--json"])
+    out, err = capsys.readouterr()
+    return code, json.loads(out) if out.strip() else {}, err
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology, chips, hbm_gib", [("v4-8", 4, 30.75), ("v5e-8", 8, 15.75)])
+def test_tiny_compiles_for_a_tpu_and_fits(capsys, topology, chips, hbm_gib) -> None:
+    code, plan, _ = plan_json(capsys, "tiny", "--topology", topology)
+    assert code == 0
+    memory = plan["memory"]
+    assert plan["devices"] == chips and plan["mesh"] == {"data": 1, "fsdp": chips, "tensor": 1}
+    assert memory["fits"] and 0 < memory["peak"] < memory["hbm"]
+    assert memory["hbm"] == pytest.approx(hbm_gib * GIB, rel=1e-3)
+    assert memory["hbm_source"] == "the compiler's limit"
+    assert memory["arguments"] > 0 and memory["eval_peak"] > 0
+    # The model's own count: tokens x flops_per_token (8 x 128 tokens per step).
+    per_token = flops_per_token(load_train_config("tiny").model.llama(), 128)
+    assert plan["tokens_per_step"] == 1024 and plan["flops_per_step"] == per_token * 1024
+
+
+@needs_libtpu
+def test_oversized_config_exits_1_with_the_compilers_figures(capsys) -> None:
+    code = main(["plan", "tiny", "--topology", "v4-8", *OVERSIZED])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    [line] = err.splitlines()
+    assert "does not fit" in line and "GiB per device, 30.75 GiB usable (the compiler)" in line
+    needed = float(line.split("needs ")[1].split(" GiB")[0])
+    assert needed > 30.75
+
+
+def test_fit_searches_cost_order_and_bisects_microbatches(capsys, monkeypatch) -> None:
+    """The search's order, with the compiler replaced by a memory model (a real fitting
+    compile takes 30-700 s here): peak = 100 GiB x recompute share / microbatches."""
+    share = {"none": 4.0, "dots": 1.0, "full": 0.5}
+    compiled: list[tuple[str, int]] = []
+
+    def fake_compile(config, model, devices, hbm, with_eval=True):
+        compiled.append((model.remat, config.batch.microbatches))
+        peak = 100 * GIB * share[model.remat] / config.batch.microbatches
+        return Memory(peak <= hbm[0], peak, hbm[0], hbm[1])
+
+    monkeypatch.setattr(plan_targets, "libtpu_available", lambda: True)
+    monkeypatch.setattr(plan_fit, "compile_memory", fake_compile)
+    monkeypatch.setattr(plan_fit, "eval_memory_for", lambda *a: GIB)
+    monkeypatch.setattr(plan_fit, "tpu_devices", lambda target: [None] * target.devices)
+    monkeypatch.setattr(plan_fit, "chip_hbm", lambda target, devices: (30 * GIB, "test"))
+    # 64 windows on 4 chips: microbatches 1, 2, 4, 8, 16 keep whole windows per chip.
+    argv = ["plan", "tiny", "--topology", "v4-8", "--fit", "--set", "batch.size=64"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    # none needs 400 GiB / microbatches: it fits from 16 (25 GiB). The largest count first,
+    # then the bisection (4: 100 GiB, 8: 50); dots, which recomputes more, is never tried.
+    assert compiled == [("none", 16), ("none", 4), ("none", 8)]
+    assert out.splitlines()[-1].startswith(
+        "fastest setting that fits: --set batch.microbatches=16 --set model.overrides.remat=none"
+    )
+    compiled.clear()
+    share["none"] = 8.0  # now none never fits; dots does from 4 (25 GiB)
+    assert main(argv) == 0
+    assert compiled == [("none", 16), ("dots", 16), ("dots", 4), ("dots", 2)]
+    share.update(none=99.0, dots=99.0, full=99.0)
+    assert main(argv) == 1
+    assert "nothing fits (3 compiles" in capsys.readouterr().err
+
+
+@needs_libtpu
+def test_a_pods_mesh_gives_each_host_one_block_of_rows() -> None:
+    """jax.make_mesh put host 0's chips of a v4-512 at rows 0, 32, 256, 288: the trainer
+    refused to start ("not one aligned block"); the mesh lists each host's chips together."""
+    from lemur.train.state import make_run_mesh
+    from lemur.train.step import BatchLayout, HostSlice
+
+    devices = plan_targets.tpu_devices(parse_target("v4-512"))
+    mesh = make_run_mesh(load_train_config("lemur-70b"), devices)
+    assert BatchLayout.on(mesh, 1024, 4096).host == HostSlice(index=0, count=64, rows=16)
+
+
+def test_bad_topology_exits_2_listing_valid_names(capsys) -> None:
+    assert main(["plan", "tiny", "--topology", "v4-9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lemur-train: --topology: unknown 'v4-9'; valid: v4-{8,16,")
+    assert "v5e-{4,8,16,32,64,128,256}" in err and len(err.splitlines()) == 1
+
+
+def test_topology_names_map_to_cloud_tpu_shapes() -> None:
+    v4 = parse_target("v4-512")  # names count TensorCores: 256 chips
+    assert (v4.chips, v4.shape, v4.chip.chip_config) == (256, "4x8x8", "megacore")
+    v5e = parse_target("v5e-256")  # names count chips, 2D
+    assert (v5e.chips, v5e.shape, v5e.chip.chip_config) == (256, "16x16", "default")
+    assert parse_target("v5p-12288").shape == "16x16x24"
+    assert parse_target("v6e-8", slices=2).devices == 16
+
+
+def test_no_libtpu_exits_2_saying_how_to_install(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(plan_targets, "libtpu_available", lambda: False)
+    assert main(["plan", "tiny", "--topology", "v4-8"]) == 2
+    assert "pip install -e '.[dev]'" in capsys.readouterr().err
+
+
+def test_out_of_hbm_message_parses() -> None:
+    message = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (245.19G) exceeds available HBM (30.75G)."
+    )
+    assert parse_oom(message) == (245.19 * GIB, 30.75 * GIB)
+    assert parse_oom("INTERNAL: something else") is None
+
+
+def test_gpu_target_says_it_is_an_estimate(capsys) -> None:
+    code, plan, err = plan_json(capsys, "lemur-70b", "--topology", "h100-8")
+    assert code == 1  # 70B with Adam on 8 GPUs: ~128 GiB of state per GPU alone
+    assert "jax-ml/jax#28376" in err and plan["estimate"] is True
+    assert plan["memory"]["peak"] > 4 * 68e9 * 4 / 8
+    code, plan, _ = plan_json(capsys, "tiny", "--topology", "h100-8")
+    assert code == 0 and plan["memory"]["fits"] and plan["memory"]["hbm_source"] == "published HBM"
+
+
+def planned_configs() -> list[str]:
+    """The shipped configs that name the machine they are sized for."""
+    names = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+    return [n for n in names if load_train_config(n).plan.topology is not None]
+
+
+def test_the_paper_config_is_sized_for_the_papers_pod() -> None:
+    assert load_train_config("lemur-70b").plan.topology == "v4-512"
+    assert {"lemur-70b-v5p", "llama3.1-8b-cpt", "qwen2.5-7b-cpt"} <= set(planned_configs())
+
+
+@pytest.mark.pod
+@needs_libtpu
+@pytest.mark.parametrize("name", planned_configs())
+def test_shipped_config_fits_its_documented_topology(name: str) -> None:
+    """The config as shipped, its train step compiled for its pod (the eval step, smaller,
+    is left out to keep the suite's time)."""
+    from lemur.train.plan import plan_gpu, plan_tpu
+
+    config = load_train_config(name)
+    target = parse_target(config.plan.topology, config.plan.slices)
+    if target.is_gpu:
+        plan = plan_gpu(config, name, target, None)
+    else:
+        plan = plan_tpu(config, name, target, None, with_eval=False)
+    assert plan.memory.fits, (name, plan.memory.peak / GIB)
+    assert plan.memory.peak < plan.memory.hbm
+
+
+def test_gpu_fit_searches_the_estimate(capsys) -> None:
+    assert main(["plan", "qwen2.5-7b-cpt", "--topology", "h100-8", "--fit"]) == 0
+    out, err = capsys.readouterr()
+    assert "jax-ml/jax#28376" in err.splitlines()[0]
+    last = out.splitlines()[-1]
+    assert last.startswith("fastest setting that fits: --set batch.microbatches=")
+    chosen = int(last.split("microbatches=")[1].split()[0])
+    # The bisection's last refusal is the count below the choice (per device, one
+    # remat policy): the estimate falls as the microbatches rise.
+    assert f"microbatches {chosen // 2}: does not fit" in err and " estimates in " in last
