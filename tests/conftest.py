@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The dev extra installs libtpu (for `lemur-train plan`): without this every JAX process of
+# the suite would first try a TPU backend, warn on stderr and start seconds later.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.pop("LEMUR_DEBUG", None)  # the tests expect one-line errors, not tracebacks
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
