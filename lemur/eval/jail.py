@@ -27,9 +27,8 @@ import os
 import sys
 
 if __name__ == "__main__":
-    # -I leaves this folder off sys.path. The work is in the modules beside this script
-    # (jail_run, jail_root): imported, their bytecode is cached; a script is compiled anew
-    # at every start.
+    # -I leaves this folder off sys.path. The work is in the module beside this script
+    # (jail_run): imported, its bytecode is cached; a script is compiled anew at every start.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import jail_run
 
