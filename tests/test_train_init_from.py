@@ -274,16 +274,18 @@ def test_continue_defaults_too_long_or_too_big_name_the_keys_to_lower(
         "config: batch.seq_len (4096) exceeds the model's max_seq_len (128 of model.init_from "
         f"{folder}): lower it, e.g. --set batch.seq_len=128"
     )
-    # One microbatch's logits: 64 x 32 tokens x 128 ids x 4 bytes x 2 = 2 MiB, on a "host"
-    # of 1 MiB: refused before anything starts, with the keys and a value that fits.
-    monkeypatch.setattr(setup, "host_memory_bytes", lambda: 2**20)
+    # The step by plan_estimate's formula: 64 x 32 tokens of activations (14.0 MiB) and the
+    # state (0.3 MiB), on a "host" of 8 MiB: refused before anything starts, with the keys
+    # and a value that fits (the fewest microbatches whose step takes half the host).
+    monkeypatch.setattr(setup, "host_memory_bytes", lambda: 8 * 2**20)
     config = run_config(qwen2_case["data"], tmp_path / "run", folder, "batch.size=64")
     with pytest.raises(RunError) as e:
         plan_run(config, DataDirs())
     assert str(e.value) == (
-        "batch: one microbatch's logits (64 x 32 tokens x 128 ids, fp32, with their gradient) "
-        "need 2.0 MiB, more than this host's 1.0 MiB: raise batch.microbatches (e.g. "
-        "--set batch.microbatches=4) or lower batch.size or batch.seq_len"
+        "batch: the train step needs about 14.3 MiB (0.3 MiB of parameters and optimizer "
+        "state, 14.0 MiB of activations for 64 x 32 tokens), more than this host's 8.0 MiB: "
+        "raise batch.microbatches (e.g. --set batch.microbatches=4) or lower batch.size or "
+        "batch.seq_len"
     )
     sets = ("batch.size=64", "batch.microbatches=4")  # as the error suggests: it fits
     assert plan_run(run_config(qwen2_case["data"], tmp_path / "run", folder, *sets), DataDirs())

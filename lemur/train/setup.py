@@ -25,6 +25,7 @@ from lemur.shards.format import ShardFormatError, atomic_write_bytes, sha256_fil
 from lemur.train import interrupt
 from lemur.train.checkpoint import Checkpointer
 from lemur.train.config import TrainConfig
+from lemur.train.plan_estimate import step_bytes
 from lemur.train.step import HostSlice
 from lemur.train.streams import EvalStream, TrainIterator, make_eval_iterators, make_train_iterator
 
@@ -240,27 +241,37 @@ def _size(n: float) -> str:
 
 
 def check_host_memory(config: TrainConfig, model: LlamaConfig, memory: int) -> None:
-    """RunError naming the batch keys when one microbatch's logits alone (fp32, and their
-    gradient) exceed the host's memory: on CPU such a run is killed by the kernel, without
-    a word, at its first step (the `continue` config's 256 x 4096 does it to small hosts)."""
-    rows = max(1, config.batch.size // config.batch.microbatches // jax.process_count())
-    need = 2 * 4 * rows * config.batch.seq_len * model.vocab_size
-    if need <= memory:
+    """RunError naming the batch keys when the step's estimated memory (plan_estimate: the
+    state, the activations of one microbatch, a chunk of logits) exceeds the host's: on CPU
+    such a run is killed by the kernel, without a word, at its first step (the `continue`
+    config's 256 x 4096 does it to small hosts)."""
+    need = step_bytes(config, model, jax.device_count())
+    if need.total <= memory:
         return
-    # The fewest microbatches (a divisor of batch.size) whose logits take half the memory.
+    # The fewest microbatches (a divisor of batch.size) whose step takes half the memory.
+    size = config.batch.size
     more = next(
         (
             m
-            for m in range(config.batch.microbatches + 1, config.batch.size + 1)
-            if config.batch.size % m == 0 and need * config.batch.microbatches / m <= memory / 2
+            for m in range(config.batch.microbatches + 1, size + 1)
+            if size % m == 0
+            and step_bytes(_microbatches(config, m), model, jax.device_count()).total <= memory / 2
         ),
-        config.batch.size,
+        size,
     )
     raise RunError(
-        f"batch: one microbatch's logits ({rows} x {config.batch.seq_len} tokens x "
-        f"{model.vocab_size:,} ids, fp32, with their gradient) need {_size(need)}, "
-        f"more than this host's {_size(memory)}: raise batch.microbatches (e.g. "
-        f"--set batch.microbatches={more}) or lower batch.size or batch.seq_len"
+        f"batch: the train step needs about {_size(need.total)} ({_size(need.state)} of "
+        f"parameters and optimizer state, {_size(need.activations)} of activations for "
+        f"{size // config.batch.microbatches} x {config.batch.seq_len} tokens), more than "
+        f"this host's {_size(memory)}: raise batch.microbatches (e.g. --set "
+        f"batch.microbatches={more}) or lower batch.size or batch.seq_len"
+    )
+
+
+def _microbatches(config: TrainConfig, microbatches: int) -> TrainConfig:
+    """The config with another batch.microbatches."""
+    return dataclasses.replace(
+        config, batch=dataclasses.replace(config.batch, microbatches=microbatches)
     )
 
 
