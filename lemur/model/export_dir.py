@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,6 +80,17 @@ def check_destination(dst: Path, force: bool, sources: tuple[Path, ...] = ()) ->
         )
 
 
+def _remove_when_quiet(path: Path, seconds: float = 5.0) -> None:
+    """Remove `path`, again until it stays gone: a writer that failed (orbax's tensorstore on
+    a full disk) may still have threads finishing their files in it after the error."""
+    deadline = time.monotonic() + seconds
+    while True:
+        shutil.rmtree(path, ignore_errors=True)
+        time.sleep(0.05)  # still gone a moment later: no writer is left in it
+        if not os.path.lexists(path) or time.monotonic() > deadline:
+            return
+
+
 @contextlib.contextmanager
 def replacing(
     dst: str | os.PathLike[str], force: bool = False, sources: tuple[Path, ...] = ()
@@ -98,7 +110,7 @@ def replacing(
     try:
         yield partial
     except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
+        _remove_when_quiet(partial)
         raise
     if target.exists() or target.is_symlink():
         old = _hidden(target, OLD)

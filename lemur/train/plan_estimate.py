@@ -87,6 +87,12 @@ def step_bytes(config: TrainConfig, model: LlamaConfig, devices: int) -> StepByt
     return StepBytes(state=state, activations=saved + working + 2 * chunk)
 
 
+def mesh_fits(config: TrainConfig, devices: int) -> bool:
+    """Whether the config's mesh is made of exactly `devices` devices."""
+    data, fsdp, tensor = mesh_sizes(config, devices)
+    return min(data, fsdp, tensor) >= 1 and data * fsdp * tensor == devices
+
+
 def estimate_memory(config: TrainConfig, model: LlamaConfig, target: Target) -> Memory:
     """Per-device memory of the train step on `target` by formula, as `plan` reports it."""
     need = step_bytes(config, model, target.devices)

@@ -25,7 +25,7 @@ from lemur.shards.format import ShardFormatError, atomic_write_bytes, sha256_fil
 from lemur.train import interrupt
 from lemur.train.checkpoint import Checkpointer
 from lemur.train.config import TrainConfig
-from lemur.train.plan_estimate import step_bytes
+from lemur.train.plan_estimate import mesh_fits, step_bytes
 from lemur.train.step import HostSlice
 from lemur.train.streams import EvalStream, TrainIterator, make_eval_iterators, make_train_iterator
 
@@ -245,7 +245,10 @@ def check_host_memory(config: TrainConfig, model: LlamaConfig, memory: int) -> N
     state, the activations of one microbatch, a chunk of logits) exceeds the host's: on CPU
     such a run is killed by the kernel, without a word, at its first step (the `continue`
     config's 256 x 4096 does it to small hosts)."""
-    need = step_bytes(config, model, jax.device_count())
+    devices = jax.device_count()
+    if not mesh_fits(config, devices):
+        return  # the mesh itself is refused later, in one line naming mesh.*
+    need = step_bytes(config, model, devices)
     if need.total <= memory:
         return
     # The fewest microbatches (a divisor of batch.size) whose step takes half the memory.
