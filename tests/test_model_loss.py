@@ -13,22 +13,13 @@ import numpy as np
 import optax
 import pytest
 from jax.sharding import AbstractMesh, AxisType
+from test_model_llama import CONFIG
 
 from lemur.model import llama, loss
 from lemur.model.config import LlamaConfig, Params, param_shapes
 from lemur.train import step as step_lib
 
-MODEL = LlamaConfig(
-    vocab_size=97,
-    d_model=32,
-    n_layers=1,
-    n_heads=4,
-    n_kv_heads=2,
-    d_ff=48,
-    max_seq_len=64,
-    dtype="float32",
-    init_std=0.1,
-)
+MODEL = dataclasses.replace(CONFIG, n_layers=1)  # test_model_llama's GQA model, one layer
 B, L = 3, 37  # 37 positions: chunks of 8 leave a padded tail
 
 

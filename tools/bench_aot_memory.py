@@ -25,7 +25,6 @@ import time
 import jax
 import numpy as np
 import yaml
-from jax.experimental import topologies
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -34,15 +33,9 @@ from lemur.model.config import config_from_preset
 from lemur.shards.windows import BATCH_KEYS
 from lemur.train import step as step_lib
 from lemur.train.config import OptimizerConfig, ScheduleConfig
+from lemur.train.plan_targets import parse_target, tpu_devices
 from lemur.train.state import StateLayout
 
-# Cloud TPU names -> get_topology_desc arguments (single-host slices only).
-TOPOLOGIES = {
-    "v4-8": ("v4:2x2x1", "megacore", (2, 2, 1)),
-    "v5p-8": ("v5p:2x2x1", "megacore", (2, 2, 1)),
-    "v5e-8": ("v5e:2x4", "default", (2, 4, 1)),
-    "v6e-8": ("v6e:2x4", "default", (2, 4, 1)),
-}
 GIB = 2**30
 
 
@@ -105,20 +98,14 @@ def main() -> None:
     """Compile each variant and print its line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", required=True)
-    ap.add_argument("--topology", choices=sorted(TOPOLOGIES), default="v4-8")
+    ap.add_argument("--topology", default="v4-8", help="a Cloud TPU name, as lemur-train plan")
     ap.add_argument("--batch-per-chip", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every variant")
     ap.add_argument("--variant", action="append", default=[], help="KEY=VALUE[,KEY=VALUE]")
     args = ap.parse_args()
-    name, chip_config, bounds = TOPOLOGIES[args.topology]
-    devices = topologies.get_topology_desc(
-        platform="tpu",
-        topology_name=name,
-        chip_config_name=chip_config,
-        chips_per_host_bounds=bounds,
-        num_slices=1,
-    ).devices
+    # The topology names and abstract devices of `lemur-train plan` (one table of them).
+    devices = tpu_devices(parse_target(args.topology))
     print(f"{args.preset} on {args.topology} ({len(devices)} chips), {args.set}", flush=True)
     for variant in args.variant or [""]:
         print(compile_variant(args, devices, overrides([v for v in variant.split(",") if v])))
