@@ -29,8 +29,9 @@ from lemur.shards.windows import ShardSource
 from lemur.train import step as step_lib
 from lemur.train.cli import main as train_main
 from lemur.train.config import load_train_config
+from lemur.train.errors import RunError
 from lemur.train.loop import train
-from lemur.train.setup import DataDirs, RunError, plan_run
+from lemur.train.setup import DataDirs, plan_run
 from lemur.train.streams import make_eval_iterators, make_train_iterator
 
 SEQ = 32
@@ -393,3 +394,21 @@ def test_init_from_trained_with_another_tokenizer_is_refused(
     assert len(err) == 1, err
     assert f"the shards in {data} were built with {data / 'tokenizer.model'}" in err[0]
     assert f"neither the model's tokenizer {pretrained / 'tokenizer.model'} nor it" in err[0]
+
+
+def test_an_unreadable_tokenizer_of_init_from_is_the_tokenizer_packages_one_line(
+    tokenizer_model: Path, tmp_path: Path
+) -> None:
+    """#35: the model file is parsed by lemur.tokenizer.sentencepiece, so the trainer's refusal
+    of a damaged one reads as every other command's (`PATH: not a SentencePiece model (...)`)."""
+    from types import SimpleNamespace
+
+    from lemur.train.setup import check_tokenizer
+
+    folder = tmp_path / "pretrained"
+    folder.mkdir()
+    (folder / "tokenizer.model").write_bytes(b"\x0a\xff not a model")
+    data = SimpleNamespace(tokenizer_path=tokenizer_model, tokenizer={})
+    with pytest.raises(RunError) as e:
+        check_tokenizer(str(folder), data)  # type: ignore[arg-type]
+    assert str(e.value).startswith(f"{folder / 'tokenizer.model'}: not a SentencePiece model (")

@@ -20,9 +20,9 @@ import yaml
 from lemur.train.checkpoint import Checkpointer
 from lemur.train.cli import main
 from lemur.train.config import TrainConfig, apply_overrides, config_from_dict
+from lemur.train.errors import RunError, TrainingDiverged
 from lemur.train.loop import train
 from lemur.train.metrics import read_records
-from lemur.train.setup import RunError, TrainingDiverged
 
 
 def build_corpus(root: Path, vocab: int = 600) -> Path:

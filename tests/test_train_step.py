@@ -15,6 +15,7 @@ from lemur.model import llama
 from lemur.model import sharding as model_sharding
 from lemur.model.config import LlamaConfig, Params, param_shapes
 from lemur.train import step as step_lib
+from lemur.train.batch import HostSlice, host_slice
 from lemur.train.config import MeshConfig, OptimizerConfig, ScheduleConfig
 
 MODEL = LlamaConfig(
@@ -169,4 +170,4 @@ def test_host_slice_single_process() -> None:
     m = MeshConfig()
     mesh = model_sharding.make_mesh(m.data, m.fsdp, m.tensor)
     sharding = model_sharding.batch_sharding(mesh, (8, 16))
-    assert step_lib.host_slice(sharding, (8, 16)) == step_lib.HostSlice(index=0, count=1, rows=8)
+    assert host_slice(sharding, (8, 16)) == HostSlice(index=0, count=1, rows=8)

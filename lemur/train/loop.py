@@ -31,14 +31,14 @@ from lemur.shards.format import ShardFormatError
 from lemur.tokenizer.token_bytes import TokenBytes, bits_per_byte
 from lemur.train import interrupt
 from lemur.train import step as step_lib
+from lemur.train.batch import Batch, BatchLayout
 from lemur.train.config import TrainConfig, with_absolute_paths
+from lemur.train.errors import RunError, TrainingDiverged
 from lemur.train.metrics import RunLog, StepWindow, TrainRecords, peak_tflops_per_device
 from lemur.train.setup import (
     DataDirs,
-    RunError,
     RunSummary,
     StopSignal,
-    TrainingDiverged,
     check_writable_dir,
     open_checkpointer,
     open_eval_streams,
@@ -46,8 +46,8 @@ from lemur.train.setup import (
     plan_run,
     prepare_run_dir,
 )
-from lemur.train.state import Start, StateLayout, initial_state, make_run_mesh, start_processes
-from lemur.train.step import BatchLayout, State
+from lemur.train.state import Start, initial_state, make_run_mesh, start_processes
+from lemur.train.step import State, StateLayout
 from lemur.train.streams import EvalStream
 
 
@@ -308,7 +308,7 @@ class Trainer:
             last_loss = self._consume(*pending, window)
         return step, last_loss
 
-    def _next_batch(self, window: StepWindow, step: int) -> step_lib.Batch:
+    def _next_batch(self, window: StepWindow, step: int) -> Batch:
         """The next global batch; loader time is counted as data wait and transfer."""
         # Time blocked waiting for the loader's next batch: the "data wait". (Assembling
         # the global arrays is timed apart: on CPU it competes with the running step for

@@ -67,7 +67,8 @@ def memory_settings(config: TrainConfig, model: LlamaConfig) -> dict[str, Any]:
 def plan_model(config: TrainConfig) -> LlamaConfig:
     """The run's model (init_from's when the preset is null; the data's vocabulary when
     readable, else the preset's)."""
-    from lemur.train.setup import DataDirs, RunError, resolve_config
+    from lemur.train.errors import RunError
+    from lemur.train.setup import DataDirs, resolve_config
 
     if not config.model.complete:
         try:
@@ -87,7 +88,8 @@ def run_steps(config: TrainConfig) -> int | None:
     """The run's steps (None: `epochs` of data that is not readable here)."""
     if config.epochs is None:
         return config.steps
-    from lemur.train.setup import DataDirs, RunError, resolve_config
+    from lemur.train.errors import RunError
+    from lemur.train.setup import DataDirs, resolve_config
 
     try:
         return resolve_config(config, DataDirs())[0].steps
@@ -105,9 +107,10 @@ def compile_memory(
     """Compile the run's train step (and eval step) for `devices`; their per-device memory,
     or the compiler's out-of-HBM figure."""
     from lemur.train import step as step_lib
+    from lemur.train.batch import BatchLayout
 
     layout, schedule = run_layout(config, model, devices)
-    train_batch = step_lib.BatchLayout.on(layout.mesh, config.batch.size, config.batch.seq_len)
+    train_batch = BatchLayout.on(layout.mesh, config.batch.size, config.batch.seq_len)
     start = time.perf_counter()
     try:
         train_step, _, _ = step_lib.compile_steps(layout, schedule, config, train_batch, None)
@@ -135,7 +138,8 @@ def compile_memory(
 def run_layout(config: TrainConfig, model: LlamaConfig, devices: list[Any]) -> tuple[Any, Any]:
     """The run's StateLayout over `devices` (as the trainer makes it) and its schedule."""
     from lemur.train import step as step_lib
-    from lemur.train.state import StateLayout, make_run_mesh
+    from lemur.train.state import make_run_mesh
+    from lemur.train.step import StateLayout
 
     mesh = make_run_mesh(config, devices)
     # A run by `epochs` of data not readable here has no steps yet: the schedule's length
@@ -159,8 +163,9 @@ def eval_memory_for(config: TrainConfig, model: LlamaConfig, devices: list[Any])
 def eval_memory(layout: Any, config: TrainConfig) -> float:
     """Peak bytes per device of the run's eval step compiled for `layout`'s mesh."""
     from lemur.train import step as step_lib
+    from lemur.train.batch import BatchLayout
 
-    eval_batch = step_lib.BatchLayout.on(layout.mesh, config.eval_batch_size, config.batch.seq_len)
+    eval_batch = BatchLayout.on(layout.mesh, config.eval_batch_size, config.batch.seq_len)
     compiled = step_lib.compile_eval_step(layout, config, eval_batch)
     return float(compiled.memory_analysis().peak_memory_in_bytes)
 
