@@ -73,7 +73,6 @@ KNOWN_PRIVATE_USES = {
     ("tests/test_eval_generate.py", "lemur.eval.generate._continue"): "generate.py",
     ("tests/test_eval_generate.py", "lemur.eval.generate._prefill_row"): "generate.py",
     ("tests/test_eval_sandbox.py", "lemur.eval.sandbox._open_to_others"): "sandbox.py",
-    ("tests/test_train_step.py", "lemur.train.step._decay_mask"): "step.py",
 }
 
 

@@ -18,6 +18,16 @@ LITERAL_HOMES: dict[object, str] = {
     "<|im_start|>": "lemur/chatml.py",  # the ChatML markers (IM_START, IM_END)
     "<|im_end|>": "lemur/chatml.py",
     ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"): "lemur/model/config.py",
+    # the fields a pretrained checkpoint must match (PARAM_SHAPE_FIELDS)
+    (
+        "d_model",
+        "n_layers",
+        "n_heads",
+        "n_kv_heads",
+        "d_ff",
+        "tie_embeddings",
+        "qkv_bias",
+    ): "lemur/model/config.py",
 }
 # Names of the build's work folders (a string, or the start of an f-string's text): only
 # lemur/data/work.py spells them.

@@ -20,7 +20,7 @@ from datatrove.data import Document
 from lemur.data.chat_demo import conversations
 from lemur.data.read.chat import render_chatml
 from lemur.data.tokenize.chat import CHAT_PIECES, MASK_KEY, TOKENS_KEY, ChatEncoder
-from lemur.data.tokenize.tokenizer import extend_tokenizer, load_tokenizer, tokenizer_info
+from lemur.data.tokenize.tokenizer import extend_tokenizer, load_llama2_processor, tokenizer_info
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import llama
 from lemur.model.config import config_from_preset
@@ -57,7 +57,7 @@ def chat_docs(tokenizer: Path, n: int) -> list[Doc]:
 
 def text_docs(tokenizer: Path, n: int) -> list[Doc]:
     """`n` ordinary documents (pydoc topics) as `<s> ids </s>`, no mask."""
-    sp = load_tokenizer(tokenizer)
+    sp = load_llama2_processor(tokenizer)
     return [
         (np.asarray(sp.encode(d["text"], add_bos=True, add_eos=True)), None)
         for d in real_text_docs(n)
@@ -385,7 +385,7 @@ def test_init_from_trained_with_another_tokenizer_is_refused(
 
     texts = [d["text"] for d in real_text_docs(60)][20:]  # other text: other merges
     other = train_tokenizer(texts, TokenizerTrainConfig(vocab_size=800), tmp_path / "other.model")
-    assert load_tokenizer(other).vocab_size() == 800
+    assert load_llama2_processor(other).vocab_size() == 800
     data = write_dir(tmp_path / "data", other, text_docs(other, 8), 2, False)
     argv = ["lemur-chat", "--set", f"data.dirs=[{data}]", "--set", f"model.init_from={pretrained}"]
     sizes = ["--set", f"batch.seq_len={SEQ}", "--set", "batch.size=8"]

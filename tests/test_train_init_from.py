@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from conftest import real_text_docs  # noqa: E402
 
-from lemur.data.tokenize.tokenizer import load_tokenizer, tokenizer_info  # noqa: E402
+from lemur.data.tokenize.tokenizer import load_llama2_processor, tokenizer_info  # noqa: E402
 from lemur.model import convert  # noqa: E402
 from lemur.shards.format import (  # noqa: E402
     FORMAT,
@@ -97,7 +97,7 @@ def llama_case(tokenizer_model: Path, tmp_path_factory: pytest.TempPathFactory) 
     folder = root / "hf"
     model.save_pretrained(folder)
     shutil.copyfile(tokenizer_model, folder / "tokenizer.model")
-    sp = load_tokenizer(tokenizer_model)
+    sp = load_llama2_processor(tokenizer_model)
     docs = [
         np.asarray(sp.encode(d["text"], add_bos=True, add_eos=True)) for d in real_text_docs(12)
     ]

@@ -87,7 +87,7 @@ def test_fit_searches_cost_order_and_bisects_microbatches(capsys, monkeypatch) -
     def fake_compile(config, model, devices, hbm, with_eval=True):
         compiled.append((model.remat, config.batch.microbatches))
         peak = 100 * GIB * share[model.remat] / config.batch.microbatches
-        return Memory(peak <= hbm[0], peak, hbm[0], hbm[1])
+        return Memory(fits=peak <= hbm[0], peak=peak, hbm=hbm[0], hbm_source=hbm[1])
 
     monkeypatch.setattr(plan_targets, "libtpu_available", lambda: True)
     monkeypatch.setattr(plan_fit, "compile_memory", fake_compile)

@@ -80,7 +80,7 @@ def test_schedule_warmup_cosine_to_ten_percent() -> None:
 
 def test_weight_decay_skips_norms_and_biases() -> None:
     params = _params(dataclasses.replace(MODEL, arch="qwen2", qkv_bias=True))
-    mask = step_lib._decay_mask(params)
+    mask = step_lib.decay_mask(params)
     assert mask["layers"]["wq"] and mask["embed"] and mask["lm_head"]
     assert not mask["final_norm"] and not mask["layers"]["attn_norm"]
     assert not any(mask["layers"][name] for name in ("bq", "bk", "bv"))
@@ -140,8 +140,8 @@ def test_loss_is_the_mean_over_valid_tokens(setup: tuple) -> None:
         nll = -jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
         mask = batch["loss_mask"]
         # Document attention changes the loss only after the first document boundary.
-        doc = step_lib.token_losses(params, batch, MODEL, True)
-        plain = step_lib.token_losses(params, batch, MODEL, False)
+        doc = step_lib.token_losses(params, batch, MODEL, document_attention=True)
+        plain = step_lib.token_losses(params, batch, MODEL, document_attention=False)
         return (nll * mask).sum() / mask.sum(), doc, plain
 
     expected, doc, plain = reference(state["params"], batch)

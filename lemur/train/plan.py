@@ -18,7 +18,7 @@ from typing import Any
 
 from lemur.cli_common import UserError
 from lemur.model.config import LlamaConfig, flops_per_token, param_count
-from lemur.train.config import TrainConfig
+from lemur.train.config import DEFAULT_STEPS, TrainConfig, with_steps
 from lemur.train.plan_targets import GIB, Memory, Target, parse_oom, tpu_devices, usable_hbm
 
 
@@ -102,6 +102,7 @@ def compile_memory(
     model: LlamaConfig,
     devices: list[Any],
     hbm: tuple[float, str],
+    *,
     with_eval: bool = True,
 ) -> Memory:
     """Compile the run's train step (and eval step) for `devices`; their per-device memory,
@@ -119,7 +120,13 @@ def compile_memory(
         refused = parse_oom(str(e))
         if refused is None:
             raise
-        return Memory(False, refused[0], refused[1], "the compiler", compile_s=_since(start))
+        return Memory(
+            fits=False,
+            peak=refused[0],
+            hbm=refused[1],
+            hbm_source="the compiler",
+            compile_s=_since(start),
+        )
     stats = train_step.memory_analysis()
     return Memory(
         fits=True,
@@ -144,13 +151,8 @@ def run_layout(config: TrainConfig, model: LlamaConfig, devices: list[Any]) -> t
     mesh = make_run_mesh(config, devices)
     # A run by `epochs` of data not readable here has no steps yet: the schedule's length
     # changes no buffer, so any will do.
-    steps, schedule_config = config.steps or 1000, config.schedule
-    if schedule_config.warmup_fraction is not None:
-        warmup = round(schedule_config.warmup_fraction * steps)
-        schedule_config = dataclasses.replace(
-            schedule_config, warmup_steps=warmup, warmup_fraction=None
-        )
-    schedule = step_lib.make_schedule(schedule_config, steps)
+    config = with_steps(config, config.steps or DEFAULT_STEPS)
+    schedule = step_lib.make_schedule(config.schedule, config.steps)
     tx = step_lib.make_optimizer(config.optimizer, schedule)
     return StateLayout.of(model, tx, mesh, config.seed), schedule
 
@@ -229,7 +231,7 @@ def make_plan(
 
 
 def plan_tpu(
-    config: TrainConfig, name: str, target: Target, mfu: float | None, with_eval: bool = True
+    config: TrainConfig, name: str, target: Target, mfu: float | None, *, with_eval: bool = True
 ) -> Plan:
     """Compile `config` for the TPU `target` and report it."""
     config = with_slices(config, target)
@@ -238,7 +240,7 @@ def plan_tpu(
     from lemur.train.state import make_run_mesh
 
     mesh = dict(make_run_mesh(config, devices).shape)
-    memory = compile_memory(config, model, devices, chip_hbm(target, devices), with_eval)
+    memory = compile_memory(config, model, devices, chip_hbm(target, devices), with_eval=with_eval)
     return make_plan(config, name, target, memory, model, mfu, mesh)
 
 

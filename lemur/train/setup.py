@@ -26,10 +26,17 @@ from lemur.tokenizer.sentencepiece import read_model
 from lemur.train import interrupt
 from lemur.train.batch import HostSlice
 from lemur.train.checkpoint import Checkpointer
-from lemur.train.config import TrainConfig
+from lemur.train.config import TrainConfig, with_steps
 from lemur.train.errors import RunError
 from lemur.train.plan_estimate import mesh_fits, step_bytes
-from lemur.train.streams import EvalStream, TrainIterator, make_eval_iterators, make_train_iterator
+from lemur.train.streams import (
+    EvalStream,
+    ExpectedTokenizer,
+    Reading,
+    TrainIterator,
+    make_eval_iterators,
+    make_train_iterator,
+)
 
 
 @dataclasses.dataclass
@@ -102,6 +109,7 @@ def resolve_config(config: TrainConfig, dirs: DataDirs) -> tuple[TrainConfig, li
         fields = {k: v for k, v in saved.items() if k != "vocab_size"}
         model = dataclasses.replace(config.model, overrides={**fields, **config.model.overrides})
         config = dataclasses.replace(config, model=model)
+    steps = config.steps
     if config.epochs is not None:
         tokens = sum(int(s["tokens"]) for d in config.data.dirs for s in dirs[d].shards("train"))
         steps = max(1, math.ceil(config.epochs * tokens / config.tokens_per_step))
@@ -109,12 +117,11 @@ def resolve_config(config: TrainConfig, dirs: DataDirs) -> tuple[TrainConfig, li
             f"lemur-train: {config.epochs:g} epoch(s) of {tokens:,} train tokens = {steps:,} "
             f"steps of {config.tokens_per_step:,} tokens"
         )
-        config = dataclasses.replace(config, steps=steps, epochs=None)
-    if (fraction := config.schedule.warmup_fraction) is not None:
-        warmup = round(fraction * config.steps)
-        notes.append(f"lemur-train: warmup {warmup:,} of {config.steps:,} steps ({fraction:.1%})")
-        schedule = dataclasses.replace(config.schedule, warmup_steps=warmup, warmup_fraction=None)
-        config = dataclasses.replace(config, schedule=schedule)
+    fraction = config.schedule.warmup_fraction
+    config = with_steps(config, steps)
+    if fraction is not None:
+        warmup = config.schedule.warmup_steps
+        notes.append(f"lemur-train: warmup {warmup:,} of {steps:,} steps ({fraction:.1%})")
     return config, notes
 
 
@@ -296,12 +303,11 @@ def open_loader(
             seed=config.data_seed,
             process_index=host.index,
             process_count=host.count,
-            num_workers=data.num_workers,
-            num_threads=data.num_threads,
-            prefetch=data.prefetch,
-            vocab_size=plan.data_vocab,
-            tokenizer_sha256=plan.tokenizer_sha256,
+            expect=ExpectedTokenizer(plan.data_vocab, plan.tokenizer_sha256),
             strict_state=data.strict_state,
+            reading=Reading(
+                num_workers=data.num_workers, num_threads=data.num_threads, prefetch=data.prefetch
+            ),
         )
     except (ShardFormatError, OSError, ValueError) as e:
         raise RunError(str(e).splitlines()[0]) from None
@@ -337,7 +343,7 @@ def open_eval_streams(
     return streams
 
 
-def prepare_run_dir(run_dir: Path, config: TrainConfig, is_main: bool) -> None:
+def prepare_run_dir(run_dir: Path, config: TrainConfig, *, is_main: bool) -> None:
     """Create the run directory and write the resolved config (whole or not at all)."""
     if not is_main:
         return

@@ -125,6 +125,7 @@ def initial_state(
     checkpointer: Checkpointer,
     loader: TrainIterator,
     say: Say,
+    *,
     is_main: bool,
 ) -> Start:
     """The newest checkpoint that restores completely (the loader set to its position),
@@ -136,7 +137,7 @@ def initial_state(
             f"{steps[-1]}); set checkpoint.resume=true or use another run_dir"
         )
     if steps:
-        return _resume(steps[::-1], config, layout, checkpointer, loader, say, is_main)
+        return _resume(steps[::-1], config, layout, checkpointer, loader, say, is_main=is_main)
     init = functools.partial(step_lib.init_state, model=layout.model, tx=layout.tx)
     if config.model.init_from:
         params = _pretrained_params(config.model.init_from, layout, say)
@@ -199,6 +200,7 @@ def _resume(
     checkpointer: Checkpointer,
     loader: TrainIterator,
     say: Say,
+    *,
     is_main: bool,
 ) -> Start:
     """Restore the newest checkpoint that restores completely; set damaged ones aside."""
@@ -209,7 +211,7 @@ def _resume(
         except CheckpointDamaged as e:
             skipped.append((step, str(e)))
             continue
-        _set_aside(skipped, checkpointer, say, is_main)
+        _set_aside(skipped, checkpointer, say, is_main=is_main)
         return start
     listing = "; ".join(f"{step}: {reason}" for step, reason in skipped)
     raise RunError(
@@ -297,7 +299,7 @@ def _check_shapes(
 
 
 def _set_aside(
-    skipped: list[tuple[int, str]], checkpointer: Checkpointer, say: Say, is_main: bool
+    skipped: list[tuple[int, str]], checkpointer: Checkpointer, say: Say, *, is_main: bool
 ) -> None:
     """Rename checkpoints newer than the restored one that failed, and say so."""
     for step, reason in skipped:

@@ -62,9 +62,10 @@ def make_schedule(config: ScheduleConfig, steps: int) -> Callable[[jax.Array], j
     return schedule
 
 
-def _decay_mask(params: Params) -> Any:
+def decay_mask(params: Params) -> Any:
     """True for the weights that get weight decay: every matrix, never a norm's scale or a
-    bias (the usual AdamW practice, and what Qwen2's biases are trained with)."""
+    bias (the usual AdamW practice, and what Qwen2's biases are trained with); the mask
+    `make_optimizer` gives AdamW."""
     return jax.tree_util.tree_map_with_path(
         lambda path, _: (
             "norm" not in jax.tree_util.keystr(path)
@@ -85,7 +86,7 @@ def make_optimizer(
             b2=config.b2,
             eps=config.eps,
             weight_decay=config.weight_decay,
-            mask=_decay_mask,
+            mask=decay_mask,
         )
     else:  # adamw with decay 0 would still add 0 * params: a wasted pass over the weights
         adam = optax.adam(schedule, b1=config.b1, b2=config.b2, eps=config.eps)
@@ -166,7 +167,7 @@ class StateLayout:
 
 
 def token_losses(
-    params: Params, batch: Batch, model: LlamaConfig, document_attention: bool
+    params: Params, batch: Batch, model: LlamaConfig, *, document_attention: bool
 ) -> jax.Array:
     """Per-token cross-entropy (fp32, BxL), zero where `loss_mask` is 0; the head's logits
     are made a chunk of positions at a time (`model.logits_chunk`, lemur.model.loss)."""
@@ -218,7 +219,9 @@ def make_train_step(
     """
 
     def loss_fn(params: Params, batch: Batch, denom: jax.Array) -> jax.Array:
-        return token_losses(params, batch, model, document_attention).sum() / denom
+        return (
+            token_losses(params, batch, model, document_attention=document_attention).sum() / denom
+        )
 
     grad_fn = jax.value_and_grad(loss_fn)
 
@@ -263,12 +266,12 @@ def make_train_step(
 
 
 def make_eval_step(
-    model: LlamaConfig, document_attention: bool = False
+    model: LlamaConfig, *, document_attention: bool = False
 ) -> Callable[[Params, Batch], tuple[jax.Array, jax.Array]]:
     """(params, batch) -> (summed loss, valid-token count): padding rows count for nothing."""
 
     def step(params: Params, batch: Batch) -> tuple[jax.Array, jax.Array]:
-        loss_sum = token_losses(params, batch, model, document_attention).sum()
+        loss_sum = token_losses(params, batch, model, document_attention=document_attention).sum()
         return loss_sum, batch["loss_mask"].sum()
 
     return step
@@ -326,7 +329,7 @@ def compile_eval_step(layout: StateLayout, config: TrainConfig, eval_batch: Batc
     """The eval step compiled ahead of time for `layout`'s mesh (under that mesh)."""
     with jax.set_mesh(layout.mesh):
         return compile_step(
-            make_eval_step(layout.model, config.data.document_attention),
+            make_eval_step(layout.model, document_attention=config.data.document_attention),
             (layout.target()["params"], eval_batch.abstract()),
             (layout.shardings["params"], eval_batch.sharding),
             NamedSharding(layout.mesh, P()),

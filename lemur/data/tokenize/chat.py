@@ -30,7 +30,7 @@ from lemur.data.counts import dropped_label, truncated_label
 from lemur.data.read.chat import MARKER_IN_CONTENT, chatml_marker_in_content
 from lemur.data.recipe import CHAT_LONG
 from lemur.data.tokenize.offsets import TokenOffsets, byte_offsets
-from lemur.data.tokenize.tokenizer import load_tokenizer
+from lemur.data.tokenize.tokenizer import load_llama2_processor
 
 CHAT_PIECES = (IM_START, IM_END)
 # Where ChatEncoder leaves a document's ids and mask for TokenizeWriter (never serialized).
@@ -143,7 +143,7 @@ class ChatEncoder(PipelineStep):
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
         """Pass on each kept chat document with its ids and mask; count the rest."""
-        sp = load_tokenizer(self.tokenizer_path)
+        sp = load_llama2_processor(self.tokenizer_path)
         offsets, control = TokenOffsets(chat_processor(sp)), control_pattern(sp)
         for batch in batched(data or [], self.batch_docs):
             with self.track_time("batch"):
