@@ -22,8 +22,8 @@ from datatrove.data import Document
 
 from lemur.data.counts import dropped_label, read_label, repaired_label
 from lemur.data.read.chat import (
-    OASST_COLUMNS,
     MESSAGES_KEY,
+    OASST_COLUMNS,
     ChatDrop,
     Message,
     group_oasst1,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from datatrove.data import Document, DocumentsPipeline
@@ -110,9 +109,9 @@ def truncation(
 
 
 def document_messages(doc: Document) -> list[Message] | None:
-    """The messages the chat reader left in `doc` (taken out of it), None if there are none
-    or they are not a list of `{"role": str, "content": str}`."""
-    messages = doc.metadata.pop(MESSAGES_KEY, None)
+    """The messages the chat reader left in `doc`, None if there are none or they are not a
+    list of `{"role": str, "content": str}`."""
+    messages = doc.metadata.get(MESSAGES_KEY)
     if not isinstance(messages, list) or not all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
         for m in messages
@@ -155,8 +154,10 @@ class ChatStep(PipelineStep):
 
     @staticmethod
     def keep(doc: Document, text: str, ids: np.ndarray, mask: np.ndarray) -> Document:
-        """`doc` as it is trained on: the rendered text, its ids and loss mask."""
+        """`doc` as it is trained on: the rendered text (the messages are done with), its
+        ids and loss mask."""
         doc.text = text
+        doc.metadata.pop(MESSAGES_KEY, None)
         doc.metadata[TOKENS_KEY], doc.metadata[MASK_KEY] = ids, mask
         return doc
 
