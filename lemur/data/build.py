@@ -26,6 +26,7 @@ from typing import Any
 from lemur.atomic_files import remove_stale_temporaries
 from lemur.data import work as work_folders
 from lemur.data.budget import is_enabled, read_sources
+from lemur.data.corpus import Corpus, corpus_of
 from lemur.data.counts import collect_counts, drops
 from lemur.data.dedup.signer import DedupSigner
 from lemur.data.dedup.stage import expected_memory, run_dedup
@@ -59,7 +60,7 @@ from lemur.data.tokenize.prepare import (
     tokenizer_key,
 )
 from lemur.data.tokenize.step import TokenizeWriter
-from lemur.data.tokenize.template_chat import chat_step, uses_template
+from lemur.data.tokenize.template_chat import conversation_steps
 from lemur.shards.check import check_structure
 from lemur.shards.commit import commit
 from lemur.shards.format import (
@@ -100,8 +101,9 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
     if languages:
         filters.append(LanguageFilter(languages))
     # Chat builds skip the code and web-text quality rules: they judge files and web pages,
-    # not conversations (and C4's line removal would move the loss spans).
-    if recipe.filters.code.enabled and not recipe.is_chat():
+    # not conversations (and C4's line removal would change the text the messages render to).
+    judged = corpus_of(recipe).judged_as_text
+    if recipe.filters.code.enabled and judged:
         filters += code_filters(recipe.filters.code)
     t = recipe.filters.text
     for config, cls in (
@@ -110,7 +112,7 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
         (t.fineweb, FineWebFilter),
         (t.gopher_repetition, GopherRepetitionFilter),
     ):
-        if t.enabled and config.enabled and not recipe.is_chat():
+        if t.enabled and config.enabled and judged:
             filters.append(cls(config))
     if recipe.decontaminate.benchmarks:  # builds the benchmark indexes, once per build
         filters.append(decontamination_filter(recipe.decontaminate, recipe.work_root()))
@@ -125,21 +127,22 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
     return filters
 
 
-def tokenize_writer(recipe: Recipe, tok_path: Path, tokens_dir: Path) -> TokenizeWriter:
+def tokenize_writer(corpus: Corpus, tok_path: Path, tokens_dir: Path) -> TokenizeWriter:
     """The tokenize tasks' writer: a tokenizer.json's BOS/EOS ids and engine from the
     recipe (a SentencePiece model's are its own); a chat template frames its documents."""
-    chat, batch = recipe.is_chat(), recipe.tokenize_batch_docs
+    recipe, masks = corpus.recipe, corpus.loss_masks
+    batch = recipe.tokenize_batch_docs
     if not is_tokenizer_json(tok_path):
-        return TokenizeWriter(str(tok_path), str(tokens_dir), batch_docs=batch, masks=chat)
+        return TokenizeWriter(str(tok_path), str(tokens_dir), batch_docs=batch, masks=masks)
     tokenizer = open_build_tokenizer(recipe, tok_path)
     return TokenizeWriter(
         str(tok_path),
         str(tokens_dir),
         batch_docs=batch,
-        masks=chat,
+        masks=masks,
         framing=(tokenizer.bos_id, tokenizer.eos_id),
         engine=tokenizer.engine,
-        template=uses_template(recipe),
+        template=corpus.chat_format == "template",
     )
 
 
@@ -148,19 +151,19 @@ def tokenize_stage(
 ) -> int:
     """Read, filter and tokenize every input file; return the number of tasks."""
     n_tasks = max(1, min(recipe.executor.tasks, len(inputs)))
-    chat, batch = recipe.is_chat(), recipe.tokenize_batch_docs
+    corpus = corpus_of(recipe)
     pipeline = [
         SourcesReader(inputs, recipe.sources, errors_dir=str(work_folders.errors_dir(run_dir))),
         LanguageTagger(),
         *make_filters(recipe),
-        # PII redaction rewrites text, which would move a conversation's loss spans.
+        # PII redaction rewrites text, not a conversation's messages (what chat trains on).
         *(
             [PiiRedactor(recipe.pii)]
-            if recipe.pii.enabled and recipe.pii.kinds and not chat
+            if recipe.pii.enabled and recipe.pii.kinds and corpus.judged_as_text
             else []
         ),
-        # Chat: encode once, mask and cut before signing, so dedup sees what is trained on.
-        *([chat_step(recipe, str(tok_path), batch)] if chat else []),
+        # Chat: render, encode, mask and cut before signing, so dedup sees what is trained on.
+        *conversation_steps(corpus, str(tok_path), recipe.tokenize_batch_docs),
         *(
             [
                 DedupSigner(
@@ -170,7 +173,7 @@ def tokenize_stage(
             if recipe.dedup.exact or recipe.dedup.near
             else []
         ),
-        tokenize_writer(recipe, tok_path, work_folders.tokens_dir(run_dir)),
+        tokenize_writer(corpus, tok_path, work_folders.tokens_dir(run_dir)),
     ]
     run_stage(recipe, report, pipeline, run_dir, n_tasks, "tokenize")
     missing = [
@@ -236,7 +239,7 @@ def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
             "tasks": recipe.executor.tasks,
             "batch": recipe.tokenize_batch_docs,
             # Chat tokens depend on the cut (seq_len, long policy); other builds' keys stay.
-            **({"chat": (recipe.seq_len, recipe.chat_settings())} if recipe.is_chat() else {}),
+            **corpus_of(recipe).work_key(),
         }
     )[:16]
 
@@ -388,7 +391,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "dtype": dtype_name(stages.dtype),
         "seq_len": recipe.seq_len,
         "tokenizer": {"file": f"{prefix}/{tok_file}", **tok_info},
-        **({"framing": "template"} if uses_template(recipe) else {}),  # no BOS/EOS added
+        **corpus_of(recipe).manifest_fields(),  # a chat template's framing: no BOS/EOS added
         "stats": f"{prefix}/stats.json",
         "shards": [s.to_json() for s in shards],
         "mix": sections.mix(),

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemur.data import work as work_folders
+from lemur.data.corpus import corpus_of
 
 if TYPE_CHECKING:  # annotations only: read/ and filter/ import this module
     from lemur.data.read.listing import Listing
@@ -173,7 +174,7 @@ def collect_counts(
         s["kept"] = s["read"] - sum(s["dropped"].values())
     read = sum(s["read"] for s in sources.values())
     # Only chat builds cut documents; other manifests stay as they were.
-    truncated = {"truncated": sum(totals["truncated"].values())} if recipe.is_chat() else {}
+    truncated = corpus_of(recipe).counts(sum(totals["truncated"].values()))
     return {
         "read": read,
         "dropped": dict(sorted(dropped.items())),

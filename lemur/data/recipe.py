@@ -149,7 +149,7 @@ class MixConfig:
                 raise RecipeError(f"recipe: mix.shares.{d} sum to {sum(per.values()):.4f} > 1")
 
 
-# The values of `chat.long`: the one list (the chat tokenize steps check their argument too).
+# The values of `chat.long`: the one list (tokenize/chat.py's ChatStep checks its argument too).
 CHAT_LONG = ("truncate", "drop")
 
 

@@ -16,11 +16,11 @@ from lemur.atomic_files import temp_name
 from lemur.chat_template import ChatTemplate, template_source
 from lemur.chat_template.template import TEMPLATE_FILE
 from lemur.data import work as work_folders
+from lemur.data.corpus import corpus_of
 from lemur.data.read.listing import InputFile
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
 from lemur.data.tokenize.byte_bpe import train_byte_bpe
-from lemur.data.tokenize.chat import CHAT_PIECES
 from lemur.data.tokenize.tokenizer import (
     TokenizerError,
     extend_tokenizer,
@@ -152,24 +152,25 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
     in, or appended to a given model (every other id unchanged); a tokenizer.json's chat
     build renders with the folder's own chat template instead.
     """
-    chat = recipe.is_chat()
+    corpus = corpus_of(recipe)
+    pieces = corpus.tokenizer_pieces()  # ChatML's markers for a ChatML chat build
     check_given_tokenizer(recipe)  # loading the recipe checked it too: a Recipe made in code
     if recipe.tokenizer.hf is not None:
-        return copy_hf_tokenizer(recipe.tokenizer.hf, work, chat)
+        return copy_hf_tokenizer(recipe.tokenizer.hf, work, corpus.chat_format == "template")
     if recipe.tokenizer.model is not None:
         src = given_model(recipe.tokenizer.model)
         sha = tokenizer_info(src)["sha256"]  # TokenizerError naming `src` if unusable
-        target = work_folders.given_tokenizer(work, sha[:16], chat)
+        target = work_folders.given_tokenizer(work, sha[:16], bool(pieces))
         if not target.is_file():
-            if chat:
-                extend_tokenizer(src, CHAT_PIECES, target)
+            if pieces:
+                extend_tokenizer(src, pieces, target)
             else:
                 atomic_write_bytes(target, src.read_bytes())
         return target
     train = recipe.tokenizer.train
     what: dict[str, Any] = {"train": train, "sources": recipe.sources, "v": KEY_VERSION}
     if train.kind == "byte-bpe":
-        if chat:
+        if pieces:
             raise TokenizerError(
                 "recipe: tokenizer.train.kind byte-bpe: chat builds need a SentencePiece "
                 "tokenizer (ChatML) or a given tokenizer.json with its chat template"
@@ -178,12 +179,12 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
         if not (folder / "tokenizer.json").is_file():
             train_byte_bpe(sample_texts(recipe, inputs, train.sample_bytes), train, folder)
         return folder / "tokenizer.json"
-    if chat:
-        what["symbols"] = CHAT_PIECES
+    if pieces:
+        what["symbols"] = pieces
     target = work_folders.trained_tokenizer(work, _sha(what)[:16])
     if not target.is_file():
         texts = sample_texts(recipe, inputs, train.sample_bytes)
-        train_tokenizer(texts, train, target, CHAT_PIECES if chat else ())
+        train_tokenizer(texts, train, target, pieces)
     return target
 
 
@@ -212,11 +213,12 @@ def build_tokenizer_info(recipe: Recipe, path: Path) -> dict[str, Any]:
     or tokenizers, and why not tiktoken), which the build logs, and for a chat build the
     sha256 of the chat template its documents are rendered with.
     """
+    corpus = corpus_of(recipe)
     if not is_tokenizer_json(path):
-        return tokenizer_info(path, CHAT_PIECES if recipe.is_chat() else ())
+        return tokenizer_info(path, corpus.tokenizer_pieces())
     tok = open_build_tokenizer(recipe, path)
     info = tok.info()
-    if recipe.is_chat():
+    if corpus.chat_format == "template":
         source = template_source(tok.files) or ""
         info["chat_template_sha256"] = hashlib.sha256(source.encode()).hexdigest()
     why = f" ({info['engine_reason']})" if info.get("engine_reason") else ""
