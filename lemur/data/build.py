@@ -26,6 +26,7 @@ from typing import Any
 from lemur.atomic_files import remove_stale_temporaries
 from lemur.data import work as work_folders
 from lemur.data.budget import is_enabled, read_sources
+from lemur.data.classifier_stage import classifier_filters, classifier_keys, classifier_section
 from lemur.data.counts import collect_counts, drops
 from lemur.data.dedup.signer import DedupSigner
 from lemur.data.dedup.stage import expected_memory, run_dedup
@@ -93,8 +94,12 @@ def _stat(path: str) -> tuple[int, int]:
         return -1, -1
 
 
-def make_filters(recipe: Recipe) -> list[LemurFilter]:
-    """The filter steps of a recipe, in order; disabled ones are left out."""
+def make_filters(
+    recipe: Recipe, inputs: list[InputFile] | None = None, run_dir: Path | None = None
+) -> list[LemurFilter]:
+    """The filter steps of a recipe, in order; disabled ones are left out. Classifiers'
+    `keep_top` cuts come from a sample of `inputs` (default: all the recipe's), recorded
+    under the tokenize run `run_dir` when given."""
     filters: list[LemurFilter] = [EmptyDocumentFilter()]
     languages = {s.name: s.languages for s in recipe.sources if s.languages}
     if languages:
@@ -112,13 +117,15 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
     ):
         if t.enabled and config.enabled and not recipe.is_chat():
             filters.append(cls(config))
+    if recipe.filters.classifier:  # after the heuristics, which its keep_top sample passes
+        filters += classifier_filters(recipe, filters, inputs, run_dir)
     if recipe.decontaminate.benchmarks:  # builds the benchmark indexes, once per build
         filters.append(decontamination_filter(recipe.decontaminate, recipe.work_root()))
     if recipe.rejects:
         from datatrove.pipeline.writers import JsonlWriter
 
         for f in filters:
-            slug = type(f).__name__.removesuffix("Filter").lower()
+            slug = getattr(f, "rejects_slug", type(f).__name__.removesuffix("Filter").lower())
             f.exclusion_writer = JsonlWriter(
                 str(Path(recipe.rejects).expanduser() / slug), output_filename="${rank}.jsonl.gz"
             )
@@ -152,7 +159,7 @@ def tokenize_stage(
     pipeline = [
         SourcesReader(inputs, recipe.sources, errors_dir=str(work_folders.errors_dir(run_dir))),
         LanguageTagger(),
-        *make_filters(recipe),
+        *make_filters(recipe, inputs, run_dir),
         # PII redaction rewrites text, which would move a conversation's loss spans.
         *(
             [PiiRedactor(recipe.pii)]
@@ -235,6 +242,8 @@ def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
             "pii": recipe.pii,
             "tasks": recipe.executor.tasks,
             "batch": recipe.tokenize_batch_docs,
+            # The models' content, not only their paths (unset: older recipes' keys stay).
+            **({"classifiers": classifier_keys(recipe)} if recipe.filters.classifier else {}),
             # Chat tokens depend on the cut (seq_len, long policy); other builds' keys stay.
             **({"chat": (recipe.seq_len, recipe.chat_settings())} if recipe.is_chat() else {}),
         }
@@ -393,6 +402,11 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "shards": [s.to_json() for s in shards],
         "mix": sections.mix(),
         "counts": counts,
+        **(
+            {"classifiers": classifier_section(run_dir, n_tasks)}
+            if recipe.filters.classifier
+            else {}
+        ),
         "recipe": recipe.to_dict(),
         "recipe_sha256": recipe.sha256(),
         "inputs_sha256": inputs_sha,
