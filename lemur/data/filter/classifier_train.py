@@ -15,8 +15,11 @@ provides it (either predicts the same), so training checks that it can train.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -77,19 +80,39 @@ def split(texts: Iterable[str], settings: TrainSettings, salt: str) -> Split:
     return Split(train=lines[n_valid:], valid=lines[:n_valid])
 
 
-def fasttext_trainer() -> Any:
-    """The `fasttext` module with training (UserError saying how to get it if it lacks it)."""
-    try:
-        import fasttext
-    except ImportError:
-        fasttext = None
-    if fasttext is None or not hasattr(fasttext, "train_supervised"):
-        raise UserError(
-            "training needs fastText's training bindings: pip install 'lemur[classifier]' "
-            "(if fasttext-predict, which shares the module name, was installed over them: "
-            "pip install --force-reinstall --no-deps fasttext-numpy2-wheel)"
-        )
-    return fasttext
+# Each training runs in a fresh interpreter: fastText 0.9.2's bindings fail a second
+# training in one process with "Encountered NaN" (measured here: the first always trained,
+# the next ones mostly failed, whatever the data and learning rate).
+_TRAIN = """
+import json, sys
+try:
+    import fasttext
+except ImportError:
+    fasttext = None
+if fasttext is None or not hasattr(fasttext, "train_supervised"):
+    sys.exit(3)
+data, out, kwargs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+try:
+    fasttext.train_supervised(input=data, **kwargs).save_model(out)
+except RuntimeError as e:
+    print(e, file=sys.stderr)
+    sys.exit(4)
+"""
+
+
+def _fasttext_arguments(settings: TrainSettings) -> dict[str, Any]:
+    return {
+        "dim": settings.dim,
+        "epoch": settings.epoch,
+        "lr": settings.lr,
+        "wordNgrams": settings.word_ngrams,
+        "minCount": settings.min_count,
+        "bucket": settings.bucket,
+        "thread": settings.threads,
+        "seed": settings.seed,
+        "loss": "softmax",
+        "verbose": 0,
+    }
 
 
 def fit(positive: list[str], negative: list[str], settings: TrainSettings, out: Path) -> None:
@@ -97,26 +120,23 @@ def fit(positive: list[str], negative: list[str], settings: TrainSettings, out: 
     pos_label, neg_label = settings.labels()
     rows = [f"{pos_label} {t}" for t in positive] + [f"{neg_label} {t}" for t in negative]
     random.Random(settings.seed).shuffle(rows)
-    fasttext = fasttext_trainer()
-    with tempfile.TemporaryDirectory(prefix="lemur-classifier-") as tmp:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="lemur-classifier-") as tmp, atomic_path(out) as part:
         data = Path(tmp) / "train.txt"
         data.write_text("".join(r + "\n" for r in rows), encoding="utf-8", errors="surrogatepass")
-        model = fasttext.train_supervised(
-            input=str(data),
-            dim=settings.dim,
-            epoch=settings.epoch,
-            lr=settings.lr,
-            wordNgrams=settings.word_ngrams,
-            minCount=settings.min_count,
-            bucket=settings.bucket,
-            thread=settings.threads,
-            seed=settings.seed,
-            loss="softmax",
-            verbose=0,
+        args = [str(data), str(part), json.dumps(_fasttext_arguments(settings))]
+        done = subprocess.run(
+            [sys.executable, "-c", _TRAIN, *args], capture_output=True, text=True, check=False
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out) as tmp_out:
-        model.save_model(str(tmp_out))
+        if done.returncode == 3:
+            raise UserError(
+                "training needs fastText's training bindings: pip install 'lemur[classifier]' "
+                "(if fasttext-predict, which shares the module name, was installed over them: "
+                "pip install --force-reinstall --no-deps fasttext-numpy2-wheel)"
+            )
+        if done.returncode != 0:  # e.g. "Encountered NaN": a learning rate too high
+            why = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise UserError(f"fastText training failed: {why} (try a lower --lr)")
 
 
 def auc(positive: list[float], negative: list[float]) -> float:
