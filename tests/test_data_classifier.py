@@ -100,7 +100,9 @@ def test_scores_in_metadata_are_fasttext_predicts_on_every_document(model):
     reference = fasttext.load_model(str(model))
     for doc in kept:
         labels, probs = reference.predict(normalise(doc.text, " "), k=-1)
-        assert doc.metadata["quality"]["prose"] == float(dict(zip(labels, probs, strict=False))["__label__hq"])
+        assert doc.metadata["quality"]["prose"] == float(
+            dict(zip(labels, probs, strict=False))["__label__hq"]
+        )
     assert len({d.metadata["quality"]["prose"] for d in kept}) > 400  # spread, not constant
 
 

@@ -389,7 +389,6 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     sections = ManifestSections(recipe, pack_plan, stages.totals(), dd, n_tasks, dups)
     # What was read of each source, when budgeted reading chose (a full read's counts stay).
     units = read["sources"] if is_enabled(recipe) else None
-    counts = collect_counts(run_dir, recipe, n_tasks, listing, sections.dedup(), units)
     tok_file = copy_tokenizer_files(tok_path, out / prefix)
     atomic_write_json(out / prefix / "stats.json", sections.stats())
     manifest = {
@@ -401,12 +400,8 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "stats": f"{prefix}/stats.json",
         "shards": [s.to_json() for s in shards],
         "mix": sections.mix(),
-        "counts": counts,
-        **(
-            {"classifiers": classifier_section(run_dir, n_tasks)}
-            if recipe.filters.classifier
-            else {}
-        ),
+        "counts": collect_counts(run_dir, recipe, n_tasks, listing, sections.dedup(), units),
+        **classifier_section(recipe, run_dir, n_tasks),  # {} without classifiers
         "recipe": recipe.to_dict(),
         "recipe_sha256": recipe.sha256(),
         "inputs_sha256": inputs_sha,

@@ -164,9 +164,12 @@ def _record(
     }
 
 
-def classifier_section(run_dir: Path, n_tasks: int) -> dict[str, Any]:
-    """The manifest's `classifiers`: per classifier its rule and cuts, what the tasks
-    scored or took from the cache, kept and dropped, and the extreme documents of each."""
+def classifier_section(recipe: Recipe, run_dir: Path, n_tasks: int) -> dict[str, Any]:
+    """The manifest's `classifiers` (nothing without classifiers): per classifier its rule
+    and cuts, what the tasks scored or took from the cache, kept and dropped, and the
+    extreme documents of each side."""
+    if not recipe.filters.classifier:
+        return {}
     folder = work_folders.quality_run(run_dir)
     section = json.loads((folder / CUTS).read_text())
     for name, entry in section.items():
@@ -189,7 +192,7 @@ def classifier_section(run_dir: Path, n_tasks: int) -> dict[str, Any]:
             else sorted(items, key=lambda e: (e["score"], e["id"]))[:EXAMPLES]
             for kind, items in examples.items()
         }
-    return section
+    return {"classifiers": section}
 
 
 def source_texts(recipe: Recipe, inputs: list[InputFile], name: str) -> tuple[list[str], dict]:
