@@ -172,6 +172,9 @@ def test_a_recut_from_cached_scores_equals_a_fresh_build_with_that_cut(tmp_path,
     recut = build(
         recipe_from_dict(recipe(tmp_path, "b", cut, work_dir=work, rejects=str(tmp_path / "rej")))
     )
+    own = tmp_path / "own.bin"  # a copy, retrained below
+    own.write_bytes(model.read_bytes())
+    cut = {"model": str(own), "min_score": 0.3}
     fresh = build(recipe_from_dict(recipe(tmp_path, "c", cut)))
     assert recut["classifiers"]["prose"]["scored"] == 0  # every score from the cache
     assert recut["classifiers"]["prose"]["cached"] == 600
@@ -191,6 +194,13 @@ def test_a_recut_from_cached_scores_equals_a_fresh_build_with_that_cut(tmp_path,
     assert len(rows) == fresh["classifiers"]["prose"]["dropped"]
     assert all(r["metadata"]["quality"]["prose"] < 0.3 for r in rows)
     assert {r["metadata"]["filter_reason"] for r in rows} == {"quality:prose"}
+    # The same recipe again is up to date; with the model retrained into its file it is not.
+    assert build(recipe_from_dict(recipe(tmp_path, "c", cut))) == fresh
+    pos, neg = split(prose_paragraphs(), SETTINGS, "p"), split(code_paragraphs(), SETTINGS, "n")
+    fit(pos.train[:100], neg.train[:100], SETTINGS, own)
+    again = build(recipe_from_dict(recipe(tmp_path, "c", cut)))
+    assert again["classifiers"]["prose"]["scored"] == 600
+    assert again["classifiers"]["prose"]["key"] != fresh["classifiers"]["prose"]["key"]
 
 
 def bad_model_error(tmp_path, capsys, model_path: Path, label: str = "hq") -> str:

@@ -26,7 +26,12 @@ from typing import Any
 from lemur.atomic_files import remove_stale_temporaries
 from lemur.data import work as work_folders
 from lemur.data.budget import is_enabled, read_sources
-from lemur.data.classifier_stage import classifier_filters, classifier_keys, classifier_section
+from lemur.data.classifier_stage import (
+    classifier_filters,
+    classifier_keys,
+    classifier_section,
+    classifiers_unchanged,
+)
 from lemur.data.counts import collect_counts, drops
 from lemur.data.dedup.signer import DedupSigner
 from lemur.data.dedup.stage import expected_memory, run_dedup
@@ -216,6 +221,8 @@ def is_up_to_date(out: Path, recipe: Recipe, inputs_sha: str) -> bool:
     if manifest.get("recipe_sha256") != recipe.sha256():
         return False
     if manifest.get("inputs_sha256") != inputs_sha:
+        return False
+    if not classifiers_unchanged(recipe, manifest):  # the models' content, not their paths
         return False
     try:
         check_structure(out, manifest=manifest)  # tokenizer and every shard, sizes and index

@@ -56,6 +56,13 @@ def classifier_keys(recipe: Recipe) -> list[str]:
     return [classifier_key(c) for c in recipe.filters.classifier or []]
 
 
+def classifiers_unchanged(recipe: Recipe, manifest: dict[str, Any]) -> bool:
+    """Whether a build's manifest scored with the recipe's classifiers as they are now (a
+    model retrained into the same file makes the build out of date)."""
+    recorded = [c.get("key") for c in manifest.get("classifiers", {}).values()]
+    return recorded == classifier_keys(recipe)
+
+
 def top_threshold(scores: list[float], keep_top: float) -> float:
     """The score of the document at rank ceil(keep_top x n), best first: keeping scores at
     or above it keeps `keep_top` of the sample (more only where scores tie)."""
@@ -156,7 +163,8 @@ def _record(
         rule = {"score_only": True}
     return {
         "model": config.model,
-        "model_fingerprint": key,
+        "model_fingerprint": model_fingerprint(config.model),
+        "key": key,  # the fingerprint, label and normalisation: what the scores depend on
         "label": config.fasttext_label,
         "normalisation": {"newline": config.newline, "lowercase": config.lowercase},
         "sources": sources,
