@@ -147,6 +147,7 @@ def test_keep_top_keeps_a_tenth_of_10000_documents_alike_on_local_and_ray(tmp_pa
     rule = {"model": str(model), "keep_top": 0.1, "sample_docs": 10_000}
     local = build(recipe_from_dict(recipe(tmp_path, "local", rule)))
     entry = local["classifiers"]["prose"]
+    print(f"keep_top 0.1: kept {entry['kept']:,} of 10,000 (cut {entry['thresholds']['mixed']})")
     assert entry["sample_docs"] == {"mixed": 10_000}
     assert 900 <= entry["kept"] <= 1100 and entry["kept"] + entry["dropped"] == 10_000
     assert local["counts"]["dropped"] == {"quality:prose": entry["dropped"]}

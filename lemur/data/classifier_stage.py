@@ -246,7 +246,7 @@ def train_classifier(
     model to `out` and its card beside it (`<out stem>.json`); return the card."""
     from lemur.data.filter.classifier_train import train
 
-    names = {s.name for s in recipe.sources}
+    names = [s.name for s in recipe.sources]
     for n in [*positive, *negative]:
         if n not in names:
             raise RecipeError(f"recipe: no source is named '{n}' (sources: {', '.join(names)})")
