@@ -5,6 +5,7 @@ scores, and a bad model file is a one-line error."""
 from __future__ import annotations
 
 import random
+import re
 import sysconfig
 from pathlib import Path
 
@@ -277,3 +278,23 @@ def test_classifier_train_command_writes_the_model_and_its_card(tmp_path, capsys
         and len(card["data"]["positive"][0]["sha256"]) == 64
     )
     assert 0.5 < card["metrics"]["auc"] <= 1 and 0 <= card["metrics"]["precision"] <= 1
+
+
+@pytest.mark.parametrize(
+    ("classifiers", "message"),
+    [
+        ([{"min_score": 0.5, "keep_top": 0.1}], "give min_score or keep_top, not both"),
+        ([{"keep_top": 0}], "keep_top must be in (0, 1], got 0"),
+        ([{"min_score": 1.5}], "min_score must be in [0, 1], got 1.5"),
+        ([{"domains": ["code"]}], "domains: no source has domain 'code'"),
+        ([{"sources": ["web"]}], "sources: no source is named 'web'"),
+        ([{}, {}], "filters.classifier 'prose': the name is used twice"),
+    ],
+)
+def test_classifier_settings_are_checked_naming_the_key(tmp_path, classifiers, message):
+    from lemur.data.recipe import RecipeError
+
+    raw = recipe(tmp_path, "out", {"model": "m.bin"})
+    raw["filters"]["classifier"] = [{"name": "prose", "model": "m.bin", **c} for c in classifiers]
+    with pytest.raises(RecipeError, match=re.escape(message)):
+        recipe_from_dict(raw, check_paths=False)
