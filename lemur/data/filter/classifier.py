@@ -154,6 +154,7 @@ class FastTextModel:
 
 @functools.lru_cache(maxsize=4)
 def _load(path: str, label: str, size: int, mtime_ns: int) -> FastTextModel:
+    del size, mtime_ns  # part of the cache key only: a replaced file is loaded again
     return FastTextModel(path, label)
 
 
