@@ -26,6 +26,12 @@ from typing import Any
 from lemur.atomic_files import remove_stale_temporaries
 from lemur.data import work as work_folders
 from lemur.data.budget import is_enabled, read_sources
+from lemur.data.classifier_stage import (
+    classifier_filters,
+    classifier_keys,
+    classifier_section,
+    classifiers_unchanged,
+)
 from lemur.data.corpus import Corpus, corpus_of
 from lemur.data.counts import collect_counts, drops
 from lemur.data.dedup.signer import DedupSigner
@@ -94,8 +100,12 @@ def _stat(path: str) -> tuple[int, int]:
         return -1, -1
 
 
-def make_filters(recipe: Recipe) -> list[LemurFilter]:
-    """The filter steps of a recipe, in order; disabled ones are left out."""
+def make_filters(
+    recipe: Recipe, inputs: list[InputFile] | None = None, run_dir: Path | None = None
+) -> list[LemurFilter]:
+    """The filter steps of a recipe, in order; disabled ones are left out. Classifiers'
+    `keep_top` cuts come from a sample of `inputs` (default: all the recipe's), recorded
+    under the tokenize run `run_dir` when given."""
     filters: list[LemurFilter] = [EmptyDocumentFilter()]
     languages = {s.name: s.languages for s in recipe.sources if s.languages}
     if languages:
@@ -114,13 +124,15 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
     ):
         if t.enabled and config.enabled and judged:
             filters.append(cls(config))
+    if recipe.filters.classifier:  # after the heuristics, which its keep_top sample passes
+        filters += classifier_filters(recipe, filters, inputs, run_dir)
     if recipe.decontaminate.benchmarks:  # builds the benchmark indexes, once per build
         filters.append(decontamination_filter(recipe.decontaminate, recipe.work_root()))
     if recipe.rejects:
         from datatrove.pipeline.writers import JsonlWriter
 
         for f in filters:
-            slug = type(f).__name__.removesuffix("Filter").lower()
+            slug = getattr(f, "rejects_slug", type(f).__name__.removesuffix("Filter").lower())
             f.exclusion_writer = JsonlWriter(
                 str(Path(recipe.rejects).expanduser() / slug), output_filename="${rank}.jsonl.gz"
             )
@@ -155,7 +167,7 @@ def tokenize_stage(
     pipeline = [
         SourcesReader(inputs, recipe.sources, errors_dir=str(work_folders.errors_dir(run_dir))),
         LanguageTagger(),
-        *make_filters(recipe),
+        *make_filters(recipe, inputs, run_dir),
         # PII redaction rewrites text, not a conversation's messages (what chat trains on).
         *(
             [PiiRedactor(recipe.pii)]
@@ -213,6 +225,8 @@ def is_up_to_date(out: Path, recipe: Recipe, inputs_sha: str) -> bool:
         return False
     if manifest.get("inputs_sha256") != inputs_sha:
         return False
+    if not classifiers_unchanged(recipe, manifest):  # the models' content, not their paths
+        return False
     try:
         check_structure(out, manifest=manifest)  # tokenizer and every shard, sizes and index
     except (OSError, ShardFormatError):
@@ -238,6 +252,8 @@ def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
             "pii": recipe.pii,
             "tasks": recipe.executor.tasks,
             "batch": recipe.tokenize_batch_docs,
+            # The models' content, not only their paths (unset: older recipes' keys stay).
+            **({"classifiers": classifier_keys(recipe)} if recipe.filters.classifier else {}),
             # Chat tokens depend on the cut (seq_len, long policy); other builds' keys stay.
             **corpus_of(recipe).work_key(),
         }
@@ -383,7 +399,6 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     sections = ManifestSections(recipe, pack_plan, stages.totals(), dd, n_tasks, dups)
     # What was read of each source, when budgeted reading chose (a full read's counts stay).
     units = read["sources"] if is_enabled(recipe) else None
-    counts = collect_counts(run_dir, recipe, n_tasks, listing, sections.dedup(), units)
     tok_file = copy_tokenizer_files(tok_path, out / prefix)
     atomic_write_json(out / prefix / "stats.json", sections.stats())
     manifest = {
@@ -395,7 +410,8 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "stats": f"{prefix}/stats.json",
         "shards": [s.to_json() for s in shards],
         "mix": sections.mix(),
-        "counts": counts,
+        "counts": collect_counts(run_dir, recipe, n_tasks, listing, sections.dedup(), units),
+        **classifier_section(recipe, run_dir, n_tasks),  # {} without classifiers
         "recipe": recipe.to_dict(),
         "recipe_sha256": recipe.sha256(),
         "inputs_sha256": inputs_sha,

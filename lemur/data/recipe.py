@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 # Re-exported: the recipe's sections are imported from here.
+from lemur.data.recipe_classifier import ClassifierConfig as ClassifierConfig
+from lemur.data.recipe_classifier import check_classifiers
 from lemur.data.recipe_errors import RecipeError as RecipeError
 from lemur.data.recipe_filters import BUILTIN_BENCHMARKS as BUILTIN_BENCHMARKS
 from lemur.data.recipe_filters import PII_KINDS as PII_KINDS
@@ -202,6 +204,7 @@ class Recipe:
         # The sections checked themselves; these checks span several of them.
         _check_outputs(self)
         check_sources(self.sources)
+        check_classifiers(self.filters.classifier or [], self.sources)
         _check_chat(self)
         if not self.is_chat():  # the code:text ratio and language shares do not apply to chat
             _check_mix_domains(self)

@@ -110,6 +110,7 @@ def compute_stats(directory: str | Path) -> dict[str, Any]:
         "sources": mix.get("sources", {}),
         "languages": mix.get("languages", {}),
         "counts": manifest.get("counts", {}),
+        **({"classifiers": manifest["classifiers"]} if "classifiers" in manifest else {}),
     }
 
 
@@ -261,6 +262,29 @@ def _print_counts(console: Any, counts: dict[str, Any]) -> None:
         console.print(t)
 
 
+def _print_classifiers(console: Any, classifiers: dict[str, Any]) -> None:
+    """Each quality classifier's cut and keep rate, then its extreme kept and dropped
+    documents (the best and the borderline ones on each side of the cut)."""
+    for name, c in classifiers.items():
+        if "keep_top" in c:
+            cuts = ", ".join(f"{s} {v:.4g}" for s, v in c["thresholds"].items())
+            rule = f"keep_top {c['keep_top']:g} (thresholds: {cuts})"
+        else:
+            rule = f"min_score {c['min_score']:g}" if "min_score" in c else "scores only"
+        rate = "" if c.get("keep_rate") is None else f", kept {c['keep_rate']:.1%}"
+        t = table(
+            f"classifier {name}: {c['label']} of {c['model']}; {rule}{rate} "
+            f"({c['kept']:,} kept, {c['dropped']:,} dropped; {c['scored']:,} scored, "
+            f"{c['cached']:,} from the cache)",
+            ["", "score", "document", "text"],
+        )
+        for kind in ("kept_high", "kept_low", "dropped_high", "dropped_low"):
+            for e in c.get("examples", {}).get(kind, [])[:2]:
+                text = " ".join(e["text"].split())[:100]
+                t.add_row(kind.replace("_", ", "), f"{e['score']:.4f}", e["id"], text)
+        console.print(t)
+
+
 def framing(tokenizer: dict[str, Any]) -> str:
     """How a document is framed and who encoded it, from the manifest's tokenizer entry:
     `BOS 1 + doc + EOS 2`, or `doc + EOS 151643 (no BOS)` (Qwen2.5)."""
@@ -287,6 +311,7 @@ def print_stats(stats: dict[str, Any]) -> None:
     _print_groups(console, stats)
     if stats["counts"]:
         _print_counts(console, stats["counts"])
+    _print_classifiers(console, stats.get("classifiers") or {})
 
 
 def write_plots(stats: dict[str, Any], directory: str | Path, shard_dir: str | Path) -> list[Path]:

@@ -13,6 +13,9 @@ which builds into other outputs may share. Under it:
     tokenizer-<sha>.model, given-tokenizer-<sha>[-chatml].model, hf-tokenizer-<sha>/,
     byte-bpe-<sha>/        the prepared tokenizers (tokenize/prepare.py)
     decontam/              the benchmark n-gram indexes (filter/decontaminate.py)
+    quality-<name>-<key>/  a classifier's cached scores, by model and text normalisation:
+                           one file per tokenize task and one of the keep_top sample
+                           (filter/classifier.py, classifier_stage.py)
 
 The demo's gathered text lives under `<output>/.work/demo-sources/` (`demo_sources`).
 """
@@ -84,6 +87,16 @@ def byte_bpe(root: Path, key: str) -> Path:
 def decontam(root: Path) -> Path:
     """The benchmark n-gram indexes of decontamination."""
     return root / "decontam"
+
+
+def quality_cache(root: Path, name: str, key: str) -> Path:
+    """The cached scores of the classifier `name` (`key`: its model and normalisation)."""
+    return root / f"quality-{name}-{key}"
+
+
+def quality_run(run: Path) -> Path:
+    """A tokenize run's classifier records: the cuts and each task's summary."""
+    return run / "quality"
 
 
 def demo_sources(output: str | os.PathLike[str]) -> Path:
