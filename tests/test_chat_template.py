@@ -31,7 +31,9 @@ from lemur.chat_template import (
 from lemur.data.read.chat import parse_chatml, render_chatml
 from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY
 from lemur.data.tokenize.template_chat import TemplateChatEncoder
-from lemur.eval.generate import GenerationConfig, chat_prompt_ids, generate, generate_ids
+from lemur.eval.chat_prompt import chat_prompt_ids
+from lemur.eval.decoding import GenerationConfig
+from lemur.eval.generate import generate, generate_ids
 from lemur.model.config import config_from_preset
 from lemur.model.llama import init_params
 from lemur.tokenizer import TokenizerError, open_tokenizer

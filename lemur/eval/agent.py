@@ -38,7 +38,9 @@ from lemur.eval.agent_tasks import (
     extract_code,
     feedback,
 )
-from lemur.eval.generate import ChatPrompt, GenerationConfig, Tokenizer, chat_prompt_ids
+from lemur.eval.chat_prompt import ChatPrompt, chat_prompt_ids
+from lemur.eval.decoding import GenerationConfig
+from lemur.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)

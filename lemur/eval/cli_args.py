@@ -144,7 +144,7 @@ def load_checkpoint(args: argparse.Namespace, for_decoding: bool = False) -> Any
 
 def sampling(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> Any:
     """The GenerationConfig of the sampling arguments."""
-    from lemur.eval.generate import GenerationConfig
+    from lemur.eval.decoding import GenerationConfig
     from lemur.eval.sampling import Sampling
 
     with user_input(ValueError):  # the settings check the arguments
