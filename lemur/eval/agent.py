@@ -193,7 +193,11 @@ def _run_code(
         if codes[i] is None:
             return Execution("no_code")
         return execute(
-            conversations[i].task, codes[i], config.limits, isolation, config.allow_network
+            conversations[i].task,
+            codes[i],
+            config.limits,
+            isolation,
+            allow_network=config.allow_network,
         )
 
     with ThreadPoolExecutor(max_workers=config.workers or len(replies) or 1) as pool:

@@ -81,21 +81,6 @@ class LoadedModel:
     hf_tokenizer: dict[str, Path] = dataclasses.field(default_factory=dict)
 
 
-def detect_kind(path: Path) -> str:
-    """The kind of model in `path` ("run", "step", "lemur" or "hf"); LoadError otherwise."""
-    found = pretrained.folder_kind(path)
-    if found is not None:
-        return found
-    if (path / "state").is_dir() and (path / "meta").is_dir():
-        return "step"
-    if (path / "config.yaml").is_file() or (path / "checkpoints").is_dir():
-        return "run"
-    raise LoadError(
-        f"{path}: not a lemur run directory, orbax step, lemur model checkpoint "
-        "or Hugging Face Llama folder"
-    )
-
-
 def _latest_step(run_dir: Path) -> Path:
     """The newest complete step directory under a run's checkpoint directory."""
     ckpt = run_dir / "checkpoints"
@@ -107,9 +92,7 @@ def _latest_step(run_dir: Path) -> Path:
         if stored:  # relative in runs older than absolute paths: to where the run started
             ckpt = run_path(str(stored), started_from(raw.get("run_dir"), run_dir))
     steps = sorted(
-        (int(p.name), p)
-        for p in ckpt.glob("*")
-        if p.name.isdigit() and (p / "state").is_dir() and (p / "meta").is_dir()
+        (int(p.name), p) for p in ckpt.glob("*") if p.name.isdigit() and pretrained.is_step_dir(p)
     )
     if not steps:
         raise LoadError(f"{run_dir}: no complete checkpoint under {ckpt}")
@@ -195,7 +178,12 @@ def _load_hf(path: Path) -> tuple[LlamaConfig, Params]:
 
 def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Found, str, dict]:
     """(config, host params, the tokenizer found, kind, HF tokenizer files) of any path."""
-    kind = detect_kind(path)
+    kind = pretrained.folder_kind(path)
+    if kind is None:
+        raise LoadError(
+            f"{path}: not a lemur run directory, orbax step, lemur model checkpoint "
+            "or Hugging Face Llama folder"
+        )
     if kind == "hf":
         config, params = _load_hf(path)
         return (
