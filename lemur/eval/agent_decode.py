@@ -217,7 +217,6 @@ class TurnDecoder:
         """Decode from each row's first token until every row is done; set the rows' ids."""
         gen, B = self.gen, self.gen.batch_size
         eos = self.eos_ids
-        chunks = -(-(gen.max_new_tokens - 1) // gen.chunk)
         states = [RowState(prompt=p) for p in prompts]
         raw: list[list[int]] = [[int(t)] for t in first]  # every token sampled, fed or not
         # Rows not replying write past their end (their tokens stay), without advancing.
@@ -225,8 +224,9 @@ class TurnDecoder:
         for i, b in enumerate(rows):
             token[b], length[b] = first[i], len(prompts[i])
             extend_row(states[i], [int(first[i])], gen, eos, self.tokenizer)
-        self._ensure(int(length.max()) + chunks * gen.chunk + 1)
-        state = DecodeState(self.cache, jnp.asarray(token), jnp.asarray(length), key, None)
+        self._ensure(int(length.max()) + gen.decode_slots + 1)
+        done = np.zeros(B, bool)
+        state = DecodeState(self.cache, jnp.asarray(token), jnp.asarray(length), key, done)
         while any(s.finish is None for s in states):
             done = np.ones(B, bool)
             for i, b in enumerate(rows):

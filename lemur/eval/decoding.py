@@ -40,6 +40,12 @@ class GenerationConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
+    @property
+    def decode_slots(self) -> int:
+        """Cache slots a reply needs after its prompt: the new tokens after the first (which
+        prefill samples), in whole chunks."""
+        return -(-(self.max_new_tokens - 1) // self.chunk) * self.chunk
+
 
 @dataclasses.dataclass
 class Completion:

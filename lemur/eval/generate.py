@@ -81,9 +81,10 @@ def _start(
     key: jax.Array,
     config: LlamaConfig,
     sampling: Sampling,
-) -> tuple[jax.Array, jax.Array, decode.KVCache]:
+) -> DecodeState:
     """Prefill each prompt in its own bucket into one B x S cache, every prompt ending at
-    slot P - 1 (left padding), then sample the first new tokens: (tokens B, key, cache).
+    slot P - 1 (left padding), then sample the first new tokens: the state to decode from
+    (at slot P; no row done yet).
 
     One prompt at a time rather than the batch left-padded to the longest: a batch of
     mixed lengths then computes each prompt's own bucket, not B times the longest.
@@ -99,7 +100,8 @@ def _start(
         cache = _insert(cache, row_cache, np.int32(b), np.int32(P - Pb))
         logits.append(logits_1xV)
     token_B, key = first_tokens(jnp.concatenate(logits), key, sampling=sampling)
-    return token_B, key, cache
+    done_B = np.zeros(len(rows), bool)
+    return DecodeState(cache, token_B, jnp.asarray(P, jnp.int32), key, done_B)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "steps"), donate_argnums=1)
@@ -143,16 +145,14 @@ def _run_batch(
 ) -> None:
     """Generate for one batch of rows (left-padded in one cache), filling the rows."""
     P = bucket(max(len(r.prompt) for r in rows))
-    chunks = -(-(gen.max_new_tokens - 1) // gen.chunk)
     pad_B = np.array([P - len(r.prompt) for r in rows], np.int32)
-    S = P + chunks * gen.chunk  # P is a bucket and max_new_tokens is fixed per run
-    token_B, key, cache = _start(params, rows, P, S, key, config, gen.sampling)
-    first_B = np.asarray(token_B)
+    S = P + gen.decode_slots  # P is a bucket and max_new_tokens is fixed per run
+    state = _start(params, rows, P, S, key, config, gen.sampling)
+    first_B = np.asarray(state.token_B)
     for b, r in enumerate(rows):
         extend_row(r, [first_B[b]], gen, eos_ids, tokenizer)
     # Traced and padded to a fixed size: a new set of ids compiles nothing new.
     eos_4 = np.pad(np.asarray(eos_ids, np.int32), (0, max(0, 4 - len(eos_ids))), mode="edge")
-    state = DecodeState(cache, token_B, jnp.asarray(P, jnp.int32), key, None)
     while any(r.finish is None for r in rows):
         done_B = np.array([r.finish is not None for r in rows])
         state, new_BxT = decode_chunk(
