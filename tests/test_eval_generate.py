@@ -21,7 +21,7 @@ from lemur.eval.load import load_model  # noqa: E402
 from lemur.eval.sampling import Sampling, sample  # noqa: E402
 from lemur.model import hf, llama  # noqa: E402
 from lemur.model.config import LlamaConfig, Params, param_shapes
-from lemur.tokenizer import SentencePieceTokenizer  # noqa: E402
+from lemur.tokenizer import ChatMLTokenizer, SentencePieceTokenizer  # noqa: E402
 
 VOCAB = 256
 GREEDY = GenerationConfig(max_new_tokens=48, batch_size=8)
@@ -208,6 +208,7 @@ def test_chat_wraps_prompts_in_chatml(tmp_path: Path) -> None:
     )
     (tmp_path / "chat.model").write_bytes(model.getvalue())
     tok = SentencePieceTokenizer(tmp_path / "chat.model")
+    assert isinstance(tok, ChatMLTokenizer)  # what chat_prompt_ids encodes ChatML with
     prompt = chat_prompt(tok, "Say hi", system="Be brief")
     assert prompt == (
         "<|im_start|>system\nBe brief<|im_end|>\n<|im_start|>user\nSay hi"
