@@ -31,10 +31,12 @@ from lemur.chat_template import (
 from lemur.data.read.chat import MESSAGES_KEY, render_chatml
 from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY
 from lemur.data.tokenize.template_chat import TemplateChatEncoder
-from lemur.eval.generate import GenerationConfig, chat_prompt_ids, generate, generate_ids
+from lemur.eval.chat_prompt import chat_prompt_ids
+from lemur.eval.decoding import GenerationConfig
+from lemur.eval.generate import generate, generate_ids
 from lemur.model.config import config_from_preset
 from lemur.model.llama import init_params
-from lemur.tokenizer import TokenizerError, open_tokenizer
+from lemur.tokenizer import ChatMLTokenizer, TokenizerError, open_tokenizer
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -256,6 +258,7 @@ def test_long_conversations_are_cut_to_a_rendered_prefix(llama3):
 def test_generation_prompts_equal_apply_chat_template(kind, request):
     folder = request.getfixturevalue(kind)
     tok, hf = open_tokenizer(folder), hf_tokenizer(folder)
+    assert not isinstance(tok, ChatMLTokenizer)  # it chats by its template, not ChatML
     control = [{"role": "user", "content": "spell <|eot_id|> and <|im_end|> for me"}]
     for msgs in [*CONVERSATIONS, control + [{"role": "assistant", "content": "ok"}]]:
         for k in (k for k, m in enumerate(msgs) if m["role"] == "assistant"):

@@ -58,8 +58,6 @@ CHECKED_FOLDERS = ("lemur", "tools", "tests")
 # edge (importer, imported): the one that points the wrong way. Delete an entry once its
 # edge is gone or closes no cycle any more (the test says so); never add one.
 KNOWN_CYCLE_EDGES = {
-    # #35 item 1: the chat `Tokenizer` protocol in the tokenizer package (generate.py).
-    ("lemur.eval.chat_prompt", "lemur.eval.generate"): "chat_prompt.py, generate.py",
     # #35 item 1: train errors and batch layout in their own modules (step.py, state.py).
     ("lemur.train.step", "lemur.train.state"): "step.py, state.py, setup.py",
 }
@@ -67,14 +65,7 @@ KNOWN_CYCLE_EDGES = {
 # Private names used across modules when the check came (issue #35), as (file, module._name).
 # Each goes when its name becomes public or its user stops needing it; never add one.
 KNOWN_PRIVATE_USES = {
-    # #35 item 1: one public decoding module shared by generate and the agent (generate.py).
-    ("lemur/eval/agent_decode.py", "lemur.eval.generate._first"): "generate.py",
-    ("lemur/eval/agent_decode.py", "lemur.eval.generate._Row"): "generate.py",
-    ("lemur/eval/agent_decode.py", "lemur.eval.generate._update"): "generate.py",
     # #35 item 4: tests of private helpers (their modules are being edited elsewhere).
-    ("tests/test_eval_generate.py", "lemur.eval.generate._continue"): "generate.py",
-    ("tests/test_eval_generate.py", "lemur.eval.generate._prefill_row"): "generate.py",
-    ("tests/test_eval_sandbox.py", "lemur.eval.sandbox._open_to_others"): "sandbox.py",
     ("tests/test_train_step.py", "lemur.train.step._decay_mask"): "step.py",
 }
 

@@ -17,7 +17,7 @@ from lemur.chatml import CHAT_PIECES, IM_END, IM_START
 from lemur.data.read.chat import MESSAGES_KEY, render_chatml
 from lemur.data.tokenize.chat import TOKENS_KEY, ChatEncoder
 from lemur.data.tokenize.tokenizer import extend_tokenizer
-from lemur.eval.generate import chat_prompt_ids
+from lemur.eval.chat_prompt import chat_prompt_ids
 from lemur.model import checkpoint, convert, hf_tokenizer
 from lemur.model.config import config_from_preset
 from lemur.model.grow import grow_vocab
