@@ -18,6 +18,7 @@ from lemur.tokenizer.fim import (
     FIM_PIECES,
     MARKER_STYLES,
     CodeMarkers,
+    decode_continuing,
     encode_parts,
     fim_parts,
     fim_prompt_ids,
@@ -194,12 +195,14 @@ def test_sentencepiece_ids_follow_codellama(spm_fim):
 
 
 def _decode_continuing(tok, ids: list[int]) -> str:
-    """The text of ids encoded as continuing text: a SentencePiece decode drops a leading
-    space (its dummy prefix), so decode after a sentinel piece (CodeLlama's
-    `decode_infilling`)."""
-    if tok.kind != "sentencepiece":
-        return tok.decode(ids)
-    return tok.decode([tok.piece_id("\u263a"), *ids])[1:]
+    """CodeLlama's `decode_infilling` for SentencePiece (decode after a sentinel piece, so no
+    leading space is dropped as the dummy prefix's); plain decode otherwise. Also checks
+    `decode_continuing`, which `lemur-eval infill` decodes a middle with, against it."""
+    want = tok.decode(ids)
+    if tok.kind == "sentencepiece":
+        want = tok.decode([tok.piece_id("\u263a"), *ids])[1:]
+    assert decode_continuing(tok, ids) == want
+    return want
 
 
 @pytest.mark.parametrize("folder", ["llama3_qwen_fim", "bpe_starcoder", "spm_fim"])

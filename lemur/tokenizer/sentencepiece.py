@@ -85,6 +85,11 @@ class SentencePieceTokenizer:
         """Ids of ChatML text as the chat build encodes it (no dummy-prefix `▁`: chatml.py)."""
         return list(self._chat_sp.encode(text))
 
+    def decode_continuing(self, ids: Sequence[int]) -> str:
+        """The text of ids encoded as continuing text (`encode_chat`'s: no dummy prefix), its
+        leading space kept (`decode` drops one as the dummy prefix's)."""
+        return self._chat_sp.decode([int(i) for i in ids])
+
     @functools.cached_property
     def _chat_sp(self) -> spm.SentencePieceProcessor:
         from lemur.chatml import chat_processor  # a copy of the model, made on first use
