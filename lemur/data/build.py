@@ -47,6 +47,13 @@ from lemur.data.pack.write import PackStages
 from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
+from lemur.data.repos.stage import (
+    Grouped,
+    RepoFormatError,
+    group_repositories,
+    pack_recipe,
+    spill_step,
+)
 from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.run.stage import executor_session, run_tasks
 from lemur.data.run.task import Reporter, StageError, StageRunner
@@ -170,6 +177,8 @@ def tokenize_stage(
             if recipe.dedup.exact or recipe.dedup.near
             else []
         ),
+        # Repository documents: files set aside by repository, grouped after dedup.
+        *spill_step(recipe, run_dir, n_tasks),
         tokenize_writer(recipe, tok_path, work_folders.tokens_dir(run_dir)),
     ]
     run_stage(recipe, report, pipeline, run_dir, n_tasks, "tokenize")
@@ -237,6 +246,7 @@ def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
             "batch": recipe.tokenize_batch_docs,
             # Chat tokens depend on the cut (seq_len, long policy); other builds' keys stay.
             **({"chat": (recipe.seq_len, recipe.chat_settings())} if recipe.is_chat() else {}),
+            **({"repos": recipe.repos.spill_settings()} if recipe.repos else {}),
         }
     )[:16]
 
@@ -340,6 +350,47 @@ def pack_stages(
     )
 
 
+def _pack_input(
+    recipe: Recipe,
+    run_dir: Path,
+    n_tasks: int,
+    dd: Path | None,
+    tok_path: Path,
+    tok_info: dict[str, Any],
+    stage: StageRunner,
+) -> tuple[PackStages, Grouped | None]:
+    """The pack stage over the read run, or with `repos:` over the group stage's run (the
+    repository documents, duplicates already removed); the group stage's result or None."""
+    if recipe.repos is None:
+        return pack_stages(recipe, run_dir, n_tasks, tok_info, dd, tok_path, stage), None
+    try:
+        grouped = group_repositories(recipe, run_dir, n_tasks, dd, tok_path, stage)
+    except RepoFormatError as e:
+        raise BuildError(str(e)) from None
+    stages = pack_stages(
+        pack_recipe(recipe), grouped.run, grouped.tasks, tok_info, None, tok_path, stage
+    )
+    return stages, grouped
+
+
+def _sections(
+    recipe: Recipe,
+    stages: PackStages,
+    grouped: Grouped | None,
+    plan: Any,
+    dd: Path | None,
+    n_tasks: int,
+    out: Path,
+) -> ManifestSections:
+    """The manifest's sections over the finished pack tasks (`duplicates.jsonl` written when
+    asked; dedup's removals before grouping counted with the pack stage's)."""
+    dups = stages.write_duplicates(out)
+    totals = stages.totals()
+    if grouped is not None:
+        grouped.add_removals(totals)
+    return ManifestSections(recipe, plan, totals, dd, n_tasks, dups)
+
+
 def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, Any]:
     """`build` while holding the output directory's lock."""
     started = time.time()
@@ -362,7 +413,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.
     read_round = partial(_read_round, recipe, listing, tok_path, tokenizer_key(tok_info), report)
     reading, run_dir, n_tasks, dd = read_sources(recipe, listing, read_round)
-    stages = pack_stages(recipe, run_dir, n_tasks, tok_info, dd, tok_path, stage)
+    stages, grouped = _pack_input(recipe, run_dir, n_tasks, dd, tok_path, tok_info, stage)
     prefix = stages.prefix
     try:
         pack_plan = stages.plan()  # histogram tasks, then the plan in this process
@@ -376,11 +427,11 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     if plan_only:
         return {"plan": pack_plan.mix.to_json(), "reading": read}
     shards = stages.shuffle(pack_plan, out)  # scatter tasks, then gather tasks
-    dups = stages.write_duplicates(out)
-    sections = ManifestSections(recipe, pack_plan, stages.totals(), dd, n_tasks, dups)
+    sections = _sections(recipe, stages, grouped, pack_plan, dd, n_tasks, out)
     # What was read of each source, when budgeted reading chose (a full read's counts stay).
     units = read["sources"] if is_enabled(recipe) else None
     counts = collect_counts(run_dir, recipe, n_tasks, listing, sections.dedup(), units)
+    counts |= grouped.manifest_counts(recipe) if grouped is not None else {}
     tok_file = copy_tokenizer_files(tok_path, out / prefix)
     atomic_write_json(out / prefix / "stats.json", sections.stats())
     manifest = {

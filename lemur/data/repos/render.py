@@ -1,0 +1,100 @@
+"""The repository format of a model, and a repository's files split into documents that fit
+a token budget at file boundaries.
+
+With the model's own markers (Qwen2.5-Coder: `<|repo_name|>` and `<|file_sep|>`;
+StarCoder2: `<repo_name>` and `<file_sep>`) a repository document is
+
+    <|repo_name|>{name}\\n<|file_sep|>{path}\\n{content}<|file_sep|>{path}\\n{content}...
+
+(Qwen2.5-Coder's layout; StarCoder2's has no newline after the name), each marker one id and
+every text part encoded as text. A tokenizer without them gets the plain-text format, the
+same layout spelled in text (`PLAIN_REPO`, `PLAIN_FILE`) and encoded as one text, as any
+document is. A file's content may itself be several parts (fill-in-the-middle markers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# A part of a document: text, or one control id (a marker).
+Part = str | int
+PLAIN_REPO, PLAIN_FILE = "<repo_name>", "<file_sep>"
+
+
+@dataclass(frozen=True)
+class RepoFormat:
+    """How a repository document is spelled: marker ids, or plain text (ids None)."""
+
+    repo_id: int | None = None
+    file_id: int | None = None
+    newline_after_name: bool = True  # Qwen2.5-Coder's layout; StarCoder2's has none
+
+    @property
+    def plain(self) -> bool:
+        """Whether the markers are spelled in text (the tokenizer has none of its own)."""
+        return self.repo_id is None or self.file_id is None
+
+    def header(self, name: str) -> list[Part]:
+        """The parts a repository document starts with."""
+        tail = "\n" if self.newline_after_name else ""
+        if self.plain:
+            return [f"{PLAIN_REPO}{name}{tail}"]
+        return [self.repo_id, f"{name}{tail}"]
+
+    def file(self, path: str, content: Sequence[Part]) -> list[Part]:
+        """The parts of one file: its separator, its path and its content's parts."""
+        if self.plain:
+            return [f"{PLAIN_FILE}{path}\n", *content]
+        return [self.file_id, f"{path}\n", *content]
+
+
+def join_text(parts: Sequence[Part]) -> list[Part]:
+    """`parts` with neighbouring texts joined (what encoding a document sees as one text)."""
+    out: list[Part] = []
+    for p in parts:
+        if isinstance(p, str) and out and isinstance(out[-1], str):
+            out[-1] += p
+        elif not (isinstance(p, str) and not p):
+            out.append(p)
+    return out
+
+
+def split_repository(
+    header: list[Part],
+    files: list[list[Part]],
+    encode: Callable[[list[Part]], np.ndarray],
+    budget: int,
+    additive: bool,
+) -> list[tuple[range, np.ndarray]]:
+    """Split a repository's files (each a list of parts, in order) into documents of at most
+    `budget` ids, each `header` then whole files: (the files it holds, its ids) per document.
+
+    A file that alone exceeds the budget is a document of its own. `additive`: a document's
+    ids are its parts' ids end to end (every file starts with a marker id, so no text runs
+    across a file boundary), so each file is encoded once; otherwise (plain text, where
+    neighbouring texts are encoded together) each document is encoded whole and a file that
+    tips it over the budget moves to the next document.
+    """
+    head = encode(header)
+    each = [encode(f) for f in files]
+    out: list[tuple[range, np.ndarray]] = []
+    start = 0
+    while start < len(files):
+        end, size = start + 1, len(head) + len(each[start])
+        while end < len(files) and size + len(each[end]) <= budget:
+            size += len(each[end])
+            end += 1
+        while True:
+            if additive:
+                ids = np.concatenate([head, *each[start:end]])
+            else:
+                ids = encode(join_text([p for f in (header, *files[start:end]) for p in f]))
+            if len(ids) <= budget or end == start + 1:
+                break
+            end -= 1
+        out.append((range(start, end), ids))
+        start = end
+    return out

@@ -1,0 +1,138 @@
+"""The build's hooks for repository documents: the read stage's set-aside step, and the
+group stage run between dedup and packing (its run replaces the read stage's for the pack
+stage; its counts go to the manifest's `counts.repositories`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lemur.data import work as work_folders
+from lemur.data.pack.shuffle import ScatterTotals
+from lemur.data.recipe import Recipe
+from lemur.data.repos.group import GroupCounts, GroupSettings, RepoGroups, read_counts
+from lemur.data.repos.render import RepoFormat
+from lemur.data.repos.spill import RepoSpill
+from lemur.data.run.task import StageRunner
+from lemur.data.tokenize.prepare import open_build_tokenizer
+from lemur.tokenizer import is_tokenizer_json
+
+GROUP_VERSION = 1
+
+
+class RepoFormatError(ValueError):
+    """The recipe asks for the model's repository markers and its tokenizer has none."""
+
+
+def spill_step(recipe: Recipe, run_dir: Path, tasks: int) -> list[RepoSpill]:
+    """The read pipeline's set-aside step (before the token writer); none without `repos:`."""
+    repos = recipe.repos
+    if repos is None:
+        return []
+    out = str(work_folders.repos_spill(run_dir))
+    return [RepoSpill(out, tuple(recipe.repo_sources()), repos.key, tasks)]
+
+
+def repo_format(recipe: Recipe) -> RepoFormat:
+    """The repository format the recipe and the tokenizer settle (see render.py)."""
+    assert recipe.repos is not None
+    if recipe.repos.format == "markers":
+        raise RepoFormatError(
+            "recipe: repos.format markers: this build cannot place repository markers yet; "
+            "use repos.format auto or plain"
+        )
+    return RepoFormat()
+
+
+@dataclass
+class Grouped:
+    """A finished group stage: its run (read by the pack stage), tasks and counts."""
+
+    run: Path
+    tasks: int
+    counts: GroupCounts
+    fmt: RepoFormat
+    budget: int
+
+    def add_removals(self, totals: ScatterTotals) -> None:
+        """Put dedup's removals, made before grouping, into the pack stage's totals."""
+        for source, n in self.counts.removed_exact.items():
+            totals.removed_exact[source] += n
+        for source, n in self.counts.removed_near.items():
+            totals.removed_near[source] += n
+
+    def manifest_counts(self, recipe: Recipe) -> dict[str, Any]:
+        """{"repositories": the manifest's `counts.repositories`}: files in = grouped +
+        duplicates, repositories, documents."""
+        return {"repositories": self._counts(recipe)}
+
+    def _counts(self, recipe: Recipe) -> dict[str, Any]:
+        c = self.counts
+        assert recipe.repos is not None
+        return {
+            "order": recipe.repos.order,
+            "format": "plain" if self.fmt.plain else "markers",
+            "max_tokens": self.budget,
+            "files": {"in": c.files_in, "grouped": c.grouped, "duplicates": c.duplicates},
+            "repositories": c.repositories,
+            "documents": c.documents,
+            "split_repositories": c.split_repositories,
+            "files_over_budget": c.files_over_budget,
+            "files_without_repository": c.without_repository,
+            "by_source": {n: dict(sorted(per.items())) for n, per in sorted(c.by_source.items())},
+        }
+
+
+def pack_recipe(recipe: Recipe) -> Recipe:
+    """The recipe the pack stage reads a group run with: dedup is done (removals applied)."""
+    dedup = dataclasses.replace(recipe.dedup, exact=False, near=False)
+    return dataclasses.replace(recipe, dedup=dedup)
+
+
+def group_repositories(
+    recipe: Recipe,
+    run_dir: Path,
+    tasks: int,
+    dedup_dir: Path | None,
+    tok_path: Path,
+    run_stage: StageRunner,
+) -> Grouped:
+    """Run the group tasks over a finished read (and dedup) run; the group run."""
+    repos = recipe.repos
+    assert repos is not None
+    fmt = repo_format(recipe)
+    budget = repos.max_tokens or recipe.seq_len
+    engine = open_build_tokenizer(recipe, tok_path).engine if is_tokenizer_json(tok_path) else ""
+    key = {
+        "v": GROUP_VERSION,
+        "repos": dataclasses.asdict(repos),
+        "budget": budget,
+        "seed": recipe.seed,
+        "fmt": dataclasses.asdict(fmt),
+        "dedup": dedup_dir.name if dedup_dir else None,
+        "engine": engine,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    run = work_folders.repos_run(run_dir, digest)
+    settings = GroupSettings(
+        tok_dir=str(work_folders.tokens_dir(run_dir)),
+        spill_dir=str(work_folders.repos_spill(run_dir)),
+        dedup_dir=str(dedup_dir) if dedup_dir else None,
+        out_dir=str(work_folders.tokens_dir(run)),
+        tasks=tasks,
+        tokenizer=str(tok_path),
+        engine=engine or "auto",
+        sources=tuple(s.name for s in recipe.sources),
+        grouped=tuple(recipe.repo_sources()),
+        order=repos.order,
+        fmt=fmt,
+        budget=budget,
+        seed=recipe.seed,
+    )
+    run_stage([RepoGroups(settings)], run, tasks, "repos: group")
+    counts = read_counts(work_folders.tokens_dir(run), tasks)
+    return Grouped(run, tasks, counts, fmt, budget)
