@@ -9,7 +9,6 @@ is no checkout belongs to the repository named after that path's folder.
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 from pathlib import PurePosixPath
 
 # Metadata keys a `files` source's documents carry (FilesReader): the repository's name as
@@ -18,9 +17,10 @@ from pathlib import PurePosixPath
 REPO_NAME, REPO_DIR, REPO_PATH = "repo_name", "repo_dir", "repo_path"
 
 
-@lru_cache(maxsize=65536)
 def _is_checkout(directory: str) -> bool:
-    """Whether a folder holds `.git` (a folder, or a file in a worktree or submodule)."""
+    """Whether a folder holds `.git` (a folder, or a file in a worktree or submodule).
+    Not cached: a few stats per file read cost little beside reading it, and a cache would
+    outlive a checkout made or removed between two builds of one process."""
     return os.path.lexists(os.path.join(directory, ".git"))
 
 
