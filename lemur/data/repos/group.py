@@ -24,13 +24,16 @@ from datatrove.data import Document
 
 from lemur.atomic_files import atomic_open
 from lemur.data.pack.records import removals, task_records
+from lemur.data.recipe_fim import FimConfig
 from lemur.data.repos.order import RepoFile, order_files
-from lemur.data.repos.render import Part, RepoFormat, split_repository
+from lemur.data.repos.render import RepoFormat, join_text, split_repository
 from lemur.data.repos.spill import bucket_rows, spilled_locals
 from lemur.data.run.task import TaskStep
+from lemur.data.tokenize.fim import fim_transform
 from lemur.data.tokenize.step import TokenizeWriter
 from lemur.shards.format import atomic_write_json, open_array
 from lemur.tokenizer import Tokenizer, open_tokenizer
+from lemur.tokenizer.fim import CodeMarkers, Leading, Part, encode_parts
 
 COUNTS_SUFFIX = ".repos.json"
 
@@ -52,6 +55,8 @@ class GroupSettings:
     fmt: RepoFormat
     budget: int  # ids per document, framing included
     seed: int
+    fim: FimConfig | None = None  # fill-in-the-middle per file (needs `markers`)
+    markers: CodeMarkers | None = None
 
 
 @dataclass
@@ -185,17 +190,24 @@ class RepoEncoder:
         self.tail = [eos]
 
     def encode(self, parts: list[Part]) -> np.ndarray:
-        """The ids of a run of parts: markers as their ids, text as the model encodes it."""
-        if not self.s.fmt.plain:
-            raise NotImplementedError("repository markers need the FIM parts encoder")
-        return np.asarray(self.tok.encode_arrays(["".join(map(str, parts))])[0])
+        """The ids of a run of parts: markers as their ids, each run of text between them
+        encoded as one text, never as a marker (lemur/tokenizer/fim.py)."""
+        return np.asarray(encode_parts(self.tok, join_text(parts)), np.int64)
+
+    def content(self, f: RepoFile) -> list[Part]:
+        """A file's content parts: fill-in-the-middle, cut per file by its own seeded draw
+        (its document id), or the text as it is."""
+        fim, markers = self.s.fim, self.s.markers
+        if fim is None or markers is None or "code" not in fim.domains:
+            return [Leading(f.text)]
+        return fim_transform(f.text, fim, f.doc_id, markers, self.s.seed)
 
     def documents(
         self, name: str, files: list[RepoFile]
     ) -> Iterator[tuple[np.ndarray, list[RepoFile]]]:
         """(framed ids, files held) of each document of one repository, in order."""
         fmt = self.s.fmt
-        bodies = [fmt.file(f.path, [f.text]) for f in files]
+        bodies = [fmt.file(f.path, self.content(f)) for f in files]
         budget = self.s.budget - len(self.head) - len(self.tail)
         for span, ids in split_repository(
             fmt.header(name), bodies, self.encode, budget, additive=not fmt.plain

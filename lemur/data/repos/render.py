@@ -7,9 +7,11 @@ StarCoder2: `<repo_name>` and `<file_sep>`) a repository document is
     <|repo_name|>{name}\\n<|file_sep|>{path}\\n{content}<|file_sep|>{path}\\n{content}...
 
 (Qwen2.5-Coder's layout; StarCoder2's has no newline after the name), each marker one id and
-every text part encoded as text. A tokenizer without them gets the plain-text format, the
-same layout spelled in text (`PLAIN_REPO`, `PLAIN_FILE`) and encoded as one text, as any
-document is. A file's content may itself be several parts (fill-in-the-middle markers).
+every text part encoded as text (the run of text between two markers as one text, as the
+model's tokenizer encodes a string holding its markers). A tokenizer without them gets the
+plain-text format, the same layout spelled in text (`PLAIN_REPO`, `PLAIN_FILE`) and encoded
+as one text, as any document is. A file's content may itself be several parts: a
+fill-in-the-middle document's (lemur/data/tokenize/fim.py), cut per file.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# A part of a document: text, or one control id (a marker).
-Part = str | int
+from lemur.tokenizer.fim import CodeMarkers, Leading, Part
+
 PLAIN_REPO, PLAIN_FILE = "<repo_name>", "<file_sep>"
+# Marker styles whose repository layout has no newline after the name (StarCoder2's).
+NO_NEWLINE_AFTER_NAME = ("starcoder",)
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,15 @@ class RepoFormat:
     file_id: int | None = None
     newline_after_name: bool = True  # Qwen2.5-Coder's layout; StarCoder2's has none
 
+    @classmethod
+    def of(cls, markers: CodeMarkers | None, plain: bool = False) -> RepoFormat:
+        """The format of a model with these markers: its own repository markers when it has
+        both (and `plain` is not asked for), else plain text."""
+        if plain or markers is None or markers.repo_name is None or markers.file_sep is None:
+            return cls()
+        newline = markers.style not in NO_NEWLINE_AFTER_NAME
+        return cls(markers.repo_name, markers.file_sep, newline)
+
     @property
     def plain(self) -> bool:
         """Whether the markers are spelled in text (the tokenizer has none of its own)."""
@@ -40,8 +53,8 @@ class RepoFormat:
     def header(self, name: str) -> list[Part]:
         """The parts a repository document starts with."""
         tail = "\n" if self.newline_after_name else ""
-        if self.plain:
-            return [f"{PLAIN_REPO}{name}{tail}"]
+        if self.plain:  # the start of a document's text (a dummy prefix where the model adds one)
+            return [Leading(f"{PLAIN_REPO}{name}{tail}")]
         return [self.repo_id, f"{name}{tail}"]
 
     def file(self, path: str, content: Sequence[Part]) -> list[Part]:
@@ -52,11 +65,13 @@ class RepoFormat:
 
 
 def join_text(parts: Sequence[Part]) -> list[Part]:
-    """`parts` with neighbouring texts joined (what encoding a document sees as one text)."""
+    """`parts` with neighbouring texts joined (what encoding a document sees as one text:
+    a file's path and its content, a header and a file in plain text); a joined text keeps
+    the kind of its first part (`Leading` or continuing), empty texts are left out."""
     out: list[Part] = []
     for p in parts:
         if isinstance(p, str) and out and isinstance(out[-1], str):
-            out[-1] += p
+            out[-1] = type(out[-1])(out[-1] + p)
         elif not (isinstance(p, str) and not p):
             out.append(p)
     return out

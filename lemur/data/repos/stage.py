@@ -14,12 +14,14 @@ from typing import Any
 from lemur.data import work as work_folders
 from lemur.data.pack.shuffle import ScatterTotals
 from lemur.data.recipe import Recipe
+from lemur.data.recipe_fim import FimConfig
 from lemur.data.repos.group import GroupCounts, GroupSettings, RepoGroups, read_counts
 from lemur.data.repos.render import RepoFormat
 from lemur.data.repos.spill import RepoSpill
 from lemur.data.run.task import StageRunner
 from lemur.data.tokenize.prepare import open_build_tokenizer
-from lemur.tokenizer import is_tokenizer_json
+from lemur.tokenizer import Tokenizer, TokenizerError, is_tokenizer_json
+from lemur.tokenizer.fim import CodeMarkers, find_code_markers
 
 GROUP_VERSION = 1
 
@@ -37,15 +39,28 @@ def spill_step(recipe: Recipe, run_dir: Path, tasks: int) -> list[RepoSpill]:
     return [RepoSpill(out, tuple(recipe.repo_sources()), repos.key, tasks)]
 
 
-def repo_format(recipe: Recipe) -> RepoFormat:
-    """The repository format the recipe and the tokenizer settle (see render.py)."""
+def _fim(recipe: Recipe) -> FimConfig | None:
+    """The recipe's `fim:` section (None where the recipe has none)."""
+    return getattr(recipe, "fim", None)
+
+
+def repo_format(recipe: Recipe, tokenizer: Tokenizer) -> tuple[RepoFormat, CodeMarkers | None]:
+    """The repository format the recipe and the tokenizer settle (render.py), and the
+    model's code markers (for fill-in-the-middle per file; None when it has none)."""
     assert recipe.repos is not None
-    if recipe.repos.format == "markers":
+    fim = _fim(recipe)
+    try:
+        markers = find_code_markers(tokenizer, fim.markers if fim is not None else None)
+    except TokenizerError as e:
+        raise RepoFormatError(f"recipe: fim.markers: {e}") from None
+    fmt = RepoFormat.of(markers, plain=recipe.repos.format == "plain")
+    if recipe.repos.format == "markers" and fmt.plain:
         raise RepoFormatError(
-            "recipe: repos.format markers: this build cannot place repository markers yet; "
-            "use repos.format auto or plain"
+            "recipe: repos.format markers: the tokenizer has no repository markers "
+            "(<|repo_name|> and <|file_sep|>, or <repo_name> and <file_sep>); use "
+            "repos.format auto or plain"
         )
-    return RepoFormat()
+    return fmt, markers
 
 
 @dataclass
@@ -104,9 +119,11 @@ def group_repositories(
     """Run the group tasks over a finished read (and dedup) run; the group run."""
     repos = recipe.repos
     assert repos is not None
-    fmt = repo_format(recipe)
+    tokenizer = open_build_tokenizer(recipe, tok_path)
+    fmt, markers = repo_format(recipe, tokenizer)
     budget = repos.max_tokens or recipe.seq_len
-    engine = open_build_tokenizer(recipe, tok_path).engine if is_tokenizer_json(tok_path) else ""
+    engine = tokenizer.engine if is_tokenizer_json(tok_path) else ""
+    fim = _fim(recipe)
     key = {
         "v": GROUP_VERSION,
         "repos": dataclasses.asdict(repos),
@@ -115,6 +132,8 @@ def group_repositories(
         "fmt": dataclasses.asdict(fmt),
         "dedup": dedup_dir.name if dedup_dir else None,
         "engine": engine,
+        "fim": fim.work_settings(recipe.seed) if fim is not None else None,
+        "markers": dataclasses.asdict(markers) if markers is not None else None,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     run = work_folders.repos_run(run_dir, digest)
@@ -132,6 +151,8 @@ def group_repositories(
         fmt=fmt,
         budget=budget,
         seed=recipe.seed,
+        fim=fim,
+        markers=markers,
     )
     run_stage([RepoGroups(settings)], run, tasks, "repos: group")
     counts = read_counts(work_folders.tokens_dir(run), tasks)
