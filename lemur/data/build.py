@@ -49,7 +49,6 @@ from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
 from lemur.data.repos.stage import (
     Grouped,
-    RepoFormatError,
     group_repositories,
     pack_recipe,
     spill_step,
@@ -363,10 +362,7 @@ def _pack_input(
     repository documents, duplicates already removed); the group stage's result or None."""
     if recipe.repos is None:
         return pack_stages(recipe, run_dir, n_tasks, tok_info, dd, tok_path, stage), None
-    try:
-        grouped = group_repositories(recipe, run_dir, n_tasks, dd, tok_path, stage)
-    except RepoFormatError as e:
-        raise BuildError(str(e)) from None
+    grouped = group_repositories(recipe, run_dir, n_tasks, dd, tok_path, stage)
     stages = pack_stages(
         pack_recipe(recipe), grouped.run, grouped.tasks, tok_info, None, tok_path, stage
     )

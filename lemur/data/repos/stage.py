@@ -13,7 +13,7 @@ from typing import Any
 
 from lemur.data import work as work_folders
 from lemur.data.pack.shuffle import ScatterTotals
-from lemur.data.recipe import Recipe
+from lemur.data.recipe import Recipe, RecipeError
 from lemur.data.recipe_fim import FimConfig
 from lemur.data.repos.group import GroupCounts, GroupSettings, RepoGroups, read_counts
 from lemur.data.repos.render import RepoFormat
@@ -26,8 +26,9 @@ from lemur.tokenizer.fim import CodeMarkers, find_code_markers
 GROUP_VERSION = 1
 
 
-class RepoFormatError(ValueError):
-    """The recipe asks for the model's repository markers and its tokenizer has none."""
+class RepoFormatError(RecipeError):
+    """The recipe asks for what the tokenizer lacks (repository markers, named FIM markers):
+    a recipe mistake (exit 2), found once the tokenizer is prepared."""
 
 
 def spill_step(recipe: Recipe, run_dir: Path, tasks: int) -> list[RepoSpill]:
