@@ -28,6 +28,7 @@ from lemur.data.recipe_filters import FineWebConfig as FineWebConfig
 from lemur.data.recipe_filters import GopherQualityConfig as GopherQualityConfig
 from lemur.data.recipe_filters import GopherRepetitionConfig as GopherRepetitionConfig
 from lemur.data.recipe_filters import TextFiltersConfig as TextFiltersConfig
+from lemur.data.recipe_fim import FimConfig
 from lemur.data.recipe_repos import ReposConfig
 from lemur.data.recipe_sources import CHAT_DOMAIN as CHAT_DOMAIN
 from lemur.data.recipe_sources import CHAT_SCHEMAS as CHAT_SCHEMAS
@@ -200,6 +201,8 @@ class Recipe:
     tokenize_batch_docs: int = 256
     # Repository documents (lemur/data/repos/); None: one document per file.
     repos: ReposConfig | None = None
+    # Fill-in-the-middle documents of code sources (recipe_fim.py); None: none.
+    fim: FimConfig | None = None
 
     def __post_init__(self) -> None:
         # The sections checked themselves; these checks span several of them.
@@ -210,6 +213,7 @@ class Recipe:
         if not self.is_chat():  # the code:text ratio and language shares do not apply to chat
             _check_mix_domains(self)
         _check_sizes(self)
+        _check_fim(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe as plain data (what `--dry-run` prints and the manifest stores)."""
@@ -345,3 +349,15 @@ def _check_sizes(recipe: Recipe) -> None:
         raise RecipeError("recipe: shard_tokens must be >= 1024")
     if recipe.tokenize_batch_docs < 1:
         raise RecipeError("recipe: tokenize_batch_docs must be >= 1")
+
+
+def _check_fim(recipe: Recipe) -> None:
+    """`fim:` applies to pre-training builds, to domains their sources have."""
+    if recipe.fim is None:
+        return
+    if recipe.is_chat():
+        raise RecipeError("recipe: fim: applies to code documents of pre-training builds, not chat")
+    domains = recipe.domains()
+    for d in recipe.fim.domains:
+        if d not in domains:
+            raise RecipeError(f"recipe: fim.domains: no source has domain '{d}'")

@@ -14,7 +14,6 @@ from typing import Any
 from lemur.data import work as work_folders
 from lemur.data.pack.shuffle import ScatterTotals
 from lemur.data.recipe import Recipe, RecipeError
-from lemur.data.recipe_fim import FimConfig
 from lemur.data.repos.group import GroupCounts, GroupSettings, RepoGroups, read_counts
 from lemur.data.repos.render import RepoFormat
 from lemur.data.repos.spill import RepoSpill
@@ -40,16 +39,11 @@ def spill_step(recipe: Recipe, run_dir: Path, tasks: int) -> list[RepoSpill]:
     return [RepoSpill(out, tuple(recipe.repo_sources()), repos.key, tasks)]
 
 
-def _fim(recipe: Recipe) -> FimConfig | None:
-    """The recipe's `fim:` section (None where the recipe has none)."""
-    return getattr(recipe, "fim", None)
-
-
 def repo_format(recipe: Recipe, tokenizer: Tokenizer) -> tuple[RepoFormat, CodeMarkers | None]:
     """The repository format the recipe and the tokenizer settle (render.py), and the
     model's code markers (for fill-in-the-middle per file; None when it has none)."""
     assert recipe.repos is not None
-    fim = _fim(recipe)
+    fim = recipe.fim
     try:
         markers = find_code_markers(tokenizer, fim.markers if fim is not None else None)
     except TokenizerError as e:
@@ -116,15 +110,18 @@ def group_repositories(
     dedup_dir: Path | None,
     tok_path: Path,
     run_stage: StageRunner,
+    tok_dir: Path | None = None,
 ) -> Grouped:
-    """Run the group tasks over a finished read (and dedup) run; the group run."""
+    """Run the group tasks over a finished read (and dedup) run; the group run. The other
+    documents are copied from `tok_dir` (the FIM stage's rewrite of the run, which keeps
+    its documents and their order) when given, else from the run itself."""
     repos = recipe.repos
     assert repos is not None
     tokenizer = open_build_tokenizer(recipe, tok_path)
     fmt, markers = repo_format(recipe, tokenizer)
     budget = repos.max_tokens or recipe.seq_len
     engine = tokenizer.engine if is_tokenizer_json(tok_path) else ""
-    fim = _fim(recipe)
+    fim = recipe.fim
     key = {
         "v": GROUP_VERSION,
         "repos": dataclasses.asdict(repos),
@@ -132,6 +129,7 @@ def group_repositories(
         "seed": recipe.seed,
         "fmt": dataclasses.asdict(fmt),
         "dedup": dedup_dir.name if dedup_dir else None,
+        "from": tok_dir.parent.name if tok_dir else None,  # the FIM stage's folder (keyed)
         "engine": engine,
         "fim": fim.work_settings(recipe.seed) if fim is not None else None,
         "markers": dataclasses.asdict(markers) if markers is not None else None,
@@ -139,7 +137,7 @@ def group_repositories(
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     run = work_folders.repos_run(run_dir, digest)
     settings = GroupSettings(
-        tok_dir=str(work_folders.tokens_dir(run_dir)),
+        tok_dir=str(tok_dir or work_folders.tokens_dir(run_dir)),
         spill_dir=str(work_folders.repos_spill(run_dir)),
         dedup_dir=str(dedup_dir) if dedup_dir else None,
         out_dir=str(work_folders.tokens_dir(run)),
