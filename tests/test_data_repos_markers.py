@@ -74,9 +74,9 @@ def _settings(fmt, markers, fim, budget=10_000) -> GroupSettings:
     )
 
 
-def _content(f: RepoFile, fim: FimConfig | None) -> str:
+def _content(f: RepoFile, fim: FimConfig | None, seed: int = 5) -> str:
     """A file's content as the model's FIM string spells it (PSM), or as it is."""
-    cut = fim_split(f.text, fim, f.doc_id, 5) if fim is not None else None
+    cut = fim_split(f.text, fim, f.doc_id, seed) if fim is not None else None
     if cut is None:
         return f.text
     assert not cut.spm
@@ -198,3 +198,62 @@ def test_build_writes_the_models_repository_format(qwen_coder, tmp_path):
         )
     )
     assert not (tmp_path / "out2" / "manifest.json").exists()
+
+
+def test_build_with_fim_cuts_each_file_inside_its_repository(qwen_coder, tmp_path):
+    """With `fim:` the files of a repository document are cut one by one, by the file's own
+    draw (its id, the recipe's seed), in Qwen2.5-Coder's PSM layout inside the repository
+    format; the document's ids are the model tokenizer's of that string; the row without a
+    repository is cut whole by the FIM stage, as any single-file document."""
+    rows = [
+        {"id": f"r{i}", "repo_name": "acme/tool", "path": p, "text": t}
+        for i, (p, t) in enumerate(sorted(FILES.items()))
+        if p != "notes.py"
+    ]
+    rows.append({"id": "alone", "path": "alone.py", "text": "def alone():\n    return 42\n" * 3})
+    write_jsonl(tmp_path / "table.jsonl", rows)
+    fim = {"rate": 0.5, "spm_rate": 0.0}
+    recipe = {
+        "output": str(tmp_path / "out"),
+        "seed": 3,
+        "seq_len": 512,
+        "tokenizer": {"hf": str(qwen_coder)},
+        "mix": {"ratio": {"code": 1}},
+        "executor": {"kind": "local", "tasks": 1, "workers": 1},
+        "val_fraction": 0,
+        "filters": {"code": {"enabled": False}},
+        "sources": [
+            {
+                "name": "t",
+                "domain": "code",
+                "format": "jsonl",
+                "paths": [str(tmp_path / "table.jsonl")],
+                "path_key": "path",
+                "metadata_keys": ["repo_name"],
+                "language": "Python",
+            }
+        ],
+        "repos": {"order": "path"},
+        "fim": fim,
+    }
+    manifest = _build(recipe, tmp_path)
+    out = tmp_path / "out"
+    tokens = np.fromfile(out / manifest["shards"][0]["file"], dtype=manifest["dtype"])
+    ends = np.fromfile(out / manifest["shards"][0]["index"], dtype=np.uint64).astype(int)
+    reference = _reference(qwen_coder)
+    docs = {}
+    for start, end in zip([0, *ends[:-1]], ends, strict=True):
+        ids = tokens[start:end].tolist()
+        text = reference.decode(ids[:-1], skip_special_tokens=False)
+        assert ids[:-1] == reference.encode(text, add_special_tokens=False).ids
+        docs[text.startswith(QWEN["repo_name"])] = text
+    settings = FimConfig(**fim)
+    files = [RepoFile(r["path"], r["text"], "Python", f"t/{r['id']}") for r in rows[:-1]]
+    want = f"{QWEN['repo_name']}acme/tool\n"
+    for f in sorted(files, key=lambda f: f.path):
+        want += f"{QWEN['file_sep']}{f.path}\n{_content(f, settings, seed=3)}"
+    assert docs[True] == want
+    cut = [f.path for f in files if _content(f, settings, seed=3) != f.text]
+    assert 0 < len(cut) < len(files)  # the draw cut some files and left others whole
+    alone = fim_split(rows[-1]["text"], settings, "t/alone", 3)
+    assert docs[False].startswith(QWEN["prefix"]) == (alone is not None)
