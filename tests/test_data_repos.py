@@ -255,3 +255,34 @@ def test_recipe_section_checks():
         ReposConfig(format="xml")
     with pytest.raises(RecipeError, match="repos.max_tokens"):
         ReposConfig(max_tokens=2)
+
+
+def _recipe(**repos_and_more):
+    from lemur.data.load import recipe_from_dict
+
+    raw = {
+        "output": "/tmp/out",
+        "tokenizer": {"train": {}},
+        "mix": {"ratio": {"code": 10, "text": 1}},
+        "sources": [
+            {"name": "src", "domain": "code", "format": "files", "paths": ["/tmp"]},
+            {"name": "rows", "domain": "code", "format": "jsonl", "paths": ["/tmp"]},
+            {"name": "web", "domain": "text", "format": "jsonl", "paths": ["/tmp"]},
+        ],
+        **repos_and_more,
+    }
+    return recipe_from_dict(raw, False)
+
+
+def test_recipe_repos_sources_and_conflicts():
+    """`repos.sources` picks code sources (every code source by default); a text source, an
+    unknown name and `dedup.write_duplicates` are one-line recipe errors."""
+    assert _recipe().repo_sources() == []
+    assert _recipe(repos={}).repo_sources() == [0, 1]
+    assert _recipe(repos={"sources": ["rows"]}).repo_sources() == [1]
+    with pytest.raises(RecipeError, match="repos.sources: 'web' is not a code source"):
+        _recipe(repos={"sources": ["web"]})
+    with pytest.raises(RecipeError, match="repos.sources: no source is named 'nope'"):
+        _recipe(repos={"sources": ["nope"]})
+    with pytest.raises(RecipeError, match="dedup.write_duplicates"):
+        _recipe(repos={}, dedup={"write_duplicates": True})
