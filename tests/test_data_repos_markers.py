@@ -132,7 +132,7 @@ def _build(recipe: dict, where: Path) -> dict:
     return json.loads((Path(recipe["output"]) / "manifest.json").read_text())
 
 
-def test_build_writes_the_models_repository_format(qwen_coder, tmp_path):
+def test_build_writes_the_models_repository_format(qwen_coder, llama2_tokenizer, tmp_path):
     """A build with `tokenizer: {hf: ...}` of a model with repository tokens writes them:
     every document decodes to the repository string, which the model's tokenizer encodes to
     the very ids of the shard; `repos.format: markers` on a model without them is refused."""
@@ -183,7 +183,7 @@ def test_build_writes_the_models_repository_format(qwen_coder, tmp_path):
         f"{QWEN['file_sep']}pkg/cli.py\n{FILES['pkg/cli.py']}"
     ]
     llama = {**recipe, "output": str(tmp_path / "out2")}
-    llama["tokenizer"] = {"train": {"vocab_size": 300, "sample_bytes": 20_000}}
+    llama["tokenizer"] = {"model": str(llama2_tokenizer)}
     path = tmp_path / "plain.json"
     path.write_text(json.dumps(llama))
     proc = subprocess.run(
@@ -198,6 +198,7 @@ def test_build_writes_the_models_repository_format(qwen_coder, tmp_path):
         )
     )
     assert not (tmp_path / "out2" / "manifest.json").exists()
+    assert not list((tmp_path / "out2" / ".work").glob("tokens-*"))  # refused before reading
 
 
 def test_build_with_fim_cuts_each_file_inside_its_repository(qwen_coder, tmp_path):

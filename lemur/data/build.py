@@ -49,6 +49,7 @@ from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
 from lemur.data.repos.stage import (
     Grouped,
+    check_repo_format,
     group_repositories,
     pack_recipe,
     spill_step,
@@ -393,6 +394,7 @@ def _prepared_tokenizer(
     tok_path = prepare_tokenizer(recipe, inputs, recipe.work_root())
     tok_info = build_tokenizer_info(recipe, tok_path)
     markers = build_markers(recipe, tok_path) if recipe.fim is not None else None
+    check_repo_format(recipe, tok_path)  # a recipe mistake, found before any input is read
     report("tokenizer", 1, 1)
     return tok_path, tok_info, markers
 

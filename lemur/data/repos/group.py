@@ -111,12 +111,24 @@ class RunWriter:
         self.languages: dict[str, int] = {}
         self.end = 0
 
-    def add(self, fh: Any, ids: np.ndarray, source: int, language: str, doc_id: str) -> None:
-        """Write one framed document's ids to `fh` and record it."""
+    def add(
+        self,
+        fh: Any,
+        ids: np.ndarray,
+        source: int,
+        language: str,
+        doc_id: str,
+        id_hash: int | None = None,
+    ) -> None:
+        """Write one framed document's ids to `fh` and record it (a copied document keeps
+        the `id_hash` of its record: its id as written may have lost a newline)."""
         fh.write(np.asarray(ids).astype(self.dtype, copy=False).tobytes())
         self.end += len(ids)
         doc = Document(text="", id=doc_id, metadata={"source_index": source, "language": language})
-        self.records.append(TokenizeWriter.record(doc, len(ids), self.end, self.languages))
+        record = TokenizeWriter.record(doc, len(ids), self.end, self.languages)
+        if id_hash is not None:
+            record = (*record[:3], id_hash, *record[4:])
+        self.records.append(record)
         self.ids.append(doc_id)
 
     def finish(self) -> None:
@@ -139,7 +151,8 @@ def _passthrough(s: GroupSettings, rank: int, writer: RunWriter, fh: Any, c: Gro
     for i in np.flatnonzero(~rec.removed & ~spilled).tolist():
         source = int(rec.source[i])
         language = rec.languages[rec.language[i]]
-        writer.add(fh, tokens[rec.start[i] : rec.end[i]], source, language, ids[i])
+        doc = tokens[rec.start[i] : rec.end[i]]
+        writer.add(fh, doc, source, language, ids[i], int(rec.id_hash[i]))
         if source in s.grouped:  # a grouped source's file with no repository: kept alone
             c.without_repository += 1
             c.source(s.sources[source])["without_repository"] += 1

@@ -58,6 +58,13 @@ def repo_format(recipe: Recipe, tokenizer: Tokenizer) -> tuple[RepoFormat, CodeM
     return fmt, markers
 
 
+def check_repo_format(recipe: Recipe, tok_path: Path) -> None:
+    """Raise RepoFormatError when the recipe's `repos.format` (or `fim.markers`) asks for
+    what the prepared tokenizer lacks; nothing to check without `repos:`."""
+    if recipe.repos is not None:
+        repo_format(recipe, open_build_tokenizer(recipe, tok_path))
+
+
 @dataclass
 class Grouped:
     """A finished group stage: its run (read by the pack stage), tasks and counts."""
