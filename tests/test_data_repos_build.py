@@ -211,6 +211,19 @@ def test_manifest_counts_repositories_and_files(built):
     assert (rc["order"], rc["format"], rc["max_tokens"]) == ("imports", "plain", BUDGET)
     assert manifest["counts"]["dedup"]["exact"] == 1
     assert manifest["counts"]["read"] == n_files + 1
+    shown = subprocess.run(
+        [sys.executable, "-m", "lemur.data.cli", "stats", str(out)], capture_output=True, text=True
+    )
+    assert shown.returncode == 0, shown.stderr
+    keys = ("files_in", "duplicates", "grouped", "repositories", "documents")
+    for name in ("tree", "table"):  # `lemur-data stats` shows the manifest's counts per source
+        lines = shown.stdout.splitlines()
+        after = next(i for i, r in enumerate(lines) if "repository documents" in r)
+        row = next(r for r in lines[after:] if r.startswith(f"│ {name} "))
+        cells = [c.strip() for c in row.split("│") if c.strip()]
+        per = rc["by_source"][name]
+        want = [f"{per.get(k, 0):,}" for k in (*keys, "without_repository")]
+        assert cells == [name, *want]
 
 
 def test_same_seed_same_shards_whatever_the_task_count(
