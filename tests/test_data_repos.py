@@ -286,3 +286,22 @@ def test_recipe_repos_sources_and_conflicts():
         _recipe(repos={"sources": ["nope"]})
     with pytest.raises(RecipeError, match="dedup.write_duplicates"):
         _recipe(repos={}, dedup={"write_duplicates": True})
+
+
+@pytest.mark.parametrize("sizes", [[1] * 9, [500] * 9], ids=["under", "over"])
+def test_split_plain_with_counted_sizes_still_fits(sizes):
+    """Plain text with the read stage's counts as estimates: however wrong they are, each
+    document is encoded whole and fits the budget (or is one file), files once and in order."""
+    fmt = RepoFormat()
+    files = [
+        fmt.file(f"f{i}", ["x" * n + "\n"]) for i, n in enumerate([10, 30, 5, 60, 200, 3, 3, 3, 40])
+    ]
+    header, encode = fmt.header("repo"), _byte_encoder(7)
+    docs = split_repository(header, files, encode, 100, additive=False, sizes=sizes)
+    assert [i for span, _ in docs for i in span] == list(range(len(files)))
+    for span, ids in docs:
+        whole = join_text([p for f in (header, *[files[i] for i in span]) for p in f])
+        assert np.array_equal(ids, encode(whole))
+        assert len(ids) <= 100 or len(span) == 1
+    if sizes[0] == 500:  # estimates over the budget: one file per document
+        assert all(len(span) == 1 for span, _ in docs)

@@ -167,6 +167,8 @@ def _bucket_files(s: GroupSettings, bucket: int, c: GroupCounts) -> dict[tuple, 
         if not rows:
             continue
         gone = set(removals(dedup, rank)["local"].tolist())
+        # The read stage's count of each file's ids, framed: the split's estimate of its size.
+        counted = np.load(Path(s.tok_dir) / f"{rank:05d}.docs.npy")["tokens"]
         for row in rows:
             name = s.sources[row["source"]]
             c.files_in += 1
@@ -175,7 +177,8 @@ def _bucket_files(s: GroupSettings, bucket: int, c: GroupCounts) -> dict[tuple, 
                 c.duplicates += 1
                 c.source(name)["duplicates"] += 1
                 continue
-            f = RepoFile(row["path"], row["text"], row["language"], row["id"])
+            tokens = int(counted[row["local"]])
+            f = RepoFile(row["path"], row["text"], row["language"], row["id"], tokens)
             repos.setdefault((row["source"], row["name"], row["group"]), []).append(f)
     return repos
 
@@ -222,8 +225,14 @@ class RepoEncoder:
         fmt = self.s.fmt
         bodies = [fmt.file(f.path, self.content(f)) for f in files]
         budget = self.s.budget - len(self.head) - len(self.tail)
+        sizes = None
+        if fmt.plain and all(f.tokens for f in files):
+            # A file's count as a document, less its framing, plus its separator line's
+            # (an estimate: each document is then encoded whole and checked).
+            framing = len(self.head) + len(self.tail)
+            sizes = [f.tokens - framing + len(self.encode(fmt.file(f.path, []))) for f in files]
         for span, ids in split_repository(
-            fmt.header(name), bodies, self.encode, budget, additive=not fmt.plain
+            fmt.header(name), bodies, self.encode, budget, not fmt.plain, sizes
         ):
             framed = np.concatenate([np.asarray(self.head, ids.dtype), ids, [self.tail[0]]])
             yield framed, [files[i] for i in span]

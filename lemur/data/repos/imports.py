@@ -22,7 +22,7 @@ import ast
 import heapq
 import posixpath
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 PYTHON = (".py", ".pyi")
 C_FAMILY = (".c", ".h", ".cc", ".cpp", ".cxx", ".c++", ".hh", ".hpp", ".hxx", ".h++", ".inl")
@@ -78,12 +78,25 @@ def _python_names(text: str) -> list[tuple[int, str, list[str]]]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return _python_names_by_pattern(text)
     out: list[tuple[int, str, list[str]]] = []
-    for node in ast.walk(tree):
+    for node in _statements(tree.body):
         if isinstance(node, ast.Import):
             out.extend((0, alias.name, []) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             out.append((node.level, node.module or "", [a.name for a in node.names]))
     return out
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement of a body and of the bodies inside it (an import is a statement:
+    skipping the expressions makes this several times faster than `ast.walk`)."""
+    stack = list(reversed(body))
+    while stack:
+        node = stack.pop()
+        yield node
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(node, name, None)
+            if isinstance(inner, list):
+                stack.extend(reversed([n for n in inner if isinstance(n, ast.AST)]))
 
 
 def _python_names_by_pattern(text: str) -> list[tuple[int, str, list[str]]]:

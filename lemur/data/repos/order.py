@@ -20,6 +20,7 @@ class RepoFile:
     text: str
     language: str
     doc_id: str  # the file's document id (unique in the build)
+    tokens: int = 0  # its ids as a document of its own, framed (the read stage's; 0: unknown)
 
 
 def _by_path(files: list[RepoFile]) -> list[RepoFile]:

@@ -83,6 +83,7 @@ def split_repository(
     encode: Callable[[list[Part]], np.ndarray],
     budget: int,
     additive: bool,
+    sizes: list[int] | None = None,
 ) -> list[tuple[range, np.ndarray]]:
     """Split a repository's files (each a list of parts, in order) into documents of at most
     `budget` ids, each `header` then whole files: (the files it holds, its ids) per document.
@@ -91,16 +92,19 @@ def split_repository(
     ids are its parts' ids end to end (every file starts with a marker id, so no text runs
     across a file boundary), so each file is encoded once; otherwise (plain text, where
     neighbouring texts are encoded together) each document is encoded whole and a file that
-    tips it over the budget moves to the next document.
+    tips it over the budget moves to the next document; there `sizes` (each file's ids as
+    counted before: the read stage encoded every file) spares encoding each file alone.
     """
     head = encode(header)
-    each = [encode(f) for f in files]
+    if additive or sizes is None:
+        each = [encode(f) for f in files]
+        sizes = [len(e) for e in each]
     out: list[tuple[range, np.ndarray]] = []
     start = 0
     while start < len(files):
-        end, size = start + 1, len(head) + len(each[start])
-        while end < len(files) and size + len(each[end]) <= budget:
-            size += len(each[end])
+        end, size = start + 1, len(head) + sizes[start]
+        while end < len(files) and size + sizes[end] <= budget:
+            size += sizes[end]
             end += 1
         while True:
             if additive:
