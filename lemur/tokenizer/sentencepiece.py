@@ -100,7 +100,9 @@ class SentencePieceTokenizer:
         return [np.asarray(ids, np.uint32) for ids in self.encode_batch(texts)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        """The text of `ids`."""
+        """The text of `ids` (a numpy array's made into ints in one call, not one by one)."""
+        if isinstance(ids, np.ndarray):
+            return self.sp.decode(ids.tolist())
         return self.sp.decode([int(i) for i in ids])
 
     def token_bytes(self) -> np.ndarray:
