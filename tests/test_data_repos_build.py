@@ -174,6 +174,7 @@ def test_shards_decode_to_repository_documents(built):
             alone.append(text)
             continue
         name, files = _parse(text)
+        assert ids[1:-1].tolist() == tok.encode(text)  # one text, encoded as any document
         assert len(ids) <= BUDGET or len(files) == 1, (name, len(ids))
         by_repo.setdefault(name, []).append(files)
     assert alone == [ALONE]
