@@ -14,6 +14,7 @@ from conftest import NO_FILTERS, base_recipe, real_python_files, real_text_docs,
 
 from lemur.data.build import build
 from lemur.data.load import RecipeError, recipe_from_dict
+from lemur.shards.verify import verify
 from lemur.tokenizer import open_tokenizer
 from lemur.tokenizer.fim import MARKER_STYLES, find_code_markers
 
@@ -158,6 +159,7 @@ def test_sentencepiece_build_appends_pieces_and_is_seeded(sources, llama2_tokeni
     counts = fim["counts"]
     assert counts["documents"] == len(code) and counts["fim"] == counts["psm"] + counts["spm"]
     assert 0 < counts["fim"] < len(code) and counts["psm"] and counts["spm"]
+    assert verify(tmp_path / "a") == []
     seen = _check_documents(tmp_path / "a", code, texts)
     assert seen["psm"] + seen["spm"] == counts["fim"]  # every code document is packed once
     again = build(recipe_from_dict(_recipe(tmp_path / "b", {"model": str(llama2_tokenizer)}, srcs)))
