@@ -84,6 +84,8 @@ def repo_sources(tmp_path_factory) -> Path:
         for i, (p, t) in enumerate(DELTA.items())
     ]
     rows.append({"id": "alone", "path": "alone.py", "text": ALONE})
+    # A repository whose one file is a copy of gamma's: dedup removes it, and so the repository.
+    rows.append({"id": "e0", "repo_name": "epsilon", "path": "u.ts", "text": GAMMA["src/util.ts"]})
     write_jsonl(root / "table.jsonl", rows)
     return root
 
@@ -187,11 +189,11 @@ def test_shards_decode_to_repository_documents(built):
         want = [(p, files[p]) for p in order]
         dropped += [(name, f) for f in want if f not in got]
         assert got == [f for f in want if f in got], name
-    # Exact dedup removed one of the two copies of db.py, as a file, before grouping.
-    assert dropped in (
-        [("alpha", ("app/db.py", ALPHA["app/db.py"]))],
-        [("delta", ("copy.py", DELTA["copy.py"]))],
-    )
+    # Exact dedup removed the table's copy of db.py (the first source's copy is kept), as a
+    # file, before grouping; epsilon's only file went the same way, and epsilon with it.
+    assert dropped == [("delta", ("copy.py", DELTA["copy.py"]))]
+    assert "epsilon" not in by_repo
+
     assert max(len(v) for v in by_repo.values()) > 1  # the budget split some repository
 
 
@@ -201,17 +203,18 @@ def test_manifest_counts_repositories_and_files(built):
     out, manifest = built
     rc = manifest["counts"]["repositories"]
     n_files = sum(len(files) for files, _ in EXPECTED.values())
-    assert rc["files"] == {"in": n_files, "grouped": n_files - 1, "duplicates": 1}
-    assert rc["repositories"] == 5
+    assert rc["files"] == {"in": n_files + 1, "grouped": n_files - 1, "duplicates": 2}
+    assert (rc["repositories"], rc["repositories_removed"]) == (5, 1)
     repo_docs = sum(1 for ids in _documents(out, manifest) if ids.size > 3)
     assert rc["documents"] == repo_docs - 1  # every document but the lone row's
     assert rc["files_without_repository"] == 1
     assert rc["by_source"]["tree"]["repositories"] == 4
     assert rc["by_source"]["table"]["repositories"] == 1
-    assert rc["by_source"]["tree"]["files_in"] + rc["by_source"]["table"]["files_in"] == n_files
+    assert rc["by_source"]["tree"]["files_in"] + rc["by_source"]["table"]["files_in"] == n_files + 1
+    assert rc["by_source"]["table"]["repositories_removed"] == 1
     assert (rc["order"], rc["format"], rc["max_tokens"]) == ("imports", "plain", BUDGET)
-    assert manifest["counts"]["dedup"]["exact"] == 1
-    assert manifest["counts"]["read"] == n_files + 1
+    assert manifest["counts"]["dedup"]["exact"] == 2
+    assert manifest["counts"]["read"] == n_files + 2
     shown = subprocess.run(
         [sys.executable, "-m", "lemur.data.cli", "stats", str(out)], capture_output=True, text=True
     )

@@ -67,6 +67,7 @@ class GroupCounts:
     duplicates: int = 0
     grouped: int = 0
     repositories: int = 0
+    repositories_removed: int = 0  # every file of it removed by dedup
     documents: int = 0
     split_repositories: int = 0
     files_over_budget: int = 0
@@ -94,6 +95,7 @@ SCALARS = (
     "duplicates",
     "grouped",
     "repositories",
+    "repositories_removed",
     "documents",
     "split_repositories",
     "files_over_budget",
@@ -161,6 +163,7 @@ def _passthrough(s: GroupSettings, rank: int, writer: RunWriter, fh: Any, c: Gro
 def _bucket_files(s: GroupSettings, bucket: int, c: GroupCounts) -> dict[tuple, list[RepoFile]]:
     """Every read task's kept files of `bucket`, by (source, name, grouping key)."""
     repos: dict[tuple, list[RepoFile]] = {}
+    seen: dict[tuple, str] = {}  # every repository of the bucket, kept file or not
     dedup = Path(s.dedup_dir) if s.dedup_dir else None
     for rank in range(s.tasks):
         rows = bucket_rows(Path(s.spill_dir), rank, bucket)
@@ -171,6 +174,8 @@ def _bucket_files(s: GroupSettings, bucket: int, c: GroupCounts) -> dict[tuple, 
         counted = np.load(Path(s.tok_dir) / f"{rank:05d}.docs.npy")["tokens"]
         for row in rows:
             name = s.sources[row["source"]]
+            key = (row["source"], row["name"], row["group"])
+            seen[key] = name
             c.files_in += 1
             c.source(name)["files_in"] += 1
             if row["local"] in gone:
@@ -179,7 +184,10 @@ def _bucket_files(s: GroupSettings, bucket: int, c: GroupCounts) -> dict[tuple, 
                 continue
             tokens = int(counted[row["local"]])
             f = RepoFile(row["path"], row["text"], row["language"], row["id"], tokens)
-            repos.setdefault((row["source"], row["name"], row["group"]), []).append(f)
+            repos.setdefault(key, []).append(f)
+    for key in seen.keys() - repos.keys():  # repositories = grouped + removed, per source too
+        c.repositories_removed += 1
+        c.source(seen[key])["repositories_removed"] += 1
     return repos
 
 

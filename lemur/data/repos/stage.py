@@ -96,6 +96,7 @@ class Grouped:
             "max_tokens": self.budget,
             "files": {"in": c.files_in, "grouped": c.grouped, "duplicates": c.duplicates},
             "repositories": c.repositories,
+            "repositories_removed": c.repositories_removed,
             "documents": c.documents,
             "split_repositories": c.split_repositories,
             "files_over_budget": c.files_over_budget,
