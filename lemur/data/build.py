@@ -54,6 +54,13 @@ from lemur.data.pack.write import PackStages
 from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
+from lemur.data.repos.stage import (
+    Grouped,
+    check_repo_format,
+    group_repositories,
+    pack_recipe,
+    spill_step,
+)
 from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.run.stage import executor_session, run_tasks
 from lemur.data.run.task import Reporter, StageError, StageRunner
@@ -190,6 +197,8 @@ def tokenize_stage(
             if recipe.dedup.exact or recipe.dedup.near
             else []
         ),
+        # Repository documents: files set aside by repository, grouped after dedup.
+        *spill_step(recipe, run_dir, n_tasks),
         tokenize_writer(corpus, tok_path, work_folders.tokens_dir(run_dir)),
     ]
     run_stage(recipe, report, pipeline, run_dir, n_tasks, "tokenize")
@@ -261,6 +270,7 @@ def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
             **({"classifiers": classifier_keys(recipe)} if recipe.filters.classifier else {}),
             # Chat tokens depend on the cut (seq_len, long policy); other builds' keys stay.
             **corpus_of(recipe).work_key(),
+            **({"repos": recipe.repos.spill_settings()} if recipe.repos else {}),
         }
     )[:16]
 
@@ -405,8 +415,49 @@ def _prepared_tokenizer(
     tok_path = prepare_tokenizer(recipe, inputs, recipe.work_root())
     tok_info = build_tokenizer_info(recipe, tok_path)
     markers = build_markers(recipe, tok_path) if recipe.fim is not None else None
+    check_repo_format(recipe, tok_path)  # a recipe mistake, found before any input is read
     report("tokenizer", 1, 1)
     return tok_path, tok_info, markers
+
+
+def _pack_input(
+    recipe: Recipe,
+    run_dir: Path,
+    n_tasks: int,
+    dd: Path | None,
+    tok_path: Path,
+    tok_info: dict[str, Any],
+    stage: StageRunner,
+    tok_dir: Path | None,
+) -> tuple[PackStages, Grouped | None]:
+    """The pack stage over the read run (or `tok_dir`, the FIM stage's rewrite of it), or
+    with `repos:` over the group stage's run: the repository documents and the other
+    documents taken from that run, duplicates already removed; the group stage or None."""
+    if recipe.repos is None:
+        return pack_stages(recipe, run_dir, n_tasks, tok_info, dd, tok_path, stage, tok_dir), None
+    grouped = group_repositories(recipe, run_dir, n_tasks, dd, tok_path, stage, tok_dir)
+    stages = pack_stages(
+        pack_recipe(recipe), grouped.run, grouped.tasks, tok_info, None, tok_path, stage
+    )
+    return stages, grouped
+
+
+def _sections(
+    recipe: Recipe,
+    stages: PackStages,
+    grouped: Grouped | None,
+    plan: Any,
+    dd: Path | None,
+    n_tasks: int,
+    out: Path,
+) -> ManifestSections:
+    """The manifest's sections over the finished pack tasks (`duplicates.jsonl` written when
+    asked; dedup's removals before grouping counted with the pack stage's)."""
+    dups = stages.write_duplicates(out)
+    totals = stages.totals()
+    if grouped is not None:
+        grouped.add_removals(totals)
+    return ManifestSections(recipe, plan, totals, dd, n_tasks, dups)
 
 
 def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, Any]:
@@ -429,7 +480,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     read_round = partial(_read_round, recipe, listing, tok_path, tokenizer_key(tok_info), report)
     reading, run_dir, n_tasks, dd = read_sources(recipe, listing, read_round)
     tok_dir, fim = fim_stage(recipe, run_dir, n_tasks, dd, prepared, stage)
-    stages = pack_stages(recipe, run_dir, n_tasks, tok_info, dd, tok_path, stage, tok_dir)
+    stages, grouped = _pack_input(recipe, run_dir, n_tasks, dd, tok_path, tok_info, stage, tok_dir)
     prefix = stages.prefix
     try:
         pack_plan = stages.plan()  # histogram tasks, then the plan in this process
@@ -443,10 +494,11 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     if plan_only:
         return {"plan": pack_plan.mix.to_json(), "reading": read}
     shards = stages.shuffle(pack_plan, out)  # scatter tasks, then gather tasks
-    dups = stages.write_duplicates(out)
-    sections = ManifestSections(recipe, pack_plan, stages.totals(), dd, n_tasks, dups)
+    sections = _sections(recipe, stages, grouped, pack_plan, dd, n_tasks, out)
     # What was read of each source, when budgeted reading chose (a full read's counts stay).
     units = read["sources"] if is_enabled(recipe) else None
+    counts = collect_counts(run_dir, recipe, n_tasks, listing, sections.dedup(), units)
+    counts |= grouped.manifest_counts(recipe) if grouped is not None else {}
     tok_file = copy_tokenizer_files(tok_path, out / prefix)
     atomic_write_json(out / prefix / "stats.json", sections.stats())
     manifest = {
@@ -458,7 +510,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "stats": f"{prefix}/stats.json",
         "shards": [s.to_json() for s in shards],
         "mix": sections.mix(),
-        "counts": collect_counts(run_dir, recipe, n_tasks, listing, sections.dedup(), units),
+        "counts": counts,
         **classifier_section(recipe, run_dir, n_tasks),  # {} without classifiers
         **({"fim": fim} if fim is not None else {}),
         "recipe": recipe.to_dict(),

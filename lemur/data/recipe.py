@@ -31,6 +31,7 @@ from lemur.data.recipe_filters import GopherQualityConfig as GopherQualityConfig
 from lemur.data.recipe_filters import GopherRepetitionConfig as GopherRepetitionConfig
 from lemur.data.recipe_filters import TextFiltersConfig as TextFiltersConfig
 from lemur.data.recipe_fim import FimConfig
+from lemur.data.recipe_repos import ReposConfig
 from lemur.data.recipe_sources import CHAT_DOMAIN as CHAT_DOMAIN
 from lemur.data.recipe_sources import CHAT_SCHEMAS as CHAT_SCHEMAS
 from lemur.data.recipe_sources import FORMATS as FORMATS
@@ -200,6 +201,8 @@ class Recipe:
     val_fraction: float = 0.005
     shard_tokens: int = 1 << 27
     tokenize_batch_docs: int = 256
+    # Repository documents (lemur/data/repos/); None: one document per file.
+    repos: ReposConfig | None = None
     # Fill-in-the-middle documents of code sources (recipe_fim.py); None: none.
     fim: FimConfig | None = None
 
@@ -209,6 +212,7 @@ class Recipe:
         check_sources(self.sources)
         check_classifiers(self.filters.classifier or [], self.sources)
         _check_chat(self)
+        _check_repos(self)
         if not self.is_chat():  # the code:text ratio and language shares do not apply to chat
             _check_mix_domains(self)
         _check_sizes(self)
@@ -240,6 +244,18 @@ class Recipe:
     def domains(self) -> list[str]:
         """Domains in the order their first source appears."""
         return list(dict.fromkeys(s.domain for s in self.sources))
+
+    def repo_sources(self) -> list[int]:
+        """Indexes of the sources whose files become repository documents (none without
+        `repos:`): the listed ones, else every code source."""
+        if self.repos is None:
+            return []
+        names = self.repos.sources
+        return [
+            i
+            for i, s in enumerate(self.sources)
+            if (s.name in names if names is not None else s.domain == "code")
+        ]
 
 
 def _strip_none(obj: Any) -> Any:
@@ -285,6 +301,28 @@ def _check_chat(recipe: Recipe) -> None:
         raise RecipeError(f"recipe: mix.weights has no entry for source '{missing}'")
     if not mix.weights and mix.total_tokens is not None:
         raise RecipeError("recipe: mix.total_tokens in a chat build needs mix.weights")
+
+
+def _check_repos(recipe: Recipe) -> None:
+    """`repos:` names code sources, and is for pre-training builds without duplicate dumps."""
+    repos = recipe.repos
+    if repos is None:
+        return
+    if recipe.is_chat():
+        raise RecipeError("recipe: repos: applies to code sources, not to a chat build")
+    if recipe.dedup.write_duplicates:
+        raise RecipeError(
+            "recipe: repos: and dedup.write_duplicates cannot be combined (duplicates are "
+            "removed per file before grouping; set dedup.write_duplicates: false)"
+        )
+    by_name = {s.name: s for s in recipe.sources}
+    for name in repos.sources or ():
+        if name not in by_name:
+            raise RecipeError(f"recipe: repos.sources: no source is named '{name}'")
+        if by_name[name].domain != "code":
+            raise RecipeError(f"recipe: repos.sources: '{name}' is not a code source")
+    if not recipe.repo_sources():
+        raise RecipeError("recipe: repos: there is no code source to group")
 
 
 def _check_mix_domains(recipe: Recipe) -> None:

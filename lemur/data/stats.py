@@ -199,6 +199,33 @@ def _print_dedup(console: Any, dedup: dict[str, Any]) -> None:
         )
 
 
+def _print_repositories(console: Any, repos: dict[str, Any]) -> None:
+    """`counts.repositories` of a build with `repos:`: files in -> grouped, per source."""
+    if not repos:
+        return
+    t = table(
+        f"repository documents ({repos['order']} order, {repos['format']} format, "
+        f"{repos['max_tokens']:,} tokens)",
+        ["source", "files in", "duplicates", "grouped", "repositories", "documents", "alone"],
+    )
+    for name, s in repos.get("by_source", {}).items():
+        t.add_row(
+            name,
+            *(
+                f"{s.get(k, 0):,}"
+                for k in (
+                    "files_in",
+                    "duplicates",
+                    "grouped",
+                    "repositories",
+                    "documents",
+                    "without_repository",
+                )
+            ),
+        )
+    console.print(t)
+
+
 def print_reading(reading: dict[str, Any], console: Any) -> None:
     """The `--plan-only` view of budgeted reading: estimates, and units and bytes to read."""
     est = reading.get("estimate") or {}
@@ -250,6 +277,7 @@ def _print_counts(console: Any, counts: dict[str, Any]) -> None:
     console.print(t)
     _print_reading(console, counts.get("sources") or {})
     _print_dedup(console, counts.get("dedup") or {})
+    _print_repositories(console, counts.get("repositories") or {})
     errors = counts.get("errors", [])
     if errors:
         total = counts.get("errors_total", len(errors))

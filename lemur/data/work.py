@@ -7,7 +7,9 @@ which builds into other outputs may share. Under it:
         tokens/            tokenizer: its token runs (TokenizeWriter, DedupSigner),
         errors/            the bad inputs the reader recorded,
         dedup-<key>/       and the dedup stages over those runs (dedup/stage.py),
-        fim-<key>/         and the FIM stage's rewritten runs (tokenize/fim_stage.py)
+        fim-<key>/         the FIM stage's rewritten runs (tokenize/fim_stage.py);
+        repos-spill/       with `repos:`, the files each task set aside by repository bucket,
+        repos-<key>/       and the repository documents' token runs (repos/group.py)
     sample-<key>/          a tokenize run of a sample (the ratio sweep), laid out the same
     shuffle-<key>/         a pack stage's histograms, scatter and gather (pack/write.py);
                            `finished_shuffles` lists them for commit() once the manifest is in
@@ -58,6 +60,17 @@ def dedup_folder(run: Path, key: str) -> Path:
 def fim_folder(run: Path, key: str) -> Path:
     """The FIM stage's folder for one FIM setting (`key`), beside the run it rewrites."""
     return run / f"fim-{key}"
+
+
+def repos_spill(run: Path) -> Path:
+    """Where a tokenize run's tasks set aside the files of repositories (repos/spill.py)."""
+    return run / "repos-spill"
+
+
+def repos_run(run: Path, key: str) -> Path:
+    """The group stage's run beside the tokenize run it regroups (laid out as one: its
+    `tokens_dir` holds token runs the pack stage reads)."""
+    return run / f"repos-{key}"
 
 
 def shuffle_folder(root: Path, key: str) -> Path:

@@ -30,6 +30,7 @@ from lemur.data.read.notebooks import NotebookError, looks_like_notebook, notebo
 from lemur.data.read.split import BYTES, part_lines
 from lemur.data.read.streams import UnsupportedInput, check_encoding, open_maybe_compressed
 from lemur.data.recipe import SourceConfig
+from lemur.data.repos.layout import checkout_fields
 from lemur.shards.format import atomic_write_bytes
 
 MAX_ERRORS_PER_TASK = 1000
@@ -395,6 +396,7 @@ class FilesReader(BaseReader):
         except UnicodeDecodeError as e:
             self.error("invalid_utf8", f, f"invalid UTF-8 at byte {e.start}")
             return
-        doc = self.document(f, text, f.rel, {})
+        # The file's checkout (repository documents group by it; repos/layout.py).
+        doc = self.document(f, text, f.rel, checkout_fields(f.open_path, f.path, f.rel))
         if doc is not None:
             yield doc
