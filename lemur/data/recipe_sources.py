@@ -7,13 +7,13 @@ from __future__ import annotations
 import glob
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lemur.data.recipe_errors import RecipeError
 
-FORMATS = ("jsonl", "parquet", "files", "chat")
+FORMATS = ("jsonl", "parquet", "files", "chat", "stack-v2")
 # `format: chat` row layouts, each normalized to `messages` (lemur/data/read/chat.py).
 CHAT_SCHEMAS = ("messages", "sharegpt", "oasst1", "openorca", "alpaca")
 CHAT_DOMAIN = "chat"  # the domain of a chat source that names none
@@ -27,6 +27,9 @@ SOURCE_PRESETS: dict[str, dict[str, Any]] = {
         "language_key": "lang",
         "metadata_keys": ["max_stars_repo_name", "max_stars_count", "ext", "size"],
     },
+    # The Stack v2: metadata rows; each file's content is a gzip blob fetched by its id
+    # (lemur/data/read/stack_v2.py). Point `paths` at the metadata parquet files.
+    "the-stack-v2": {"format": "stack-v2", "id_key": "blob_id", "path_key": "path"},
     "refinedweb": {
         "format": "parquet",
         "text_key": "content",
@@ -34,8 +37,118 @@ SOURCE_PRESETS: dict[str, dict[str, Any]] = {
         "metadata_keys": ["url", "timestamp"],
     },
 }
+# Storage options shown as given (in the manifest, `--dry-run`, logs); any other key's value
+# is shown as REDACTED: credentials (`key`, `secret`, `token`, ...) never leave the process.
+PUBLIC_OPTIONS = frozenset(
+    {
+        "anon",
+        "endpoint_url",
+        "profile",
+        "region_name",
+        "requester_pays",
+        "use_ssl",
+        "verify",
+        "default_block_size",
+        "project",
+        "revision",
+        "client_kwargs",
+        "config_kwargs",
+        "connect_timeout",
+        "read_timeout",
+        "retries",
+        "max_pool_connections",
+        "version_aware",
+    }
+)
+REDACTED = "<redacted>"
 # Source, domain and benchmark names: they become file and directory names.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def is_remote(path: str) -> bool:
+    """Whether a source path is an fsspec URL (`s3://`, `gs://`, `hf://`, ...), not a local file."""
+    scheme, sep, _ = path.partition("://")
+    return bool(sep) and scheme.lower() not in ("", "file", "local") and scheme.isascii()
+
+
+def public_options(options: Any) -> Any:
+    """Storage options with every value outside PUBLIC_OPTIONS replaced by REDACTED."""
+    if not isinstance(options, Mapping):
+        return options
+    return {k: public_options(v) if k in PUBLIC_OPTIONS else REDACTED for k, v in options.items()}
+
+
+class StorageOptions(Mapping[str, Any]):
+    """A source's fsspec storage options (endpoint, profile, credentials).
+
+    Not a dict on purpose: `dataclasses.asdict` copies it whole instead of into a dict, so
+    whatever serializes a recipe or a pipeline step (the manifest, datatrove's
+    `executor.json`, logs) meets this object and gets `str()`, which hides the secrets.
+    """
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self._options = dict(options)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._options[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._options)
+
+    def __len__(self) -> int:
+        return len(self._options)
+
+    def public(self) -> dict[str, Any]:
+        """The options with their secrets redacted (what may be shown or written)."""
+        return public_options(self._options)
+
+    def secrets(self) -> list[str]:
+        """Every redacted string value (scrubbed from error messages)."""
+        found: list[str] = []
+
+        def walk(value: Any, public: Any) -> None:
+            if isinstance(value, str) and public == REDACTED and len(value) >= 4:
+                found.append(value)
+            elif isinstance(value, Mapping):
+                for k, v in value.items():
+                    walk(v, public[k] if isinstance(public, Mapping) else REDACTED)
+
+        walk(self._options, self.public())
+        return found
+
+    def __repr__(self) -> str:
+        return f"StorageOptions({self.public()!r})"
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """How a source's remote inputs are read (defaults suit S3; see docs/scale.md).
+
+    `concurrency`: requests in flight per task (read-ahead blocks, Stack v2 blobs);
+    `block_bytes`: the size of one ranged read (a task buffers at most concurrency + 1);
+    `retries`: tries after the first on throttling and transient errors, with jittered
+    exponential backoff from `backoff_s` up to `max_backoff_s`; `timeout_s`: the longest
+    one request may take (connect and every read, and the whole request).
+    """
+
+    concurrency: int = 8
+    block_bytes: int = 8 << 20
+    retries: int = 8
+    backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for key in ("concurrency", "block_bytes"):
+            if getattr(self, key) <= 0:
+                raise RecipeError(f"recipe: remote.{key} must be > 0")
+        for key in ("retries", "backoff_s", "max_backoff_s"):
+            if getattr(self, key) < 0:
+                raise RecipeError(f"recipe: remote.{key} must be >= 0")
+        if self.timeout_s <= 0:
+            raise RecipeError("recipe: remote.timeout_s must be > 0")
 
 
 @dataclass(frozen=True)
@@ -61,6 +174,27 @@ class SourceConfig:
     gitignore: bool = True
     skip_vendored: bool = True
     schema: str | None = None
+    # Remote paths (`is_remote`): fsspec options of the filesystem, how it is read.
+    storage_options: dict[str, Any] | None = None
+    remote: RemoteSettings | None = None
+    # format stack-v2: where a blob's content is (`{blob_id}` filled in) and its options,
+    # the `license_type` values kept, whether generated files are skipped (vendored ones
+    # are, by `skip_vendored`).
+    content_url: str | None = None
+    content_storage_options: dict[str, Any] | None = None
+    licenses: list[str] | None = None
+    skip_generated: bool | None = None
+
+    def __post_init__(self) -> None:
+        # Wrapped so that no serialization of the recipe writes a credential (StorageOptions).
+        for key in ("storage_options", "content_storage_options"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, StorageOptions):
+                object.__setattr__(self, key, StorageOptions(value))
+
+    def remote_settings(self) -> RemoteSettings:
+        """The `remote:` settings, defaults filled in."""
+        return self.remote or RemoteSettings()
 
 
 def expand_paths(source: SourceConfig, index: int | None = None) -> list[str]:
@@ -68,6 +202,9 @@ def expand_paths(source: SourceConfig, index: int | None = None) -> list[str]:
     says which key to set when the source's `index` in `sources` is given)."""
     out: list[str] = []
     for p in source.paths:
+        if is_remote(p):  # listed once per build (read/remote_listing.py), not when loading
+            out.append(p)
+            continue
         pattern = os.path.expanduser(p)
         matches = sorted(glob.glob(pattern, recursive=True))
         if not matches:
@@ -101,6 +238,7 @@ def check_sources(sources: Sequence[SourceConfig]) -> None:
                 f"recipe: {key}.format {s.format!r} is not one of {', '.join(FORMATS)}"
             )
         _check_schema(s, key)
+        _check_stack_v2(s, key)
         if not s.paths:
             raise RecipeError(f"recipe: {key}.paths is empty")
         if s.max_file_bytes <= 0:
@@ -121,3 +259,17 @@ def _check_schema(s: SourceConfig, key: str) -> None:
         raise RecipeError(
             f"recipe: {key}.schema {s.schema!r} is not one of {', '.join(CHAT_SCHEMAS)}"
         )
+
+
+STACK_V2_KEYS = ("content_url", "content_storage_options", "licenses", "skip_generated")
+
+
+def _check_stack_v2(s: SourceConfig, key: str) -> None:
+    """The content keys belong to `format: stack-v2`; its `content_url` names `{blob_id}`."""
+    if s.format != "stack-v2":
+        for name in STACK_V2_KEYS:
+            if getattr(s, name) is not None:
+                raise RecipeError(f"recipe: {key}.{name} is only for format stack-v2")
+        return
+    if s.content_url is not None and "{blob_id}" not in s.content_url:
+        raise RecipeError(f"recipe: {key}.content_url must contain '{{blob_id}}'")

@@ -1,0 +1,234 @@
+"""Builds that read their inputs from object storage: a real S3 server on 127.0.0.1 (moto's).
+
+A build from `s3://` gives the shards of the same build from local copies; a build killed
+(SIGKILL) and resumed lists nothing again; throttling and broken connections are retried
+and counted; no credential is written anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
+
+pytest.importorskip("moto", reason="moto[server] (the dev extra) runs the local S3 server")
+pytest.importorskip("s3fs", reason="s3fs (the base install) reads s3:// paths")
+
+from s3_local import SECRET, FaultProxy, moto_s3, options, upload_tree  # noqa: E402
+
+from lemur.data.build import build  # noqa: E402
+from lemur.data.load import recipe_from_dict  # noqa: E402
+from lemur.data.read.listing import list_inputs  # noqa: E402
+
+BUCKET = "corpus"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """Local inputs: a code tree, text as jsonl.zst and plain jsonl, parquet of 6 row groups."""
+    root = tmp_path_factory.mktemp("remote-corpus")
+    (root / "code" / "pkg").mkdir(parents=True)
+    (root / "code" / "node_modules").mkdir()
+    for i, p in enumerate(real_python_files(16)):
+        (root / "code" / ("pkg" if i % 2 else "") / p.name).write_bytes(p.read_bytes())
+    (root / "code" / "node_modules" / "x.py").write_text("print('vendored')\n")
+    (root / "code" / ".gitignore").write_text("skip_*.py\n")
+    (root / "code" / "skip_me.py").write_text("print('ignored')\n")
+    docs = real_text_docs(90)
+    (root / "text").mkdir()
+    write_jsonl(root / "text" / "a.jsonl.zst", docs[:30], "zst")
+    write_jsonl(root / "text" / "b.jsonl", docs[30:60])
+    table = pa.table({"id": [d["id"] for d in docs[60:]], "text": [d["text"] for d in docs[60:]]})
+    pq.write_table(table, root / "text" / "c.parquet", row_group_size=5)
+    return root
+
+
+@pytest.fixture(scope="module")
+def s3(corpus, tmp_path_factory):
+    """The local S3 server with the corpus uploaded; started and stopped by this module."""
+    with moto_s3(tmp_path_factory.mktemp("moto")) as endpoint:
+        upload_tree(endpoint, BUCKET, corpus)
+        yield endpoint
+
+
+def recipe(out: Path, code: str, text: list[str], tok: Path, opts: dict | None = None) -> dict:
+    """Two sources (a code tree, text files) read from `code` and `text`, a given tokenizer."""
+    extra = {"storage_options": opts} if opts else {}
+    return {
+        "output": str(out),
+        "seed": 3,
+        "seq_len": 128,
+        "tokenizer": {"model": str(tok)},
+        "mix": {"ratio": {"code": 3, "text": 1}},
+        "executor": {"kind": "local", "tasks": 3, "workers": 1, "split_bytes": 6000},
+        "filters": NO_FILTERS,
+        "val_fraction": 0.05,
+        "shard_tokens": 20_000,
+        "sources": [
+            {
+                "name": "py",
+                "domain": "code",
+                "format": "files",
+                "paths": [code],
+                "include": ["*.py"],
+                "language": "Python",
+                **extra,
+            },
+            {
+                "name": "docs",
+                "domain": "text",
+                "format": "jsonl",
+                "paths": text[:2],
+                "language": "en",
+                **extra,
+            },
+            {
+                "name": "tbl",
+                "domain": "text",
+                "format": "parquet",
+                "paths": text[2:],
+                "language": "en",
+                **extra,
+            },
+        ],
+    }
+
+
+def local_recipe(out: Path, corpus: Path, tok: Path) -> dict:
+    """The build over the local copies."""
+    t = corpus / "text"
+    return recipe(
+        out,
+        str(corpus / "code"),
+        [str(t / "*.jsonl*"), str(t / "b.jsonl"), str(t / "c.parquet")],
+        tok,
+    )
+
+
+def remote_recipe(out: Path, endpoint: str, tok: Path) -> dict:
+    """The same build over `s3://` (a prefix, a glob, an object)."""
+    t = f"s3://{BUCKET}/text"
+    return recipe(
+        out,
+        f"s3://{BUCKET}/code",
+        [f"{t}/*.jsonl*", f"{t}/b.jsonl", f"{t}/c.parquet"],
+        tok,
+        options(endpoint),
+    )
+
+
+def shard_bytes(manifest: dict, out: Path) -> list[bytes]:
+    """Every shard's tokens and index, in manifest order."""
+    return [(out / s[key]).read_bytes() for s in manifest["shards"] for key in ("file", "index")]
+
+
+def test_listing_matches_local_and_splits_remote_files(s3, corpus, tokenizer_model, tmp_path):
+    """The remote listing has the local one's files and parts, with sizes and ETags."""
+    local = list_inputs(recipe_from_dict(local_recipe(tmp_path / "l", corpus, tokenizer_model)))
+    remote = list_inputs(recipe_from_dict(remote_recipe(tmp_path / "r", s3, tokenizer_model)))
+    key = [(f.source, f.rel, f.unit, f.start, f.end) for f in local.files]
+    assert [(f.source, f.rel, f.unit, f.start, f.end) for f in remote.files] == key
+    assert {f.unit for f in remote.files} == {"", "bytes", "row_groups"}
+    assert all(f.size > 0 and f.version for f in remote.files)
+    assert remote.skipped == local.skipped == {"py": {"gitignored": 1, "tool_directory": 1}}
+
+
+def test_remote_build_is_byte_identical_to_local(s3, corpus, tokenizer_model, tmp_path):
+    """Shards from s3:// equal the shards from local copies; bytes and requests counted."""
+    local = build(recipe_from_dict(local_recipe(tmp_path / "l", corpus, tokenizer_model)))
+    remote = build(recipe_from_dict(remote_recipe(tmp_path / "r", s3, tokenizer_model)))
+    assert shard_bytes(remote, tmp_path / "r") == shard_bytes(local, tmp_path / "l")
+    assert len(local["shards"]) >= 2
+    counts = remote["counts"]
+    assert counts["read"] == local["counts"]["read"] and counts["errors_total"] == 0
+    total = sum(p.stat().st_size for p in corpus.rglob("*") if p.is_file())
+    assert counts["remote"]["bytes"] >= total - 100  # every object read (ignored ones not)
+    assert counts["remote"]["failures"] == 0 and "remote" not in local["counts"]
+    assert counts["sources"]["tbl"]["remote"]["requests"] > 0
+    assert remote["recipe"]["sources"][0]["storage_options"]["secret"] == "<redacted>"
+
+
+def files_holding(root: Path, secret: str) -> list[Path]:
+    """Every file under `root` whose bytes hold `secret`."""
+    return [p for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+def test_no_credential_in_any_output_file(s3, tokenizer_model, tmp_path):
+    """The planted secret key is in no file of the output or work directory (manifest,
+    executor.json, logs, listing record), not even in an error message."""
+    raw = remote_recipe(tmp_path / "r", s3, tokenizer_model)
+    raw["sources"].append(
+        {
+            "name": "gone",
+            "domain": "text",
+            "format": "jsonl",
+            "language": "en",
+            "paths": [f"s3://{BUCKET}/text/b.jsonl"],
+            "storage_options": {**options(s3), "token": "tok-" + SECRET[::-1]},
+        }
+    )
+    manifest = build(recipe_from_dict(raw))
+    assert manifest["recipe"]["sources"][3]["storage_options"]["token"] == "<redacted>"
+    assert (tmp_path / "r" / ".work").is_dir() and list((tmp_path / "r").rglob("executor.json"))
+    assert files_holding(tmp_path, SECRET) == []
+    assert files_holding(tmp_path, SECRET[::-1]) == []
+
+
+BUILD_SCRIPT = """
+import json, sys
+from lemur.data.build import build
+from lemur.data.load import recipe_from_dict
+build(recipe_from_dict(json.loads(open(sys.argv[1]).read())))
+"""
+
+
+def kill_when(proc: subprocess.Popen, ready, timeout: float = 120) -> None:
+    """SIGKILL `proc` as soon as `ready()` holds (fails if it ends or times out first)."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, "the build ended before it could be killed"
+        assert time.monotonic() < deadline, "the build never got there"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_resume_after_sigkill_lists_nothing_and_stays_identical(
+    s3, corpus, tokenizer_model, tmp_path
+):
+    """A build killed in its tokenize stage and run again reads the recorded listing: not
+    one LIST (or HEAD) request, and shards byte-identical to the local build's."""
+    local = build(recipe_from_dict(local_recipe(tmp_path / "l", corpus, tokenizer_model)))
+    with FaultProxy(s3) as proxy:
+        raw = remote_recipe(tmp_path / "r", proxy.endpoint, tokenizer_model)
+        (tmp_path / "recipe.json").write_text(json.dumps(raw))
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", BUILD_SCRIPT, str(tmp_path / "recipe.json")], env=env
+        )
+        work = tmp_path / "r" / ".work"
+        kill_when(proc, lambda: any(work.glob("tokens-*/logs/completions/*")))
+        assert len(list(work.glob("listing-*.json"))) == 3  # one per remote source
+        lists = proxy.count("GET", "list-type=2")
+        assert lists > 0
+        before = len(proxy.requests)
+        resumed = build(recipe_from_dict(raw))
+        after = proxy.requests[before:]
+        assert [r for r in after if "list-type=2" in r[1] or r[0] == "HEAD"] == []
+        assert len(after) > 0  # the inputs were read again, by ranged GETs
+        assert shard_bytes(resumed, tmp_path / "r") == shard_bytes(local, tmp_path / "l")
+        # A rerun of the finished build lists nothing and reads nothing: it is up to date.
+        before = len(proxy.requests)
+        assert build(recipe_from_dict(raw))["inputs_sha256"] == resumed["inputs_sha256"]
+        assert proxy.requests[before:] == []
