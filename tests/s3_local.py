@@ -15,6 +15,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -94,12 +95,17 @@ class FaultProxy:
 
     `faults` is consumed one per request, first to last: "503" and "429" answer with that
     status and an S3 error body; "reset" closes the connection with a TCP RST and no answer;
-    None forwards the request. Once it is empty every request is forwarded.
+    "stall" waits `stall_s` before forwarding (a read timeout for a client that waits less);
+    None forwards the request. Once it is empty every request is forwarded. With
+    `only_reads`, only ranged object GETs (a task's reads, not the listing) take faults.
     """
 
     def __init__(self, target: str) -> None:
         self.target = target.removeprefix("http://")
         self.faults: list[str | None] = []
+        self.only_reads = False
+        self.stall_s = 0.0
+        self.faulted = 0  # requests answered with a fault
         self.requests: list[tuple[str, str]] = []  # (method, path with query)
         self.lock = threading.Lock()
         proxy = self
@@ -135,7 +141,11 @@ class FaultProxy:
         body = h.rfile.read(length) if length else b""
         with self.lock:
             self.requests.append((h.command, h.path))
-            fault = self.faults.pop(0) if self.faults else None
+            takes = not self.only_reads or (h.command == "GET" and "Range" in h.headers)
+            fault = self.faults.pop(0) if self.faults and takes else None
+            self.faulted += fault is not None
+        if fault == "stall":
+            time.sleep(self.stall_s)
         if fault == "reset":
             h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             h.connection.close()

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -28,6 +30,7 @@ from s3_local import SECRET, FaultProxy, moto_s3, options, upload_tree  # noqa: 
 from lemur.data.build import build  # noqa: E402
 from lemur.data.load import recipe_from_dict  # noqa: E402
 from lemur.data.read.listing import list_inputs  # noqa: E402
+from lemur.data.read.sources import SourcesReader  # noqa: E402
 
 BUCKET = "corpus"
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,3 +235,85 @@ def test_resume_after_sigkill_lists_nothing_and_stays_identical(
         before = len(proxy.requests)
         assert build(recipe_from_dict(raw))["inputs_sha256"] == resumed["inputs_sha256"]
         assert proxy.requests[before:] == []
+
+
+def test_throttled_build_survives_and_counts_its_retries(s3, corpus, tokenizer_model, tmp_path):
+    """503 SlowDown, 429 and connection resets on the object reads are retried: the build
+    equals the local one, every retry is counted, and `lemur-data stats` shows them."""
+    local = build(recipe_from_dict(local_recipe(tmp_path / "l", corpus, tokenizer_model)))
+    with FaultProxy(s3) as proxy:
+        raw = remote_recipe(tmp_path / "r", proxy.endpoint, tokenizer_model)
+        for source in raw["sources"]:
+            source["remote"] = {"backoff_s": 0.01, "concurrency": 2}
+        list_inputs(recipe_from_dict(raw))  # the listing, recorded: the faults hit the tasks
+        proxy.only_reads = True
+        # A reset of a pooled connection is retried once by aiohttp itself: two in a row
+        # reach our retries.
+        proxy.faults = ["503", "429", "reset", "reset", "503", None, "429", "503", "503"]
+        remote = build(recipe_from_dict(raw))
+        assert proxy.faults == [] and proxy.faulted == 8
+    assert shard_bytes(remote, tmp_path / "r") == shard_bytes(local, tmp_path / "l")
+    counts = remote["counts"]["remote"]
+    assert counts["retries"] == 7 and counts["failures"] == 0
+    per_source = [s["remote"]["retries"] for s in remote["counts"]["sources"].values()]
+    assert sum(per_source) == 7
+    shown = " ".join(lemur_data("stats", str(tmp_path / "r")).split())  # rich wraps lines
+    assert "remote reading:" in shown and "7 retries, 0 failures" in shown
+    as_json = json.loads(lemur_data("stats", str(tmp_path / "r"), "--json"))
+    assert as_json["counts"]["remote"]["retries"] == 7
+
+
+def lemur_data(*args: str) -> str:
+    """The output of `lemur-data ARGS` (this checkout's code)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "lemur.data.cli", *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+def test_exhausted_retries_fail_in_one_line_naming_the_url(s3, tokenizer_model, tmp_path):
+    """Past `retries`, a read fails with one line naming the URL and the last error, counted
+    as a failure and as the file's `remote_failed` error; a stalled request is cut off at
+    `timeout_s` and retried."""
+    raw = remote_recipe(tmp_path / "r", s3, tokenizer_model)
+    with FaultProxy(s3) as proxy:
+        for source in raw["sources"]:
+            source["storage_options"] = options(proxy.endpoint)
+            source["remote"] = {"retries": 2, "backoff_s": 0.01, "timeout_s": 1}
+        r = recipe_from_dict(raw)
+        files = [f for f in list_inputs(r).files if f.rel == "a.jsonl.zst"]
+        stats: Counter[str] = Counter()
+        reader = SourcesReader(files, r.sources, errors_dir="")
+        reader.log.stat_update = lambda label, value=1: stats.update({label: value})
+        reader.log.remote.stat_update = reader.log.stat_update
+        proxy.only_reads, proxy.stall_s = True, 3
+        proxy.faults = ["stall", "503"]  # cut off after 1 s, throttled, then served
+        assert len(list(reader.read(files[0]))) == 30
+        assert stats["remote_retries:docs"] == 2 and stats["remote_failures:docs"] == 0
+        proxy.faults = ["503", "429", "503", "503"]
+        assert list(reader.read(files[0])) == []
+    assert proxy.faults == ["503"]  # three tries: the first and `retries` more
+    assert stats["remote_failures:docs"] == 1 and stats["error_remote_failed:docs"] == 1
+    [error] = reader.log.errors
+    assert error["kind"] == "remote_failed" and "\n" not in error["error"]
+    assert error["error"].startswith(
+        f"s3://{BUCKET}/text/a.jsonl.zst: GET bytes 0-{files[0].size} failed after 3 tries: "
+        "HTTP 503 SlowDown"
+    )
+
+
+def test_reader_and_settings_pickle_without_clients(s3, tokenizer_model, tmp_path):
+    """The reader step ships to Ray and Slurm tasks: it pickles after reading remote files
+    (each process makes its own clients), and the copy reads the same documents."""
+    r = recipe_from_dict(remote_recipe(tmp_path / "r", s3, tokenizer_model))
+    files = list_inputs(r).files
+    reader = SourcesReader(files, r.sources, errors_dir="")
+    first = [d.text for f in files[:4] for d in reader.read(f)]
+    assert first  # read through this process's clients and thread pool, which never pickle
+    copy = pickle.loads(pickle.dumps(reader))
+    assert [d.text for f in files[:4] for d in copy.read(f)] == first
+    assert SECRET.encode() not in json.dumps(r.to_dict()).encode()

@@ -220,6 +220,14 @@ def collect_counts(
     }
 
 
+def remote_summary(remote: dict[str, int]) -> str:
+    """Remote reading in one line: `12.3 MB in 45 requests, 3 retries, 0 failures`."""
+    return (
+        f"{remote.get('bytes', 0) / 1e6:,.1f} MB in {remote.get('requests', 0):,} requests, "
+        f"{remote.get('retries', 0):,} retries, {remote.get('failures', 0):,} failures"
+    )
+
+
 def drop_reasons(counts: dict[str, Any]) -> str:
     """Every reason documents were dropped for, with its count, the largest first."""
     ranked = sorted(counts["dropped"].items(), key=lambda kv: (-kv[1], kv[0]))

@@ -10,6 +10,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from lemur.data.read.streams import Opener, open_local
 from lemur.data.recipe import Recipe, RecipeError, SourceConfig
 from lemur.data.recipe_sources import expand_paths, is_remote
 
+LISTING_BLOCK_BYTES = 1 << 16  # a remote read while listing: a jsonl head, a parquet footer
 # Directories that hold vendored, generated or tool data rather than authored source.
 SKIP_DIRS = frozenset(
     {
@@ -348,9 +350,10 @@ def _list_remote_source(recipe: Recipe, index: int, listing: Listing) -> list[In
             objects = _remote_tree(objects, source, remote, listing)
         elif any("/" in o.rel for o in objects):  # a prefix of data files: dotfiles left out
             objects = [o for o in objects if not o.rel.split("/")[-1].startswith(".")]
-        opener = lambda url: remote.open(url)  # noqa: E731 - sizes below are given anyway
         for o in objects:
             f = InputFile(index, o.url, o.rel, size=o.size, version=o.version)
+            # Splitting reads a head or a footer of a big file: small blocks, not whole ones.
+            opener = partial(remote.open, size=o.size, block_bytes=LISTING_BLOCK_BYTES)
             files += split_file(f, source, recipe.executor.split_bytes, opener)
     return files
 

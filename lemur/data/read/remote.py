@@ -30,6 +30,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
+from loguru import logger  # datatrove's logger: a task's lines land in its log file
+
 from lemur.data.recipe_sources import RemoteSettings, StorageOptions, is_remote
 
 # HTTP statuses and S3 error codes that mean "try again later", not "this will never work".
@@ -104,10 +106,7 @@ def _status(e: BaseException) -> tuple[int | None, str]:
 
 def is_transient(error: BaseException) -> bool:
     """Whether an error (or one it was raised from) is throttling or a transient failure."""
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
+    for e in _chain(error):
         status, code = _status(e)
         if status in TRANSIENT_STATUS or code in TRANSIENT_CODES:
             return True
@@ -118,7 +117,6 @@ def is_transient(error: BaseException) -> bool:
         text = str(e)
         if "SlowDown" in text or "reduce your request rate" in text:
             return True
-        e = e.__cause__ or e.__context__
     return False
 
 
@@ -224,7 +222,15 @@ class Remote:
                     raise RemoteError(message) from None
                 self.count("retries", 1)
                 cap = min(s.max_backoff_s, s.backoff_s * 2**attempt)
-                time.sleep(self._random.uniform(0, cap))
+                wait = self._random.uniform(0, cap)
+                # What a throttled build prints (the task's log and stderr), one line a retry.
+                logger.warning(
+                    self.scrub(
+                        f"remote: {display_url(url)}: {what}: {_brief(e)}; "
+                        f"retry {attempt + 1} of {s.retries} in {wait:.1f}s"
+                    )
+                )
+                time.sleep(wait)
         raise AssertionError("unreachable")
 
     def cat(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
@@ -238,11 +244,13 @@ class Remote:
         """An object's size and version (ETag) by one HEAD request."""
         return self.call("HEAD", url, "info", _path(url))
 
-    def open(self, url: str, size: int | None = None) -> BinaryIO:
-        """A buffered, seekable reader of an object (its size looked up when not given)."""
+    def open(self, url: str, size: int | None = None, block_bytes: int = 0) -> BinaryIO:
+        """A buffered, seekable reader of an object (its size looked up when not given);
+        `block_bytes` overrides the setting (small for a head or a footer)."""
         if size is None or size < 0:
             size = int(self.info(url)["size"])
-        return io.BufferedReader(RemoteFile(self, url, size), buffer_size=1 << 20)
+        raw = RemoteFile(self, url, size, block_bytes or self.settings.block_bytes)
+        return io.BufferedReader(raw, buffer_size=min(1 << 20, raw.block))
 
 
 def _path(url: str) -> str:
@@ -250,10 +258,25 @@ def _path(url: str) -> str:
     return url
 
 
-def _brief(e: BaseException) -> str:
-    """An error in one line: its type and first line."""
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+def _chain(error: BaseException) -> list[BaseException]:
+    """An error and those it was raised from, outermost first."""
+    out: list[BaseException] = []
+    e: BaseException | None = error
+    while e is not None and all(e is not o for o in out):
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def _brief(error: BaseException) -> str:
+    """An error in one line: the HTTP status and code it carries, else its type; its text."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    for e in _chain(error):
+        status, code = _status(e)
+        if status or code:
+            head = " ".join(str(x) for x in (f"HTTP {status}" if status else "", code) if x)
+            return f"{head}: {text}" if text else head
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 class RemoteFile(io.RawIOBase):
@@ -264,12 +287,12 @@ class RemoteFile(io.RawIOBase):
     A block shorter than the listed size says the object changed since it was listed.
     """
 
-    def __init__(self, remote: Remote, url: str, size: int) -> None:
+    def __init__(self, remote: Remote, url: str, size: int, block: int) -> None:
         super().__init__()
         self.remote = remote
         self.url = url
         self.size = size
-        self.block = remote.settings.block_bytes
+        self.block = block
         self.ahead = remote.settings.concurrency
         self._pos = 0
         self._last = -1
