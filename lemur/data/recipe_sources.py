@@ -29,7 +29,7 @@ SOURCE_PRESETS: dict[str, dict[str, Any]] = {
     },
     # The Stack v2: metadata rows; each file's content is a gzip blob fetched by its id
     # (lemur/data/read/stack_v2.py). Point `paths` at the metadata parquet files.
-    "the-stack-v2": {"format": "stack-v2", "id_key": "blob_id", "path_key": "path"},
+    "the-stack-v2": {"format": "stack-v2", "metadata_keys": ["star_events_count", "extension"]},
     "refinedweb": {
         "format": "parquet",
         "text_key": "content",
