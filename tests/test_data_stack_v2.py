@@ -192,12 +192,13 @@ def test_skip_reason_defaults():
             "tokenizer": {"train": {}},
             "mix": {"ratio": {"code": 1}},
             "sources": [
-                {"name": "s", "domain": "code", "format": "stack-v2", "paths": ["s3://b/m"]}
+                {"name": "s", "domain": "code", "preset": "the-stack-v2", "paths": ["s3://b/m"]}
             ],
         },
         check_paths=False,
     )
     s = r.sources[0]
+    assert s.format == "stack-v2" and s.content_url is None  # Software Heritage's bucket
     assert skip_reason(row("x", "r", "p"), s) is None
     assert skip_reason(row("x", "r", "p", license_type="no_license"), s) is None
     assert skip_reason(row("x", "r", "p", is_generated=True), s) == "generated"
