@@ -9,6 +9,8 @@ from `s3://` at each `--concurrency` (requests in flight per task: the read-ahea
 `block_bytes` blocks). Per core = input MB / CPU seconds of this process (every thread:
 the readers, fsspec's event loop, the read-ahead pool) per MB of document text read.
 
+Each setting runs `--repeats` times, the settings alternating; its least-CPU run is shown.
+
     python tools/bench_remote.py --mb 60 --concurrency 1,4,8
 """
 
@@ -138,6 +140,18 @@ def read_all(r) -> tuple[float, float, int, int]:
     return time.perf_counter() - wall, time.process_time() - cpu, docs, size
 
 
+def best_runs(settings: dict, repeats: int) -> list[tuple[str, tuple[float, float, int, int]]]:
+    """Each setting's read with the least CPU over `repeats` rounds; the settings alternate
+    within a round, so a busy spell of the shared machine hits them alike."""
+    best: dict[str, tuple[float, float, int, int]] = {}
+    for _ in range(repeats):
+        for name, r in settings.items():
+            run = read_all(r)
+            if name not in best or run[1] < best[name][1]:
+                best[name] = run
+    return list(best.items())
+
+
 def main() -> None:
     """Run the benchmark and print the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -145,6 +159,7 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/bench_remote")
     ap.add_argument("--concurrency", default="1,4,8", help="requests in flight, comma-separated")
     ap.add_argument("--block-mb", type=int, default=8, help="bytes of one ranged read, MiB")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds; the least CPU is kept")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -160,11 +175,11 @@ def main() -> None:
     try:
         upload(endpoint, files)
         opts = {"client_kwargs": {"endpoint_url": endpoint}}
-        rows = [("disk", read_all(recipe([str(f) for f in files], None, 1, args.block_mb)))]
         urls = [f"s3://{BUCKET}/{f.name}" for f in files]
+        settings = {"disk": recipe([str(f) for f in files], None, 1, args.block_mb)}
         for c in (int(x) for x in args.concurrency.split(",")):
-            # a fresh work root per setting: each lists its own copy (recorded, not timed)
-            rows.append((f"s3 concurrency {c}", read_all(recipe(urls, opts, c, args.block_mb))))
+            settings[f"s3 concurrency {c}"] = recipe(urls, opts, c, args.block_mb)
+        rows = best_runs(settings, args.repeats)
     finally:
         proc.terminate()
         proc.wait(10)
