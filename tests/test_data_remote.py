@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from lemur.data.build import build  # noqa: E402
 from lemur.data.load import recipe_from_dict  # noqa: E402
 from lemur.data.read.listing import list_inputs  # noqa: E402
 from lemur.data.read.sources import SourcesReader  # noqa: E402
+from lemur.data.recipe import RecipeError  # noqa: E402
 
 BUCKET = "corpus"
 ROOT = Path(__file__).resolve().parents[1]
@@ -319,3 +321,21 @@ def test_reader_and_settings_pickle_without_clients(s3, tokenizer_model, tmp_pat
     copy = pickle.loads(pickle.dumps(reader))
     assert [d.text for f in files[:4] for d in copy.read(f)] == first
     assert SECRET.encode() not in json.dumps(r.to_dict()).encode()
+
+
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        (f"s3://{BUCKET}/no/such/prefix/", "path 's3://corpus/no/such/prefix/' matches nothing"),
+        ("s3://no-such-bucket/x.jsonl", "path 's3://no-such-bucket/x.jsonl' matches nothing"),
+        ("nosuch://bucket/x.jsonl", "cannot list 'nosuch://bucket/x.jsonl': Protocol not known"),
+    ],
+)
+def test_listing_mistakes_are_one_line_recipe_errors(s3, tmp_path, path, message):
+    """A remote path that names nothing, or a filesystem that does not exist, is a recipe
+    mistake naming the source and the path (one line, exit 2 from `lemur-data build`)."""
+    raw = remote_recipe(tmp_path / "r", s3, tmp_path / "tok.model")
+    raw["sources"][1]["paths"] = [path]
+    r = recipe_from_dict(raw, check_paths=False)
+    with pytest.raises(RecipeError, match=f"^recipe: source 'docs': {re.escape(message)}"):
+        list_inputs(r)

@@ -16,7 +16,7 @@ from typing import Any
 
 from lemur.data import work as work_folders
 from lemur.data.read import remote_listing
-from lemur.data.read.remote import Remote
+from lemur.data.read.remote import Remote, display_url
 from lemur.data.read.split import plan_parts
 from lemur.data.read.streams import Opener, open_local
 from lemur.data.recipe import Recipe, RecipeError, SourceConfig
@@ -343,7 +343,12 @@ def _list_remote_source(recipe: Recipe, index: int, listing: Listing) -> list[In
                     g for f in found for g in split_file(f, source, recipe.executor.split_bytes)
                 ]
             continue
-        objects = remote_listing.find_objects(remote, path)
+        try:
+            objects = remote_listing.find_objects(remote, path)
+        except (OSError, ImportError, ValueError) as e:  # denied, retries spent, no client
+            raise RecipeError(
+                f"recipe: source '{source.name}': cannot list '{display_url(path)}': {e}"
+            ) from None
         if not objects:
             raise RecipeError(f"recipe: source '{source.name}': path '{path}' matches nothing")
         if source.format == "files":
