@@ -339,3 +339,23 @@ def test_listing_mistakes_are_one_line_recipe_errors(s3, tmp_path, path, message
     r = recipe_from_dict(raw, check_paths=False)
     with pytest.raises(RecipeError, match=f"^recipe: source 'docs': {re.escape(message)}"):
         list_inputs(r)
+
+
+def test_read_ahead_stays_inside_a_byte_range_part(s3, corpus, tokenizer_model, tmp_path):
+    """Parts of a remote jsonl file read ahead only to their own end: all parts together
+    fetch the file about once, not once plus `concurrency` blocks per part."""
+    raw = remote_recipe(tmp_path / "r", s3, tokenizer_model)
+    raw["executor"]["split_bytes"] = 40_000
+    raw["sources"][1]["remote"] = {"concurrency": 8, "block_bytes": 4096}
+    raw["sources"][1]["paths"] = [f"s3://{BUCKET}/text/b.jsonl"]
+    r = recipe_from_dict(raw)
+    parts = [f for f in list_inputs(r).files if f.rel == "b.jsonl"]
+    assert len(parts) == 3
+    stats: Counter[str] = Counter()
+    reader = SourcesReader(parts, r.sources, errors_dir="")
+    reader.log.stat_update = lambda label, value=1: stats.update({label: value})
+    reader.log.remote.stat_update = reader.log.stat_update
+    assert sum(1 for f in parts for _ in reader.read(f)) == 30
+    size = (corpus / "text" / "b.jsonl").stat().st_size
+    # Each part may read one block past its end, and its last line (< 30 KB) on demand.
+    assert size <= stats["remote_bytes:docs"] < size + 3 * 4096 + 2 * 30_000

@@ -135,7 +135,8 @@ class BaseReader(ABC):
 
     def opener(self, f: InputFile) -> Opener:
         """Opens `f` for binary reading: a local file, or a remote one (remote.py)."""
-        return self.log.remote.opener(f.source, f.size)
+        # A byte-range part reads ahead only to its end (the last line's tail on demand).
+        return self.log.remote.opener(f.source, f.size, f.end if f.unit == BYTES else -1)
 
     def metadata(self, f: InputFile, extra: dict[str, Any]) -> dict[str, Any]:
         """A document's metadata: source, domain, path, then `extra`, then the language."""

@@ -244,12 +244,17 @@ class Remote:
         """An object's size and version (ETag) by one HEAD request."""
         return self.call("HEAD", url, "info", _path(url))
 
-    def open(self, url: str, size: int | None = None, block_bytes: int = 0) -> BinaryIO:
+    def open(
+        self, url: str, size: int | None = None, block_bytes: int = 0, ahead_until: int = -1
+    ) -> BinaryIO:
         """A buffered, seekable reader of an object (its size looked up when not given);
-        `block_bytes` overrides the setting (small for a head or a footer)."""
+        `block_bytes` overrides the setting (small for a head or a footer); no block from
+        `ahead_until` on is read ahead (the end of a byte-range part), only when asked."""
         if size is None or size < 0:
             size = int(self.info(url)["size"])
         raw = RemoteFile(self, url, size, block_bytes or self.settings.block_bytes)
+        if ahead_until >= 0:
+            raw.ahead_until = ahead_until
         return io.BufferedReader(raw, buffer_size=min(1 << 20, raw.block))
 
 
@@ -294,6 +299,7 @@ class RemoteFile(io.RawIOBase):
         self.size = size
         self.block = block
         self.ahead = remote.settings.concurrency
+        self.ahead_until = size  # no read-ahead of blocks starting at or after this byte
         self._pos = 0
         self._last = -1
         self._current: tuple[int, bytes] = (-1, b"")
@@ -332,7 +338,7 @@ class RemoteFile(io.RawIOBase):
         """Block k, from the read-ahead when it is there; keeps the read-ahead going."""
         if self._current[0] == k:
             return self._current[1]
-        blocks = -(-self.size // self.block)
+        blocks = -(-min(self.size, self.ahead_until) // self.block)
         if k in (0, self._last + 1):  # reading in order: keep `ahead` blocks in flight
             for j in range(k + 1, min(blocks, k + 1 + self.ahead)):
                 if j not in self._pending:
