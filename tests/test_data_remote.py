@@ -359,3 +359,27 @@ def test_read_ahead_stays_inside_a_byte_range_part(s3, corpus, tokenizer_model, 
     size = (corpus / "text" / "b.jsonl").stat().st_size
     # Each part may read one block past its end, and its last line (< 30 KB) on demand.
     assert size <= stats["remote_bytes:docs"] < size + 3 * 4096 + 2 * 30_000
+
+
+def test_any_fsspec_filesystem_sync_ones_too(corpus, tokenizer_model, tmp_path):
+    """A filesystem that is not async (as the Hub's `hf://` is) is read the same way: here
+    fsspec's in-memory one, holding copies of the text files."""
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    for p in sorted((corpus / "text").iterdir()):
+        memory.pipe(f"memory://lemur-test/text/{p.name}", p.read_bytes())
+    local = local_recipe(tmp_path / "l", corpus, tokenizer_model)
+    remote = local_recipe(tmp_path / "m", corpus, tokenizer_model)
+    t = "memory://lemur-test/text"
+    remote["sources"][1]["paths"] = [f"{t}/*.jsonl*", f"{t}/b.jsonl"]
+    remote["sources"][2]["paths"] = [f"{t}/c.parquet"]
+
+    def texts(raw: dict) -> list[str]:
+        r = recipe_from_dict(raw)
+        files = [f for f in list_inputs(r).files if f.source > 0]
+        reader = SourcesReader(files, r.sources, errors_dir="")
+        return [d.text for f in files for d in reader.read(f)]
+
+    got = texts(remote)
+    assert got == texts(local) and len(got) > 90  # b.jsonl twice (the glob and by name)

@@ -236,13 +236,13 @@ class Remote:
     def cat(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
         """Bytes [start, end) of an object (all of it without bounds), counted."""
         what = "GET" if start is None else f"GET bytes {start}-{end}"
-        data = self.call(what, url, "cat_file", _path(url), start=start, end=end)
+        data = self.call(what, url, "cat_file", url, start=start, end=end)
         self.count("bytes", len(data))
         return data
 
     def info(self, url: str) -> dict[str, Any]:
         """An object's size and version (ETag) by one HEAD request."""
-        return self.call("HEAD", url, "info", _path(url))
+        return self.call("HEAD", url, "info", url)
 
     def open(
         self, url: str, size: int | None = None, block_bytes: int = 0, ahead_until: int = -1
@@ -256,11 +256,6 @@ class Remote:
         if ahead_until >= 0:
             raw.ahead_until = ahead_until
         return io.BufferedReader(raw, buffer_size=min(1 << 20, raw.block))
-
-
-def _path(url: str) -> str:
-    """The path a filesystem is called with: s3fs and friends take the URL as is."""
-    return url
 
 
 def _chain(error: BaseException) -> list[BaseException]:
