@@ -66,6 +66,13 @@ def s3(corpus, tmp_path_factory):
         yield endpoint
 
 
+@pytest.fixture(scope="module")
+def local_build(corpus, tokenizer_model, tmp_path_factory) -> dict:
+    """The manifest of the build over the local copies (its folder under `out`)."""
+    out = tmp_path_factory.mktemp("local-build") / "l"
+    return {**build(recipe_from_dict(local_recipe(out, corpus, tokenizer_model))), "out": out}
+
+
 def recipe(out: Path, code: str, text: list[str], tok: Path, opts: dict | None = None) -> dict:
     """Two sources (a code tree, text files) read from `code` and `text`, a given tokenizer."""
     extra = {"storage_options": opts} if opts else {}
@@ -148,13 +155,15 @@ def test_listing_matches_local_and_splits_remote_files(s3, corpus, tokenizer_mod
     assert remote.skipped == local.skipped == {"py": {"gitignored": 1, "tool_directory": 1}}
 
 
-def test_remote_build_is_byte_identical_to_local(s3, corpus, tokenizer_model, tmp_path):
+def test_remote_build_is_byte_identical_to_local(
+    s3, corpus, tokenizer_model, local_build, tmp_path
+):
     """Shards from s3:// equal the shards from local copies; bytes and requests counted."""
-    local = build(recipe_from_dict(local_recipe(tmp_path / "l", corpus, tokenizer_model)))
+    local = local_build
     raw = remote_recipe(tmp_path / "r", s3, tokenizer_model)
     raw["executor"]["workers"] = 2  # tasks in worker processes: each makes its own clients
     remote = build(recipe_from_dict(raw))
-    assert shard_bytes(remote, tmp_path / "r") == shard_bytes(local, tmp_path / "l")
+    assert shard_bytes(remote, tmp_path / "r") == shard_bytes(local, local["out"])
     assert len(local["shards"]) >= 2
     counts = remote["counts"]
     assert counts["read"] == local["counts"]["read"] and counts["errors_total"] == 0
@@ -212,11 +221,11 @@ def kill_when(proc: subprocess.Popen, ready, timeout: float = 120) -> None:
 
 
 def test_resume_after_sigkill_lists_nothing_and_stays_identical(
-    s3, corpus, tokenizer_model, tmp_path
+    s3, tokenizer_model, local_build, tmp_path
 ):
     """A build killed in its tokenize stage and run again reads the recorded listing: not
     one LIST (or HEAD) request, and shards byte-identical to the local build's."""
-    local = build(recipe_from_dict(local_recipe(tmp_path / "l", corpus, tokenizer_model)))
+    local = local_build
     with FaultProxy(s3) as proxy:
         raw = remote_recipe(tmp_path / "r", proxy.endpoint, tokenizer_model)
         (tmp_path / "recipe.json").write_text(json.dumps(raw))
@@ -234,17 +243,19 @@ def test_resume_after_sigkill_lists_nothing_and_stays_identical(
         after = proxy.requests[before:]
         assert [r for r in after if "list-type=2" in r[1] or r[0] == "HEAD"] == []
         assert len(after) > 0  # the inputs were read again, by ranged GETs
-        assert shard_bytes(resumed, tmp_path / "r") == shard_bytes(local, tmp_path / "l")
+        assert shard_bytes(resumed, tmp_path / "r") == shard_bytes(local, local["out"])
         # A rerun of the finished build lists nothing and reads nothing: it is up to date.
         before = len(proxy.requests)
         assert build(recipe_from_dict(raw))["inputs_sha256"] == resumed["inputs_sha256"]
         assert proxy.requests[before:] == []
 
 
-def test_throttled_build_survives_and_counts_its_retries(s3, corpus, tokenizer_model, tmp_path):
+def test_throttled_build_survives_and_counts_its_retries(
+    s3, tokenizer_model, local_build, tmp_path
+):
     """503 SlowDown, 429 and connection resets on the object reads are retried: the build
     equals the local one, every retry is counted, and `lemur-data stats` shows them."""
-    local = build(recipe_from_dict(local_recipe(tmp_path / "l", corpus, tokenizer_model)))
+    local = local_build
     with FaultProxy(s3) as proxy:
         raw = remote_recipe(tmp_path / "r", proxy.endpoint, tokenizer_model)
         for source in raw["sources"]:
@@ -256,7 +267,7 @@ def test_throttled_build_survives_and_counts_its_retries(s3, corpus, tokenizer_m
         proxy.faults = ["503", "429", "reset", "reset", "503", None, "429", "503", "503"]
         remote = build(recipe_from_dict(raw))
         assert proxy.faults == [] and proxy.faulted == 8
-    assert shard_bytes(remote, tmp_path / "r") == shard_bytes(local, tmp_path / "l")
+    assert shard_bytes(remote, tmp_path / "r") == shard_bytes(local, local["out"])
     counts = remote["counts"]["remote"]
     assert counts["retries"] == 7 and counts["failures"] == 0
     per_source = [s["remote"]["retries"] for s in remote["counts"]["sources"].values()]
