@@ -26,7 +26,7 @@ from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
 pytest.importorskip("moto", reason="moto[server] (the dev extra) runs the local S3 server")
 pytest.importorskip("s3fs", reason="s3fs (the base install) reads s3:// paths")
 
-from s3_local import SECRET, FaultProxy, moto_s3, options, upload_tree  # noqa: E402
+from s3_local import KEY, SECRET, FaultProxy, moto_s3, options, upload_tree  # noqa: E402
 
 from lemur.data.build import build  # noqa: E402
 from lemur.data.load import recipe_from_dict  # noqa: E402
@@ -321,7 +321,7 @@ def test_exhausted_retries_fail_in_one_line_naming_the_url(s3, tokenizer_model, 
     )
 
 
-def test_reader_and_settings_pickle_without_clients(s3, tokenizer_model, tmp_path):
+def test_reader_and_settings_pickle_without_clients(s3, tokenizer_model, tmp_path, monkeypatch):
     """The reader step ships to Ray and Slurm tasks: it pickles after reading remote files
     (each process makes its own clients), and the copy reads the same documents."""
     r = recipe_from_dict(remote_recipe(tmp_path / "r", s3, tokenizer_model))
@@ -329,9 +329,22 @@ def test_reader_and_settings_pickle_without_clients(s3, tokenizer_model, tmp_pat
     reader = SourcesReader(files, r.sources, errors_dir="")
     first = [d.text for f in files[:4] for d in reader.read(f)]
     assert first  # read through this process's clients and thread pool, which never pickle
-    copy = pickle.loads(pickle.dumps(reader))
+    blob = pickle.dumps(reader)
+    # What a Slurm array unpickles from disk holds no credential: each secret travels as
+    # the name of an environment variable the jobs inherit.
+    assert SECRET.encode() not in blob and KEY.encode() not in blob
+    copy = pickle.loads(blob)
     assert [d.text for f in files[:4] for d in copy.read(f)] == first
     assert SECRET.encode() not in json.dumps(r.to_dict()).encode()
+    for name in [n for n in os.environ if n.startswith("LEMUR_SECRET_")]:
+        monkeypatch.delenv(name)  # a node that did not inherit them
+    stranger = pickle.loads(blob)
+    assert list(stranger.read(files[0])) == []
+    [error] = stranger.log.errors
+    assert (
+        error["kind"] == "remote_failed" and "credentials are not in this process" in error["error"]
+    )
+    assert SECRET not in error["error"] and "LEMUR_SECRET_" in error["error"]
 
 
 @pytest.mark.parametrize(

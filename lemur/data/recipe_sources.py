@@ -5,9 +5,11 @@ source's paths match (`expand_paths`: loading a recipe checks them, listing read
 from __future__ import annotations
 
 import glob
+import hashlib
+import json
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,16 +80,33 @@ def public_options(options: Any) -> Any:
     return {k: public_options(v) if k in PUBLIC_OPTIONS else REDACTED for k, v in options.items()}
 
 
+def map_redacted(value: Any, public: Any, fn: Callable[[Any], Any]) -> Any:
+    """`value` (storage options) with `fn` applied to every value `public` shows redacted."""
+    if public == REDACTED:
+        return fn(value)
+    if isinstance(value, Mapping) and isinstance(public, Mapping):
+        return {k: map_redacted(v, public[k], fn) for k, v in value.items()}
+    return value
+
+
 class StorageOptions(Mapping[str, Any]):
     """A source's fsspec storage options (endpoint, profile, credentials).
 
     Not a dict on purpose: `dataclasses.asdict` copies it whole instead of into a dict, so
     whatever serializes a recipe or a pipeline step (the manifest, datatrove's
     `executor.json`, logs) meets this object and gets `str()`, which hides the secrets.
+    Pickled (a Slurm array's `executor.pik` on disk, a Ray task, a worker process), each
+    secret value travels as the name of an environment variable that holds it
+    (`LEMUR_SECRET_<hash>`, set in this process when the options are made, so that the
+    processes it starts and the jobs it submits inherit it): no file ever holds it. A copy
+    unpickled where that variable is missing lists the names in `missing`, and its first
+    use fails saying so (give such nodes their credentials the standard way).
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self._options = dict(options)
+        self.missing: list[str] = []
+        map_redacted(self._options, self.public(), _export_secret)
 
     def __getitem__(self, key: str) -> Any:
         return self._options[key]
@@ -98,6 +117,24 @@ class StorageOptions(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._options)
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {"refs": map_redacted(self._options, self.public(), _export_secret)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.missing = []
+
+        def restore(ref: Any) -> Any:
+            name = ref.get(SECRET_REF) if isinstance(ref, Mapping) else None
+            if name is None:
+                return ref
+            if name not in os.environ:
+                self.missing.append(name)
+                return None
+            return json.loads(os.environ[name])
+
+        refs = state["refs"]
+        self._options = map_redacted(refs, public_options(refs), restore)
+
     def public(self) -> dict[str, Any]:
         """The options with their secrets redacted (what may be shown or written)."""
         return public_options(self._options)
@@ -106,20 +143,34 @@ class StorageOptions(Mapping[str, Any]):
         """Every redacted string value (scrubbed from error messages)."""
         found: list[str] = []
 
-        def walk(value: Any, public: Any) -> None:
-            if isinstance(value, str) and public == REDACTED and len(value) >= 4:
+        def keep(value: Any) -> Any:
+            if isinstance(value, str) and len(value) >= 4:
                 found.append(value)
-            elif isinstance(value, Mapping):
-                for k, v in value.items():
-                    walk(v, public[k] if isinstance(public, Mapping) else REDACTED)
+            return value
 
-        walk(self._options, self.public())
+        map_redacted(self._options, self.public(), keep)
         return found
 
     def __repr__(self) -> str:
         return f"StorageOptions({self.public()!r})"
 
     __str__ = __repr__
+
+
+SECRET_ENV_PREFIX = "LEMUR_SECRET_"  # environment variables carrying recipe credentials
+SECRET_REF = "$lemur_secret_env"  # what a pickled secret becomes: {SECRET_REF: variable}
+
+
+def _export_secret(value: Any) -> Any:
+    """Put a secret value into this process's environment; the reference to it (a value
+    that is no JSON, an object given in Python, stays as it is)."""
+    try:
+        data = json.dumps(value, sort_keys=True)
+    except TypeError:
+        return value
+    name = SECRET_ENV_PREFIX + hashlib.sha256(data.encode()).hexdigest()[:16].upper()
+    os.environ[name] = data  # inherited by the task processes and jobs this one starts
+    return {SECRET_REF: name}
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,13 @@ class Remote:
 
     def fs(self, url: str) -> Any:
         """The filesystem client for `url` in this process."""
+        missing = getattr(self.options, "missing", None)
+        if missing:  # a pickled copy on a node that did not inherit the recipe's credentials
+            raise RemoteError(
+                f"{display_url(url)}: the recipe's credentials are not in this process's "
+                f"environment ({', '.join(missing)}); give every node its credentials the "
+                "standard way (AWS_* variables, a profile, HF_TOKEN) instead"
+            )
         return filesystem(url, self.options, self.settings.timeout_s)
 
     @property
