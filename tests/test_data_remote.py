@@ -407,3 +407,15 @@ def test_any_fsspec_filesystem_sync_ones_too(corpus, tokenizer_model, tmp_path):
 
     got = texts(remote)
     assert got == texts(local) and len(got) > 90  # b.jsonl twice (the glob and by name)
+
+
+def test_ray_build_reads_remote_inputs(s3, tokenizer_model, local_build, tmp_path):
+    """On the Ray executor every task opens its own clients (the secrets through the
+    environment the local Ray instance inherits): the shards are the local build's."""
+    pytest.importorskip("ray")
+    raw = remote_recipe(tmp_path / "r", s3, tokenizer_model)
+    raw["executor"] = {**raw["executor"], "kind": "ray", "workers": 2, "address": "local"}
+    remote = build(recipe_from_dict(raw))
+    assert shard_bytes(remote, tmp_path / "r") == shard_bytes(local_build, local_build["out"])
+    assert remote["counts"]["remote"]["bytes"] > 0 and remote["counts"]["errors_total"] == 0
+    assert files_holding(tmp_path, SECRET) == []
