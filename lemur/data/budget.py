@@ -45,7 +45,7 @@ def unit_bytes(files: list[InputFile]) -> list[int]:
     sizes = []
     for f in files:
         try:
-            size = Path(f.open_path).stat().st_size if not f.error else 0
+            size = 0 if f.error else f.size if f.size >= 0 else Path(f.open_path).stat().st_size
         except OSError:
             size = 0
         if f.unit == ROW_GROUPS:  # row groups of a file are taken as equal in size

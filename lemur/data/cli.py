@@ -151,7 +151,7 @@ def print_summary(manifest: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from lemur.data.counts import drop_reasons
+    from lemur.data.counts import drop_reasons, remote_summary
 
     c = manifest["counts"]
     mix = manifest["mix"]
@@ -162,6 +162,8 @@ def print_summary(manifest: dict[str, Any]) -> None:
     t.add_column("documents", justify="right")
     t.add_column("detail")
     t.add_row("read", f"{c['read']:,}", f"{c['errors_total']:,} bad inputs skipped")
+    if c.get("remote"):  # sources in object storage
+        t.add_row("remote reading", "", remote_summary(c["remote"]))
     t.add_row(
         "filtered out",
         f"{sum(c['dropped'].values()):,}",

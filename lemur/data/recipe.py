@@ -36,7 +36,7 @@ from lemur.data.recipe_sources import CHAT_DOMAIN as CHAT_DOMAIN
 from lemur.data.recipe_sources import CHAT_SCHEMAS as CHAT_SCHEMAS
 from lemur.data.recipe_sources import FORMATS as FORMATS
 from lemur.data.recipe_sources import SOURCE_PRESETS as SOURCE_PRESETS
-from lemur.data.recipe_sources import SourceConfig, check_sources
+from lemur.data.recipe_sources import SourceConfig, StorageOptions, check_sources
 from lemur.data.recipe_tokenizer import TOKENIZER_ENGINES as TOKENIZER_ENGINES
 from lemur.data.recipe_tokenizer import TokenizerConfig
 from lemur.data.recipe_tokenizer import TokenizerTrainConfig as TokenizerTrainConfig
@@ -259,6 +259,8 @@ class Recipe:
 
 
 def _strip_none(obj: Any) -> Any:
+    if isinstance(obj, StorageOptions):  # credentials are never shown or written
+        return obj.public()
     if isinstance(obj, dict):
         return {k: _strip_none(v) for k, v in obj.items() if v is not None}
     if isinstance(obj, list):

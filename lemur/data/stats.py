@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from lemur.data.counts import REMOTE_COUNTERS, remote_summary
 from lemur.shards.check import structure_problem
 from lemur.shards.format import MANIFEST, ShardFormatError, open_index, read_manifest
 from lemur.shards.verify import manifest_problems
@@ -263,6 +264,17 @@ def _print_reading(console: Any, sources: dict[str, Any]) -> None:
     console.print(t)
 
 
+def _print_remote(console: Any, counts: dict[str, Any]) -> None:
+    """Remote reading per source (bytes, requests, retries, failures), if any was remote."""
+    if not counts.get("remote"):
+        return
+    t = table(f"remote reading: {remote_summary(counts['remote'])}", ["source", *REMOTE_COUNTERS])
+    for name, src in (counts.get("sources") or {}).items():
+        if src.get("remote"):
+            t.add_row(name, *(f"{src['remote'].get(k, 0):,}" for k in REMOTE_COUNTERS))
+    console.print(t)
+
+
 def _print_counts(console: Any, counts: dict[str, Any]) -> None:
     t = table("documents in -> out", ["stage", "documents"])
     t.add_row("read", f"{counts.get('read', 0):,}")
@@ -275,6 +287,7 @@ def _print_counts(console: Any, counts: dict[str, Any]) -> None:
     for kind, n in counts.get("repaired", {}).items():
         t.add_row(f"repaired, kept ({kind})", f"{n:,}")
     console.print(t)
+    _print_remote(console, counts)
     _print_reading(console, counts.get("sources") or {})
     _print_dedup(console, counts.get("dedup") or {})
     _print_repositories(console, counts.get("repositories") or {})

@@ -13,6 +13,7 @@ which builds into other outputs may share. Under it:
     sample-<key>/          a tokenize run of a sample (the ratio sweep), laid out the same
     shuffle-<key>/         a pack stage's histograms, scatter and gather (pack/write.py);
                            `finished_shuffles` lists them for commit() once the manifest is in
+    listing-<key>.json     a remote source's listing, made once (read/remote_listing.py)
     tokenizer-<sha>.model, given-tokenizer-<sha>[-chatml|-fim].model, hf-tokenizer-<sha>/,
     byte-bpe-<sha>/        the prepared tokenizers (tokenize/prepare.py)
     decontam/              the benchmark n-gram indexes (filter/decontaminate.py)
@@ -122,3 +123,8 @@ def quality_run(run: Path) -> Path:
 def demo_sources(output: str | os.PathLike[str]) -> Path:
     """The demo's gathered text files, under its output's own work directory."""
     return Path(output) / ".work" / "demo-sources"
+
+
+def listing_record(root: Path, key: str) -> Path:
+    """A remote source's listing, recorded once per build (read/remote_listing.py)."""
+    return root / f"listing-{key}.json"
