@@ -17,6 +17,9 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 $(VENV)/.installed-dev: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
+	# fasttext-predict and the training wheel both install the module `fasttext`: put the
+	# one that also trains last (both predict alike; see pyproject's `classifier` extra).
+	$(BIN)/pip install -q --force-reinstall --no-deps 'fasttext-numpy2-wheel==0.9.2'
 	touch $@ $(VENV)/.installed
 
 demo: $(VENV)/.installed

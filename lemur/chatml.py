@@ -25,6 +25,8 @@ import re
 import sentencepiece as spm
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+# The pieces a ChatML SentencePiece model holds, one id each (trained in, or appended).
+CHAT_PIECES = (IM_START, IM_END)
 
 
 def chat_processor(sp: spm.SentencePieceProcessor) -> spm.SentencePieceProcessor:

@@ -24,7 +24,7 @@ from lemur.data.build import build
 from lemur.data.load import recipe_from_dict
 from lemur.data.tokenize.chat import CONTROL_TEXT
 from lemur.eval import cli as eval_cli
-from lemur.eval.generate import chat_prompt_ids
+from lemur.eval.chat_prompt import chat_prompt_ids
 from lemur.model import checkpoint, convert
 from lemur.model.config import config_from_preset
 from lemur.model.llama import init_params

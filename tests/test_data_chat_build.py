@@ -13,12 +13,11 @@ import yaml
 from conftest import real_python_files, real_text_docs
 from datatrove.data import Document
 
-from lemur.chatml import IM_END, IM_START
-from lemur.data.read.chat import MARKER_IN_CONTENT, render_chatml
+from lemur.chatml import CHAT_PIECES, IM_END, IM_START
+from lemur.data.read.chat import MARKER_IN_CONTENT, MESSAGES_KEY, render_chatml
 from lemur.data.recipe import TokenizerTrainConfig
 from lemur.data.tokenize.chat import (
-    BAD_SPANS,
-    CHAT_PIECES,
+    BAD_MESSAGES,
     CONTROL_TEXT,
     MASK_KEY,
     NO_LOSS,
@@ -72,11 +71,13 @@ def conversations(n: int) -> list[list[dict[str, str]]]:
 
 
 def chat_doc(messages: list[dict[str, str]], i: int, source: str = "chat") -> Document:
-    """A chat document as the chat reader makes it (the contract the tokenizer relies on)."""
-    text, spans, ends = render_chatml(messages)
+    """A chat document as the chat reader makes it (the contract the tokenizer relies on):
+    the ChatML text the filters read, the messages the chat step renders."""
     meta = {"source": source, "source_index": 0, "domain": "chat", "language": "en"}
     return Document(
-        text=text, id=f"{source}/{i}", metadata={**meta, "loss_spans": spans, "turn_ends": ends}
+        text=render_chatml(messages)[0],
+        id=f"{source}/{i}",
+        metadata={**meta, MESSAGES_KEY: messages},
     )
 
 
@@ -188,9 +189,24 @@ def test_mask_is_exactly_the_assistant_replies(model, request):
         ids, mask = doc.metadata[TOKENS_KEY], doc.metadata[MASK_KEY]
         assert ids.tolist() == sp.encode(doc.text)  # the tokens of one plain encoding
         np.testing.assert_array_equal(
-            mask, expected_mask(sp, ids, doc.text, doc.metadata["loss_spans"])
+            mask, expected_mask(sp, ids, doc.text, render_chatml(messages)[1])
         )
         assert masked_text(sp, ids, mask) == assistant_targets(messages)
+
+
+def test_the_messages_are_rendered_not_the_text(chat_trained_model):
+    """The chat step renders a document's messages once; the text the tagger and filters
+    read is never parsed or encoded (a document whose text is something else trains on its
+    messages all the same)."""
+    sp = load_llama2_processor(chat_trained_model)
+    msgs = conversations(2)[1]
+    doc = chat_doc(msgs, 0)
+    doc.text = "what the filters read"
+    kept, counts = encode_docs(chat_trained_model, [doc])
+    assert counts == {} and [d.text for d in kept] == [render_chatml(msgs)[0]]
+    ids, mask = kept[0].metadata[TOKENS_KEY], kept[0].metadata[MASK_KEY]
+    assert ids.tolist() == sp.encode(render_chatml(msgs)[0])
+    assert masked_text(sp, ids, mask) == assistant_targets(msgs)
 
 
 def test_surface_less_tokens_belong_to_the_character_after_them():
@@ -244,15 +260,17 @@ def test_too_long_dropped_with_reasons(chat_trained_model):
     assert kept == [] and counts == {f"dropped:chat:{TOO_LONG}": 1}
 
 
-def test_bad_spans_and_nothing_to_learn_are_dropped(chat_trained_model):
+def test_bad_messages_and_nothing_to_learn_are_dropped(chat_trained_model):
     good = chat_doc(conversations(1)[0], 0)
     bad = chat_doc(conversations(1)[0], 1)
-    bad.metadata["loss_spans"] = [[0, len(bad.text) + 5]]
-    empty = chat_doc(conversations(1)[0], 2)
-    empty.metadata["loss_spans"] = []
-    kept, counts = encode_docs(chat_trained_model, [good, bad, empty])
+    bad.metadata[MESSAGES_KEY] = [{"role": "user"}]  # no content: not what the reader leaves
+    missing = chat_doc(conversations(1)[0], 2)
+    del missing.metadata[MESSAGES_KEY]
+    empty = chat_doc(conversations(1)[0][:-1], 3)  # no assistant reply: nothing to learn
+    kept, counts = encode_docs(chat_trained_model, [good, bad, missing, empty])
     assert [d.id for d in kept] == ["chat/0"]
-    assert counts == {f"dropped:chat:{BAD_SPANS}": 1, f"dropped:chat:{NO_LOSS}": 1}
+    assert counts == {f"dropped:chat:{BAD_MESSAGES}": 2, f"dropped:chat:{NO_LOSS}": 1}
+    assert not [d for d in kept if MESSAGES_KEY in d.metadata]  # taken out once rendered
 
 
 @pytest.mark.parametrize("model", ["chat_trained_model", "llama2_tokenizer"])

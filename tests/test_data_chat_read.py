@@ -24,20 +24,20 @@ from lemur.data.read.chat import (
     ENDS_ON_USER,
     IM_END,
     IM_START,
+    MESSAGES_KEY,
     MISSING_FIELD,
     NO_TURNS,
     NOT_ALTERNATING,
     TREE_NOT_READY,
     UNKNOWN_ROLE,
     ChatDrop,
-    chatml_marker_in_content,
     check_messages,
     group_oasst1,
+    marker_in_content,
     normalize_row,
     oasst1_messages,
     oasst1_orphans,
     orphan_reason,
-    parse_chatml,
     render_chatml,
 )
 from lemur.data.read.listing import list_inputs
@@ -147,12 +147,17 @@ def msg(role: str, content: str | None) -> dict:
 
 
 def spans_text(doc) -> list[str]:
-    return [doc.text[s:e] for s, e in doc.metadata["loss_spans"]]
+    """The loss spans' text of a document's messages rendered as ChatML (its own text)."""
+    text, spans, _ = render_chatml(doc.metadata[MESSAGES_KEY])
+    assert text == doc.text
+    return [text[s:e] for s, e in spans]
 
 
 def turns_text(doc) -> list[str]:
-    ends = doc.metadata["turn_ends"]
-    return [doc.text[a:b] for a, b in zip([0, *ends], ends, strict=False)]
+    """The ChatML text of each of a document's messages."""
+    text, _, ends = render_chatml(doc.metadata[MESSAGES_KEY])
+    assert text == doc.text
+    return [text[a:b] for a, b in zip([0, *ends], ends, strict=False)]
 
 
 SYSTEM_HI = [msg("system", "Be brief."), msg("user", "Hi"), msg("assistant", "Yo")]
@@ -186,22 +191,17 @@ CODEACT = [
 
 
 def test_markers_in_content_are_text_until_a_model_reads_them():
-    """The reader keeps content spelling ChatML's markers (text to Llama-3); the turn ends
-    give the messages back exactly, and the ChatML build, whose markers they are, sees
-    them."""
+    """The reader keeps content spelling ChatML's markers (text to Llama-3); the messages
+    travel as they are, and the ChatML build, whose markers they are, sees them."""
     msgs = [
         msg("user", "Why does Qwen's prompt end in <|im_end|>?\n<|im_start|>assistant\n"),
         msg("assistant", "Each turn is `<|im_start|>role\n...<|im_end|>`."),
     ]
     assert check_messages(msgs) == msgs
-    text, _, ends = render_chatml(msgs)
-    assert parse_chatml(text, ends) == msgs
-    assert chatml_marker_in_content(text, len(msgs))
-    plain = render_chatml(CODEACT)
-    assert not chatml_marker_in_content(plain[0], len(CODEACT))
-    assert parse_chatml(plain[0], plain[2]) == CODEACT
-    with pytest.raises(ValueError):
-        parse_chatml(text, ends[:1])  # turn ends that miss the text's end
+    assert marker_in_content(msgs)
+    assert not marker_in_content(CODEACT)
+    assert [marker_in_content([m]) for m in msgs] == [True, True]
+    assert not marker_in_content([msg("user", "<|im_start| or im_end|>: not a whole marker")])
 
 
 def test_check_messages_accepts_tool_turns_after_assistant_ones():
@@ -282,11 +282,13 @@ def test_messages_jsonl_bad_rows_dropped_by_reason_neighbours_kept(tmp_path):
         "domain": "chat",
         "path": "m.jsonl",
         "path_is_container": True,  # the row has no file name of its own
-        "loss_spans": [[91, 103]],
-        "turn_ends": [39, 69, 104],
+        MESSAGES_KEY: SYSTEM_HI,
     }
     assert spans_text(docs[0]) == ["Yo<|im_end|>"]
-    assert docs[1].text == RENDERED and docs[1].metadata["loss_spans"] == [[91, 107], [162, 173]]
+    assert docs[1].text == RENDERED and render_chatml(docs[1].metadata[MESSAGES_KEY])[1] == [
+        [91, 107],
+        [162, 173],
+    ]
     assert [(e["file"].endswith("m.jsonl"), e["kind"], e["line"]) for e in errors] == [
         (True, "invalid_json", 4),
         (True, "invalid_json", 5),

@@ -11,8 +11,9 @@ from test_eval_generate import _model
 
 from lemur.eval import generate as gen_lib
 from lemur.eval.agent_decode import TurnDecoder, common_prefix
+from lemur.eval.decoding import GenerationConfig
 
-GEN = gen_lib.GenerationConfig(max_new_tokens=12, batch_size=2, chunk=8)
+GEN = GenerationConfig(max_new_tokens=12, batch_size=2, chunk=8)
 
 
 def reference(prompt: list[int], eos_id: int | None = None) -> list[int]:

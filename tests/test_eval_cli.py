@@ -13,8 +13,9 @@ from conftest import real_python_files, real_text_docs
 from test_eval_bpb import UNICODE, _write_shards
 
 from lemur.eval import cli
-from lemur.eval.load import LoadError, detect_kind, load_model
+from lemur.eval.load import LoadError, load_model
 from lemur.model import checkpoint as model_checkpoint
+from lemur.model import pretrained
 from lemur.train.checkpoint import Checkpointer
 from lemur.train.config import load_train_config
 
@@ -65,7 +66,7 @@ def test_run_dir_loads_params_only(run_dir: Path, shards: Path, tmp_path: Path) 
     )
     # The same weights as a lemur model checkpoint (what lemur-convert writes).
     model_checkpoint.save_params(tmp_path / "ckpt", jax.device_get(loaded.params), loaded.config)
-    assert detect_kind(tmp_path / "ckpt") == "lemur"
+    assert pretrained.folder_kind(tmp_path / "ckpt") == "lemur"
     again = load_model(tmp_path / "ckpt", tokenizer=loaded.tokenizer.path)
     np.testing.assert_array_equal(
         np.asarray(again.params["final_norm"]), np.asarray(loaded.params["final_norm"])

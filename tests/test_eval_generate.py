@@ -13,15 +13,18 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from lemur.chatml import IM_END, IM_START  # noqa: E402
 from lemur.eval import generate as gen_lib  # noqa: E402
+from lemur.eval.chat_prompt import chat_prompt  # noqa: E402
+from lemur.eval.decoding import GenerationConfig, bucket, continuation_text  # noqa: E402
 from lemur.eval.load import load_model  # noqa: E402
 from lemur.eval.sampling import Sampling, sample  # noqa: E402
 from lemur.model import hf, llama  # noqa: E402
 from lemur.model.config import LlamaConfig, Params, param_shapes
-from lemur.tokenizer import SentencePieceTokenizer  # noqa: E402
+from lemur.tokenizer import ChatMLTokenizer, SentencePieceTokenizer  # noqa: E402
 
 VOCAB = 256
-GREEDY = gen_lib.GenerationConfig(max_new_tokens=48, batch_size=8)
+GREEDY = GenerationConfig(max_new_tokens=48, batch_size=8)
 
 
 def random_params(config: LlamaConfig, seed: int) -> Params:
@@ -107,12 +110,12 @@ def test_one_compilation_per_bucket() -> None:
     """Prompt lengths 3..16 and 40..48 new tokens share one prefill and one decode program."""
     config, params = _model()
     gen_lib.generate_ids(params, config, [[1, 5, 6]], GREEDY, eos_id=None)
-    start, cont = gen_lib._prefill_row._cache_size(), gen_lib._continue._cache_size()
+    start, cont = gen_lib.prefill_row._cache_size(), gen_lib.decode_chunk._cache_size()
     for n, new in ((9, 40), (16, 41), (4, 47)):
         gen = dataclasses.replace(GREEDY, max_new_tokens=new)
         gen_lib.generate_ids(params, config, [[1] + [7] * (n - 1)], gen, eos_id=None)
-    assert (gen_lib._prefill_row._cache_size(), gen_lib._continue._cache_size()) == (start, cont)
-    assert [gen_lib.bucket(n) for n in (1, 16, 17, 24, 25, 33, 49, 65, 97, 129)] == [
+    assert (gen_lib.prefill_row._cache_size(), gen_lib.decode_chunk._cache_size()) == (start, cont)
+    assert [bucket(n) for n in (1, 16, 17, 24, 25, 33, 49, 65, 97, 129)] == [
         16,
         16,
         24,
@@ -175,16 +178,14 @@ def test_stop_strings_cut_text_and_tokens(tokenizer_model: Path) -> None:
     cut = gen_lib.generate(params, config, tok, prompts, dataclasses.replace(GREEDY, stop=(stop,)))
     assert cut[0].finish == "stop"
     assert cut[0].text == text[: text.find(stop)]
-    assert stop in gen_lib.continuation_text(tok, [1, *tok.encode(prompts[0])], cut[0].tokens)
-    assert stop not in gen_lib.continuation_text(
-        tok, [1, *tok.encode(prompts[0])], cut[0].tokens[:-1]
-    )
+    assert stop in continuation_text(tok, [1, *tok.encode(prompts[0])], cut[0].tokens)
+    assert stop not in continuation_text(tok, [1, *tok.encode(prompts[0])], cut[0].tokens[:-1])
 
 
 def test_chat_needs_chatml_pieces(tokenizer_model: Path) -> None:
     tok = SentencePieceTokenizer(tokenizer_model)
     with pytest.raises(ValueError, match="ChatML"):
-        gen_lib.chat_prompt(tok, "hi")
+        chat_prompt(tok, "hi")
 
 
 def test_chat_wraps_prompts_in_chatml(tmp_path: Path) -> None:
@@ -203,19 +204,20 @@ def test_chat_wraps_prompts_in_chatml(tmp_path: Path) -> None:
         byte_fallback=True,
         hard_vocab_limit=False,
         minloglevel=2,
-        user_defined_symbols=[gen_lib.CHATML_START, gen_lib.CHATML_END, "\n"],
+        user_defined_symbols=[IM_START, IM_END, "\n"],
     )
     (tmp_path / "chat.model").write_bytes(model.getvalue())
     tok = SentencePieceTokenizer(tmp_path / "chat.model")
-    prompt = gen_lib.chat_prompt(tok, "Say hi", system="Be brief")
+    assert isinstance(tok, ChatMLTokenizer)  # what chat_prompt_ids encodes ChatML with
+    prompt = chat_prompt(tok, "Say hi", system="Be brief")
     assert prompt == (
         "<|im_start|>system\nBe brief<|im_end|>\n<|im_start|>user\nSay hi"
         "<|im_end|>\n<|im_start|>assistant\n"
     )
-    start = tok.piece_id(gen_lib.CHATML_START)
+    start = tok.piece_id(IM_START)
     assert start is not None and tok.encode(prompt).count(start) == 3
     config, params = _model(tok.vocab_size)
     [out] = gen_lib.generate(
         params, config, tok, ["Say hi"], dataclasses.replace(GREEDY, max_new_tokens=8), chat=True
     )
-    assert gen_lib.CHATML_END not in out.text and 0 < len(out.tokens) <= 8
+    assert IM_END not in out.text and 0 < len(out.tokens) <= 8

@@ -15,7 +15,7 @@ from conftest import write_jsonl  # noqa: E402
 
 from lemur.eval import cli as eval_cli  # noqa: E402
 from lemur.eval.agent_decode import TurnDecoder  # noqa: E402
-from lemur.eval.generate import GenerationConfig  # noqa: E402
+from lemur.eval.decoding import GenerationConfig  # noqa: E402
 from lemur.eval.load import load_model  # noqa: E402
 from lemur.tokenizer import open_tokenizer  # noqa: E402
 

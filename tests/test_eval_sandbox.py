@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -183,9 +184,7 @@ def test_memory_is_capped_for_the_run_as_a_whole() -> None:
 def test_memory_without_a_cgroup_is_split_between_processes() -> None:
     """Without a memory cgroup each process gets memory / processes of address space, so the
     processes together stay within the run's memory (here: none can hold 300 MiB)."""
-    weak = sandbox.Isolation(
-        isolation.network, isolation.filesystem, isolation.own_uid, isolation.pids_cgroup, False
-    )
+    weak = dataclasses.replace(isolation, memory_cgroup=False)
     limits = sandbox.Limits(timeout_s=20, cpu_s=10, memory_bytes=1 << 30, processes=8)
     assert limits.rlimits(memory_cgroup=False)["as"] == 128 << 20
     assert _held(limits, 300 << 20, 5, isolation=weak, allow_network=True) == 0
@@ -257,8 +256,13 @@ def test_infinite_loop_is_stopped() -> None:
     assert not record["passed"] and record["seconds"] < 4
 
 
+NO_ISOLATION = sandbox.Isolation(
+    network=False, filesystem=False, own_uid=False, pids_cgroup=False, memory_cgroup=False
+)
+
+
 def test_refuses_without_network_isolation(monkeypatch: pytest.MonkeyPatch) -> None:
-    weak = sandbox.Isolation(False, False, False, False, False)
+    weak = NO_ISOLATION
     monkeypatch.setattr(sandbox, "probe", lambda: weak)
     with pytest.raises(sandbox.SandboxUnavailable, match="allow-network"):
         he.check([PROBE_TASK], [("probe/0", "    return 1\n")])
@@ -268,7 +272,7 @@ def test_refuses_without_network_isolation(monkeypatch: pytest.MonkeyPatch) -> N
 def test_checks_still_score_without_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where no namespace can be made (told to run anyway) checks still score right, and the
     description names every mechanism that is missing."""
-    weak = sandbox.Isolation(False, False, False, False, False)
+    weak = NO_ISOLATION
     monkeypatch.setattr(sandbox, "probe", lambda: weak)
     samples = [("probe/0", "    return 1\n"), ("probe/0", "    import os; os._exit(0)\n")]
     records = he.check([PROBE_TASK], samples, FAST, allow_network=True)
@@ -314,7 +318,7 @@ print(sandbox.probe(), [r["passed"] for r in records])
     os.geteuid() != 0
     or not _userns_allowed()
     or not os.path.exists("/usr/bin/setpriv")
-    or not sandbox._open_to_others(str(REPO)),
+    or not sandbox.open_to_others(str(REPO)),
     reason="needs root (to become another user), unprivileged user namespaces, and the "
     "repository readable by others",
 )

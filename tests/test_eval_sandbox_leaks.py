@@ -139,9 +139,7 @@ def test_pid_1_shows_nothing_of_the_run(own_uid: bool, monkeypatch) -> None:
     own_tmp = Path(tempfile.mkdtemp(prefix=f"lemur-test-{token}-"))
     own_tmp.chmod(0o711)  # the run's uid traverses it, as it does /tmp
     monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
-    iso = sandbox.Isolation(
-        isolation.network, True, own_uid, isolation.pids_cgroup, isolation.memory_cgroup
-    )
+    iso = dataclasses.replace(isolation, filesystem=True, own_uid=own_uid)
     limits = sandbox.Limits(timeout_s=20, cpu_s=10, memory_bytes=1234567 << 10)
     try:
         result = sandbox.run_python(LOOK, limits, isolation=iso, allow_network=True, report=True)
@@ -165,7 +163,7 @@ def test_pid_1_shows_nothing_of_the_run(own_uid: bool, monkeypatch) -> None:
 # The run is started from a worker thread, as `humaneval.check` starts them, beside many
 # idle threads (as JAX's): a kill -9 ends them one by one, the starting thread first.
 EVALUATOR = """\
-import os, sys, threading
+import json, os, sys, threading
 from lemur.eval import sandbox
 token = os.environ["SLEEPER_TOKEN"]
 sleep = [sys.executable, "-c", "import time; time.sleep(600)", token]
@@ -176,7 +174,7 @@ if os.fork() == 0:
     os.execv({sleep[0]!r}, {sleep!r})
 os.execv({sleep[0]!r}, {sleep!r})
 '''
-iso = sandbox.Isolation(*(flag == "1" for flag in sys.argv[1]))
+iso = sandbox.Isolation(**json.loads(sys.argv[1]))
 limits = sandbox.Limits(timeout_s=300, cpu_s=300)
 run = lambda: sandbox.run_python(program, limits, isolation=iso, allow_network=True)
 idle = threading.Event()
@@ -218,9 +216,7 @@ def _wait_for(condition, seconds: float) -> bool:  # noqa: ANN001 - a function o
 
 ISOLATIONS = {
     "own-root": isolation,
-    "cgroups-only": sandbox.Isolation(
-        isolation.network, False, False, isolation.pids_cgroup, isolation.memory_cgroup
-    ),
+    "cgroups-only": dataclasses.replace(isolation, filesystem=False, own_uid=False),
 }
 
 
@@ -235,11 +231,11 @@ def test_a_killed_evaluator_leaves_nothing_running(name: str, tmp_path: Path) ->
     if name == "cgroups-only" and not (iso.pids_cgroup or iso.memory_cgroup):
         pytest.skip("no writable cgroups here: nothing but the pid namespace finds the child")
     token = f"sleeper-{uuid.uuid4().hex}"
-    flags = "".join("1" if flag else "0" for flag in dataclasses.astuple(iso))
+    iso_json = json.dumps(dataclasses.asdict(iso))
     tmp_path.chmod(0o711)  # the run's uid traverses it, as it does /tmp
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)}
     evaluator = subprocess.Popen(  # the token in its environment: not in its command line
-        [sys.executable, "-c", EVALUATOR, flags], env=env | {"SLEEPER_TOKEN": token}
+        [sys.executable, "-c", EVALUATOR, iso_json], env=env | {"SLEEPER_TOKEN": token}
     )
     try:
         assert _wait_for(lambda: len(_sleepers(token)) == 2, 60), "the run never started"

@@ -57,23 +57,11 @@ CHECKED_FOLDERS = ("lemur", "tools", "tests")
 # Import cycles found when the cycle check came (issue #35), each broken by leaving out one
 # edge (importer, imported): the one that points the wrong way. Delete an entry once its
 # edge is gone or closes no cycle any more (the test says so); never add one.
-KNOWN_CYCLE_EDGES = {
-    # #35 item 1: the chat `Tokenizer` protocol in the tokenizer package (generate.py).
-    ("lemur.eval.chat_prompt", "lemur.eval.generate"): "chat_prompt.py, generate.py",
-}
+KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {}
 
 # Private names used across modules when the check came (issue #35), as (file, module._name).
 # Each goes when its name becomes public or its user stops needing it; never add one.
-KNOWN_PRIVATE_USES = {
-    # #35 item 1: one public decoding module shared by generate and the agent (generate.py).
-    ("lemur/eval/agent_decode.py", "lemur.eval.generate._first"): "generate.py",
-    ("lemur/eval/agent_decode.py", "lemur.eval.generate._Row"): "generate.py",
-    ("lemur/eval/agent_decode.py", "lemur.eval.generate._update"): "generate.py",
-    # #35 item 4: tests of private helpers (their modules are being edited elsewhere).
-    ("tests/test_eval_generate.py", "lemur.eval.generate._continue"): "generate.py",
-    ("tests/test_eval_generate.py", "lemur.eval.generate._prefill_row"): "generate.py",
-    ("tests/test_eval_sandbox.py", "lemur.eval.sandbox._open_to_others"): "sandbox.py",
-}
+KNOWN_PRIVATE_USES: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path) -> str:

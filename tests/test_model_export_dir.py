@@ -17,7 +17,7 @@ import pytest
 import transformers
 from safetensors.numpy import load_file
 
-from lemur.model import checkpoint, convert, hf
+from lemur.model import checkpoint, convert, hf, pretrained
 from lemur.model.config import LlamaConfig, Params, param_shapes
 
 CONFIG = LlamaConfig(
@@ -131,6 +131,39 @@ def test_a_source_of_another_kind_names_the_command(
     assert convert.main(["to-hf", str(tmp_path / "missing"), str(tmp_path / "x")]) == 2
     assert "missing: no such directory" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_one_test_tells_every_kind_of_model_folder(tmp_path: Path) -> None:
+    """pretrained.folder_kind names each kind by its files (what lemur-eval and lemur-convert
+    read); pretrained.kind, what a model starts from, takes only a checkpoint or HF folder."""
+    layouts = {
+        "lemur": ("config.json", "params/"),
+        "hf": ("config.json", "model.safetensors.index.json"),
+        "step": ("state/", "meta/"),
+        "run": ("config.yaml",),
+        "run-without-config": ("checkpoints/",),
+        "other": ("config.json",),
+    }
+    for name, files in layouts.items():
+        for f in files:
+            (tmp_path / name / f).parent.mkdir(parents=True, exist_ok=True)
+            if f.endswith("/"):
+                (tmp_path / name / f).mkdir()
+            else:
+                (tmp_path / name / f).write_text("{}")
+    kinds = {name: pretrained.folder_kind(tmp_path / name) for name in layouts}
+    assert kinds == {
+        "lemur": "lemur",
+        "hf": "hf",
+        "step": "step",
+        "run": "run",
+        "run-without-config": "run",
+        "other": None,
+    }
+    assert [pretrained.kind(tmp_path / k) for k in ("lemur", "hf")] == ["lemur", "hf"]
+    for name in ("step", "run", "other"):
+        with pytest.raises(pretrained.PretrainedError, match="neither a lemur checkpoint"):
+            pretrained.kind(tmp_path / name)
 
 
 # Run in a child: the export is killed (SIGKILL, nothing to clean up) at a chosen moment.

@@ -13,11 +13,11 @@ from conftest import real_python_files, real_text_docs
 from datatrove.data import Document
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
-from lemur.chatml import IM_END, IM_START
-from lemur.data.read.chat import render_chatml
-from lemur.data.tokenize.chat import CHAT_PIECES, TOKENS_KEY, ChatEncoder
+from lemur.chatml import CHAT_PIECES, IM_END, IM_START
+from lemur.data.read.chat import MESSAGES_KEY, render_chatml
+from lemur.data.tokenize.chat import TOKENS_KEY, ChatEncoder
 from lemur.data.tokenize.tokenizer import extend_tokenizer
-from lemur.eval.generate import chat_prompt_ids
+from lemur.eval.chat_prompt import chat_prompt_ids
 from lemur.model import checkpoint, convert, hf_tokenizer
 from lemur.model.config import config_from_preset
 from lemur.model.grow import grow_vocab
@@ -49,8 +49,7 @@ TRICKY = [
 
 def build_ids(model: Path, messages: list[dict[str, str]]) -> list[int]:
     """The ids the chat build writes for one conversation: `<s>` + ChatEncoder's ids + `</s>`."""
-    text, spans, ends = render_chatml(messages)
-    doc = Document(text=text, id="c", metadata={"loss_spans": spans, "turn_ends": ends})
+    doc = Document(text=render_chatml(messages)[0], id="c", metadata={MESSAGES_KEY: messages})
     (kept,) = ChatEncoder(str(model), seq_len=4096).run([doc])
     return [1, *kept.metadata[TOKENS_KEY].tolist(), 2]
 

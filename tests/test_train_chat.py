@@ -17,9 +17,10 @@ import pytest
 from conftest import real_text_docs
 from datatrove.data import Document
 
+from lemur.chatml import CHAT_PIECES
 from lemur.data.chat_demo import conversations
-from lemur.data.read.chat import render_chatml
-from lemur.data.tokenize.chat import CHAT_PIECES, MASK_KEY, TOKENS_KEY, ChatEncoder
+from lemur.data.read.chat import MESSAGES_KEY, render_chatml
+from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY, ChatEncoder
 from lemur.data.tokenize.tokenizer import extend_tokenizer, load_llama2_processor, tokenizer_info
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import llama
@@ -42,12 +43,9 @@ def chat_docs(tokenizer: Path, n: int) -> list[Doc]:
     """`n` demo conversations as the chat build frames them: `<s> ids </s>` and their masks."""
     docs = []
     for row in conversations(seed=0, limit=n):
-        text, spans, ends = render_chatml(row["messages"])
-        docs.append(
-            Document(
-                text=text, id=str(len(docs)), metadata={"loss_spans": spans, "turn_ends": ends}
-            )
-        )
+        text = render_chatml(row["messages"])[0]
+        meta = {MESSAGES_KEY: row["messages"]}
+        docs.append(Document(text=text, id=str(len(docs)), metadata=meta))
     out = []
     for doc in ChatEncoder(str(tokenizer), seq_len=4096).run(docs):
         ids, mask = doc.metadata[TOKENS_KEY], doc.metadata[MASK_KEY]

@@ -25,7 +25,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from lemur.eval import agent, agent_tasks, sandbox  # noqa: E402
-from lemur.eval.generate import GenerationConfig  # noqa: E402
+from lemur.eval.decoding import GenerationConfig  # noqa: E402
 from lemur.eval.load import load_model  # noqa: E402
 from lemur.model.decode import split_layers  # noqa: E402
 

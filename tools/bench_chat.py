@@ -6,7 +6,8 @@ their text and docstrings, drawn with several seeds up to --mb), alternating, be
 --repeats, CPU time of one core (num_threads=1 everywhere):
   plain-loop : `sp.encode(text, add_bos=True, add_eos=True)` per conversation (no masks)
   plain-batch: `sp.encode(list_of_texts, num_threads=1)`
-  lemur-chat : `ChatEncoder.run` (one encoding per conversation, token byte offsets, loss
+  lemur-chat : `ChatEncoder.run` (the messages rendered as ChatML, one encoding per
+               conversation, token byte offsets, loss
                masks, the long-conversation cut) feeding `TokenizeWriter(masks=True).run`
                (framing, writing the task's token run and its aligned mask file)
   lemur-chat (offset_mapping): the same with every offset taken from SentencePiece's
@@ -26,21 +27,22 @@ from pathlib import Path
 from benchlib import best_of, tokenizer_bench_args
 from datatrove.data import Document
 
+from lemur.chatml import CHAT_PIECES
 from lemur.data.chat_demo import conversations as demo_conversations
-from lemur.data.read.chat import render_chatml
+from lemur.data.read.chat import MESSAGES_KEY, Message, render_chatml
 from lemur.data.recipe import TokenizerTrainConfig
 from lemur.data.tokenize import offsets as offsets_module
-from lemur.data.tokenize.chat import CHAT_PIECES, ChatEncoder
+from lemur.data.tokenize.chat import ChatEncoder
 from lemur.data.tokenize.step import TokenizeWriter
 from lemur.data.tokenize.tokenizer import extend_tokenizer, load_llama2_processor, train_tokenizer
 
 
-def conversations(max_bytes: int) -> list[tuple[str, list, list]]:
-    """Rendered demo conversations (text, loss spans, turn ends) of about `max_bytes`."""
+def conversations(max_bytes: int) -> list[tuple[str, list[Message]]]:
+    """Demo conversations (ChatML text, messages) of about `max_bytes`."""
     out, size, seed = [], 0, 0
     while size < max_bytes:
         for row in demo_conversations(seed):
-            out.append(render_chatml(row["messages"]))
+            out.append((render_chatml(row["messages"])[0], row["messages"]))
             size += len(out[-1][0].encode())
             if size >= max_bytes:
                 break
@@ -68,7 +70,7 @@ def main() -> int:
         tok = str(train_tokenizer(texts[::4], config, tmp / "tok.model", CHAT_PIECES))
     sp = load_llama2_processor(tok)
     meta = {"source": "chat", "source_index": 0, "language": "en"}
-    docs = [Document(text=text, id=f"c{i}", metadata={}) for i, (text, _, _) in enumerate(convs)]
+    docs = [Document(text=text, id=f"c{i}", metadata={}) for i, (text, _) in enumerate(convs)]
 
     def plain_loop() -> int:
         return sum(len(sp.encode(t, add_bos=True, add_eos=True)) for t in texts)
@@ -77,9 +79,9 @@ def main() -> int:
         return sum(len(x) for x in sp.encode(texts, add_bos=True, add_eos=True, num_threads=1))
 
     def chat(fallback: bool = False) -> int:
-        for d, (_, spans, ends) in zip(docs, convs, strict=True):
+        for d, (text, messages) in zip(docs, convs, strict=True):
             # The steps consume their inputs' metadata: fresh metadata every run.
-            d.metadata = {**meta, "loss_spans": spans, "turn_ends": ends}
+            d.text, d.metadata = text, {**meta, MESSAGES_KEY: messages}
         encoder = ChatEncoder(tok, 1 << 30, "truncate", args.batch_docs)
         writer = TokenizeWriter(tok, str(tmp / "out"), args.batch_docs, masks=True)
         table = offsets_module.piece_lengths

@@ -31,6 +31,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from lemur.eval import generate as gen_lib  # noqa: E402
+from lemur.eval.decoding import GenerationConfig  # noqa: E402
 from lemur.eval.load import load_model  # noqa: E402
 from lemur.model import hf  # noqa: E402
 from lemur.model.config import LlamaConfig, param_count, param_shapes
@@ -83,7 +84,7 @@ def interleaved_medians(fns: dict[str, Any], rounds: int, warmup: int = 2) -> di
 
 def lemur_runner(model: Any, batch: list[list[int]], new: int) -> Any:
     """A closure generating `new` greedy tokens for the batch with lemur."""
-    gen = gen_lib.GenerationConfig(max_new_tokens=new, batch_size=len(batch))
+    gen = GenerationConfig(max_new_tokens=new, batch_size=len(batch))
     return lambda: gen_lib.generate_ids(model.params, model.config, batch, gen, eos_id=None)
 
 

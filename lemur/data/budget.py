@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from lemur.data import work as work_folders
+from lemur.data.corpus import corpus_of
 from lemur.data.pack.records import task_records
 from lemur.data.read.listing import InputFile, Listing
 from lemur.data.read.split import ROW_GROUPS
@@ -44,7 +45,7 @@ def unit_bytes(files: list[InputFile]) -> list[int]:
     sizes = []
     for f in files:
         try:
-            size = Path(f.open_path).stat().st_size if not f.error else 0
+            size = 0 if f.error else f.size if f.size >= 0 else Path(f.open_path).stat().st_size
         except OSError:
             size = 0
         if f.unit == ROW_GROUPS:  # row groups of a file are taken as equal in size
@@ -71,7 +72,7 @@ def seeded_order(seed: int, files: list[InputFile]) -> dict[int, list[int]]:
 
 def is_enabled(recipe: Recipe) -> bool:
     """Whether the recipe asks for budgeted reading (chat builds take every conversation)."""
-    return bool(recipe.mix.budgeted_reading) and not recipe.is_chat()
+    return corpus_of(recipe).budgeted_reading()
 
 
 @dataclass

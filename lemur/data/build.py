@@ -26,6 +26,13 @@ from typing import Any
 from lemur.atomic_files import remove_stale_temporaries
 from lemur.data import work as work_folders
 from lemur.data.budget import is_enabled, read_sources
+from lemur.data.classifier_stage import (
+    classifier_filters,
+    classifier_keys,
+    classifier_section,
+    classifiers_unchanged,
+)
+from lemur.data.corpus import Corpus, corpus_of
 from lemur.data.counts import collect_counts, drops
 from lemur.data.dedup.signer import DedupSigner
 from lemur.data.dedup.stage import expected_memory, run_dedup
@@ -47,10 +54,19 @@ from lemur.data.pack.write import PackStages
 from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
+from lemur.data.repos.stage import (
+    Grouped,
+    check_repo_format,
+    group_repositories,
+    pack_recipe,
+    spill_step,
+)
 from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.run.stage import executor_session, run_tasks
 from lemur.data.run.task import Reporter, StageError, StageRunner
+from lemur.data.tokenize.fim_stage import FimJob, FimRewrite, fim_counts
 from lemur.data.tokenize.prepare import (
+    build_markers,
     build_tokenizer_info,
     copy_tokenizer_files,
     open_build_tokenizer,
@@ -59,7 +75,7 @@ from lemur.data.tokenize.prepare import (
     tokenizer_key,
 )
 from lemur.data.tokenize.step import TokenizeWriter
-from lemur.data.tokenize.template_chat import chat_step, uses_template
+from lemur.data.tokenize.template_chat import conversation_steps
 from lemur.shards.check import check_structure
 from lemur.shards.commit import commit
 from lemur.shards.format import (
@@ -72,8 +88,11 @@ from lemur.shards.format import (
     token_dtype,
 )
 from lemur.tokenizer import is_tokenizer_json
+from lemur.tokenizer.fim import MARKER_ROLES, CodeMarkers
 
-WORK_VERSION = 2  # 2: records carry mix language families
+# 2: records carry mix language families; 3: a tokenizer.json's not-special added tokens
+# (Qwen2.5's <|fim_prefix|>, ...) are encoded as text, so earlier runs of such files differ.
+WORK_VERSION = 3
 __all__ = ["BuildError", "build", "make_filters", "prepare_tokenizer", "sample_texts"]
 
 
@@ -93,15 +112,20 @@ def _stat(path: str) -> tuple[int, int]:
         return -1, -1
 
 
-def make_filters(recipe: Recipe) -> list[LemurFilter]:
-    """The filter steps of a recipe, in order; disabled ones are left out."""
+def make_filters(
+    recipe: Recipe, inputs: list[InputFile] | None = None, run_dir: Path | None = None
+) -> list[LemurFilter]:
+    """The filter steps of a recipe, in order; disabled ones are left out. Classifiers'
+    `keep_top` cuts come from a sample of `inputs` (default: all the recipe's), recorded
+    under the tokenize run `run_dir` when given."""
     filters: list[LemurFilter] = [EmptyDocumentFilter()]
     languages = {s.name: s.languages for s in recipe.sources if s.languages}
     if languages:
         filters.append(LanguageFilter(languages))
     # Chat builds skip the code and web-text quality rules: they judge files and web pages,
-    # not conversations (and C4's line removal would move the loss spans).
-    if recipe.filters.code.enabled and not recipe.is_chat():
+    # not conversations (and C4's line removal would change the text the messages render to).
+    judged = corpus_of(recipe).judged_as_text
+    if recipe.filters.code.enabled and judged:
         filters += code_filters(recipe.filters.code)
     t = recipe.filters.text
     for config, cls in (
@@ -110,36 +134,39 @@ def make_filters(recipe: Recipe) -> list[LemurFilter]:
         (t.fineweb, FineWebFilter),
         (t.gopher_repetition, GopherRepetitionFilter),
     ):
-        if t.enabled and config.enabled and not recipe.is_chat():
+        if t.enabled and config.enabled and judged:
             filters.append(cls(config))
+    if recipe.filters.classifier:  # after the heuristics, which its keep_top sample passes
+        filters += classifier_filters(recipe, filters, inputs, run_dir)
     if recipe.decontaminate.benchmarks:  # builds the benchmark indexes, once per build
         filters.append(decontamination_filter(recipe.decontaminate, recipe.work_root()))
     if recipe.rejects:
         from datatrove.pipeline.writers import JsonlWriter
 
         for f in filters:
-            slug = type(f).__name__.removesuffix("Filter").lower()
+            slug = getattr(f, "rejects_slug", type(f).__name__.removesuffix("Filter").lower())
             f.exclusion_writer = JsonlWriter(
                 str(Path(recipe.rejects).expanduser() / slug), output_filename="${rank}.jsonl.gz"
             )
     return filters
 
 
-def tokenize_writer(recipe: Recipe, tok_path: Path, tokens_dir: Path) -> TokenizeWriter:
+def tokenize_writer(corpus: Corpus, tok_path: Path, tokens_dir: Path) -> TokenizeWriter:
     """The tokenize tasks' writer: a tokenizer.json's BOS/EOS ids and engine from the
     recipe (a SentencePiece model's are its own); a chat template frames its documents."""
-    chat, batch = recipe.is_chat(), recipe.tokenize_batch_docs
+    recipe, masks = corpus.recipe, corpus.loss_masks
+    batch = recipe.tokenize_batch_docs
     if not is_tokenizer_json(tok_path):
-        return TokenizeWriter(str(tok_path), str(tokens_dir), batch_docs=batch, masks=chat)
+        return TokenizeWriter(str(tok_path), str(tokens_dir), batch_docs=batch, masks=masks)
     tokenizer = open_build_tokenizer(recipe, tok_path)
     return TokenizeWriter(
         str(tok_path),
         str(tokens_dir),
         batch_docs=batch,
-        masks=chat,
+        masks=masks,
         framing=(tokenizer.bos_id, tokenizer.eos_id),
         engine=tokenizer.engine,
-        template=uses_template(recipe),
+        template=corpus.chat_format == "template",
     )
 
 
@@ -148,19 +175,19 @@ def tokenize_stage(
 ) -> int:
     """Read, filter and tokenize every input file; return the number of tasks."""
     n_tasks = max(1, min(recipe.executor.tasks, len(inputs)))
-    chat, batch = recipe.is_chat(), recipe.tokenize_batch_docs
+    corpus = corpus_of(recipe)
     pipeline = [
         SourcesReader(inputs, recipe.sources, errors_dir=str(work_folders.errors_dir(run_dir))),
         LanguageTagger(),
-        *make_filters(recipe),
-        # PII redaction rewrites text, which would move a conversation's loss spans.
+        *make_filters(recipe, inputs, run_dir),
+        # PII redaction rewrites text, not a conversation's messages (what chat trains on).
         *(
             [PiiRedactor(recipe.pii)]
-            if recipe.pii.enabled and recipe.pii.kinds and not chat
+            if recipe.pii.enabled and recipe.pii.kinds and corpus.judged_as_text
             else []
         ),
-        # Chat: encode once, mask and cut before signing, so dedup sees what is trained on.
-        *([chat_step(recipe, str(tok_path), batch)] if chat else []),
+        # Chat: render, encode, mask and cut before signing, so dedup sees what is trained on.
+        *conversation_steps(corpus, str(tok_path), recipe.tokenize_batch_docs),
         *(
             [
                 DedupSigner(
@@ -170,7 +197,9 @@ def tokenize_stage(
             if recipe.dedup.exact or recipe.dedup.near
             else []
         ),
-        tokenize_writer(recipe, tok_path, work_folders.tokens_dir(run_dir)),
+        # Repository documents: files set aside by repository, grouped after dedup.
+        *spill_step(recipe, run_dir, n_tasks),
+        tokenize_writer(corpus, tok_path, work_folders.tokens_dir(run_dir)),
     ]
     run_stage(recipe, report, pipeline, run_dir, n_tasks, "tokenize")
     missing = [
@@ -197,7 +226,13 @@ def run_stage(
 
 def inputs_sha256(inputs: list[InputFile]) -> str:
     """A digest of the inputs (paths, sizes, mtimes, parts' bounds): any change moves it."""
-    return _sha([(f.path, *_stat(f.open_path), *f.bounds) for f in inputs])
+    # A remote object is known by its listed size and version (ETag): no request here.
+    return _sha(
+        [
+            (f.path, *(_stat(f.open_path) if f.size < 0 else (f.size, f.version)), *f.bounds)
+            for f in inputs
+        ]
+    )
 
 
 def is_up_to_date(out: Path, recipe: Recipe, inputs_sha: str) -> bool:
@@ -209,6 +244,8 @@ def is_up_to_date(out: Path, recipe: Recipe, inputs_sha: str) -> bool:
     if manifest.get("recipe_sha256") != recipe.sha256():
         return False
     if manifest.get("inputs_sha256") != inputs_sha:
+        return False
+    if not classifiers_unchanged(recipe, manifest):  # the models' content, not their paths
         return False
     try:
         check_structure(out, manifest=manifest)  # tokenizer and every shard, sizes and index
@@ -235,8 +272,11 @@ def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
             "pii": recipe.pii,
             "tasks": recipe.executor.tasks,
             "batch": recipe.tokenize_batch_docs,
+            # The models' content, not only their paths (unset: older recipes' keys stay).
+            **({"classifiers": classifier_keys(recipe)} if recipe.filters.classifier else {}),
             # Chat tokens depend on the cut (seq_len, long policy); other builds' keys stay.
-            **({"chat": (recipe.seq_len, recipe.chat_settings())} if recipe.is_chat() else {}),
+            **corpus_of(recipe).work_key(),
+            **({"repos": recipe.repos.spill_settings()} if recipe.repos else {}),
         }
     )[:16]
 
@@ -312,6 +352,37 @@ def _work_lock(work_root: Path, out: Path) -> contextlib.AbstractContextManager:
     return DirectoryLock(work_root)
 
 
+def fim_stage(
+    recipe: Recipe,
+    run_dir: Path,
+    n_tasks: int,
+    dd: Path | None,
+    tokenizer: tuple[Path, dict[str, Any], CodeMarkers | None],
+    stage: StageRunner,
+) -> tuple[Path | None, dict[str, Any] | None]:
+    """The FIM tasks over the tokenize run `run_dir` (tokenize/fim_stage.py): (the folder of
+    the rewritten runs, the manifest's `fim` section); (None, None) without FIM. They start
+    from the run's kept read, filter, dedup and tokenize work (a new rate re-runs only them
+    and packing)."""
+    fim = recipe.fim
+    tok_path, tok_info, markers = tokenizer
+    if fim is None or markers is None:
+        return None, None
+    sources = tuple(i for i, s in enumerate(recipe.sources) if s.domain in fim.domains)
+    job = FimJob(str(tok_path), tok_info.get("engine", "auto"), fim, recipe.seed, markers, sources)
+    folder = work_folders.fim_folder(run_dir, job.key(tokenizer_key(tok_info), dd))
+    out = work_folders.tokens_dir(folder)
+    stage([FimRewrite(work_folders.tokens_dir(run_dir), dd, str(out), job)], folder, n_tasks, "fim")
+    roles = {r: getattr(markers, r) for r in MARKER_ROLES if getattr(markers, r) is not None}
+    section = {
+        **fim.work_settings(recipe.seed),
+        "domains": list(fim.domains),
+        "markers": {"style": markers.style, **roles},
+        "counts": fim_counts(out, n_tasks),
+    }
+    return out, section
+
+
 def pack_stages(
     recipe: Recipe,
     run_dir: Path,
@@ -320,9 +391,11 @@ def pack_stages(
     dd: Path | None,
     tok_path: Path,
     stage: StageRunner,
+    tok_dir: Path | None = None,
 ) -> PackStages:
-    """The build's pack stage: over the tokenize run `run_dir`, tasks run through `stage`, shards
-    under the build's own directory of the output (`PackStages.prefix`)."""
+    """The build's pack stage: over the tokenize run `run_dir` (its token files, or `tok_dir`:
+    the FIM stage's), tasks run through `stage`, shards under the build's own directory of
+    the output (`PackStages.prefix`)."""
     key = work_folders.run_key(run_dir)
     # The build's own directory: no file of it shares a path with the previous build's, so
     # that build stays whole for readers until the manifest is replaced.
@@ -330,7 +403,7 @@ def pack_stages(
     settings = {k: v for k, v in recipe.to_dict().items() if k not in ("output", "work_dir")}
     return PackStages(
         recipe,
-        work_folders.tokens_dir(run_dir),
+        tok_dir or work_folders.tokens_dir(run_dir),
         n_tasks,
         token_dtype(tok_info["vocab_size"]),
         dedup_dir=dd,
@@ -338,6 +411,59 @@ def pack_stages(
         tokenizer=tok_path,
         run_stage=stage,
     )
+
+
+def _prepared_tokenizer(
+    recipe: Recipe, inputs: list[InputFile], report: Reporter
+) -> tuple[Path, dict[str, Any], CodeMarkers | None]:
+    """(file, manifest entry, FIM markers or None) of the build's prepared tokenizer."""
+    report("tokenizer", 0, 1)
+    tok_path = prepare_tokenizer(recipe, inputs, recipe.work_root())
+    tok_info = build_tokenizer_info(recipe, tok_path)
+    markers = build_markers(recipe, tok_path) if recipe.fim is not None else None
+    check_repo_format(recipe, tok_path)  # a recipe mistake, found before any input is read
+    report("tokenizer", 1, 1)
+    return tok_path, tok_info, markers
+
+
+def _pack_input(
+    recipe: Recipe,
+    run_dir: Path,
+    n_tasks: int,
+    dd: Path | None,
+    tok_path: Path,
+    tok_info: dict[str, Any],
+    stage: StageRunner,
+    tok_dir: Path | None,
+) -> tuple[PackStages, Grouped | None]:
+    """The pack stage over the read run (or `tok_dir`, the FIM stage's rewrite of it), or
+    with `repos:` over the group stage's run: the repository documents and the other
+    documents taken from that run, duplicates already removed; the group stage or None."""
+    if recipe.repos is None:
+        return pack_stages(recipe, run_dir, n_tasks, tok_info, dd, tok_path, stage, tok_dir), None
+    grouped = group_repositories(recipe, run_dir, n_tasks, dd, tok_path, stage, tok_dir)
+    stages = pack_stages(
+        pack_recipe(recipe), grouped.run, grouped.tasks, tok_info, None, tok_path, stage
+    )
+    return stages, grouped
+
+
+def _sections(
+    recipe: Recipe,
+    stages: PackStages,
+    grouped: Grouped | None,
+    plan: Any,
+    dd: Path | None,
+    n_tasks: int,
+    out: Path,
+) -> ManifestSections:
+    """The manifest's sections over the finished pack tasks (`duplicates.jsonl` written when
+    asked; dedup's removals before grouping counted with the pack stage's)."""
+    dups = stages.write_duplicates(out)
+    totals = stages.totals()
+    if grouped is not None:
+        grouped.add_removals(totals)
+    return ManifestSections(recipe, plan, totals, dd, n_tasks, dups)
 
 
 def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, Any]:
@@ -354,15 +480,13 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     if not force and not plan_only and is_up_to_date(out, recipe, inputs_sha):
         report("up to date", 1, 1)
         return json.loads((out / MANIFEST).read_text())
-    report("tokenizer", 0, 1)
-    tok_path = prepare_tokenizer(recipe, inputs, work_root)
-    tok_info = build_tokenizer_info(recipe, tok_path)
-    report("tokenizer", 1, 1)
+    tok_path, tok_info, markers = prepared = _prepared_tokenizer(recipe, inputs, report)
     stage = partial(run_stage, recipe, report)
     # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.
     read_round = partial(_read_round, recipe, listing, tok_path, tokenizer_key(tok_info), report)
     reading, run_dir, n_tasks, dd = read_sources(recipe, listing, read_round)
-    stages = pack_stages(recipe, run_dir, n_tasks, tok_info, dd, tok_path, stage)
+    tok_dir, fim = fim_stage(recipe, run_dir, n_tasks, dd, prepared, stage)
+    stages, grouped = _pack_input(recipe, run_dir, n_tasks, dd, tok_path, tok_info, stage, tok_dir)
     prefix = stages.prefix
     try:
         pack_plan = stages.plan()  # histogram tasks, then the plan in this process
@@ -376,11 +500,11 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     if plan_only:
         return {"plan": pack_plan.mix.to_json(), "reading": read}
     shards = stages.shuffle(pack_plan, out)  # scatter tasks, then gather tasks
-    dups = stages.write_duplicates(out)
-    sections = ManifestSections(recipe, pack_plan, stages.totals(), dd, n_tasks, dups)
+    sections = _sections(recipe, stages, grouped, pack_plan, dd, n_tasks, out)
     # What was read of each source, when budgeted reading chose (a full read's counts stay).
     units = read["sources"] if is_enabled(recipe) else None
     counts = collect_counts(run_dir, recipe, n_tasks, listing, sections.dedup(), units)
+    counts |= grouped.manifest_counts(recipe) if grouped is not None else {}
     tok_file = copy_tokenizer_files(tok_path, out / prefix)
     atomic_write_json(out / prefix / "stats.json", sections.stats())
     manifest = {
@@ -388,11 +512,13 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "dtype": dtype_name(stages.dtype),
         "seq_len": recipe.seq_len,
         "tokenizer": {"file": f"{prefix}/{tok_file}", **tok_info},
-        **({"framing": "template"} if uses_template(recipe) else {}),  # no BOS/EOS added
+        **corpus_of(recipe).manifest_fields(),  # a chat template's framing: no BOS/EOS added
         "stats": f"{prefix}/stats.json",
         "shards": [s.to_json() for s in shards],
         "mix": sections.mix(),
         "counts": counts,
+        **classifier_section(recipe, run_dir, n_tasks),  # {} without classifiers
+        **({"fim": fim} if fim is not None else {}),
         "recipe": recipe.to_dict(),
         "recipe_sha256": recipe.sha256(),
         "inputs_sha256": inputs_sha,

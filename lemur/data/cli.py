@@ -151,7 +151,7 @@ def print_summary(manifest: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from lemur.data.counts import drop_reasons
+    from lemur.data.counts import drop_reasons, remote_summary
 
     c = manifest["counts"]
     mix = manifest["mix"]
@@ -162,6 +162,8 @@ def print_summary(manifest: dict[str, Any]) -> None:
     t.add_column("documents", justify="right")
     t.add_column("detail")
     t.add_row("read", f"{c['read']:,}", f"{c['errors_total']:,} bad inputs skipped")
+    if c.get("remote"):  # sources in object storage
+        t.add_row("remote reading", "", remote_summary(c["remote"]))
     t.add_row(
         "filtered out",
         f"{sum(c['dropped'].values()):,}",
@@ -280,6 +282,80 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_classifier_train(args: argparse.Namespace) -> int:
+    """Train a fastText quality classifier on positive and negative documents."""
+    from lemur.data.classifier_stage import card_path, train_classifier, training_recipe
+    from lemur.data.filter.classifier_train import TrainSettings
+    from lemur.data.load import load_recipe
+
+    if args.recipe:
+        recipe = load_recipe(args.recipe, args.set, check_paths=False)
+        positive, negative = args.positive, args.negative
+    else:
+        recipe = training_recipe(args.positive, args.negative, args.text_key)
+        positive, negative = ["positive"], ["negative"]
+    settings = TrainSettings(
+        **{k: getattr(args, k) for k in TrainSettings.__dataclass_fields__ if k != "newline"},
+        newline=args.newline,
+    )
+    out = Path(args.out).expanduser()
+    if out.is_dir():
+        die(f"--out {args.out}: is a directory (name the model file, e.g. {out}/quality.bin)")
+    try:
+        card = train_classifier(recipe, positive, negative, settings, out)
+    except OSError as e:
+        die(f"{e.filename or out}: {e.strerror or e}", 1)
+    m, d = card["metrics"], card["documents"]
+    print(
+        f"trained on {d['train_positive']:,} positive and {d['train_negative']:,} negative "
+        f"documents; held out {d['valid_positive']:,} + {d['valid_negative']:,}"
+    )
+    if m:
+        print(
+            f"held-out: precision {m['precision']:.3f}, recall {m['recall']:.3f}, "
+            f"F1 {m['f1']:.3f}, AUC {m['auc']:.3f}"
+        )
+    print(f"wrote {out} and {card_path(out)}")
+    return 0
+
+
+def classifier_parser(sub: Any) -> argparse.ArgumentParser:
+    """`lemur-data classifier train`'s arguments (defaults: DCLM's settings)."""
+    from lemur.data.filter.classifier_train import TrainSettings
+
+    d = TrainSettings()
+    c = sub.add_parser("classifier", help="fastText quality classifiers")
+    ct = c.add_subparsers(dest="classifier_command", required=True).add_parser(
+        "train", help="train a fastText classifier on positive and negative documents"
+    )
+    ct.add_argument("--positive", nargs="+", required=True, help="JSONL files (or source names)")
+    ct.add_argument("--negative", nargs="+", required=True, help="JSONL files (or source names)")
+    ct.add_argument("--recipe", help="take --positive/--negative as this recipe's source names")
+    add_set_option(ct, "sources.0.paths=[data/hq.jsonl]")
+    ct.add_argument("--text-key", default="text", help="the JSONL field holding the text")
+    ct.add_argument("--out", required=True, help="the model file to write (card: .json beside)")
+    for flag, key, kind in (
+        ("--dim", "dim", int),
+        ("--epoch", "epoch", int),
+        ("--lr", "lr", float),
+        ("--word-ngrams", "word_ngrams", int),
+        ("--min-count", "min_count", int),
+        ("--bucket", "bucket", int),
+        ("--threads", "threads", int),
+        ("--seed", "seed", int),
+        ("--valid-fraction", "valid_fraction", float),
+        ("--label", "positive_label", str),
+        ("--negative-label", "negative_label", str),
+        ("--newline", "newline", str),
+    ):
+        ct.add_argument(
+            flag, dest=key, type=kind, default=getattr(d, key), help=f"default {getattr(d, key)!r}"
+        )
+    ct.add_argument("--lowercase", action="store_true", help="lower-case texts (as the stage must)")
+    ct.set_defaults(func=cmd_classifier_train)
+    return ct
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     """Print what a shard directory holds."""
     from lemur.data.stats import compute_stats, print_stats, write_plots
@@ -362,6 +438,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0, help="seeds the choices and phrasing")
     c.set_defaults(func=cmd_chat_demo_data)
 
+    ct = classifier_parser(sub)
+
     s = sub.add_parser("stats", help="show what a shard directory holds")
     s.add_argument("directory")
     s.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -371,7 +449,7 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check checksums and invariants of a shard directory")
     v.add_argument("directory")
     v.set_defaults(func=cmd_verify)
-    for q in (p, b, tt, c, s, v):
+    for q in (p, b, tt, c, s, v, ct):
         add_debug_option(q)
     return p
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemur.data import work as work_folders
+from lemur.data.corpus import corpus_of
 
 if TYPE_CHECKING:  # annotations only: read/ and filter/ import this module
     from lemur.data.read.listing import Listing
@@ -63,6 +64,16 @@ def language_label(language: str | None) -> str:
     return f"language:{language}"
 
 
+# What remote reading counts per source (read/remote.py): bytes received, requests made,
+# retries after throttling or transient errors, requests that failed for good.
+REMOTE_COUNTERS = ("bytes", "requests", "retries", "failures")
+
+
+def remote_label(kind: str, source: str) -> str:
+    """`kind` (one of REMOTE_COUNTERS) of the remote reading of `source`."""
+    return f"remote_{kind}:{source}"
+
+
 def _stat_total(value: Any) -> int:
     return int(value["total"]) if isinstance(value, dict) else int(value)
 
@@ -85,6 +96,7 @@ def _per_source(labels: Counter[str], sources: dict[str, dict[str, Any]]) -> dic
         "pii": Counter(),
         "truncated": Counter(),
         "repaired": Counter(),
+        "remote": Counter(),
     }
     for label, n in sorted(labels.items()):
         if label.startswith("read:"):
@@ -109,6 +121,11 @@ def _per_source(labels: Counter[str], sources: dict[str, dict[str, Any]]) -> dic
             per = sources[src].setdefault("pii", {})
             per[kind] = per.get(kind, 0) + n
             totals["pii"][kind] += n
+        elif label.startswith("remote_") and ":" in label:  # remote reading (read/remote.py)
+            kind, src = label[7:].split(":", 1)
+            per = sources[src].setdefault("remote", dict.fromkeys(REMOTE_COUNTERS, 0))
+            per[kind] = per.get(kind, 0) + n
+            totals["remote"][kind] += n
         elif label.startswith("error_") and ":" in label:
             kind, src = label[6:].split(":", 1)
             sources[src]["errors"] += n
@@ -138,6 +155,11 @@ def _merge_skipped(listing: Listing) -> dict[str, int]:
     for per in listing.skipped.values():
         total.update(per)
     return dict(sorted(total.items()))
+
+
+def _remote_totals(remote: Counter[str]) -> dict[str, Any]:
+    """The manifest's `remote` counts (bytes, requests, retries, failures), if any was read."""
+    return {"remote": {k: remote[k] for k in REMOTE_COUNTERS}} if remote else {}
 
 
 def collect_counts(
@@ -173,7 +195,7 @@ def collect_counts(
         s["kept"] = s["read"] - sum(s["dropped"].values())
     read = sum(s["read"] for s in sources.values())
     # Only chat builds cut documents; other manifests stay as they were.
-    truncated = {"truncated": sum(totals["truncated"].values())} if recipe.is_chat() else {}
+    truncated = corpus_of(recipe).counts(sum(totals["truncated"].values()))
     return {
         "read": read,
         "dropped": dict(sorted(dropped.items())),
@@ -194,8 +216,17 @@ def collect_counts(
         "repaired": dict(sorted(totals["repaired"].items())),
         "sources": sources,
         **truncated,
+        **_remote_totals(totals["remote"]),
         **({"dedup": dedup} if dedup is not None else {}),
     }
+
+
+def remote_summary(remote: dict[str, int]) -> str:
+    """Remote reading in one line: `12.3 MB in 45 requests, 3 retries, 0 failures`."""
+    return (
+        f"{remote.get('bytes', 0) / 1e6:,.1f} MB in {remote.get('requests', 0):,} requests, "
+        f"{remote.get('retries', 0):,} retries, {remote.get('failures', 0):,} failures"
+    )
 
 
 def drop_reasons(counts: dict[str, Any]) -> str:

@@ -71,6 +71,19 @@ def check_recipe_paths(recipe: Recipe) -> None:
             raise RecipeError(
                 f"recipe: decontaminate.benchmarks[{i}].path '{b.path}' is not a file"
             )
+    _check_classifier_models(recipe)
+
+
+def _check_classifier_models(recipe: Recipe) -> None:
+    """Each classifier's model loads and has its label: a missing, damaged or wrong model
+    is a recipe mistake found before any input is read (exit 2)."""
+    from lemur.data.filter.classifier import ClassifierError, open_model
+
+    for i, c in enumerate(recipe.filters.classifier or []):
+        try:
+            open_model(c.model, c.fasttext_label)
+        except ClassifierError as e:
+            raise RecipeError(f"recipe: filters.classifier[{i}].model: {e}") from None
 
 
 def _check_given_tokenizer(recipe: Recipe) -> None:

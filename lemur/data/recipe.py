@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 # Re-exported: the recipe's sections are imported from here.
+from lemur.data.recipe_classifier import ClassifierConfig as ClassifierConfig
+from lemur.data.recipe_classifier import check_classifiers
 from lemur.data.recipe_errors import RecipeError as RecipeError
 from lemur.data.recipe_filters import BUILTIN_BENCHMARKS as BUILTIN_BENCHMARKS
 from lemur.data.recipe_filters import PII_KINDS as PII_KINDS
@@ -28,11 +30,13 @@ from lemur.data.recipe_filters import FineWebConfig as FineWebConfig
 from lemur.data.recipe_filters import GopherQualityConfig as GopherQualityConfig
 from lemur.data.recipe_filters import GopherRepetitionConfig as GopherRepetitionConfig
 from lemur.data.recipe_filters import TextFiltersConfig as TextFiltersConfig
+from lemur.data.recipe_fim import FimConfig
+from lemur.data.recipe_repos import ReposConfig
 from lemur.data.recipe_sources import CHAT_DOMAIN as CHAT_DOMAIN
 from lemur.data.recipe_sources import CHAT_SCHEMAS as CHAT_SCHEMAS
 from lemur.data.recipe_sources import FORMATS as FORMATS
 from lemur.data.recipe_sources import SOURCE_PRESETS as SOURCE_PRESETS
-from lemur.data.recipe_sources import SourceConfig, check_sources
+from lemur.data.recipe_sources import SourceConfig, StorageOptions, check_sources
 from lemur.data.recipe_tokenizer import TOKENIZER_ENGINES as TOKENIZER_ENGINES
 from lemur.data.recipe_tokenizer import TokenizerConfig
 from lemur.data.recipe_tokenizer import TokenizerTrainConfig as TokenizerTrainConfig
@@ -149,7 +153,7 @@ class MixConfig:
                 raise RecipeError(f"recipe: mix.shares.{d} sum to {sum(per.values()):.4f} > 1")
 
 
-# The values of `chat.long`: the one list (the chat tokenize steps check their argument too).
+# The values of `chat.long`: the one list (tokenize/chat.py's ChatStep checks its argument too).
 CHAT_LONG = ("truncate", "drop")
 
 
@@ -197,15 +201,22 @@ class Recipe:
     val_fraction: float = 0.005
     shard_tokens: int = 1 << 27
     tokenize_batch_docs: int = 256
+    # Repository documents (lemur/data/repos/); None: one document per file.
+    repos: ReposConfig | None = None
+    # Fill-in-the-middle documents of code sources (recipe_fim.py); None: none.
+    fim: FimConfig | None = None
 
     def __post_init__(self) -> None:
         # The sections checked themselves; these checks span several of them.
         _check_outputs(self)
         check_sources(self.sources)
+        check_classifiers(self.filters.classifier or [], self.sources)
         _check_chat(self)
+        _check_repos(self)
         if not self.is_chat():  # the code:text ratio and language shares do not apply to chat
             _check_mix_domains(self)
         _check_sizes(self)
+        _check_fim(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe as plain data (what `--dry-run` prints and the manifest stores)."""
@@ -234,8 +245,22 @@ class Recipe:
         """Domains in the order their first source appears."""
         return list(dict.fromkeys(s.domain for s in self.sources))
 
+    def repo_sources(self) -> list[int]:
+        """Indexes of the sources whose files become repository documents (none without
+        `repos:`): the listed ones, else every code source."""
+        if self.repos is None:
+            return []
+        names = self.repos.sources
+        return [
+            i
+            for i, s in enumerate(self.sources)
+            if (s.name in names if names is not None else s.domain == "code")
+        ]
+
 
 def _strip_none(obj: Any) -> Any:
+    if isinstance(obj, StorageOptions):  # credentials are never shown or written
+        return obj.public()
     if isinstance(obj, dict):
         return {k: _strip_none(v) for k, v in obj.items() if v is not None}
     if isinstance(obj, list):
@@ -280,6 +305,28 @@ def _check_chat(recipe: Recipe) -> None:
         raise RecipeError("recipe: mix.total_tokens in a chat build needs mix.weights")
 
 
+def _check_repos(recipe: Recipe) -> None:
+    """`repos:` names code sources, and is for pre-training builds without duplicate dumps."""
+    repos = recipe.repos
+    if repos is None:
+        return
+    if recipe.is_chat():
+        raise RecipeError("recipe: repos: applies to code sources, not to a chat build")
+    if recipe.dedup.write_duplicates:
+        raise RecipeError(
+            "recipe: repos: and dedup.write_duplicates cannot be combined (duplicates are "
+            "removed per file before grouping; set dedup.write_duplicates: false)"
+        )
+    by_name = {s.name: s for s in recipe.sources}
+    for name in repos.sources or ():
+        if name not in by_name:
+            raise RecipeError(f"recipe: repos.sources: no source is named '{name}'")
+        if by_name[name].domain != "code":
+            raise RecipeError(f"recipe: repos.sources: '{name}' is not a code source")
+    if not recipe.repo_sources():
+        raise RecipeError("recipe: repos: there is no code source to group")
+
+
 def _check_mix_domains(recipe: Recipe) -> None:
     """`mix.ratio` has one entry per domain of the sources, one above 0; shares name domains."""
     domains = recipe.domains()
@@ -307,3 +354,15 @@ def _check_sizes(recipe: Recipe) -> None:
         raise RecipeError("recipe: shard_tokens must be >= 1024")
     if recipe.tokenize_batch_docs < 1:
         raise RecipeError("recipe: tokenize_batch_docs must be >= 1")
+
+
+def _check_fim(recipe: Recipe) -> None:
+    """`fim:` applies to pre-training builds, to domains their sources have."""
+    if recipe.fim is None:
+        return
+    if recipe.is_chat():
+        raise RecipeError("recipe: fim: applies to code documents of pre-training builds, not chat")
+    domains = recipe.domains()
+    for d in recipe.fim.domains:
+        if d not in domains:
+            raise RecipeError(f"recipe: fim.domains: no source has domain '{d}'")

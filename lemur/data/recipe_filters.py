@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lemur.data.recipe_classifier import ClassifierConfig
 from lemur.data.recipe_errors import RecipeError
 from lemur.data.recipe_sources import NAME_RE
 
@@ -123,10 +124,12 @@ class TextFiltersConfig:
 
 @dataclass(frozen=True)
 class FiltersConfig:
-    """Quality filters: `code` rules for the code domain, `text` rules for the text domain."""
+    """Quality filters: `code` rules for the code domain, `text` rules for the text domain,
+    then the fastText `classifier` stages (None: none, and older recipes' hashes kept)."""
 
     code: CodeFilterConfig = field(default_factory=CodeFilterConfig)
     text: TextFiltersConfig = field(default_factory=TextFiltersConfig)
+    classifier: list[ClassifierConfig] | None = None
 
 
 BUILTIN_BENCHMARKS = ("humaneval",)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from lemur.data.counts import REMOTE_COUNTERS, remote_summary
 from lemur.shards.check import structure_problem
 from lemur.shards.format import MANIFEST, ShardFormatError, open_index, read_manifest
 from lemur.shards.verify import manifest_problems
@@ -110,6 +111,7 @@ def compute_stats(directory: str | Path) -> dict[str, Any]:
         "sources": mix.get("sources", {}),
         "languages": mix.get("languages", {}),
         "counts": manifest.get("counts", {}),
+        **({"classifiers": manifest["classifiers"]} if "classifiers" in manifest else {}),
     }
 
 
@@ -198,6 +200,33 @@ def _print_dedup(console: Any, dedup: dict[str, Any]) -> None:
         )
 
 
+def _print_repositories(console: Any, repos: dict[str, Any]) -> None:
+    """`counts.repositories` of a build with `repos:`: files in -> grouped, per source."""
+    if not repos:
+        return
+    t = table(
+        f"repository documents ({repos['order']} order, {repos['format']} format, "
+        f"{repos['max_tokens']:,} tokens)",
+        ["source", "files in", "duplicates", "grouped", "repositories", "documents", "alone"],
+    )
+    for name, s in repos.get("by_source", {}).items():
+        t.add_row(
+            name,
+            *(
+                f"{s.get(k, 0):,}"
+                for k in (
+                    "files_in",
+                    "duplicates",
+                    "grouped",
+                    "repositories",
+                    "documents",
+                    "without_repository",
+                )
+            ),
+        )
+    console.print(t)
+
+
 def print_reading(reading: dict[str, Any], console: Any) -> None:
     """The `--plan-only` view of budgeted reading: estimates, and units and bytes to read."""
     est = reading.get("estimate") or {}
@@ -235,6 +264,17 @@ def _print_reading(console: Any, sources: dict[str, Any]) -> None:
     console.print(t)
 
 
+def _print_remote(console: Any, counts: dict[str, Any]) -> None:
+    """Remote reading per source (bytes, requests, retries, failures), if any was remote."""
+    if not counts.get("remote"):
+        return
+    t = table(f"remote reading: {remote_summary(counts['remote'])}", ["source", *REMOTE_COUNTERS])
+    for name, src in (counts.get("sources") or {}).items():
+        if src.get("remote"):
+            t.add_row(name, *(f"{src['remote'].get(k, 0):,}" for k in REMOTE_COUNTERS))
+    console.print(t)
+
+
 def _print_counts(console: Any, counts: dict[str, Any]) -> None:
     t = table("documents in -> out", ["stage", "documents"])
     t.add_row("read", f"{counts.get('read', 0):,}")
@@ -247,8 +287,10 @@ def _print_counts(console: Any, counts: dict[str, Any]) -> None:
     for kind, n in counts.get("repaired", {}).items():
         t.add_row(f"repaired, kept ({kind})", f"{n:,}")
     console.print(t)
+    _print_remote(console, counts)
     _print_reading(console, counts.get("sources") or {})
     _print_dedup(console, counts.get("dedup") or {})
+    _print_repositories(console, counts.get("repositories") or {})
     errors = counts.get("errors", [])
     if errors:
         total = counts.get("errors_total", len(errors))
@@ -258,6 +300,29 @@ def _print_counts(console: Any, counts: dict[str, Any]) -> None:
         )
         for e in errors[:20]:
             t.add_row(e["file"], str(e.get("line", "")), f"{e['kind']}: {e['error']}")
+        console.print(t)
+
+
+def _print_classifiers(console: Any, classifiers: dict[str, Any]) -> None:
+    """Each quality classifier's cut and keep rate, then its extreme kept and dropped
+    documents (the best and the borderline ones on each side of the cut)."""
+    for name, c in classifiers.items():
+        if "keep_top" in c:
+            cuts = ", ".join(f"{s} {v:.4g}" for s, v in c["thresholds"].items())
+            rule = f"keep_top {c['keep_top']:g} (thresholds: {cuts})"
+        else:
+            rule = f"min_score {c['min_score']:g}" if "min_score" in c else "scores only"
+        rate = "" if c.get("keep_rate") is None else f", kept {c['keep_rate']:.1%}"
+        t = table(
+            f"classifier {name}: {c['label']} of {c['model']}; {rule}{rate} "
+            f"({c['kept']:,} kept, {c['dropped']:,} dropped; {c['scored']:,} scored, "
+            f"{c['cached']:,} from the cache)",
+            ["", "score", "document", "text"],
+        )
+        for kind in ("kept_high", "kept_low", "dropped_high", "dropped_low"):
+            for e in c.get("examples", {}).get(kind, [])[:2]:
+                text = " ".join(e["text"].split())[:100]
+                t.add_row(kind.replace("_", ", "), f"{e['score']:.4f}", e["id"], text)
         console.print(t)
 
 
@@ -287,6 +352,7 @@ def print_stats(stats: dict[str, Any]) -> None:
     _print_groups(console, stats)
     if stats["counts"]:
         _print_counts(console, stats["counts"])
+    _print_classifiers(console, stats.get("classifiers") or {})
 
 
 def write_plots(stats: dict[str, Any], directory: str | Path, shard_dir: str | Path) -> list[Path]:

@@ -6,13 +6,20 @@ which builds into other outputs may share. Under it:
     tokens-<key>/          a tokenize run of the build's inputs, keyed by recipe, inputs and
         tokens/            tokenizer: its token runs (TokenizeWriter, DedupSigner),
         errors/            the bad inputs the reader recorded,
-        dedup-<key>/       and the dedup stages over those runs (dedup/stage.py)
+        dedup-<key>/       and the dedup stages over those runs (dedup/stage.py),
+        fim-<key>/         the FIM stage's rewritten runs (tokenize/fim_stage.py);
+        repos-spill/       with `repos:`, the files each task set aside by repository bucket,
+        repos-<key>/       and the repository documents' token runs (repos/group.py)
     sample-<key>/          a tokenize run of a sample (the ratio sweep), laid out the same
     shuffle-<key>/         a pack stage's histograms, scatter and gather (pack/write.py);
                            `finished_shuffles` lists them for commit() once the manifest is in
-    tokenizer-<sha>.model, given-tokenizer-<sha>[-chatml].model, hf-tokenizer-<sha>/,
+    listing-<key>.json     a remote source's listing, made once (read/remote_listing.py)
+    tokenizer-<sha>.model, given-tokenizer-<sha>[-chatml|-fim].model, hf-tokenizer-<sha>/,
     byte-bpe-<sha>/        the prepared tokenizers (tokenize/prepare.py)
     decontam/              the benchmark n-gram indexes (filter/decontaminate.py)
+    quality-<name>-<key>/  a classifier's cached scores, by model and text normalisation:
+                           one file per tokenize task and one of the keep_top sample
+                           (filter/classifier.py, classifier_stage.py)
 
 The demo's gathered text lives under `<output>/.work/demo-sources/` (`demo_sources`).
 """
@@ -51,6 +58,22 @@ def dedup_folder(run: Path, key: str) -> Path:
     return run / f"dedup-{key}"
 
 
+def fim_folder(run: Path, key: str) -> Path:
+    """The FIM stage's folder for one FIM setting (`key`), beside the run it rewrites."""
+    return run / f"fim-{key}"
+
+
+def repos_spill(run: Path) -> Path:
+    """Where a tokenize run's tasks set aside the files of repositories (repos/spill.py)."""
+    return run / "repos-spill"
+
+
+def repos_run(run: Path, key: str) -> Path:
+    """The group stage's run beside the tokenize run it regroups (laid out as one: its
+    `tokens_dir` holds token runs the pack stage reads)."""
+    return run / f"repos-{key}"
+
+
 def shuffle_folder(root: Path, key: str) -> Path:
     """A pack stage's folder: removed by commit() once the build's manifest is written."""
     return root / f"shuffle-{key}"
@@ -66,9 +89,10 @@ def trained_tokenizer(root: Path, key: str) -> Path:
     return root / f"tokenizer-{key}.model"
 
 
-def given_tokenizer(root: Path, sha: str, chat: bool) -> Path:
-    """The recipe's given SentencePiece model (with the ChatML markers for a chat build)."""
-    return root / f"given-tokenizer-{sha}{'-chatml' if chat else ''}.model"
+def given_tokenizer(root: Path, sha: str, chat: bool, fim: bool = False) -> Path:
+    """The recipe's given SentencePiece model (with the ChatML markers for a chat build, the
+    FIM pieces for a FIM build)."""
+    return root / f"given-tokenizer-{sha}{'-chatml' if chat else ''}{'-fim' if fim else ''}.model"
 
 
 def hf_tokenizer(root: Path, key: str) -> Path:
@@ -86,6 +110,21 @@ def decontam(root: Path) -> Path:
     return root / "decontam"
 
 
+def quality_cache(root: Path, name: str, key: str) -> Path:
+    """The cached scores of the classifier `name` (`key`: its model and normalisation)."""
+    return root / f"quality-{name}-{key}"
+
+
+def quality_run(run: Path) -> Path:
+    """A tokenize run's classifier records: the cuts and each task's summary."""
+    return run / "quality"
+
+
 def demo_sources(output: str | os.PathLike[str]) -> Path:
     """The demo's gathered text files, under its output's own work directory."""
     return Path(output) / ".work" / "demo-sources"
+
+
+def listing_record(root: Path, key: str) -> Path:
+    """A remote source's listing, recorded once per build (read/remote_listing.py)."""
+    return root / f"listing-{key}.json"

@@ -4,7 +4,9 @@ multi-turn agent tasks with execution feedback.
 | module | what it holds |
 |---|---|
 | `bpb` | `TokenBytes` (bytes per token id), `bits_per_byte`, `score_directory` over val shards |
-| `generate` | `GenerationConfig`, `generate` / `generate_ids` (batched, stop strings) |
+| `generate` | `generate` / `generate_ids` (batched, left-padded prompts) |
+| `decoding` | `GenerationConfig`, `Completion`, stop rules: what generate and the agent share |
+| `chat_prompt` | `chat_prompt_ids`: a chat prompt as ids (ChatML, or the model's own template) |
 | `sampling` | `Sampling`, `sample`: greedy, temperature, top-k, top-p |
 | `humaneval` | `Task`, `humaneval_tasks`, `load_tasks`, `check`, `pass_at_k`, `summarize` |
 | `agent` | `run_agent`, `AgentConfig`, `ModelReplies`: multi-turn tasks with execution feedback |
@@ -34,7 +36,7 @@ _EXPORTS = {
     "score_directory": "bpb",
     "Sampling": "sampling",
     "sample": "sampling",
-    "GenerationConfig": "generate",
+    "GenerationConfig": "decoding",
     "generate": "generate",
     "generate_ids": "generate",
     "humaneval_tasks": "humaneval",

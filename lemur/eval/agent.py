@@ -38,7 +38,9 @@ from lemur.eval.agent_tasks import (
     extract_code,
     feedback,
 )
-from lemur.eval.generate import ChatPrompt, GenerationConfig, Tokenizer, chat_prompt_ids
+from lemur.eval.chat_prompt import ChatPrompt, chat_prompt_ids
+from lemur.eval.decoding import GenerationConfig
+from lemur.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +193,11 @@ def _run_code(
         if codes[i] is None:
             return Execution("no_code")
         return execute(
-            conversations[i].task, codes[i], config.limits, isolation, config.allow_network
+            conversations[i].task,
+            codes[i],
+            config.limits,
+            isolation,
+            allow_network=config.allow_network,
         )
 
     with ThreadPoolExecutor(max_workers=config.workers or len(replies) or 1) as pool:

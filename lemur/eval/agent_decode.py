@@ -25,26 +25,26 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Hashable, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from lemur.cli_common import UserError
-from lemur.eval.generate import (
+from lemur.eval.decoding import (
     Completion,
+    DecodeState,
     GenerationConfig,
-    Tokenizer,
-    _first,
-    _Row,
-    _update,
+    RowState,
     bucket,
+    extend_row,
+    first_tokens,
     stop_ids_of,
 )
 from lemur.eval.sampling import Sampling, sample
 from lemur.model import decode
 from lemur.model.config import LlamaConfig, Params
+from lemur.tokenizer import Tokenizer
 
 
 @functools.partial(jax.jit, static_argnames="config", donate_argnums=4)
@@ -73,22 +73,19 @@ def _grow(cache: decode.KVCache, *, length: int) -> decode.KVCache:
 )
 def _continue_rows(
     params: Params,
-    cache: decode.KVCache,
-    token_B: jax.Array,
-    length_B: jax.Array,
-    key: jax.Array,
-    done_B: jax.Array,
+    state: DecodeState,
     *,
     config: LlamaConfig,
     sampling: Sampling,
     steps: int,
     eos_ids: tuple[int, ...],
-) -> tuple[Any, ...]:
-    """`steps` decode steps: feed token_B at each row's length, sample; done rows stay put
-    (a row is done once it fed one of `eos_ids`)."""
+) -> tuple[DecodeState, jax.Array]:
+    """`steps` decode steps: feed each row's token at its length (the state's position),
+    sample; done rows stay put (a row is done once it fed one of `eos_ids`).
+    (state after, new B x steps)"""
     stop = jnp.asarray(eos_ids, jnp.int32)
 
-    def body(carry: tuple[Any, ...], _: None) -> tuple[tuple[Any, ...], jax.Array]:
+    def body(carry: DecodeState, _: None) -> tuple[DecodeState, jax.Array]:
         cache, token_B, length_B, key, done_B = carry
         last_B = jnp.zeros_like(length_B)
         logits_BxV, cache = decode.extend(params, token_B[:, None], length_B, last_B, cache, config)
@@ -96,10 +93,10 @@ def _continue_rows(
         length_B = length_B + (~done_B).astype(length_B.dtype)
         key, sub = jax.random.split(key)
         next_B = jnp.where(done_B, eos_ids[0], sample(logits_BxV, sub, sampling))
-        return (cache, next_B, length_B, key, done_B), next_B
+        return DecodeState(cache, next_B, length_B, key, done_B), next_B
 
-    carry, out_TxB = jax.lax.scan(body, (cache, token_B, length_B, key, done_B), None, length=steps)
-    return (*carry, out_TxB.T)
+    state, out_TxB = jax.lax.scan(body, state, None, length=steps)
+    return state, out_TxB.T
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -208,51 +205,46 @@ class TurnDecoder:
         logits_RxV = self._prefill(rows, deltas, starts)
         call_key = jax.random.fold_in(self.key, self.calls)
         self.calls += 1
-        first_R, call_key = _first(logits_RxV, call_key, sampling=self.gen.sampling)
+        first_R, call_key = first_tokens(logits_RxV, call_key, sampling=self.gen.sampling)
         states = self._decode(rows, prompts, np.asarray(first_R), call_key)
         return [
-            Turn(Completion(len(p), s.tokens, s.text, s.finish or "length"), p, len(d))
-            for p, s, d in zip(prompts, states, deltas, strict=True)
+            Turn(s.completion(), p, len(d)) for p, s, d in zip(prompts, states, deltas, strict=True)
         ]
 
     def _decode(
         self, rows: list[int], prompts: list[list[int]], first: np.ndarray, key: jax.Array
-    ) -> list[_Row]:
+    ) -> list[RowState]:
         """Decode from each row's first token until every row is done; set the rows' ids."""
         gen, B = self.gen, self.gen.batch_size
         eos = self.eos_ids
-        chunks = -(-(gen.max_new_tokens - 1) // gen.chunk)
-        states = [_Row(prompt=p) for p in prompts]
+        states = [RowState(prompt=p) for p in prompts]
         raw: list[list[int]] = [[int(t)] for t in first]  # every token sampled, fed or not
         # Rows not replying write past their end (their tokens stay), without advancing.
         token, length = np.zeros(B, np.int32), np.array([len(i) for i in self.ids], np.int32)
         for i, b in enumerate(rows):
             token[b], length[b] = first[i], len(prompts[i])
-            _update(states[i], [int(first[i])], gen, eos, self.tokenizer)
-        self._ensure(int(length.max()) + chunks * gen.chunk + 1)
-        token_B, length_B = jnp.asarray(token), jnp.asarray(length)
+            extend_row(states[i], [int(first[i])], gen, eos, self.tokenizer)
+        self._ensure(int(length.max()) + gen.decode_slots + 1)
+        done = np.zeros(B, bool)
+        state = DecodeState(self.cache, jnp.asarray(token), jnp.asarray(length), key, done)
         while any(s.finish is None for s in states):
             done = np.ones(B, bool)
             for i, b in enumerate(rows):
                 done[b] = states[i].finish is not None
-            self.cache, token_B, length_B, key, _, new_BxT = _continue_rows(
+            state, new_BxT = _continue_rows(
                 self.params,
-                self.cache,
-                token_B,
-                length_B,
-                key,
-                done,
+                state._replace(done_B=done),
                 config=self.config,
                 sampling=gen.sampling,
                 steps=gen.chunk,
                 eos_ids=eos,
             )
-            new_BxT = np.asarray(new_BxT)
+            self.cache, new_BxT = state.cache, np.asarray(new_BxT)
             for i, b in enumerate(rows):
                 if states[i].finish is None:
                     raw[i].extend(int(t) for t in new_BxT[b])
-                    _update(states[i], new_BxT[b], gen, eos, self.tokenizer)
-        lengths = np.asarray(length_B)
+                    extend_row(states[i], new_BxT[b], gen, eos, self.tokenizer)
+        lengths = np.asarray(state.position)
         for i, b in enumerate(rows):  # what the row's slots hold: the prompt, the fed tokens
             self.ids[b] = prompts[i] + raw[i][: int(lengths[b]) - len(prompts[i])]
         return states

@@ -139,6 +139,7 @@ def execute(
     code: str,
     limits: sandbox.Limits,
     isolation: sandbox.Isolation,
+    *,
     allow_network: bool = False,
 ) -> Execution:
     """Run the code with the task's tests in the sandbox (the one place agent code runs).

@@ -65,6 +65,7 @@ class Score:
 def token_nll(
     params: Params,
     batch: Mapping[str, jax.Array],
+    *,
     config: LlamaConfig,
     document_attention: bool = False,
 ) -> jax.Array:

@@ -68,7 +68,7 @@ def procs(path: Path) -> list[int]:
         return []
 
 
-def _limit(path: Path, controller: str, v2: bool, value: int) -> None:
+def _limit(path: Path, controller: str, value: int, *, v2: bool) -> None:
     """Write the cap: pids.max, or the memory limit with swap held to nothing extra."""
     files = FILES[controller][2 if v2 else 1]
     if controller == "pids":
@@ -116,7 +116,7 @@ def run_cgroups(
             path = found[0] / f"{prefix}{uuid.uuid4().hex}"
             path.mkdir()
             made.append(path)
-            _limit(path, controller, found[1], value)
+            _limit(path, controller, value, v2=found[1])
         yield made
     finally:
         for path in made:

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lemur.chat_template import ChatTemplate
 from lemur.chatml import IM_END as CHATML_END
 from lemur.chatml import IM_START as CHATML_START
 from lemur.cli_common import UserError
-from lemur.tokenizer import ByteLevelTokenizer
-
-if TYPE_CHECKING:
-    from lemur.eval.generate import Tokenizer
+from lemur.tokenizer import ByteLevelTokenizer, ChatMLTokenizer, Tokenizer
 
 # A chat prompt: one user turn, or the conversation so far ({"role", "content"} messages).
 ChatPrompt = str | Sequence[Mapping[str, str]]
@@ -67,4 +64,6 @@ def chat_prompt_ids(
     template = model_template(tokenizer)
     if template is not None:
         return template.prompt_ids(chat_messages(prompt, system))
+    if not isinstance(tokenizer, ChatMLTokenizer):
+        raise TypeError(f"{type(tokenizer).__name__}: neither a chat template nor ChatML")
     return [tokenizer.bos_id, *tokenizer.encode_chat(chat_prompt(tokenizer, prompt, system))]

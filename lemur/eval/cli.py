@@ -201,7 +201,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Complete prompts; print them or write JSONL."""
     from lemur.eval.generate import generate
 
-    rows = read_prompts(args.prompt, args.prompts, args.chat)  # PromptsError: one line
+    rows = read_prompts(args.prompt, args.prompts, chat=args.chat)  # PromptsError: one line
     model = load_checkpoint(args, for_decoding=True)
     need_tokenizer(args, model)
     completions = generate(

@@ -41,7 +41,7 @@ def timeout_seconds(text: str) -> float:
     return value
 
 
-def model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+def model_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     """Arguments shared by every command that loads a model."""
     p.add_argument(
         "checkpoint",
@@ -125,7 +125,7 @@ def probe_sandbox(args: argparse.Namespace) -> Any:
     return isolation
 
 
-def load_checkpoint(args: argparse.Namespace, for_decoding: bool = False) -> Any:
+def load_checkpoint(args: argparse.Namespace, *, for_decoding: bool = False) -> Any:
     """The model named on the command line (per-layer weights when it will decode)."""
     from lemur.eval.load import load_model
     from lemur.model.decode import split_layers
@@ -144,7 +144,7 @@ def load_checkpoint(args: argparse.Namespace, for_decoding: bool = False) -> Any
 
 def sampling(args: argparse.Namespace, stop: tuple[str, ...] = ()) -> Any:
     """The GenerationConfig of the sampling arguments."""
-    from lemur.eval.generate import GenerationConfig
+    from lemur.eval.decoding import GenerationConfig
     from lemur.eval.sampling import Sampling
 
     with user_input(ValueError):  # the settings check the arguments

@@ -6,9 +6,10 @@ and sampling setting, never per prompt or output length: the prompt slots P are 
 bucket (16, 24, 32, 48, 64, 96, ...: powers of two and halfway, so at most a third is
 padding) of the longest prompt, the cache slots S = P plus the new tokens (rounded up to
 whole chunks; the number of new tokens is one setting per run).
-Decoding runs `chunk` steps per device call (a `lax.scan` with the cache donated, so it
-is updated in place); between calls the host checks end-of-sequence and stop strings, and
-stops as soon as every row is done. Decoding reads per-layer weights
+Decoding runs `chunk` steps per device call (`decode_chunk`: a `lax.scan` with its state
+donated, so the cache is updated in place); between calls the host checks end-of-sequence
+and stop strings (lemur.eval.decoding, shared with the agent's decoder), and stops as soon
+as every row is done. Decoding reads per-layer weights
 (`decode.split_layers`): pass split params to skip the copy each call would make.
 
 How each next token is chosen is lemur.eval.sampling (greedy, temperature, top-k,
@@ -21,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -29,84 +29,30 @@ import numpy as np
 
 from lemur import machine
 from lemur.chatml import IM_END as CHATML_END
-from lemur.chatml import IM_START as CHATML_START  # noqa: F401 - re-exported
 from lemur.cli_common import UserError
-from lemur.eval.chat_prompt import (  # noqa: F401 - chat_prompt re-exported
-    ChatPrompt,
-    chat_prompt,
-    chat_prompt_ids,
-    model_template,
+from lemur.eval.chat_prompt import ChatPrompt, chat_prompt_ids, model_template
+from lemur.eval.decoding import (
+    Completion,
+    DecodeState,
+    GenerationConfig,
+    RowState,
+    bucket,
+    extend_row,
+    first_tokens,
+    stop_ids_of,
 )
 from lemur.eval.sampling import Sampling, sample
 from lemur.model import decode
 from lemur.model.config import LlamaConfig, Params
-
-
-class Tokenizer(Protocol):
-    """What generation needs from a tokenizer (lemur.tokenizer: SentencePiece or tokenizer.json)."""
-
-    bos_id: int | None
-    eos_id: int
-    stop_ids: tuple[int, ...]  # EOS, and more a model folder's generation_config lists
-
-    def encode(self, text: str) -> list[int]:
-        """Ids of `text`, without <s> or </s>."""
-        ...
-
-    def encode_chat(self, text: str) -> list[int]:
-        """Ids of ChatML text as the chat build encodes it (lemur/chatml.py), without <s>."""
-        ...
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of `ids` (control ids dropped)."""
-        ...
-
-    def piece_id(self, piece: str) -> int | None:
-        """The id of a single-piece string, or None when it is not one piece."""
-        ...
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerationConfig:
-    """Length, sampling, stop conditions and seed of one generation call."""
-
-    max_new_tokens: int = 256
-    sampling: Sampling = Sampling()
-    stop: tuple[str, ...] = ()
-    stop_at_eos: bool = True
-    seed: int = 0
-    batch_size: int = 8
-    chunk: int = 16
-
-    def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "batch_size", "chunk"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-
-@dataclasses.dataclass
-class Completion:
-    """One prompt's output: generated ids and text (cut at the stop), and why it ended."""
-
-    prompt_tokens: int
-    tokens: list[int]
-    text: str
-    finish: str  # "stop" (a stop string), "eos", or "length"
-
-
-def bucket(n: int, minimum: int = 16) -> int:
-    """The smallest of minimum * (1, 1.5, 2, 3, 4, 6, ...) that is >= n (minimum a power of 2)."""
-    b = minimum
-    while b < n:
-        b = b * 3 // 2 if b & (b - 1) == 0 else b * 4 // 3
-    return b
+from lemur.tokenizer import Tokenizer
 
 
 @functools.partial(jax.jit, static_argnames="config")
-def _prefill_row(
+def prefill_row(
     params: Params, tokens_1xP: jax.Array, pad_1: jax.Array, *, config: LlamaConfig
 ) -> tuple[jax.Array, decode.KVCache]:
-    """One prompt left-padded to its own bucket: last-slot logits (1 x V) and its cache."""
+    """One prompt left-padded to its own bucket: last-slot logits (1 x V) and its cache
+    (compiled once per bucket)."""
     cache = decode.init_cache(config, 1, tokens_1xP.shape[1])
     return decode.prefill(params, tokens_1xP, pad_1, cache, config, last_only=True)
 
@@ -124,27 +70,21 @@ def _insert(
     )
 
 
-@functools.partial(jax.jit, static_argnames="sampling")
-def _first(logits_BxV: jax.Array, key: jax.Array, *, sampling: Sampling) -> tuple[jax.Array, ...]:
-    """The first new token of every row, and the advanced key."""
-    key, sub = jax.random.split(key)
-    return sample(logits_BxV, sub, sampling), key
-
-
 _empty_cache = jax.jit(decode.init_cache, static_argnums=(0, 1, 2))
 
 
 def _start(
     params: Params,
-    rows: list[_Row],
+    rows: list[RowState],
     P: int,
     S: int,
     key: jax.Array,
     config: LlamaConfig,
     sampling: Sampling,
-) -> tuple[jax.Array, jax.Array, decode.KVCache]:
+) -> DecodeState:
     """Prefill each prompt in its own bucket into one B x S cache, every prompt ending at
-    slot P - 1 (left padding), then sample the first new tokens: (tokens B, key, cache).
+    slot P - 1 (left padding), then sample the first new tokens: the state to decode from
+    (at slot P; no row done yet).
 
     One prompt at a time rather than the batch left-padded to the longest: a batch of
     mixed lengths then computes each prompt's own bucket, not B times the longest.
@@ -156,108 +96,48 @@ def _start(
         tokens_1xP = np.zeros((1, Pb), np.int32)
         tokens_1xP[0, Pb - len(r.prompt) :] = r.prompt
         pad_1 = np.array([Pb - len(r.prompt)], np.int32)
-        logits_1xV, row_cache = _prefill_row(params, tokens_1xP, pad_1, config=config)
+        logits_1xV, row_cache = prefill_row(params, tokens_1xP, pad_1, config=config)
         cache = _insert(cache, row_cache, np.int32(b), np.int32(P - Pb))
         logits.append(logits_1xV)
-    token_B, key = _first(jnp.concatenate(logits), key, sampling=sampling)
-    return token_B, key, cache
+    token_B, key = first_tokens(jnp.concatenate(logits), key, sampling=sampling)
+    done_B = np.zeros(len(rows), bool)
+    return DecodeState(cache, token_B, jnp.asarray(P, jnp.int32), key, done_B)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "sampling", "steps"), donate_argnums=1)
-def _continue(
+def decode_chunk(
     params: Params,
-    cache: decode.KVCache,
-    token_B: jax.Array,
-    slot: jax.Array,
+    state: DecodeState,
     pad_B: jax.Array,
-    key: jax.Array,
-    done_B: jax.Array,
     eos_ids: jax.Array,
     *,
     config: LlamaConfig,
     sampling: Sampling,
     steps: int,
-) -> tuple[Any, ...]:
-    """`steps` decode steps: feed token_B at `slot`, sample, repeat. A row is done once it
-    emits one of `eos_ids`; done rows emit the first."""
+) -> tuple[DecodeState, jax.Array]:
+    """`steps` decode steps of a left-padded batch (its state donated, so the cache is
+    updated in place): feed each row's token at the state's slot, sample, repeat. A row is
+    done once it fed one of `eos_ids`; done rows emit the first. (state after, new B x steps)
 
-    def body(carry: tuple[Any, ...], _: None) -> tuple[tuple[Any, ...], jax.Array]:
+    Compiled once per (batch, cache length, sampling, steps): `eos_ids` is traced.
+    """
+
+    def body(carry: DecodeState, _: None) -> tuple[DecodeState, jax.Array]:
         cache, token_B, slot, key, done_B = carry
         logits_BxV, cache = decode.decode_step(params, token_B, slot, pad_B, cache, config)
         key, sub = jax.random.split(key)
         done_B = done_B | jnp.isin(token_B, eos_ids)
         next_B = jnp.where(done_B, eos_ids[0], sample(logits_BxV, sub, sampling))
-        return (cache, next_B, slot + 1, key, done_B), next_B
+        return DecodeState(cache, next_B, slot + 1, key, done_B), next_B
 
-    carry, out_TxB = jax.lax.scan(body, (cache, token_B, slot, key, done_B), None, length=steps)
-    return (*carry, out_TxB.T)
-
-
-@dataclasses.dataclass
-class _Row:
-    """Host-side state of one prompt while its batch decodes."""
-
-    prompt: list[int]
-    head: str | None = None  # decode(prompt), for continuation text
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    text: str = ""
-    finish: str | None = None
-
-
-def continuation_text(
-    tokenizer: Tokenizer, prompt: Sequence[int], ids: Sequence[int], head: str | None = None
-) -> str:
-    """Text that `ids` add after `prompt`.
-
-    Decoded together with the prompt: a tokenizer with a dummy prefix (Llama-2's) drops the
-    leading space of the first piece it decodes, which would eat the space of a completion
-    decoded alone.
-    """
-    head = tokenizer.decode(list(prompt)) if head is None else head
-    full = tokenizer.decode([*prompt, *ids])
-    return full[len(head) :] if full.startswith(head) else tokenizer.decode(list(ids))
-
-
-def _find_stop(text: str, stop: Sequence[str]) -> int:
-    """Index of the earliest stop string in text, or -1."""
-    hits = [i for s in stop if s and (i := text.find(s)) >= 0]
-    return min(hits) if hits else -1
-
-
-def _update(
-    row: _Row,
-    new: Sequence[int],
-    gen: GenerationConfig,
-    eos_ids: tuple[int, ...],
-    tokenizer: Tokenizer | None,
-) -> None:
-    """Append a chunk's tokens to a row; cut and set `finish` at eos, a stop string or length."""
-    before = len(row.tokens)
-    row.tokens.extend(int(t) for t in new)
-    ends = [k for k in range(before, len(row.tokens)) if row.tokens[k] in eos_ids]
-    if gen.stop_at_eos and ends:
-        row.tokens = row.tokens[: ends[0]]
-        row.finish = "eos"
-    if len(row.tokens) >= gen.max_new_tokens:
-        row.tokens, row.finish = row.tokens[: gen.max_new_tokens], row.finish or "length"
-    if tokenizer is None:
-        return
-    if row.head is None:
-        row.head = tokenizer.decode(row.prompt)
-    row.text = continuation_text(tokenizer, row.prompt, row.tokens, row.head)
-    if gen.stop and _find_stop(row.text, gen.stop) >= 0:
-        # The shortest prefix holding a stop: only tokens of this chunk can have completed it.
-        for k in range(max(before, 1), len(row.tokens) + 1):
-            text = continuation_text(tokenizer, row.prompt, row.tokens[:k], row.head)
-            if (i := _find_stop(text, gen.stop)) >= 0:
-                row.tokens, row.text, row.finish = row.tokens[:k], text[:i], "stop"
-                break
+    state, out_TxB = jax.lax.scan(body, state, None, length=steps)
+    return state, out_TxB.T
 
 
 def _run_batch(
     params: Params,
     config: LlamaConfig,
-    rows: list[_Row],
+    rows: list[RowState],
     gen: GenerationConfig,
     eos_ids: tuple[int, ...],
     key: jax.Array,
@@ -265,26 +145,21 @@ def _run_batch(
 ) -> None:
     """Generate for one batch of rows (left-padded in one cache), filling the rows."""
     P = bucket(max(len(r.prompt) for r in rows))
-    chunks = -(-(gen.max_new_tokens - 1) // gen.chunk)
     pad_B = np.array([P - len(r.prompt) for r in rows], np.int32)
-    S = P + chunks * gen.chunk  # P is a bucket and max_new_tokens is fixed per run
-    token_B, key, cache = _start(params, rows, P, S, key, config, gen.sampling)
-    first_B = np.asarray(token_B)
+    S = P + gen.decode_slots  # P is a bucket and max_new_tokens is fixed per run
+    state = _start(params, rows, P, S, key, config, gen.sampling)
+    first_B = np.asarray(state.token_B)
     for b, r in enumerate(rows):
-        _update(r, [first_B[b]], gen, eos_ids, tokenizer)
-    slot = jnp.asarray(P, jnp.int32)
+        extend_row(r, [first_B[b]], gen, eos_ids, tokenizer)
+    # Traced and padded to a fixed size: a new set of ids compiles nothing new.
+    eos_4 = np.pad(np.asarray(eos_ids, np.int32), (0, max(0, 4 - len(eos_ids))), mode="edge")
     while any(r.finish is None for r in rows):
         done_B = np.array([r.finish is not None for r in rows])
-        cache, token_B, slot, key, _, new_BxT = _continue(
+        state, new_BxT = decode_chunk(
             params,
-            cache,
-            token_B,
-            slot,
+            state._replace(done_B=done_B),
             pad_B,
-            key,
-            done_B,
-            # Traced and padded to a fixed size: a new set of ids compiles nothing new.
-            np.pad(np.asarray(eos_ids, np.int32), (0, max(0, 4 - len(eos_ids))), mode="edge"),
+            eos_4,
             config=config,
             sampling=gen.sampling,
             steps=gen.chunk,
@@ -292,7 +167,7 @@ def _run_batch(
         new_BxT = np.asarray(new_BxT)
         for b, r in enumerate(rows):
             if r.finish is None:
-                _update(r, new_BxT[b], gen, eos_ids, tokenizer)
+                extend_row(r, new_BxT[b], gen, eos_ids, tokenizer)
 
 
 def check_cache_fits(config: LlamaConfig, batch: int, longest: int, gen: GenerationConfig) -> None:
@@ -308,11 +183,6 @@ def check_cache_fits(config: LlamaConfig, batch: int, longest: int, gen: Generat
             f"--max-new-tokens {gen.max_new_tokens:,}) needs {need / 2**30:,.1f} GiB, more "
             f"than the device's {limit / 2**30:,.1f} GiB: lower --max-new-tokens or --batch-size"
         )
-
-
-def stop_ids_of(eos_id: int | Sequence[int] | None) -> tuple[int, ...]:
-    """The stop ids a decode loop compares with: `eos_id` as a tuple; (-1,) (never) for None."""
-    return (-1,) if eos_id is None else tuple(np.atleast_1d(eos_id).astype(int).tolist())
 
 
 def generate_ids(
@@ -342,7 +212,7 @@ def generate_ids(
         gen = dataclasses.replace(gen, stop_at_eos=False)
     eos_ids = stop_ids_of(eos_id)
     params = decode.split_layers(params)  # a no-op for split params
-    rows = [_Row(prompt=[int(t) for t in p]) for p in prompts]
+    rows = [RowState(prompt=[int(t) for t in p]) for p in prompts]
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i].prompt))
     base = jax.random.key(gen.seed)
     for n, start in enumerate(range(0, len(order), gen.batch_size)):
@@ -358,7 +228,7 @@ def generate_ids(
         )
         if progress is not None:
             progress(min(start + gen.batch_size, len(order)), len(order))
-    return [Completion(len(r.prompt), r.tokens, r.text, r.finish or "length") for r in rows]
+    return [r.completion() for r in rows]
 
 
 def generate(

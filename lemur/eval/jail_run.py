@@ -59,7 +59,7 @@ class MountAttr(ctypes.Structure):
     ]
 
 
-def set_readonly(path: str, recursive: bool) -> None:
+def set_readonly(path: str, *, recursive: bool) -> None:
     """Make the mount(s) at `path` read-only (mount_setattr(2))."""
     attr = MountAttr(MOUNT_ATTR_RDONLY, 0)
     flags = AT_RECURSIVE if recursive else 0

@@ -81,21 +81,6 @@ class LoadedModel:
     hf_tokenizer: dict[str, Path] = dataclasses.field(default_factory=dict)
 
 
-def detect_kind(path: Path) -> str:
-    """The kind of model in `path` ("run", "step", "lemur" or "hf"); LoadError otherwise."""
-    found = pretrained.folder_kind(path)
-    if found is not None:
-        return found
-    if (path / "state").is_dir() and (path / "meta").is_dir():
-        return "step"
-    if (path / "config.yaml").is_file() or (path / "checkpoints").is_dir():
-        return "run"
-    raise LoadError(
-        f"{path}: not a lemur run directory, orbax step, lemur model checkpoint "
-        "or Hugging Face Llama folder"
-    )
-
-
 def _latest_step(run_dir: Path) -> Path:
     """The newest complete step directory under a run's checkpoint directory."""
     ckpt = run_dir / "checkpoints"
@@ -107,9 +92,7 @@ def _latest_step(run_dir: Path) -> Path:
         if stored:  # relative in runs older than absolute paths: to where the run started
             ckpt = run_path(str(stored), started_from(raw.get("run_dir"), run_dir))
     steps = sorted(
-        (int(p.name), p)
-        for p in ckpt.glob("*")
-        if p.name.isdigit() and (p / "state").is_dir() and (p / "meta").is_dir()
+        (int(p.name), p) for p in ckpt.glob("*") if p.name.isdigit() and pretrained.is_step_dir(p)
     )
     if not steps:
         raise LoadError(f"{run_dir}: no complete checkpoint under {ckpt}")
@@ -193,22 +176,33 @@ def _load_hf(path: Path) -> tuple[LlamaConfig, Params]:
         raise LoadError(str(e)) from None
 
 
-def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Found, str, dict]:
-    """(config, host params, the tokenizer found, kind, HF tokenizer files) of any path."""
-    kind = detect_kind(path)
+@dataclasses.dataclass
+class _Read:
+    """What a model path holds, read before its tokenizer is opened."""
+
+    config: LlamaConfig
+    params: Params  # host (numpy) arrays
+    found: Found  # the tokenizer found beside the model
+    kind: str  # "run" (a run directory or one of its steps), "lemur" or "hf"
+    hf_tokenizer: dict[str, Path]
+
+
+def _read(path: Path, step: int | None) -> _Read:
+    """Config, host params, the tokenizer found and the HF tokenizer files of any path."""
+    kind = pretrained.folder_kind(path)
+    if kind is None:
+        raise LoadError(
+            f"{path}: not a lemur run directory, orbax step, lemur model checkpoint "
+            "or Hugging Face Llama folder"
+        )
     if kind == "hf":
         config, params = _load_hf(path)
-        return (
-            config,
-            params,
-            Found(_folder_tokenizer(path)),
-            kind,
-            pretrained.tokenizer_files(path),
-        )
+        found = Found(_folder_tokenizer(path))
+        return _Read(config, params, found, kind, pretrained.tokenizer_files(path))
     if kind == "lemur":
         params, config = model_checkpoint.load_params(path)
-        files = pretrained.tokenizer_files(path)
-        return config, params, Found(_folder_tokenizer(path)), kind, files
+        found = Found(_folder_tokenizer(path))
+        return _Read(config, params, found, kind, pretrained.tokenizer_files(path))
     step_dir = (
         path
         if kind == "step"
@@ -219,7 +213,8 @@ def _read(path: Path, step: int | None) -> tuple[LlamaConfig, Params, Found, str
     abstract = _abstract_params(step_dir)
     config, meta = _run_config(step_dir, abstract)
     found = run_tokenizer(meta, _run_origin(step_dir, meta))
-    return config, _run_params(step_dir, abstract), found, "run", _run_hf_tokenizer(meta)
+    params = _run_params(step_dir, abstract)
+    return _Read(config, params, found, "run", _run_hf_tokenizer(meta))
 
 
 def _to_device(params: Params) -> Params:
@@ -255,20 +250,21 @@ def load_model(
     root = Path(path).expanduser().absolute()  # orbax refuses relative checkpoint paths
     if not root.is_dir():
         raise LoadError(f"{root}: no such directory")
-    config, params, found, kind, hf_files = _read(root, step)
+    read = _read(root, step)
+    config = read.config
     if (dtype := resolve_dtype(dtype)) is not None:
         config = dataclasses.replace(config, dtype=dtype)
-    tok = _tokenizer(tokenizer, found, config)
-    problem = None if tok is not None else found.problem
+    tok = _tokenizer(tokenizer, read.found, config)
+    problem = None if tok is not None else read.found.problem
     return LoadedModel(
         config,
-        _to_device(params),
+        _to_device(read.params),  # emptied as it goes: the host copies are freed
         tok,
-        kind,
+        read.kind,
         str(root),
         tokenizer_problem=problem,
-        tokenizer_sha256=found.sha256,
-        hf_tokenizer=hf_files,
+        tokenizer_sha256=read.found.sha256,
+        hf_tokenizer=read.hf_tokenizer,
     )
 
 

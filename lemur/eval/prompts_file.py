@@ -26,7 +26,7 @@ def is_messages(value: Any) -> bool:
     )
 
 
-def read_prompts(prompt: Sequence[str], prompts: str | None, chat: bool) -> list[dict[str, Any]]:
+def read_prompts(prompt: Sequence[str], prompts: str | None, *, chat: bool) -> list[dict[str, Any]]:
     """Prompt records from --prompt and --prompts (each a dict with "prompt", or with --chat
     "messages": the conversation so far)."""
     rows: list[dict[str, Any]] = [{"prompt": p} for p in prompt]

@@ -90,7 +90,7 @@ class Limits:
     open_files: int = 256
     scratch_bytes: int = 64 << 20  # each private tmpfs: the workdir, /tmp, /var/tmp, /dev/shm
 
-    def rlimits(self, memory_cgroup: bool) -> dict[str, int]:
+    def rlimits(self, *, memory_cgroup: bool) -> dict[str, int]:
         """The jail's `limits` entry (processes added separately: it depends on the uid).
 
         With a memory cgroup capping the run, a process may use all of `memory_bytes`;
@@ -106,7 +106,7 @@ class Limits:
         }
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Isolation:
     """What containment this machine gives a run."""
 
@@ -220,7 +220,7 @@ def _tail(path: Path) -> str:
         return f.read().decode("utf-8", "replace")[-TAIL:]
 
 
-def _status(returncode: int | None, timed_out: bool, stderr: str) -> str:
+def _status(returncode: int | None, stderr: str, *, timed_out: bool) -> str:
     """ok / failed / timeout / error from how the run ended."""
     if timed_out:
         return "timeout"
@@ -277,7 +277,7 @@ def run_python(
             rep.seek(0)
             reported = rep.read(limits.file_bytes)
         stdout, stderr = _tail(Path(tmp) / "stdout"), _tail(Path(tmp) / "stderr")
-    status = _status(returncode, timed_out, stderr)
+    status = _status(returncode, stderr, timed_out=timed_out)
     return Result(status, returncode, stdout, stderr, seconds, uid, reported)
 
 
@@ -339,15 +339,21 @@ def interpreter_paths() -> list[str]:
     return sorted({sys.prefix, sys.base_prefix, real})
 
 
-def _open_to_others(path: str) -> bool:
+def open_to_others(path: str) -> bool:
     """Whether another uid can traverse every directory down to `path`."""
     p = Path(path).resolve()
     return all(q.stat().st_mode & 0o001 for q in (p, *p.parents))
 
 
-def _works(network: bool = False, filesystem: bool = False, own_uid: bool = False) -> bool:
+def _works(*, network: bool = False, filesystem: bool = False, own_uid: bool = False) -> bool:
     """Whether a run with only these mechanisms starts (and, for the network, isolates)."""
-    iso = Isolation(network, filesystem, own_uid, pids_cgroup=False, memory_cgroup=False)
+    iso = Isolation(
+        network=network,
+        filesystem=filesystem,
+        own_uid=own_uid,
+        pids_cgroup=False,
+        memory_cgroup=False,
+    )
     limits = Limits(timeout_s=20, cpu_s=10)
     return run_python(
         PROBE_NET if network else "pass\n", limits, allow_network=True, isolation=iso
@@ -360,7 +366,7 @@ def probe() -> Isolation:
     root = os.geteuid() == 0
     filesystem = _works(filesystem=True, own_uid=root)
     # Without a root of its own the unprivileged uid must reach the interpreter itself.
-    own_uid = root and (filesystem or all(map(_open_to_others, interpreter_paths())))
+    own_uid = root and (filesystem or all(map(open_to_others, interpreter_paths())))
     return Isolation(
         network=_works(network=True),
         filesystem=filesystem,

@@ -51,17 +51,10 @@ READS = {"hf": "to-lemur", "lemur": "to-hf", "run": "from-run"}
 
 def check_source(command: str, src: str) -> None:
     """Refuse a source that `command` does not read, naming the command that reads it."""
-    # lemur.eval reads every kind of model folder and depends on lemur.model: imported here
-    # so that lemur.model keeps no import of it at module level.
-    from lemur.eval.load import LoadError, detect_kind
-
     path = Path(src).expanduser()
     if not path.is_dir():
         raise ValueError(f"{src}: no such directory")
-    try:
-        kind = detect_kind(path)
-    except LoadError:
-        kind = None
+    kind = pretrained.folder_kind(path)
     kind = "run" if kind == "step" else kind
     want = WANTS[command]
     if kind == want or (kind is None and want == "hf"):

@@ -42,9 +42,17 @@ class PretrainedError(ValueError):
     """A folder that is no model lemur can start from (one line, naming it)."""
 
 
+def is_step_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is one complete checkpoint step of a lemur-train run (`state/` + `meta/`)."""
+    root = Path(path)
+    return (root / "state").is_dir() and (root / "meta").is_dir()
+
+
 def folder_kind(path: str | os.PathLike[str]) -> str | None:
-    """ "lemur" or "hf" by the files inside, None for neither: the one test of a model folder's
-    kind (`kind` here, and `lemur-eval`'s loader, which also takes run directories)."""
+    """What a model folder is, by the files inside: "lemur" (a lemur checkpoint), "hf" (a
+    Hugging Face folder), "step" (one checkpoint step of a lemur-train run), "run" (a
+    lemur-train run directory), None for none of these: the one test of a folder's kind
+    (`kind` here, `lemur-eval`'s loader and `lemur-convert`'s source check)."""
     root = Path(path)
     if (root / "config.json").is_file() and (root / "params").is_dir():
         return "lemur"
@@ -52,14 +60,19 @@ def folder_kind(path: str | os.PathLike[str]) -> str | None:
         (root / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")
     ):
         return "hf"
+    if is_step_dir(root):
+        return "step"
+    if (root / "config.yaml").is_file() or (root / "checkpoints").is_dir():
+        return "run"
     return None
 
 
 def kind(path: str | os.PathLike[str]) -> str:
-    """ "lemur" or "hf" by the files inside; PretrainedError otherwise."""
+    """ "lemur" or "hf" (what a model can start from) by the files inside; PretrainedError
+    otherwise."""
     root = Path(path)
     found = folder_kind(root)
-    if found is not None:
+    if found in ("lemur", "hf"):
         return found
     raise PretrainedError(
         f"{root}: neither a lemur checkpoint (config.json + params/) nor a Hugging Face "

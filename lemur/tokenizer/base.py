@@ -55,3 +55,16 @@ class Tokenizer(Protocol):
     def info(self) -> dict[str, Any]:
         """The manifest's `tokenizer` entry, without the file name."""
         ...
+
+
+@runtime_checkable
+class ChatMLTokenizer(Tokenizer, Protocol):
+    """A tokenizer whose chat convention is ChatML (lemur/chatml.py): a SentencePiece model.
+
+    A chat prompt is `bos_id` + `encode_chat` of its ChatML text; a tokenizer.json model
+    chats by its own template instead (lemur.chat_template), and is not one of these.
+    """
+
+    def encode_chat(self, text: str) -> list[int]:
+        """Ids of ChatML text as the chat build encodes it (lemur/chatml.py), without <s>."""
+        ...

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from lemur.data.pack.mix import MixInfeasible, MixPlan, fill_to_budget, plan_all, plan_mix
+from lemur.data.corpus import corpus_of
+from lemur.data.pack.mix import MixInfeasible, MixPlan, fill_to_budget
 from lemur.data.pack.select import HIST, N_BINS, Groups, Unit
 from lemur.data.recipe import Recipe
 from lemur.shards.format import open_array
@@ -156,7 +157,7 @@ def make_plan(recipe: Recipe, prep_dir: Path, n_tasks: int, itemsize: int) -> Pa
     planned = sum(u.budget for u in mix.units.values())
     val_shards = {d: math.ceil(val_tokens.get(d, 0) / st) for d in recipe.domains()}
     plan = PackPlan(mix, val_cut, units, max(1, math.ceil(planned / st)), val_shards)
-    mask = 1 if recipe.is_chat() else 0
+    mask = 1 if corpus_of(recipe).loss_masks else 0  # a byte per token beside it
     shard = int(max(1, planned // plan.train_shards) * 1.05)  # buckets vary around the mean
     shard_docs = int(shard * sum(sums.task_docs) / max(1, sum(sums.task_tokens)))
     docs, tokens = max(sums.task_docs, default=0), max(sums.task_tokens, default=0)
@@ -171,17 +172,7 @@ def make_plan(recipe: Recipe, prep_dir: Path, n_tasks: int, itemsize: int) -> Pa
 
 
 def _plan_mix(recipe: Recipe, available: dict[tuple[str, str], int]) -> MixPlan:
-    mix = recipe.mix
     try:
-        if not recipe.is_chat():
-            return plan_mix(available, mix.ratio, mix.total_tokens, mix.shares, mix.max_repeats)
-        if not any(available.values()):  # an empty corpus is no build (and no shard)
-            raise PackError(
-                f"chat: no conversation is left to train on (seq_len {recipe.seq_len}, "
-                f"chat.long {recipe.chat_settings().long})"
-            )
-        if mix.weights:  # weighted chat builds plan tokens per source
-            return plan_mix(available, mix.weights, mix.total_tokens, None, mix.max_repeats)
-        return plan_all(available)  # no code:text ratio for chat: every conversation once
+        return corpus_of(recipe).plan_mix(available)
     except MixInfeasible as e:
         raise PackError(str(e)) from None

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from lemur.data.corpus import corpus_of
 from lemur.data.dedup.stage import CLUSTER
 from lemur.data.pack.plan import PackPlan
 from lemur.data.pack.records import removals
@@ -71,7 +72,7 @@ class ManifestSections:
             languages.setdefault(d, {})[lang] = {**unit.to_json(), "tokens": got}
         all_tokens = sum(tokens.values()) or 1
         return {
-            "target": self._target(available),
+            "target": corpus_of(self.recipe).mix_target(available),
             "tokens": tokens,
             "available": available,
             "achieved": {d: round(t / all_tokens, 6) for d, t in tokens.items()},
@@ -81,18 +82,6 @@ class ManifestSections:
             "notes": self.plan.mix.notes,
             "unselected_documents": total("pool_docs") - total("selected_docs"),
         }
-
-    def _target(self, available: dict[str, int]) -> dict[str, float]:
-        """The mix's target by domain: the ratio, or for chat the weights (else what is there)."""
-        recipe = self.recipe
-        if not recipe.is_chat():
-            return dict(recipe.mix.ratio)
-        if not recipe.mix.weights:
-            return {d: float(a) for d, a in available.items()}
-        target: dict[str, float] = {}
-        for s in recipe.sources:
-            target[s.domain] = target.get(s.domain, 0.0) + recipe.mix.weights.get(s.name, 0.0)
-        return target
 
     def stats(self) -> dict[str, Any]:
         """`stats.json`: documents and tokens per split, domain, source and language."""

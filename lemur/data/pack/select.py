@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lemur.data.corpus import corpus_of
 from lemur.data.dedup.signer import GOLDEN64
 from lemur.data.pack.mix import seeded_hash
 from lemur.data.pack.records import TaskRecords
@@ -43,10 +44,8 @@ class Groups:
     @classmethod
     def of(cls, recipe: Recipe) -> Groups:
         """The groups of a recipe: per domain, or per source in weighted chat builds."""
-        weighted = recipe.is_chat() and bool(recipe.mix.weights)
         domains = tuple(s.domain for s in recipe.sources)
-        groups = tuple(s.name for s in recipe.sources) if weighted else domains
-        return cls(recipe.seed, recipe.val_fraction, domains, groups)
+        return cls(recipe.seed, recipe.val_fraction, domains, corpus_of(recipe).mix_groups())
 
     def val_threshold(self) -> int:
         """The val hash below which a document is held out (before small-domain fixes)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from lemur.atomic_files import atomic_open
+from lemur.data.corpus import corpus_of
 from lemur.data.pack.plan import PackError, PackPlan, make_plan
 from lemur.data.pack.select import Groups
 from lemur.data.pack.settings import PackSettings
@@ -85,7 +86,8 @@ class PackStages:
 
     def settings(self, plan: PackPlan) -> PackSettings:
         """What the scatter and gather tasks of `plan` are configured with."""
-        return PackSettings.of(plan, Groups.of(self.recipe), self.dtype, self.recipe.is_chat())
+        masks = corpus_of(self.recipe).loss_masks
+        return PackSettings.of(plan, Groups.of(self.recipe), self.dtype, masks)
 
     def shuffle(self, plan: PackPlan, out_dir: Path) -> list[ShardInfo]:
         """Scatter tasks, then gather tasks writing the shards under `out_dir/prefix`."""

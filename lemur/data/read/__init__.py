@@ -2,8 +2,10 @@
 
 `list_inputs` lists a recipe's files, big ones as several parts (`split`); `SourcesReader`
 turns them into documents with one reader per format (`readers`: jsonl, parquet, file trees
-and notebooks; `chat_reader`: chat schemas rendered as ChatML by `chat`), counting and
-recording every bad input.
+and notebooks; `chat_reader`: chat schemas rendered as ChatML by `chat`; `stack_v2`: The
+Stack v2 by blob id), counting and recording every bad input. Inputs given as fsspec URLs
+(`s3://`, `gs://`, `hf://`) are listed once per build (`remote_listing`) and read by ranged
+requests with retries (`remote`, `remote_inputs`).
 """
 
 from lemur.data.read.chat import render_chatml

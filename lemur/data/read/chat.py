@@ -1,17 +1,18 @@
-"""Chat data: the ChatML renderer with loss spans, and the dataset schemas normalized to it.
+"""Chat data: the dataset schemas normalized to messages, and their ChatML rendering.
 
 Every chat schema (a conversation per row: `ROW_SCHEMAS`; oasst1's message trees:
 `oasst1_messages`) becomes a list of `{"role": "system|user|assistant|tool", "content": str}`
-messages, checked by `check_messages`, and is rendered by `render_chatml` as
-`<|im_start|>{role}\\n{content}<|im_end|>\\n` per message. The loss is taken on each
-assistant message's content and its `<|im_end|>` (not on the role header, not on the
-newline after the marker); the tokenizer maps character spans to token masks. `tool` is
-an observation (execution output in a CodeAct-style trajectory: assistant code, its output,
-the assistant again): rendered like a user turn and, like it, never trained on.
-Content may hold the ChatML markers: the document's `turn_ends` still delimit its
-messages exactly (`parse_chatml`). Only a model whose own markers they are refuses such a
-conversation (`chatml_marker_in_content`: the ChatML build; a template build checks the
-model's own control tokens), since to another model they are plain text.
+messages, checked by `check_messages`. The chat reader keeps them as they are in a
+document's metadata (MESSAGES_KEY), for the tokenize stage to render once in the model's
+format (lemur/data/tokenize/chat.py); the document's text is `render_chatml`'s
+`<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, what the tagger and filters read
+and, for a ChatML model, also what it is trained on. The loss is taken on each assistant
+message's content and its `<|im_end|>` (not on the role header, not on the newline after
+the marker). `tool` is an observation (execution output in a CodeAct-style trajectory:
+assistant code, its output, the assistant again): rendered like a user turn and, like it,
+never trained on. Content may spell anything: only a model whose own markers ChatML's are
+refuses a conversation holding them (`marker_in_content`: the ChatML build; a template
+build checks the model's own control tokens), since to another model they are plain text.
 This module has no I/O: `chat_reader` reads the files.
 """
 
@@ -25,6 +26,8 @@ from lemur.chatml import IM_END, IM_START
 ROLES = ("system", "user", "assistant", "tool")
 
 Message = dict[str, str]
+# Where the chat reader leaves a conversation's checked messages in its document's metadata.
+MESSAGES_KEY = "messages"
 
 
 class ChatDrop(ValueError):
@@ -66,28 +69,10 @@ def render_chatml(messages: list[Message]) -> tuple[str, list[list[int]], list[i
     return "".join(parts), spans, ends
 
 
-def parse_chatml(text: str, turn_ends: list[int]) -> list[Message]:
-    """The messages `render_chatml` rendered as `text` with `turn_ends`, for a build that
-    renders them with another template: exact whatever the contents hold (markers too).
-    ValueError if a turn is not one `render_chatml` writes."""
-    out = []
-    for start, end in zip([0, *turn_ends], turn_ends, strict=False):
-        block = text[start:end]
-        role, newline, rest = block.removeprefix(IM_START).partition("\n")
-        tail = f"{IM_END}\n"
-        if not (block.startswith(IM_START) and newline and rest.endswith(tail)):
-            raise ValueError(f"not a ChatML turn at {start}-{end}")
-        out.append({"role": role, "content": rest[: -len(tail)]})
-    if not turn_ends or turn_ends[-1] != len(text):
-        raise ValueError("the turns do not end where the text does")
-    return out
-
-
-def chatml_marker_in_content(text: str, turns: int) -> bool:
-    """Whether a content of `text`, `render_chatml`'s rendering of `turns` messages, holds a
-    ChatML marker: it then holds more than one of each per turn (a marker cannot straddle a
-    content's edge, where a newline or `<|im_end|>` stands)."""
-    return text.count(IM_START) != turns or text.count(IM_END) != turns
+def marker_in_content(messages: list[Message]) -> bool:
+    """Whether a message's content holds a ChatML marker (it would forge a turn once the
+    markers are a model's own pieces)."""
+    return any(IM_START in m["content"] or IM_END in m["content"] for m in messages)
 
 
 def check_messages(messages: list[Message]) -> list[Message]:

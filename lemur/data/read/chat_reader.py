@@ -1,4 +1,8 @@
-"""The chat reader: jsonl or parquet rows of a chat schema, rendered as ChatML documents.
+"""The chat reader: jsonl or parquet rows of a chat schema, one document per conversation.
+
+A document keeps the conversation's checked messages in its metadata (`MESSAGES_KEY`), for
+the tokenize stage to render once in the model's format; its text is their ChatML
+rendering, what the tagger and the filters read (lemur/data/read/chat.py).
 
 Each row schema (`messages`, `sharegpt`, `openorca`, `alpaca`) gives one conversation per
 row. `oasst1` is a table of messages whose trees span rows, so each file is grouped whole
@@ -18,6 +22,7 @@ from datatrove.data import Document
 
 from lemur.data.counts import dropped_label, read_label, repaired_label
 from lemur.data.read.chat import (
+    MESSAGES_KEY,
     OASST_COLUMNS,
     ChatDrop,
     Message,
@@ -82,10 +87,9 @@ class ChatReader(BaseReader):
     def chat_doc(
         self, f: InputFile, messages: list[Message], doc_id: str, extra: dict[str, Any]
     ) -> Document:
-        """The ChatML document of checked messages, with its loss spans and turn ends."""
-        text, spans, ends = render_chatml(messages)
-        meta = self.metadata(f, {**extra, "loss_spans": spans, "turn_ends": ends})
-        return self.emit(f, text, doc_id, meta)
+        """The document of checked messages: their ChatML text, the messages in metadata."""
+        meta = self.metadata(f, {**extra, MESSAGES_KEY: messages})
+        return self.emit(f, render_chatml(messages)[0], doc_id, meta)
 
     def read(self, f: InputFile) -> Iterator[Document]:
         """One document per conversation the file holds."""

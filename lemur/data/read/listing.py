@@ -5,17 +5,24 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import os
+import posixpath
 import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from lemur.data import work as work_folders
+from lemur.data.read import remote_listing
+from lemur.data.read.remote import Remote, display_url
 from lemur.data.read.split import plan_parts
+from lemur.data.read.streams import Opener, open_local
 from lemur.data.recipe import Recipe, RecipeError, SourceConfig
-from lemur.data.recipe_sources import expand_paths
+from lemur.data.recipe_sources import expand_paths, is_remote
 
+LISTING_BLOCK_BYTES = 1 << 16  # a remote read while listing: a jsonl head, a parquet footer
 # Directories that hold vendored, generated or tool data rather than authored source.
 SKIP_DIRS = frozenset(
     {
@@ -56,6 +63,8 @@ class InputFile:
     unit: str = ""
     start: int = 0
     end: int = 0
+    size: int = -1
+    version: str = ""
 
     @property
     def open_path(self) -> str:
@@ -104,10 +113,10 @@ class Listing:
         self.files: list[InputFile] = []
         self.skipped: dict[str, dict[str, int]] = {}
 
-    def skip(self, source: str, reason: str) -> None:
-        """Count one file left out of the listing."""
+    def skip(self, source: str, reason: str, n: int = 1) -> None:
+        """Count `n` files left out of the listing."""
         per = self.skipped.setdefault(source, {})
-        per[reason] = per.get(reason, 0) + 1
+        per[reason] = per.get(reason, 0) + n
 
 
 _WARNED: set[tuple[str, int]] = set()
@@ -129,13 +138,18 @@ def _gitignore(directory: str) -> Any | None:
     path = os.path.join(directory, ".gitignore")
     if not os.path.isfile(path):
         return None
-    import pathspec
-
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             lines = fh.read().splitlines()
     except OSError:
         return None
+    return gitignore_spec(lines, path)
+
+
+def gitignore_spec(lines: list[str], path: str) -> Any:
+    """The spec of a .gitignore file's lines; a bad pattern is skipped with a warning."""
+    import pathspec
+
     try:
         return pathspec.GitIgnoreSpec.from_lines(lines)
     except (ValueError, re.error):
@@ -228,9 +242,11 @@ def _plain_files(root: Path, index: int) -> list[InputFile]:
     return files + errors
 
 
-def split_file(f: InputFile, source: SourceConfig, split_bytes: int) -> list[InputFile]:
+def split_file(
+    f: InputFile, source: SourceConfig, split_bytes: int, opener: Opener = open_local
+) -> list[InputFile]:
     """A file's parts when it is big enough to split (see `split.py`), else [f]."""
-    plan = plan_parts(f.open_path, source, split_bytes) if not f.error else None
+    plan = None if f.error else plan_parts(f.open_path, source, split_bytes, f.size, opener)
     if plan is None:
         return [f]
     unit, bounds = plan
@@ -246,6 +262,9 @@ def list_inputs(recipe: Recipe) -> Listing:
     """
     listing = Listing()
     for i, source in enumerate(recipe.sources):
+        if any(is_remote(p) for p in source.paths):
+            listing.files += recorded_listing(recipe, i, listing)
+            continue
         found = 0
         for match in expand_paths(source):
             p = Path(match)
@@ -262,3 +281,104 @@ def list_inputs(recipe: Recipe) -> Listing:
         if found == 0:
             raise RecipeError(f"recipe: source '{source.name}': no input files under its paths")
     return listing
+
+
+def _keep_remote_file(
+    obj: remote_listing.RemoteObject, source: SourceConfig, listing: Listing, specs: dict[str, Any]
+) -> bool:
+    """Whether an object of a remote code tree is kept by the tree rules `_walk` applies."""
+    import enry
+
+    rel = obj.rel
+    parts = rel.split("/")
+    if any(d in SKIP_DIRS for d in parts[:-1]):
+        listing.skip(source.name, "tool_directory")
+        return False
+    if source.include and not any(fnmatch.fnmatch(rel, g) for g in source.include):
+        return False
+    if source.exclude and any(fnmatch.fnmatch(rel, g) for g in source.exclude):
+        listing.skip(source.name, "excluded")
+        return False
+    if parts[-1] == ".gitignore":
+        return False
+    for directory, spec in specs.items():  # .gitignore files of the directories above it
+        if (not directory or rel.startswith(directory + "/")) and spec.match_file(
+            rel[len(directory) + 1 :] if directory else rel
+        ):
+            listing.skip(source.name, "gitignored")
+            return False
+    if source.skip_vendored and enry.is_vendor(rel):
+        listing.skip(source.name, "vendored")
+        return False
+    return True
+
+
+def _remote_tree(
+    objects: list[remote_listing.RemoteObject],
+    source: SourceConfig,
+    remote: Remote,
+    listing: Listing,
+) -> list[remote_listing.RemoteObject]:
+    """The objects of a remote code tree (`format: files`) its rules keep."""
+    specs: dict[str, Any] = {}
+    if source.gitignore:
+        for obj in objects:
+            if obj.rel.split("/")[-1] == ".gitignore":
+                lines = remote.cat(obj.url).decode("utf-8", "replace").splitlines()
+                specs[posixpath.dirname(obj.rel)] = gitignore_spec(lines, obj.url)
+    return [o for o in objects if _keep_remote_file(o, source, listing, specs)]
+
+
+def _list_remote_source(recipe: Recipe, index: int, listing: Listing) -> list[InputFile]:
+    """List a source with remote paths (local ones listed as always), big files split."""
+    source = recipe.sources[index]
+    remote = Remote(source.storage_options, source.remote_settings())
+    files: list[InputFile] = []
+    for path in source.paths:
+        if not is_remote(path):
+            for match in expand_paths(dataclasses.replace(source, paths=[path])):
+                p = Path(match)
+                found = _plain_files(p, index) if p.is_dir() else [_input(index, match, p.name)]
+                files += [
+                    g for f in found for g in split_file(f, source, recipe.executor.split_bytes)
+                ]
+            continue
+        try:
+            objects = remote_listing.find_objects(remote, path)
+        except (OSError, ImportError, ValueError) as e:  # denied, retries spent, no client
+            raise RecipeError(
+                f"recipe: source '{source.name}': cannot list '{display_url(path)}': {e}"
+            ) from None
+        if not objects:
+            raise RecipeError(f"recipe: source '{source.name}': path '{path}' matches nothing")
+        if source.format == "files":
+            objects = _remote_tree(objects, source, remote, listing)
+        elif any("/" in o.rel for o in objects):  # a prefix of data files: dotfiles left out
+            objects = [o for o in objects if not o.rel.split("/")[-1].startswith(".")]
+        for o in objects:
+            f = InputFile(index, o.url, o.rel, size=o.size, version=o.version)
+            # Splitting reads a head or a footer of a big file: small blocks, not whole ones.
+            opener = partial(remote.open, size=o.size, block_bytes=LISTING_BLOCK_BYTES)
+            files += split_file(f, source, recipe.executor.split_bytes, opener)
+    return files
+
+
+def recorded_listing(recipe: Recipe, index: int, listing: Listing) -> list[InputFile]:
+    """A remote source's files: as recorded in the work directory by an earlier run of this
+    build, else listed now and recorded (see remote_listing.py)."""
+    source = recipe.sources[index]
+    key = remote_listing.record_key(source, recipe.executor.split_bytes)
+    path = work_folders.listing_record(recipe.work_root(), key)
+    record = remote_listing.load_record(path)
+    if record is None:
+        before = dict(listing.skipped.get(source.name, {}))
+        files = _list_remote_source(recipe, index, listing)
+        if not files:
+            raise RecipeError(f"recipe: source '{source.name}': no input files under its paths")
+        skipped = {k: v - before.get(k, 0) for k, v in listing.skipped.get(source.name, {}).items()}
+        remote_listing.save_record(path, [dataclasses.asdict(f) for f in files], skipped)
+        return files
+    for reason, n in record["skipped"].items():
+        for _ in range(n):
+            listing.skip(source.name, reason)
+    return [dataclasses.replace(InputFile(**f), source=index) for f in record["files"]]

@@ -17,6 +17,7 @@ import zlib
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +28,22 @@ from datatrove.data import Document
 from lemur.data.counts import error_labels, read_label, repaired_label
 from lemur.data.read.listing import InputFile
 from lemur.data.read.notebooks import NotebookError, looks_like_notebook, notebook_to_script
+from lemur.data.read.remote import RemoteError
+from lemur.data.read.remote_inputs import RemoteInputs
 from lemur.data.read.split import BYTES, part_lines
-from lemur.data.read.streams import UnsupportedInput, check_encoding, open_maybe_compressed
+from lemur.data.read.streams import (
+    Opener,
+    UnsupportedInput,
+    check_encoding,
+    open_maybe_compressed,
+)
 from lemur.data.recipe import SourceConfig
+from lemur.data.repos.layout import checkout_fields
 from lemur.shards.format import atomic_write_bytes
 
 MAX_ERRORS_PER_TASK = 1000
 Row = dict[str, Any]
+REMOTE_FAILED = "remote_failed"  # an error kind: a remote read failed (retries exhausted)
 LONE_SURROGATE = "lone_surrogate"  # the repair of a JSON string escaping half a UTF-16 pair
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -70,6 +80,7 @@ class ReadLog:
         self.stat_update = stat_update
         self.errors: list[dict[str, Any]] = []
         self.by_file: Counter[str] = Counter()
+        self.remote = RemoteInputs(sources, stat_update)  # this task's remote clients
 
     def clear(self) -> None:
         """Forget what was logged (a task starts afresh)."""
@@ -122,6 +133,11 @@ class BaseReader(ABC):
     def error(self, kind: str, f: InputFile, message: str, line: int | None = None) -> None:
         """Log one bad input (see `ReadLog.error`)."""
         self.log.error(kind, f, message, line)
+
+    def opener(self, f: InputFile) -> Opener:
+        """Opens `f` for binary reading: a local file, or a remote one (remote.py)."""
+        # A byte-range part reads ahead only to its end (the last line's tail on demand).
+        return self.log.remote.opener(f.source, f.size, f.end if f.unit == BYTES else -1)
 
     def metadata(self, f: InputFile, extra: dict[str, Any]) -> dict[str, Any]:
         """A document's metadata: source, domain, path, then `extra`, then the language."""
@@ -274,7 +290,7 @@ class JsonlReader(RowReader):
             self.error("corrupt_file", f, f"{message}; after line {line_no}", line_no)
 
         try:
-            with open_maybe_compressed(f.open_path, on_damage=damaged) as fh:
+            with open_maybe_compressed(f.open_path, damaged, self.opener(f)) as fh:
                 for line_no, raw in enumerate(fh, start=1):
                     if line_no == 1:
                         check_encoding(raw)
@@ -286,6 +302,8 @@ class JsonlReader(RowReader):
                         yield line_no, row
         except UnsupportedInput as e:
             self.error("unsupported_format", f, str(e))
+        except RemoteError as e:
+            self.error(REMOTE_FAILED, f, f"{e} (after line {line_no})", line_no or None)
         except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
             self.error("unreadable", f, e.strerror or str(e))
         except (EOFError, OSError, zlib.error, zstandard.ZstdError) as e:
@@ -294,7 +312,7 @@ class JsonlReader(RowReader):
     def part_rows(self, f: InputFile) -> Iterator[tuple[int, Row]]:
         """(byte offset, object) of each good line starting in the part's byte range."""
         try:
-            for at, raw in part_lines(f.open_path, f.start, f.end):
+            for at, raw in part_lines(f.open_path, f.start, f.end, self.opener(f)):
                 if at == 0:  # the file's first line, as in `rows`
                     raw = raw.removeprefix(codecs.BOM_UTF8)
                 if raw.strip() and (row := self.parse(f, raw, at)) is not None:
@@ -302,6 +320,8 @@ class JsonlReader(RowReader):
         except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
             if f.first:  # one error for the file, not one per part
                 self.error("unreadable", f, e.strerror or str(e))
+        except RemoteError as e:
+            self.error(REMOTE_FAILED, f, str(e))
         except OSError as e:
             self.error("corrupt_file", f, f"bytes {f.start}-{f.end} unreadable: {e}")
 
@@ -336,7 +356,7 @@ class ParquetReader(RowReader):
                 return
             except Exception as e:  # noqa: BLE001 - pyarrow raises many types for bad data
                 self.error(
-                    "corrupt_file",
+                    REMOTE_FAILED if isinstance(e, RemoteError) else "corrupt_file",
                     f,
                     f"row group {group} (rows {row + 1}-{first + rows}) unreadable: {e}",
                     row + 1,
@@ -350,12 +370,27 @@ class ParquetReader(RowReader):
         """(row number from 1, row) of every readable row."""
         import pyarrow.parquet as pq
 
-        try:
-            pf = pq.ParquetFile(f.open_path)
-        except Exception as e:  # noqa: BLE001 - pyarrow raises many types for bad files
+        try:  # a local file by its path: pyarrow reads it natively, faster than through Python
+            fh = self.opener(f)(f.open_path) if f.size >= 0 else nullcontext(f.open_path)
+        except RemoteError as e:
+            self.error(REMOTE_FAILED, f, str(e))
+            return
+        except OSError as e:
             if f.first:  # one error for the file, not one per part
                 self.error("corrupt_file", f, f"not a readable parquet file: {e}")
             return
+        with fh as source:
+            try:
+                pf = pq.ParquetFile(source)
+            except Exception as e:  # noqa: BLE001 - pyarrow raises many types for bad files
+                if f.first:  # one error for the file, not one per part
+                    kind = REMOTE_FAILED if isinstance(e, RemoteError) else "corrupt_file"
+                    self.error(kind, f, f"not a readable parquet file: {e}")
+                return
+            yield from self.parquet_rows(f, pf)
+
+    def parquet_rows(self, f: InputFile, pf: Any) -> Iterator[tuple[int, Row]]:
+        """(row number from 1, row) of every readable row of an open parquet file."""
         columns = self.columns(f, set(pf.schema_arrow.names))
         if columns is None:
             return
@@ -378,12 +413,15 @@ class FilesReader(BaseReader):
         """The file's text as one document."""
         source = self.sources[f.source]
         try:
-            size = os.path.getsize(f.open_path)
+            size = f.size if f.size >= 0 else os.path.getsize(f.open_path)
             if size > source.max_file_bytes:
                 self.error("too_large", f, f"{size} bytes > max_file_bytes")
                 return
-            with open(f.open_path, "rb") as fh:
+            with self.opener(f)(f.open_path) as fh:
                 data = fh.read()
+        except RemoteError as e:
+            self.error(REMOTE_FAILED, f, str(e))
+            return
         except OSError as e:
             self.error("unreadable", f, e.strerror or str(e))
             return
@@ -395,6 +433,7 @@ class FilesReader(BaseReader):
         except UnicodeDecodeError as e:
             self.error("invalid_utf8", f, f"invalid UTF-8 at byte {e.start}")
             return
-        doc = self.document(f, text, f.rel, {})
+        # The file's checkout (repository documents group by it; repos/layout.py).
+        doc = self.document(f, text, f.rel, checkout_fields(f.open_path, f.path, f.rel))
         if doc is not None:
             yield doc

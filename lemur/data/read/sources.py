@@ -22,6 +22,7 @@ from lemur.data.read.readers import (
     ParquetReader,
     ReadLog,
 )
+from lemur.data.read.stack_v2 import StackV2Reader
 from lemur.data.recipe import SourceConfig
 
 __all__ = ["MAX_ERRORS_PER_TASK", "SourcesReader"]
@@ -30,6 +31,7 @@ READERS: dict[str, type[BaseReader]] = {
     "parquet": ParquetReader,
     "files": FilesReader,
     "chat": ChatReader,
+    "stack-v2": StackV2Reader,
 }
 
 

@@ -19,7 +19,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from lemur.data.read.streams import UnsupportedInput, check_encoding, compression_of, is_parquet
+from lemur.data.read.streams import (
+    Opener,
+    UnsupportedInput,
+    check_encoding,
+    compression_of,
+    is_parquet,
+    open_local,
+)
 from lemur.data.recipe import SourceConfig
 
 BYTES = "bytes"  # a jsonl part: bytes [start, end) of the file
@@ -28,12 +35,14 @@ HEAD_BYTES = 1 << 16  # the head of a jsonl file checked for its encoding before
 Bounds = list[tuple[int, int]]
 
 
-def split_kind(source: SourceConfig, path: str) -> str | None:
+def split_kind(source: SourceConfig, path: str, opener: Opener = open_local) -> str | None:
     """`jsonl` or `parquet` when a file of `source` may be split, else None."""
     if source.format in ("jsonl", "parquet"):
         return source.format
+    if source.format == "stack-v2":  # metadata parquet: its rows split like any parquet's
+        return "parquet"
     if source.format == "chat" and source.schema != "oasst1":
-        return "parquet" if is_parquet(path) else "jsonl"
+        return "parquet" if is_parquet(path, opener) else "jsonl"
     return None  # `files`: one document per file; oasst1: trees span the file's rows
 
 
@@ -62,12 +71,13 @@ def row_group_runs(sizes: list[int], split_bytes: int) -> Bounds:
     return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
-def _parquet_runs(path: str, split_bytes: int) -> Bounds | None:
+def _parquet_runs(path: str, split_bytes: int, opener: Opener) -> Bounds | None:
     """Row-group runs of a parquet file from its footer; None if it cannot be read."""
     import pyarrow.parquet as pq
 
     try:
-        meta = pq.ParquetFile(path).metadata
+        with opener(path) as fh:
+            meta = pq.ParquetFile(fh).metadata
     except Exception:  # noqa: BLE001 - the reader reports an unreadable file, once
         return None
     if meta.num_row_groups < 2:
@@ -79,11 +89,11 @@ def _parquet_runs(path: str, split_bytes: int) -> Bounds | None:
     return row_group_runs(sizes, split_bytes)
 
 
-def _plain_utf8(path: str) -> bool:
+def _plain_utf8(path: str, opener: Opener) -> bool:
     """Whether a jsonl file is uncompressed and its first line not UTF-16/32 (seekable lines)."""
-    if compression_of(path) is not None:
+    if compression_of(path, opener) is not None:
         return False
-    with open(path, "rb") as fh:
+    with opener(path) as fh:
         head = fh.read(HEAD_BYTES)
     try:
         check_encoding(head.split(b"\n", 1)[0])
@@ -92,26 +102,38 @@ def _plain_utf8(path: str) -> bool:
     return True
 
 
-def plan_parts(path: str, source: SourceConfig, split_bytes: int) -> tuple[str, Bounds] | None:
-    """(unit, bounds) of the parts of a file bigger than `split_bytes`; None: keep it whole."""
+def plan_parts(
+    path: str,
+    source: SourceConfig,
+    split_bytes: int,
+    size: int = -1,
+    opener: Opener = open_local,
+) -> tuple[str, Bounds] | None:
+    """(unit, bounds) of the parts of a file bigger than `split_bytes`; None: keep it whole.
+
+    `size`, when known (a remote listing), saves asking for it; `opener` opens the file.
+    """
     try:
         # The size first: only big files are opened (for a footer or a head) while listing.
-        if split_bytes <= 0 or os.path.getsize(path) <= split_bytes:
+        size = size if size >= 0 else os.path.getsize(path)
+        if split_bytes <= 0 or size <= split_bytes:
             return None
-        kind = split_kind(source, path)
+        kind = split_kind(source, path, opener)
         if kind == "parquet":
-            runs = _parquet_runs(path, split_bytes)
+            runs = _parquet_runs(path, split_bytes, opener)
             return (ROW_GROUPS, runs) if runs and len(runs) > 1 else None
-        if kind == "jsonl" and _plain_utf8(path):
-            return BYTES, byte_ranges(os.path.getsize(path), split_bytes)
+        if kind == "jsonl" and _plain_utf8(path, opener):
+            return BYTES, byte_ranges(size, split_bytes)
     except OSError:  # the reader reports the unreadable file
         return None
     return None
 
 
-def part_lines(path: str, start: int, end: int) -> Iterator[tuple[int, bytes]]:
+def part_lines(
+    path: str, start: int, end: int, opener: Opener = open_local
+) -> Iterator[tuple[int, bytes]]:
     """(byte offset, line) of every line of `path` that starts in [start, end)."""
-    with open(path, "rb", buffering=1 << 20) as fh:
+    with opener(path) as fh:
         pos = start
         if start > 0:
             fh.seek(start - 1)

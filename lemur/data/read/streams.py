@@ -7,8 +7,18 @@ import gzip
 import io
 import os
 from collections.abc import Callable
+from typing import BinaryIO
 
 import zstandard
+
+# Opens an input by name for binary reading: a local file, or a remote one (remote.py).
+Opener = Callable[[str], BinaryIO]
+
+
+def open_local(path: str) -> BinaryIO:
+    """A local file, buffered for streaming (the default `Opener`)."""
+    return open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - the caller closes
+
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # Compressed bytes fed to zstd per call: an error loses at most the output of one feed.
@@ -26,10 +36,13 @@ class ZstdFrames(io.RawIOBase):
     """
 
     def __init__(
-        self, path: str, chunk: int = 1 << 20, on_damage: Callable[[str], None] | None = None
+        self,
+        path: str | BinaryIO,
+        chunk: int = 1 << 20,
+        on_damage: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__()
-        self._fh = open(path, "rb")
+        self._fh = open(path, "rb") if isinstance(path, str) else path  # noqa: SIM115
         self._chunk = chunk
         self._on_damage = on_damage
         self._d = zstandard.ZstdDecompressor().decompressobj()
@@ -148,21 +161,25 @@ SUFFIXES = {
 PARQUET_MAGIC = b"PAR1"
 
 
-def is_parquet(path: str) -> bool:
+def is_parquet(path: str, opener: Opener = open_local) -> bool:
     """Whether a file is parquet (by its name or its `PAR1` magic number), e.g. a chat input."""
     if path.endswith(".parquet"):
         return True
     try:
-        with open(path, "rb") as fh:
+        with opener(path) as fh:
             return fh.read(4) == PARQUET_MAGIC
     except OSError:  # the jsonl reader reports the unreadable file
         return False
 
 
-def compression_of(path: str) -> str | None:
+def compression_of(path: str, opener: Opener = open_local) -> str | None:
     """`gzip`, `zstd`, another format's name, or None (plain), by magic number then suffix."""
-    with open(path, "rb") as fh:
-        head = fh.read(8)
+    with opener(path) as fh:
+        return compression_by_head(fh.read(8), path)
+
+
+def compression_by_head(head: bytes, path: str) -> str | None:
+    """`compression_of` a file whose first bytes are `head`."""
     for magic, name in MAGIC.items():
         if head.startswith(magic):
             return name
@@ -174,21 +191,30 @@ class UnsupportedInput(ValueError):
 
 
 def open_maybe_compressed(
-    path: str, on_damage: Callable[[str], None] | None = None
+    path: str, on_damage: Callable[[str], None] | None = None, opener: Opener = open_local
 ) -> io.BufferedIOBase:
     """Open a file for binary streaming, decompressing gzip and zstd on the fly.
 
     The format is recognized by its magic number (a gzip file named `.jsonl` is read too);
-    any other compression raises `UnsupportedInput` naming it.
+    any other compression raises `UnsupportedInput` naming it. The file is opened once by
+    `opener` (a remote input is not fetched twice for its first bytes).
     """
-    kind = compression_of(path)
+    fh = opener(path)
+    try:
+        kind = compression_by_head(fh.read(8), path)
+        fh.seek(0)
+        if kind is not None and kind not in ("gzip", "zstd"):
+            raise UnsupportedInput(f"{kind} compression is not supported (use plain, .gz or .zst)")
+    except BaseException:
+        fh.close()
+        raise
     if kind == "gzip":
-        return gzip.open(path, "rb")
+        stream = gzip.GzipFile(filename=path, mode="rb", fileobj=fh)
+        stream.myfileobj = fh  # closed with the stream, as gzip.open(path) does with its own
+        return stream
     if kind == "zstd":
-        return io.BufferedReader(ZstdFrames(path, on_damage=on_damage), buffer_size=1 << 20)
-    if kind is not None:
-        raise UnsupportedInput(f"{kind} compression is not supported (use plain, .gz or .zst)")
-    return open(path, "rb")
+        return io.BufferedReader(ZstdFrames(fh, on_damage=on_damage), buffer_size=1 << 20)
+    return fh  # type: ignore[return-value]
 
 
 BOMS = (

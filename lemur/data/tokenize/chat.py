@@ -1,44 +1,55 @@
-"""Chat documents to tokens and loss masks: one encoding per conversation, long ones cut.
+"""Chat documents to ChatML tokens and loss masks: rendered once, encoded once, long ones cut.
 
-A chat document (see lemur/data/read/chat.py) is a conversation rendered as ChatML, with
-`metadata["loss_spans"]` (char ranges to train on: each assistant content and its
-`<|im_end|>`) and `metadata["turn_ends"]` (the char offset where each message ends). The
-char offsets are turned into UTF-8 byte offsets, and the mask of a token is 1 exactly when
-every byte it stands for lies inside a loss span, by the byte offsets of the tokens of one
-encoding of the whole conversation (offsets.py), so the tokens are those a plain `encode`
-of the text gives, by the model without its dummy prefix (lemur/chatml.py: the ids
-transformers' `apply_chat_template` gives with the exported tokenizer). A conversation
-whose text spells a control piece (`<s>`, `</s>`, `<unk>`) is dropped: transformers would
-read it as that token, and content never becomes a control token in training data; one
-whose content holds a ChatML marker too (it would forge a turn: the markers are this
-model's own pieces).
+A chat document (lemur/data/read/chat_reader.py) carries its checked messages in
+`metadata["messages"]` (MESSAGES_KEY); its text is their ChatML rendering, which the tagger
+and filters read. The chat steps render the messages once in the model's format and pass the
+document on with that text (what dedup signs), its ids and its loss mask (TOKENS_KEY,
+MASK_KEY, for TokenizeWriter). `ChatStep` is what both formats share: the messages, the
+`chat.long` policy, the counting; `ChatEncoder` here is ChatML for a SentencePiece model,
+`TemplateChatEncoder` (template_chat.py) a tokenizer.json folder's own chat template.
+
+ChatML: `render_chatml` gives the text with the character spans to train on (each assistant
+content and its `<|im_end|>`) and where each message ends. The char offsets are turned into
+UTF-8 byte offsets, and the mask of a token is 1 exactly when every byte it stands for lies
+inside a loss span, by the byte offsets of the tokens of one encoding of the whole
+conversation (offsets.py), so the tokens are those a plain `encode` of the text gives, by
+the model without its dummy prefix (lemur/chatml.py: the ids transformers'
+`apply_chat_template` gives with the exported tokenizer). A conversation whose text spells a
+control piece (`<s>`, `</s>`, `<unk>`) is dropped: transformers would read it as that token,
+and content never becomes a control token in training data; one whose content holds a ChatML
+marker too (it would forge a turn: the markers are this model's own pieces).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
-from lemur.chatml import IM_END, IM_START, chat_processor, control_pattern
+from lemur.chatml import chat_processor, control_pattern
 from lemur.data.counts import dropped_label, truncated_label
-from lemur.data.read.chat import MARKER_IN_CONTENT, chatml_marker_in_content
+from lemur.data.read.chat import (
+    MARKER_IN_CONTENT,
+    MESSAGES_KEY,
+    Message,
+    marker_in_content,
+    render_chatml,
+)
 from lemur.data.recipe import CHAT_LONG
 from lemur.data.tokenize.offsets import TokenOffsets, byte_offsets
 from lemur.data.tokenize.tokenizer import load_llama2_processor
 
-CHAT_PIECES = (IM_START, IM_END)
-# Where ChatEncoder leaves a document's ids and mask for TokenizeWriter (never serialized).
+# Where a chat step leaves a document's ids and mask for TokenizeWriter (never serialized).
 TOKENS_KEY, MASK_KEY = "lemur_chat_ids", "lemur_chat_mask"
 # Drop reasons (counts.dropped) of the chat stage, named like the chat reader's.
 TOO_LONG = "chat:too_long"  # over seq_len, and no cut at a turn boundary fits (or `drop`)
 NO_LOSS = "chat:no_loss_tokens"  # no token lies wholly inside a loss span
-BAD_SPANS = "chat:bad_spans"  # loss spans or turn ends outside the text or out of order
+BAD_MESSAGES = "chat:bad_messages"  # no list of role/content messages: a bug upstream
 CONTROL_TEXT = "chat:control_in_content"  # text spelling `<s>`, `</s>`, `<unk>`: see chatml.py
 
 
@@ -97,37 +108,22 @@ def truncation(
     return best
 
 
-def _spans_ok(spans: Any, turn_ends: Any, n: int) -> bool:
-    """Spans are sorted, non-overlapping [start, end] int pairs inside the text; turn ends
-    increase inside it."""
-    try:
-        previous = 0
-        for t in turn_ends:
-            if type(t) is not int or not previous < t:
-                return False
-            previous = t
-        last = 0
-        for start, end in spans:
-            if type(start) is not int or type(end) is not int or not last <= start <= end <= n:
-                return False
-            last = end
-    except (TypeError, ValueError):  # not pairs
-        return False
-    return previous <= n
+def document_messages(doc: Document) -> list[Message] | None:
+    """The messages the chat reader left in `doc`, None if there are none or they are not a
+    list of `{"role": str, "content": str}`."""
+    messages = doc.metadata.get(MESSAGES_KEY)
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages
+    ):
+        return None
+    return messages
 
 
-class ChatEncoder(PipelineStep):
-    """Encodes chat documents once, computes their loss masks and applies the long policy.
+class ChatStep(PipelineStep):
+    """What the chat steps share: the messages of each document, the `chat.long` policy,
+    the drops and cuts they count (`dropped:<source>:<reason>`, `truncated:<source>`)."""
 
-    Kept documents carry their ids and mask in metadata (TOKENS_KEY, MASK_KEY) for
-    TokenizeWriter; a truncated one also carries its cut text (so dedup signs what is
-    trained on). Drops are counted under MARKER_IN_CONTENT, CONTROL_TEXT, TOO_LONG, NO_LOSS
-    or BAD_SPANS,
-    cuts under `truncated:<source>`. Sits before the dedup signer: every document it passes is
-    tokenized, so signatures and token records stay one to one.
-    """
-
-    name = "💬 lemur chat tokens"
     type = "🔢 - TOKENIZER"
 
     def __init__(
@@ -137,9 +133,75 @@ class ChatEncoder(PipelineStep):
         if long not in CHAT_LONG:
             raise ValueError(f"chat.long must be one of {', '.join(CHAT_LONG)}, got {long!r}")
         self.tokenizer_path = tokenizer_path
-        self.budget = seq_len - 2  # room for <s> and </s>
+        self.seq_len = seq_len
         self.long = long
         self.batch_docs = batch_docs
+
+    def messages(self, doc: Document) -> list[Message] | None:
+        """`doc`'s messages; None (counted as BAD_MESSAGES) when it has none."""
+        messages = document_messages(doc)
+        if messages is None:
+            self.drop(doc, BAD_MESSAGES)
+        return messages
+
+    def drop(self, doc: Document, reason: str) -> None:
+        """Count `doc` dropped for `reason`."""
+        self.stat_update(dropped_label(str(doc.metadata.get("source")), reason))
+
+    def count_cut(self, doc: Document) -> None:
+        """Count `doc` cut to fit `seq_len`."""
+        self.stat_update(truncated_label(str(doc.metadata.get("source"))))
+
+    @staticmethod
+    def keep(doc: Document, text: str, ids: np.ndarray, mask: np.ndarray) -> Document:
+        """`doc` as it is trained on: the rendered text (the messages are done with), its
+        ids and loss mask."""
+        doc.text = text
+        doc.metadata.pop(MESSAGES_KEY, None)
+        doc.metadata[TOKENS_KEY], doc.metadata[MASK_KEY] = ids, mask
+        return doc
+
+
+@dataclass(frozen=True)
+class ChatMLText:
+    """A conversation rendered as ChatML, with its UTF-8 size, loss spans and turn ends in
+    bytes (`chars`: where each turn ends in characters, to cut the text)."""
+
+    text: str
+    size: int
+    spans: list[list[int]]
+    ends: list[int]
+    chars: list[int]
+
+    @classmethod
+    def of(cls, messages: list[Message]) -> ChatMLText:
+        """`messages` rendered (`render_chatml`), its offsets in bytes."""
+        text, spans, ends = render_chatml(messages)
+        to_bytes = byte_offsets(text)  # char -> byte offsets (None: ASCII, the same)
+        if to_bytes is None:
+            return cls(text, len(text), spans, ends, ends)
+        byte_spans = [[int(to_bytes[s]), int(to_bytes[e])] for s, e in spans]
+        return cls(text, int(to_bytes[-1]), byte_spans, [int(to_bytes[t]) for t in ends], ends)
+
+
+class ChatEncoder(ChatStep):
+    """Renders chat documents as ChatML, encodes them once, computes their loss masks and
+    applies the long policy (a SentencePiece model with the ChatML markers as pieces).
+
+    Kept documents carry their ChatML text (cut when truncated, so dedup signs what is
+    trained on), ids and mask. Drops are counted under MARKER_IN_CONTENT, CONTROL_TEXT,
+    TOO_LONG, NO_LOSS or BAD_MESSAGES, cuts under `truncated:<source>`. Sits before the dedup
+    signer: every document it passes is tokenized, so signatures and token records stay one
+    to one.
+    """
+
+    name = "💬 lemur chat tokens"
+
+    def __init__(
+        self, tokenizer_path: str, seq_len: int, long: str = "truncate", batch_docs: int = 256
+    ) -> None:
+        super().__init__(tokenizer_path, seq_len, long, batch_docs)
+        self.budget = seq_len - 2  # room for <s> and </s>
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
         """Pass on each kept chat document with its ids and mask; count the rest."""
@@ -147,90 +209,69 @@ class ChatEncoder(PipelineStep):
         offsets, control = TokenOffsets(chat_processor(sp)), control_pattern(sp)
         for batch in batched(data or [], self.batch_docs):
             with self.track_time("batch"):
-                batch = [d for d in batch if not self._spells_control(d, control)]
-                kept = self._batch(batch, *offsets.encode_flat([d.text for d in batch]))
+                rendered = [(d, r) for d in batch if (r := self._render(d, control)) is not None]
+                texts = [r.text for _, r in rendered]
+                kept = self._batch(rendered, *offsets.encode_flat(texts))
             yield from kept
 
-    def _spells_control(self, doc: Document, control: re.Pattern[str] | None) -> bool:
-        """Whether a content of `doc` holds a ChatML marker (then dropped as
-        MARKER_IN_CONTENT) or its text a control piece's (then CONTROL_TEXT)."""
-        turns = doc.metadata.get("turn_ends")
-        if isinstance(turns, list) and chatml_marker_in_content(doc.text, len(turns)):
-            self._drop(doc, MARKER_IN_CONTENT)
-            return True
-        if control is None or control.search(doc.text) is None:
-            return False
-        self._drop(doc, CONTROL_TEXT)
-        return True
-
-    def _drop(self, doc: Document, reason: str) -> None:
-        self.stat_update(dropped_label(str(doc.metadata.get("source")), reason))
+    def _render(self, doc: Document, control: re.Pattern[str] | None) -> ChatMLText | None:
+        """`doc`'s conversation as ChatML; None (counted) when a content holds a ChatML
+        marker (MARKER_IN_CONTENT) or the text a control piece's (CONTROL_TEXT)."""
+        messages = self.messages(doc)
+        if messages is None:
+            return None
+        if marker_in_content(messages):
+            self.drop(doc, MARKER_IN_CONTENT)
+            return None
+        chatml = ChatMLText.of(messages)
+        if control is not None and control.search(chatml.text) is not None:
+            self.drop(doc, CONTROL_TEXT)
+            return None
+        return chatml
 
     def _batch(
-        self, batch: list[Document], ids: np.ndarray, offsets: np.ndarray, starts: np.ndarray
+        self,
+        batch: list[tuple[Document, ChatMLText]],
+        ids: np.ndarray,
+        offsets: np.ndarray,
+        starts: np.ndarray,
     ) -> list[Document]:
         """The kept documents of a batch, ids and masks attached (masks in one pass)."""
-        layouts = [_byte_layout(d) for d in batch]
-        sizes = np.array([size for size, _, _ in layouts], np.int64)
         base = np.zeros(len(batch) + 1, np.int64)
-        np.cumsum(sizes, out=base[1:])
+        np.cumsum(np.array([chatml.size for _, chatml in batch], np.int64), out=base[1:])
         # The batch as one text: each document's bytes after the previous one's.
         spans = [
             [start + o, end + o]
-            for (_, doc_spans, _), o in zip(layouts, base.tolist(), strict=False)
-            for start, end in doc_spans or ()
+            for (_, chatml), o in zip(batch, base.tolist(), strict=False)
+            for start, end in chatml.spans
         ]
         counts = np.diff(starts)
         shift = np.repeat(base[:-1], counts)[:, None]
         mask = loss_mask(offsets + shift, spans, np.repeat(base[1:], counts))
         kept = []
-        for i, doc in enumerate(batch):
+        for i, (doc, chatml) in enumerate(batch):
             lo, hi = int(starts[i]), int(starts[i + 1])
-            keep = self._keep(doc, offsets[lo:hi], layouts[i])
-            if keep is not None and not mask[lo : lo + keep].any():
-                self._drop(doc, NO_LOSS)
-            elif keep is not None:
-                doc.metadata[TOKENS_KEY] = ids[lo : lo + keep]
-                doc.metadata[MASK_KEY] = mask[lo : lo + keep]
-                kept.append(doc)
+            cut = self._fit(doc, offsets[lo:hi], chatml)
+            if cut is not None and not mask[lo : lo + cut[0]].any():
+                self.drop(doc, NO_LOSS)
+            elif cut is not None:
+                keep, text = cut
+                kept.append(self.keep(doc, text, ids[lo : lo + keep], mask[lo : lo + keep]))
         return kept
 
-    def _keep(self, doc: Document, offsets: np.ndarray, layout: tuple) -> int | None:
-        """How many tokens of `doc` to keep (cutting its text if needed); None: dropped."""
-        _, byte_spans, byte_ends = layout
-        if byte_spans is None:
-            self._drop(doc, BAD_SPANS)
-            return None
+    def _fit(
+        self, doc: Document, offsets: np.ndarray, chatml: ChatMLText
+    ) -> tuple[int, str] | None:
+        """(tokens, text) of `doc` to keep: all of it, or cut at a turn to fit the budget
+        (counted); None: dropped as TOO_LONG."""
         if len(offsets) <= self.budget:
-            return len(offsets)
+            return len(offsets), chatml.text
         cut = None
         if self.long == "truncate":
-            cut = truncation(offsets, byte_spans, byte_ends, self.budget)
+            cut = truncation(offsets, chatml.spans, chatml.ends, self.budget)
         if cut is None:
-            self._drop(doc, TOO_LONG)
+            self.drop(doc, TOO_LONG)
             return None
         keep, turn = cut
-        meta = doc.metadata
-        chars = int(meta["turn_ends"][turn])
-        doc.text = doc.text[:chars]
-        meta["loss_spans"] = [[s, e] for s, e in meta["loss_spans"] if e <= chars]
-        meta["turn_ends"] = [t for t in meta["turn_ends"] if t <= chars]
-        self.stat_update(truncated_label(str(meta.get("source"))))
-        return keep
-
-
-def _byte_layout(doc: Document) -> tuple[int, list | None, list | None]:
-    """(UTF-8 size, loss spans, turn ends) of a chat document in bytes; spans None if bad."""
-    text, meta = doc.text, doc.metadata
-    to_bytes = byte_offsets(text)  # char -> byte offsets (None: ASCII, the same)
-    size = len(text) if to_bytes is None else int(to_bytes[-1])
-    spans, turn_ends = meta.get("loss_spans") or [], meta.get("turn_ends") or []
-    if not _spans_ok(spans, turn_ends, len(text)):
-        return size, None, None
-    if to_bytes is None:
-        return size, spans, turn_ends
-    return (
-        size,
-        [[int(to_bytes[s]), int(to_bytes[e])] for s, e in spans],
-        [int(to_bytes[t]) for t in turn_ends],
-    )
+        self.count_cut(doc)
+        return keep, chatml.text[: chatml.chars[turn]]

@@ -16,11 +16,11 @@ from lemur.atomic_files import temp_name
 from lemur.chat_template import ChatTemplate, template_source
 from lemur.chat_template.template import TEMPLATE_FILE
 from lemur.data import work as work_folders
+from lemur.data.corpus import corpus_of
 from lemur.data.read.listing import InputFile
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe
 from lemur.data.tokenize.byte_bpe import train_byte_bpe
-from lemur.data.tokenize.chat import CHAT_PIECES
 from lemur.data.tokenize.tokenizer import (
     TokenizerError,
     extend_tokenizer,
@@ -36,11 +36,14 @@ from lemur.tokenizer import (
     open_tokenizer,
     read_hf_tokenizer,
 )
+from lemur.tokenizer.fim import FIM_PIECES, MARKER_STYLES, CodeMarkers, find_code_markers
 from lemur.tokenizer.hf_files import CONFIG_FILES, tokenizer_json_path
 from lemur.tokenizer.round_trip import round_trip_problem
 
 # Part of a trained tokenizer's file name key (the build's WORK_VERSION when it was set).
 KEY_VERSION = 2
+# The marker tokens a FIM build's trained byte-level BPE gets (Qwen2.5-Coder's names).
+BYTE_BPE_MARKERS = tuple(MARKER_STYLES["qwen2.5-coder"].values())
 
 
 def _sha(obj: Any) -> str:
@@ -152,39 +155,78 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
     in, or appended to a given model (every other id unchanged); a tokenizer.json's chat
     build renders with the folder's own chat template instead.
     """
-    chat = recipe.is_chat()
+    corpus = corpus_of(recipe)
+    pieces = corpus.tokenizer_pieces()  # ChatML's markers for a ChatML chat build
     check_given_tokenizer(recipe)  # loading the recipe checked it too: a Recipe made in code
     if recipe.tokenizer.hf is not None:
-        return copy_hf_tokenizer(recipe.tokenizer.hf, work, chat)
+        return copy_hf_tokenizer(recipe.tokenizer.hf, work, corpus.chat_format == "template")
+    fim = appends_fim_pieces(recipe)
     if recipe.tokenizer.model is not None:
         src = given_model(recipe.tokenizer.model)
         sha = tokenizer_info(src)["sha256"]  # TokenizerError naming `src` if unusable
-        target = work_folders.given_tokenizer(work, sha[:16], chat)
+        target = work_folders.given_tokenizer(work, sha[:16], bool(pieces), fim)
         if not target.is_file():
-            if chat:
-                extend_tokenizer(src, CHAT_PIECES, target)
+            if pieces or fim:
+                extend_tokenizer(src, pieces, target, _fim_pieces(fim))
             else:
                 atomic_write_bytes(target, src.read_bytes())
         return target
     train = recipe.tokenizer.train
     what: dict[str, Any] = {"train": train, "sources": recipe.sources, "v": KEY_VERSION}
+    if recipe.fim is not None:  # FIM builds' trained tokenizers hold the markers
+        what["fim"] = FIM_PIECES if train.kind != "byte-bpe" else BYTE_BPE_MARKERS
     if train.kind == "byte-bpe":
-        if chat:
+        if pieces:
             raise TokenizerError(
                 "recipe: tokenizer.train.kind byte-bpe: chat builds need a SentencePiece "
                 "tokenizer (ChatML) or a given tokenizer.json with its chat template"
             )
         folder = work_folders.byte_bpe(work, _sha(what)[:16])
         if not (folder / "tokenizer.json").is_file():
-            train_byte_bpe(sample_texts(recipe, inputs, train.sample_bytes), train, folder)
+            specials = BYTE_BPE_MARKERS if recipe.fim is not None else ()
+            texts = sample_texts(recipe, inputs, train.sample_bytes)
+            train_byte_bpe(texts, train, folder, specials)
         return folder / "tokenizer.json"
-    if chat:
-        what["symbols"] = CHAT_PIECES
+    if pieces:
+        what["symbols"] = pieces
     target = work_folders.trained_tokenizer(work, _sha(what)[:16])
     if not target.is_file():
         texts = sample_texts(recipe, inputs, train.sample_bytes)
-        train_tokenizer(texts, train, target, CHAT_PIECES if chat else ())
+        # The FIM pieces are appended after training, to a model of its own name.
+        base = target.with_name(f"{target.stem}-base.model") if fim else target
+        train_tokenizer(texts, train, base, pieces)
+        if fim:
+            extend_tokenizer(base, (), target, FIM_PIECES)
+            base.unlink()
     return target
+
+
+def appends_fim_pieces(recipe: Recipe) -> bool:
+    """Whether the build appends CodeLlama's FIM pieces to its SentencePiece model: a FIM
+    build's given or trained model, unless the recipe names the markers it already has."""
+    fim = recipe.fim
+    sentencepiece = recipe.tokenizer.hf is None and (
+        recipe.tokenizer.model is not None or recipe.tokenizer.train.kind != "byte-bpe"
+    )
+    return fim is not None and not fim.markers and sentencepiece
+
+
+def _fim_pieces(fim: bool) -> tuple[str, ...]:
+    return FIM_PIECES if fim else ()
+
+
+def build_markers(recipe: Recipe, path: Path) -> CodeMarkers:
+    """The FIM build's markers in its prepared tokenizer: `fim.markers`' names, else the
+    tokenizer's own (a known family's), else a TokenizerError naming the file."""
+    assert recipe.fim is not None
+    markers = find_code_markers(open_build_tokenizer(recipe, path), recipe.fim.markers)
+    if markers is None:
+        raise TokenizerError(
+            f"{recipe.tokenizer.hf or path}: no FIM tokens of a known code model "
+            f"({', '.join(MARKER_STYLES)}): name the model's with fim.markers "
+            "(prefix, middle, suffix)"
+        )
+    return markers
 
 
 def open_build_tokenizer(recipe: Recipe, path: Path) -> Tokenizer:
@@ -212,11 +254,13 @@ def build_tokenizer_info(recipe: Recipe, path: Path) -> dict[str, Any]:
     or tokenizers, and why not tiktoken), which the build logs, and for a chat build the
     sha256 of the chat template its documents are rendered with.
     """
+    corpus = corpus_of(recipe)
     if not is_tokenizer_json(path):
-        return tokenizer_info(path, CHAT_PIECES if recipe.is_chat() else ())
+        pieces = (*corpus.tokenizer_pieces(), *_fim_pieces(appends_fim_pieces(recipe)))
+        return tokenizer_info(path, pieces)
     tok = open_build_tokenizer(recipe, path)
     info = tok.info()
-    if recipe.is_chat():
+    if corpus.chat_format == "template":
         source = template_source(tok.files) or ""
         info["chat_template_sha256"] = hashlib.sha256(source.encode()).hexdigest()
     why = f" ({info['engine_reason']})" if info.get("engine_reason") else ""

@@ -115,7 +115,7 @@ class TokenizeWriter(PipelineStep):
                         fm.write(mask)
                 for doc, n in zip(batch, lengths, strict=True):
                     end += n
-                    records.append(self._record(doc, n, end, languages))
+                    records.append(self.record(doc, n, end, languages))
                     ids.append(doc.id)
                     self.stat_update(DOCUMENTS)
                     self.stat_update(TOKENS, value=n)
@@ -123,11 +123,11 @@ class TokenizeWriter(PipelineStep):
                 "template" if self.template else list(self.framing or (tok.bos_id, tok.eos_id))
             )
             table = {"languages": list(languages), "framing": framing}
-            self._finish(out, rank, records, ids, table, dtype)
+            self.finish(out, rank, records, ids, table, dtype)
         yield from ()  # a generator step that forwards nothing
 
     @staticmethod
-    def _record(doc: Document, n: int, end: int, languages: dict[str, int]) -> tuple:
+    def record(doc: Document, n: int, end: int, languages: dict[str, int]) -> tuple:
         """The DOC_RECORD row of one document (its language added to the task's table)."""
         # The mix budgets language families (T-SQL counts as SQL).
         language = mix_language(str(doc.metadata.get("language")))
@@ -136,7 +136,7 @@ class TokenizeWriter(PipelineStep):
         return (doc.metadata["source_index"], lang, n, id_hash, end)
 
     @staticmethod
-    def _finish(out: Path, rank: int, records: list, ids: list[str], table: dict, dtype) -> None:
+    def finish(out: Path, rank: int, records: list, ids: list[str], table: dict, dtype) -> None:
         """Write the task's records, ids and table (languages, framing; each atomically)."""
         rec = np.array(records, dtype=DOC_RECORD)
         buf = io.BytesIO()

@@ -1,10 +1,7 @@
 """Chat documents of a `tokenizer.json` build: encoded with the model's own chat template.
 
-The reader renders every conversation as ChatML (lemur/data/read/chat.py); here its
-messages are read back (`parse_chatml`, by the turn ends: a content may hold ChatML's
-markers, plain text to a model whose markers they are not) and rendered by the folder's
-template
-(lemur/chat_template), so a document's ids are exactly
+A chat document's messages (in its metadata: lemur/data/tokenize/chat.py) are rendered by the
+folder's template (lemur/chat_template) and nothing else, so a document's ids are exactly
 `apply_chat_template(messages, tokenize=True)`'s and nothing is added around them: the
 template writes its own BOS (Llama-3) or none (ChatML), and its own end of turn. The loss
 mask is 1 on every token overlapping an assistant content or the text up to and including
@@ -22,17 +19,9 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
 from lemur.chat_template import ChatTemplate, TemplateChat, TemplateDrop
-from lemur.data.counts import dropped_label, truncated_label
-from lemur.data.read.chat import Message, parse_chatml
-from lemur.data.recipe import CHAT_LONG, Recipe
-from lemur.data.tokenize.chat import (
-    BAD_SPANS,
-    MASK_KEY,
-    NO_LOSS,
-    TOKENS_KEY,
-    TOO_LONG,
-    ChatEncoder,
-)
+from lemur.data.corpus import Corpus
+from lemur.data.read.chat import Message
+from lemur.data.tokenize.chat import NO_LOSS, TOO_LONG, ChatEncoder, ChatStep
 from lemur.tokenizer import open_tokenizer
 
 # What `strftime_now` reads in a build (Llama-3.1's template writes "Today Date: ..."):
@@ -41,32 +30,31 @@ from lemur.tokenizer import open_tokenizer
 TEMPLATE_DATE = datetime(2024, 7, 26)
 
 
-def uses_template(recipe: Recipe) -> bool:
-    """Whether a build's chat documents are rendered by the model's own chat template."""
-    return recipe.is_chat() and recipe.tokenizer.hf is not None
-
-
-def chat_step(recipe: Recipe, tokenizer_path: str, batch_docs: int) -> PipelineStep:
-    """The chat stage of a build: ChatML for a SentencePiece model, else the template."""
+def conversation_steps(corpus: Corpus, tokenizer_path: str, batch_docs: int) -> list[PipelineStep]:
+    """The steps that render and encode a corpus's conversations in the model's chat format
+    (ChatML, or the tokenizer.json folder's template) before dedup signs them; none for a
+    corpus of plain documents (TokenizeWriter encodes their text)."""
+    recipe = corpus.recipe
     long = recipe.chat_settings().long
-    if not uses_template(recipe):
-        return ChatEncoder(tokenizer_path, recipe.seq_len, long, batch_docs)
-    engine = recipe.tokenizer.engine or "auto"
-    return TemplateChatEncoder(tokenizer_path, recipe.seq_len, long, batch_docs, engine)
+    if corpus.chat_format == "chatml":
+        return [ChatEncoder(tokenizer_path, recipe.seq_len, long, batch_docs)]
+    if corpus.chat_format == "template":
+        engine = recipe.tokenizer.engine or "auto"
+        return [TemplateChatEncoder(tokenizer_path, recipe.seq_len, long, batch_docs, engine)]
+    return []
 
 
-class TemplateChatEncoder(PipelineStep):
+class TemplateChatEncoder(ChatStep):
     """Renders and encodes chat documents with the model's chat template; applies `long`.
 
     Kept documents carry the rendered text (what dedup signs), their ids and mask
     (TOKENS_KEY, MASK_KEY) for TokenizeWriter, which writes them as they are. Drops are
     counted under the template's reasons (`chat:control_in_content`,
-    `chat:template_error`, `chat:template_content`), TOO_LONG, NO_LOSS or BAD_SPANS (turn
-    ends that do not delimit the ChatML turns); cuts under `truncated:<source>`.
+    `chat:template_error`, `chat:template_content`), TOO_LONG, NO_LOSS or BAD_MESSAGES;
+    cuts under `truncated:<source>`.
     """
 
     name = "💬 lemur chat template tokens"
-    type = "🔢 - TOKENIZER"
 
     def __init__(
         self,
@@ -76,13 +64,8 @@ class TemplateChatEncoder(PipelineStep):
         batch_docs: int = 256,
         engine: str = "auto",
     ) -> None:
-        super().__init__()
-        if long not in CHAT_LONG:
-            raise ValueError(f"chat.long must be one of {', '.join(CHAT_LONG)}, got {long!r}")
-        self.tokenizer_path = tokenizer_path
+        super().__init__(tokenizer_path, seq_len, long, batch_docs)
         self.budget = seq_len  # the template frames the conversation: nothing is added
-        self.long = long
-        self.batch_docs = batch_docs
         self.engine = engine
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
@@ -96,24 +79,18 @@ class TemplateChatEncoder(PipelineStep):
 
     def _encode(self, doc: Document, template: ChatTemplate) -> bool:
         """Attach `doc`'s ids and mask (its text becomes the rendered one); False: dropped."""
-        try:
-            messages = parse_chatml(doc.text, doc.metadata.get("turn_ends") or [])
-        except (ValueError, TypeError):  # a bug upstream, not bad input
-            self.stat_update(dropped_label(str(doc.metadata.get("source")), BAD_SPANS))
+        messages = self.messages(doc)
+        if messages is None:
             return False
         try:
             chat = self._fit(doc, messages, template)
         except TemplateDrop as e:
-            self.stat_update(dropped_label(str(doc.metadata.get("source")), e.reason))
+            self.drop(doc, e.reason)
             return False
         if not chat.mask.any():
-            self.stat_update(dropped_label(str(doc.metadata.get("source")), NO_LOSS))
+            self.drop(doc, NO_LOSS)
             return False
-        doc.text = chat.text
-        # ChatML offsets mean nothing in the rendered text.
-        doc.metadata.pop("loss_spans", None)
-        doc.metadata.pop("turn_ends", None)
-        doc.metadata[TOKENS_KEY], doc.metadata[MASK_KEY] = chat.ids, chat.mask
+        self.keep(doc, chat.text, chat.ids, chat.mask)
         return True
 
     def _fit(self, doc: Document, messages: list[Message], template: ChatTemplate) -> TemplateChat:
@@ -136,5 +113,5 @@ class TemplateChatEncoder(PipelineStep):
                 hi = mid - 1
         if best is None:
             raise TemplateDrop(TOO_LONG)
-        self.stat_update(truncated_label(str(doc.metadata.get("source"))))
+        self.count_cut(doc)
         return best
