@@ -29,7 +29,7 @@ from lemur.data.tokenize.chat import (
 from lemur.data.tokenize.tokenizer import (
     TokenizerError,
     extend_tokenizer,
-    load_tokenizer,
+    load_llama2_processor,
     tokenizer_info,
     train_tokenizer,
 )
@@ -134,7 +134,7 @@ def chat_trained_model(tmp_path_factory) -> Path:
 
 
 def test_extending_keeps_every_id_and_adds_single_id_markers(tokenizer_model, extended_model):
-    old, new = load_tokenizer(tokenizer_model), load_tokenizer(extended_model)
+    old, new = load_llama2_processor(tokenizer_model), load_llama2_processor(extended_model)
     n = old.vocab_size()
     assert new.vocab_size() == n + 2
     assert [new.piece_to_id(p) for p in CHAT_PIECES] == [n, n + 1]
@@ -158,7 +158,7 @@ def test_extending_twice_changes_nothing(extended_model, tmp_path):
 
 
 def test_trained_tokenizer_has_markers_as_single_ids(chat_trained_model):
-    sp = load_tokenizer(chat_trained_model)
+    sp = load_llama2_processor(chat_trained_model)
     ids = [sp.piece_to_id(p) for p in CHAT_PIECES]
     assert all(sp.id_to_piece(i) == p for i, p in zip(ids, CHAT_PIECES, strict=True))
     messages = conversations(2)[1]
@@ -181,7 +181,7 @@ def encode_docs(model: Path, docs: list[Document], seq_len: int = 100_000, long:
 @pytest.mark.parametrize("model", ["extended_model", "chat_trained_model"])
 def test_mask_is_exactly_the_assistant_replies(model, request):
     path = request.getfixturevalue(model)
-    sp = load_tokenizer(path)
+    sp = load_llama2_processor(path)
     convs = conversations(24)
     kept, counts = encode_docs(path, [chat_doc(m, i) for i, m in enumerate(convs)])
     assert len(kept) == len(convs) and counts == {}
@@ -198,7 +198,7 @@ def test_the_messages_are_rendered_not_the_text(chat_trained_model):
     """The chat step renders a document's messages once; the text the tagger and filters
     read is never parsed or encoded (a document whose text is something else trains on its
     messages all the same)."""
-    sp = load_tokenizer(chat_trained_model)
+    sp = load_llama2_processor(chat_trained_model)
     msgs = conversations(2)[1]
     doc = chat_doc(msgs, 0)
     doc.text = "what the filters read"
@@ -229,7 +229,7 @@ def long_conversation() -> list[dict[str, str]]:
 
 
 def test_long_conversation_truncated_at_a_turn_boundary(chat_trained_model):
-    sp = load_tokenizer(chat_trained_model)
+    sp = load_llama2_processor(chat_trained_model)
     msgs = long_conversation()
     full = chat_doc(msgs, 0)
     n_full = len(sp.encode(full.text))
@@ -248,7 +248,7 @@ def test_long_conversation_truncated_at_a_turn_boundary(chat_trained_model):
 
 
 def test_too_long_dropped_with_reasons(chat_trained_model):
-    sp = load_tokenizer(chat_trained_model)
+    sp = load_llama2_processor(chat_trained_model)
     msgs = long_conversation()
     first = len(sp.encode(render_chatml(msgs[:3])[0])) + 2
     docs = [chat_doc(msgs, 0), chat_doc(msgs, 1)]
@@ -294,7 +294,7 @@ def test_text_spelling_a_control_token_is_dropped(model, request, tmp_path):
     kept, counts = encode_docs(path, [chat_doc(m, i) for i, m in enumerate(convs)])
     assert [d.id for d in kept] == ["chat/3", "chat/4", "chat/5"]
     assert counts == {f"dropped:chat:{CONTROL_TEXT}": 5, f"dropped:chat:{MARKER_IN_CONTENT}": 2}
-    sp = load_tokenizer(path)
+    sp = load_llama2_processor(path)
     controls = [i for i in range(sp.vocab_size()) if sp.is_control(i) or sp.is_unknown(i)]
     assert not np.isin(np.concatenate([d.metadata[TOKENS_KEY] for d in kept]), controls).any()
 
@@ -485,10 +485,10 @@ def test_built_shards_mask_exactly_the_assistant_replies(tmp_path, given, tokeni
     )
     manifest = build(recipe_from_dict(chat_recipe(tmp_path, paths, tok)))
     out = tmp_path / "out"
-    sp = load_tokenizer(out / manifest["tokenizer"]["file"])
+    sp = load_llama2_processor(out / manifest["tokenizer"]["file"])
     pieces = {p["piece"]: p["id"] for p in manifest["tokenizer"]["added_pieces"]}
     if given:  # appended to the given model: every id before them unchanged
-        n = load_tokenizer(tokenizer_model).vocab_size()
+        n = load_llama2_processor(tokenizer_model).vocab_size()
         assert pieces == {IM_START: n, IM_END: n + 1} and sp.vocab_size() == n + 2
     seen = 0
     for _shard, tokens, mask in shard_documents(out):
@@ -702,7 +702,7 @@ def test_piece_offsets_agree_with_sentencepiece_offset_mapping(kind, request, tm
         "llama-style": lambda: llama_style_model(tmp_path / "l.model"),
         "nfkc": lambda: llama_style_model(tmp_path / "n.model", "nmt_nfkc"),
     }[kind]()
-    sp = load_tokenizer(path)
+    sp = load_llama2_processor(path)
     fast, reference = TokenOffsets(sp), TokenOffsets(sp)
     reference.lengths = None  # SentencePiece's own offset mapping for every text
     assert (fast.lengths is None) == (kind == "nfkc")

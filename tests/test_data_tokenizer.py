@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lemur.data.tokenize.tokenizer import TokenizerError, load_tokenizer, tokenizer_info
+from lemur.data.tokenize.tokenizer import TokenizerError, load_llama2_processor, tokenizer_info
 
 TRICKY = [
     "def f(x):\n\treturn x  \n\n\n",
@@ -23,14 +23,14 @@ TRICKY = [
 
 @pytest.mark.parametrize("text", TRICKY)
 def test_round_trip_is_byte_exact(tokenizer_model, text):
-    sp = load_tokenizer(tokenizer_model)
+    sp = load_llama2_processor(tokenizer_model)
     ids = sp.encode(text)
     assert sp.decode(ids) == text
     assert 0 not in ids  # byte fallback: nothing becomes <unk>
 
 
 def test_llama_special_ids(tokenizer_model):
-    sp = load_tokenizer(tokenizer_model)
+    sp = load_llama2_processor(tokenizer_model)
     assert (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (0, 1, 2, -1)
     assert sp.id_to_piece(1) == "<s>" and sp.id_to_piece(2) == "</s>"
     # digits are split one per piece
@@ -41,7 +41,7 @@ def test_llama_special_ids(tokenizer_model):
 
 
 def test_newline_and_tab_are_pieces(tokenizer_model):
-    sp = load_tokenizer(tokenizer_model)
+    sp = load_llama2_processor(tokenizer_model)
     pieces = [sp.id_to_piece(i) for i in sp.encode("a\n\tb")]
     assert "\n" in pieces and "\t" in pieces
 
@@ -50,7 +50,7 @@ def test_bad_model_file(tmp_path):
     bad = tmp_path / "tokenizer.model"
     bad.write_bytes(b"not a model")
     with pytest.raises(TokenizerError, match="not a SentencePiece model"):
-        load_tokenizer(bad)
+        load_llama2_processor(bad)
 
 
 def test_a_failed_tokenize_task_leaves_no_file(tmp_path, tokenizer_model):

@@ -2,7 +2,7 @@
 
 Layers import only downward (README, Layout), lowest first:
 
-    lemur/*.py basics (typed_yaml, process_guard, chatml, ...)
+    lemur/*.py basics (typed_yaml, process_guard, chatml, machine, ...)
     -> shards -> tokenizer -> chat_template
     -> model | data          (neither imports the other)
     -> train | eval          (neither imports the other; both may import model and data)
@@ -57,17 +57,11 @@ CHECKED_FOLDERS = ("lemur", "tools", "tests")
 # Import cycles found when the cycle check came (issue #35), each broken by leaving out one
 # edge (importer, imported): the one that points the wrong way. Delete an entry once its
 # edge is gone or closes no cycle any more (the test says so); never add one.
-KNOWN_CYCLE_EDGES = {
-    # #35 item 1: train errors and batch layout in their own modules (step.py, state.py).
-    ("lemur.train.step", "lemur.train.state"): "step.py, state.py, setup.py",
-}
+KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {}
 
 # Private names used across modules when the check came (issue #35), as (file, module._name).
 # Each goes when its name becomes public or its user stops needing it; never add one.
-KNOWN_PRIVATE_USES = {
-    # #35 item 4: tests of private helpers (their modules are being edited elsewhere).
-    ("tests/test_train_step.py", "lemur.train.step._decay_mask"): "step.py",
-}
+KNOWN_PRIVATE_USES: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path) -> str:

@@ -21,9 +21,9 @@ from lemur.eval.chat_prompt import chat_prompt_ids
 from lemur.model import checkpoint, convert, hf_tokenizer
 from lemur.model.config import config_from_preset
 from lemur.model.grow import grow_vocab
-from lemur.model.hf_tokenizer import HFTokenizerError, write_hf_tokenizer
+from lemur.model.hf_tokenizer import write_hf_tokenizer
 from lemur.model.llama import init_params
-from lemur.tokenizer import SentencePieceTokenizer
+from lemur.tokenizer import SentencePieceTokenizer, TokenizerError
 
 transformers = pytest.importorskip("transformers")
 
@@ -208,17 +208,15 @@ def test_merges_rank_by_score(chat_model: Path) -> None:
 
 def test_refuses_models_it_cannot_mirror(tmp_path: Path, tokenizer_model: Path) -> None:
     (tmp_path / "junk.model").write_bytes(b"not a model")
-    with pytest.raises(HFTokenizerError, match="junk.model: not a SentencePiece model"):
+    with pytest.raises(TokenizerError, match="junk.model: not a SentencePiece model"):
         write_hf_tokenizer(tmp_path / "junk.model", tmp_path / "out")
-    with pytest.raises(HFTokenizerError, match="missing.model: cannot read"):
+    with pytest.raises(TokenizerError, match="missing.model: cannot read"):
         write_hf_tokenizer(tmp_path / "missing.model", tmp_path / "out")
     proto = model_pb2.ModelProto()
     proto.ParseFromString(tokenizer_model.read_bytes())
     proto.trainer_spec.model_type = model_pb2.TrainerSpec.UNIGRAM
     (tmp_path / "uni.model").write_bytes(proto.SerializeToString())
-    with pytest.raises(
-        HFTokenizerError, match="uni.model: cannot export to Hugging Face: not a BPE"
-    ):
+    with pytest.raises(TokenizerError, match="uni.model: cannot export to Hugging Face: not a BPE"):
         write_hf_tokenizer(tmp_path / "uni.model", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

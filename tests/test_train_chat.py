@@ -21,7 +21,7 @@ from lemur.chatml import CHAT_PIECES
 from lemur.data.chat_demo import conversations
 from lemur.data.read.chat import MESSAGES_KEY, render_chatml
 from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY, ChatEncoder
-from lemur.data.tokenize.tokenizer import extend_tokenizer, load_tokenizer, tokenizer_info
+from lemur.data.tokenize.tokenizer import extend_tokenizer, load_llama2_processor, tokenizer_info
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import llama
 from lemur.model.config import config_from_preset
@@ -30,8 +30,9 @@ from lemur.shards.windows import ShardSource
 from lemur.train import step as step_lib
 from lemur.train.cli import main as train_main
 from lemur.train.config import load_train_config
+from lemur.train.errors import RunError
 from lemur.train.loop import train
-from lemur.train.setup import DataDirs, RunError, plan_run
+from lemur.train.setup import DataDirs, plan_run
 from lemur.train.streams import make_eval_iterators, make_train_iterator
 
 SEQ = 32
@@ -54,7 +55,7 @@ def chat_docs(tokenizer: Path, n: int) -> list[Doc]:
 
 def text_docs(tokenizer: Path, n: int) -> list[Doc]:
     """`n` ordinary documents (pydoc topics) as `<s> ids </s>`, no mask."""
-    sp = load_tokenizer(tokenizer)
+    sp = load_llama2_processor(tokenizer)
     return [
         (np.asarray(sp.encode(d["text"], add_bos=True, add_eos=True)), None)
         for d in real_text_docs(n)
@@ -382,7 +383,7 @@ def test_init_from_trained_with_another_tokenizer_is_refused(
 
     texts = [d["text"] for d in real_text_docs(60)][20:]  # other text: other merges
     other = train_tokenizer(texts, TokenizerTrainConfig(vocab_size=800), tmp_path / "other.model")
-    assert load_tokenizer(other).vocab_size() == 800
+    assert load_llama2_processor(other).vocab_size() == 800
     data = write_dir(tmp_path / "data", other, text_docs(other, 8), 2, False)
     argv = ["lemur-chat", "--set", f"data.dirs=[{data}]", "--set", f"model.init_from={pretrained}"]
     sizes = ["--set", f"batch.seq_len={SEQ}", "--set", "batch.size=8"]
@@ -391,3 +392,21 @@ def test_init_from_trained_with_another_tokenizer_is_refused(
     assert len(err) == 1, err
     assert f"the shards in {data} were built with {data / 'tokenizer.model'}" in err[0]
     assert f"neither the model's tokenizer {pretrained / 'tokenizer.model'} nor it" in err[0]
+
+
+def test_an_unreadable_tokenizer_of_init_from_is_the_tokenizer_packages_one_line(
+    tokenizer_model: Path, tmp_path: Path
+) -> None:
+    """#35: the model file is parsed by lemur.tokenizer.sentencepiece, so the trainer's refusal
+    of a damaged one reads as every other command's (`PATH: not a SentencePiece model (...)`)."""
+    from types import SimpleNamespace
+
+    from lemur.train.setup import check_tokenizer
+
+    folder = tmp_path / "pretrained"
+    folder.mkdir()
+    (folder / "tokenizer.model").write_bytes(b"\x0a\xff not a model")
+    data = SimpleNamespace(tokenizer_path=tokenizer_model, tokenizer={})
+    with pytest.raises(RunError) as e:
+        check_tokenizer(str(folder), data)  # type: ignore[arg-type]
+    assert str(e.value).startswith(f"{folder / 'tokenizer.model'}: not a SentencePiece model (")

@@ -3,6 +3,7 @@ paths stored absolute."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from lemur.train.config import (
     load_train_config,
     shipped_configs,
     with_absolute_paths,
+    with_steps,
 )
 
 
@@ -175,3 +177,17 @@ def test_every_path_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyP
     unset = with_absolute_paths(load_train_config("tiny"))
     assert unset.model.init_from is None and unset.checkpoint.dir is None
     assert unset.data.eval_dirs is None and unset.compile_cache_dir is None
+
+
+def test_with_steps_counts_epochs_and_the_warmup_fraction_in_steps() -> None:
+    """The one place after validation that sets steps and warmup (#35): the trainer's start-up
+    and `plan` both go through it."""
+    by_epochs = load_train_config("continue")  # epochs: 1, warmup_fraction: 0.03
+    assert by_epochs.steps is None and by_epochs.schedule.warmup_steps is None
+    run = with_steps(by_epochs, 1000)
+    assert (run.steps, run.epochs) == (1000, None)
+    assert (run.schedule.warmup_steps, run.schedule.warmup_fraction) == (30, None)
+    tiny = load_train_config("tiny")  # steps and warmup_steps given: only steps changes
+    assert with_steps(tiny, 7) == dataclasses.replace(tiny, steps=7)
+    default = load_train_config(None)  # neither of either pair: validation's defaults
+    assert (default.steps, default.schedule.warmup_steps) == (1000, 2000)

@@ -24,7 +24,12 @@ from lemur.shards.format import (
     token_dtype,
 )
 from lemur.shards.windows import BATCH_KEYS, ShardSource, window_record
-from lemur.train.streams import make_eval_iterators, make_train_iterator
+from lemur.train.streams import (
+    ExpectedTokenizer,
+    Reading,
+    make_eval_iterators,
+    make_train_iterator,
+)
 
 VOCAB = 1000
 SEQ = 32
@@ -111,14 +116,18 @@ def keys(corpus: Path) -> dict[bytes, int]:
     return out
 
 
-def it_for(dirs, **kw):
+def it_for(dirs, vocab_size=None, **kw):
+    """A train iterator of `dirs`; keywords of `Reading` go into its `reading`."""
+    reading = {"num_threads": 0}
+    reading |= {k: kw.pop(k) for k in [k for k in kw if k in Reading.__dataclass_fields__]}
     kw = {
         "seq_len": SEQ,
         "batch_size": 8,
         "seed": 0,
         "process_index": 0,
         "process_count": 1,
-        "num_threads": 0,
+        "expect": None if vocab_size is None else ExpectedTokenizer(vocab_size),
+        "reading": Reading(**reading),
         **kw,
     }
     return make_train_iterator(dirs, **kw)

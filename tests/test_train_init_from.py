@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from conftest import real_text_docs  # noqa: E402
 
-from lemur.data.tokenize.tokenizer import load_tokenizer, tokenizer_info  # noqa: E402
+from lemur.data.tokenize.tokenizer import load_llama2_processor, tokenizer_info  # noqa: E402
 from lemur.model import convert  # noqa: E402
 from lemur.shards.format import (  # noqa: E402
     FORMAT,
@@ -26,8 +26,9 @@ from lemur.shards.format import (  # noqa: E402
     token_dtype,
 )
 from lemur.train.config import load_train_config  # noqa: E402
+from lemur.train.errors import RunError  # noqa: E402
 from lemur.train.loop import train  # noqa: E402
-from lemur.train.setup import DataDirs, RunError, plan_run  # noqa: E402
+from lemur.train.setup import DataDirs, plan_run  # noqa: E402
 from lemur.train.streams import make_train_iterator  # noqa: E402
 
 torch = pytest.importorskip("torch")
@@ -96,7 +97,7 @@ def llama_case(tokenizer_model: Path, tmp_path_factory: pytest.TempPathFactory) 
     folder = root / "hf"
     model.save_pretrained(folder)
     shutil.copyfile(tokenizer_model, folder / "tokenizer.model")
-    sp = load_tokenizer(tokenizer_model)
+    sp = load_llama2_processor(tokenizer_model)
     docs = [
         np.asarray(sp.encode(d["text"], add_bos=True, add_eos=True)) for d in real_text_docs(12)
     ]
@@ -263,7 +264,7 @@ def test_dry_run_shows_the_model_the_run_trains(qwen2_case: dict, tmp_path: Path
 def test_continue_defaults_too_long_or_too_big_name_the_keys_to_lower(
     qwen2_case: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lemur.train import setup
+    from lemur import machine
     from lemur.train.config import ConfigError
 
     folder = qwen2_case["folder"]
@@ -277,7 +278,7 @@ def test_continue_defaults_too_long_or_too_big_name_the_keys_to_lower(
     # The step by plan_estimate's formula: 64 x 32 tokens of activations (14.0 MiB) and the
     # state (0.3 MiB), on a "host" of 8 MiB: refused before anything starts, with the keys
     # and a value that fits (the fewest microbatches whose step takes half the host).
-    monkeypatch.setattr(setup, "host_memory_bytes", lambda: 8 * 2**20)
+    monkeypatch.setattr(machine, "host_memory_bytes", lambda: 8 * 2**20)
     config = run_config(qwen2_case["data"], tmp_path / "run", folder, "batch.size=64")
     with pytest.raises(RunError) as e:
         plan_run(config, DataDirs())

@@ -20,9 +20,9 @@ import yaml
 from lemur.train.checkpoint import Checkpointer
 from lemur.train.cli import main
 from lemur.train.config import TrainConfig, apply_overrides, config_from_dict
-from lemur.train.loop import train
+from lemur.train.errors import RunError, TrainingDiverged
+from lemur.train.loop import Hook, train
 from lemur.train.metrics import read_records
-from lemur.train.setup import RunError, TrainingDiverged
 
 
 def build_corpus(root: Path, vocab: int = 600) -> Path:
@@ -321,3 +321,14 @@ def test_the_record_and_the_closing_line_label_their_two_losses() -> None:
     assert closing_line(summary) == (
         "lemur-train: step 20  last step's loss 4.2500  val code 4.0000  (r)"
     )
+
+
+def test_a_hook_is_due_by_count_at_the_last_step_and_at_a_stop_when_named_so() -> None:
+    """Hook's two flags are named where a hook is made (#35: `Hook(f, n, False, True)`)."""
+    evals = Hook(print, 10, pauses_clock=True)
+    saves = Hook(print, 10, on_stop=True)
+    assert evals.pauses_clock and not evals.on_stop
+    assert [s for s in (7, 10, 13, 40) if evals.due(s, 40, stop=s == 13)] == [10, 40]
+    assert [s for s in (7, 10, 13, 40) if saves.due(s, 40, stop=s == 13)] == [10, 13, 40]
+    with pytest.raises(TypeError):
+        Hook(print, 10, False, True)  # type: ignore[misc]

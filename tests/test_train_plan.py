@@ -87,7 +87,7 @@ def test_fit_searches_cost_order_and_bisects_microbatches(capsys, monkeypatch) -
     def fake_compile(config, model, devices, hbm, with_eval=True):
         compiled.append((model.remat, config.batch.microbatches))
         peak = 100 * GIB * share[model.remat] / config.batch.microbatches
-        return Memory(peak <= hbm[0], peak, hbm[0], hbm[1])
+        return Memory(fits=peak <= hbm[0], peak=peak, hbm=hbm[0], hbm_source=hbm[1])
 
     monkeypatch.setattr(plan_targets, "libtpu_available", lambda: True)
     monkeypatch.setattr(plan_fit, "compile_memory", fake_compile)
@@ -117,8 +117,8 @@ def test_fit_searches_cost_order_and_bisects_microbatches(capsys, monkeypatch) -
 def test_a_pods_mesh_gives_each_host_one_block_of_rows() -> None:
     """jax.make_mesh put host 0's chips of a v4-512 at rows 0, 32, 256, 288: the trainer
     refused to start ("not one aligned block"); the mesh lists each host's chips together."""
+    from lemur.train.batch import BatchLayout, HostSlice
     from lemur.train.state import make_run_mesh
-    from lemur.train.step import BatchLayout, HostSlice
 
     devices = plan_targets.tpu_devices(parse_target("v4-512"))
     mesh = make_run_mesh(load_train_config("lemur-70b"), devices)

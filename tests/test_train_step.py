@@ -15,6 +15,7 @@ from lemur.model import llama
 from lemur.model import sharding as model_sharding
 from lemur.model.config import LlamaConfig, Params, param_shapes
 from lemur.train import step as step_lib
+from lemur.train.batch import HostSlice, host_slice
 from lemur.train.config import MeshConfig, OptimizerConfig, ScheduleConfig
 
 MODEL = LlamaConfig(
@@ -79,7 +80,7 @@ def test_schedule_warmup_cosine_to_ten_percent() -> None:
 
 def test_weight_decay_skips_norms_and_biases() -> None:
     params = _params(dataclasses.replace(MODEL, arch="qwen2", qkv_bias=True))
-    mask = step_lib._decay_mask(params)
+    mask = step_lib.decay_mask(params)
     assert mask["layers"]["wq"] and mask["embed"] and mask["lm_head"]
     assert not mask["final_norm"] and not mask["layers"]["attn_norm"]
     assert not any(mask["layers"][name] for name in ("bq", "bk", "bv"))
@@ -139,8 +140,8 @@ def test_loss_is_the_mean_over_valid_tokens(setup: tuple) -> None:
         nll = -jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
         mask = batch["loss_mask"]
         # Document attention changes the loss only after the first document boundary.
-        doc = step_lib.token_losses(params, batch, MODEL, True)
-        plain = step_lib.token_losses(params, batch, MODEL, False)
+        doc = step_lib.token_losses(params, batch, MODEL, document_attention=True)
+        plain = step_lib.token_losses(params, batch, MODEL, document_attention=False)
         return (nll * mask).sum() / mask.sum(), doc, plain
 
     expected, doc, plain = reference(state["params"], batch)
@@ -169,4 +170,4 @@ def test_host_slice_single_process() -> None:
     m = MeshConfig()
     mesh = model_sharding.make_mesh(m.data, m.fsdp, m.tensor)
     sharding = model_sharding.batch_sharding(mesh, (8, 16))
-    assert step_lib.host_slice(sharding, (8, 16)) == step_lib.HostSlice(index=0, count=1, rows=8)
+    assert host_slice(sharding, (8, 16)) == HostSlice(index=0, count=1, rows=8)

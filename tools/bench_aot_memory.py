@@ -34,7 +34,7 @@ from lemur.shards.windows import BATCH_KEYS
 from lemur.train import step as step_lib
 from lemur.train.config import OptimizerConfig, ScheduleConfig
 from lemur.train.plan_targets import parse_target, tpu_devices
-from lemur.train.state import StateLayout
+from lemur.train.step import StateLayout
 
 GIB = 2**30
 

@@ -34,7 +34,7 @@ from lemur.data.recipe import TokenizerTrainConfig
 from lemur.data.tokenize import offsets as offsets_module
 from lemur.data.tokenize.chat import ChatEncoder
 from lemur.data.tokenize.step import TokenizeWriter
-from lemur.data.tokenize.tokenizer import extend_tokenizer, load_tokenizer, train_tokenizer
+from lemur.data.tokenize.tokenizer import extend_tokenizer, load_llama2_processor, train_tokenizer
 
 
 def conversations(max_bytes: int) -> list[tuple[str, list[Message]]]:
@@ -68,7 +68,7 @@ def main() -> int:
     else:
         config = TokenizerTrainConfig(vocab_size=16000)
         tok = str(train_tokenizer(texts[::4], config, tmp / "tok.model", CHAT_PIECES))
-    sp = load_tokenizer(tok)
+    sp = load_llama2_processor(tok)
     meta = {"source": "chat", "source_index": 0, "language": "en"}
     docs = [Document(text=text, id=f"c{i}", metadata={}) for i, (text, _) in enumerate(convs)]
 

@@ -33,7 +33,7 @@ import psutil
 
 from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
 from lemur.shards.windows import ShardSource
-from lemur.train.streams import derived_seed, make_train_iterator
+from lemur.train.streams import Reading, derived_seed, make_train_iterator
 
 VOCAB = 32000
 
@@ -128,7 +128,7 @@ def loader_pass(directory: str, args: argparse.Namespace, steps: int, **kw) -> d
         seed=args.seed,
         process_index=0,
         process_count=1,
-        **kw,
+        reading=Reading(**kw),
     )
     next(it)  # start-up (worker processes, first mappings) is not throughput
     before = total_rss_mb()

@@ -22,7 +22,7 @@ from datatrove.data import Document
 from lemur.data.demo import doc_files, pydoc_topics
 from lemur.data.recipe import TokenizerTrainConfig
 from lemur.data.tokenize.step import TokenizeWriter
-from lemur.data.tokenize.tokenizer import load_tokenizer, train_tokenizer
+from lemur.data.tokenize.tokenizer import load_llama2_processor, train_tokenizer
 
 
 def real_documents(max_bytes: int) -> list[str]:
@@ -61,7 +61,7 @@ def main() -> int:
     tok = args.tokenizer or str(
         train_tokenizer(texts[::3], TokenizerTrainConfig(vocab_size=16000), tmp / "tok.model")
     )
-    sp = load_tokenizer(tok)
+    sp = load_llama2_processor(tok)
     docs = [
         Document(text=t, id=f"d{i}", metadata={"source_index": 0, "language": "x"})
         for i, t in enumerate(texts)

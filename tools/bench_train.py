@@ -47,6 +47,7 @@ from lemur.model import sharding as model_sharding
 from lemur.model.config import LlamaConfig, Params, config_from_preset, flops_per_token, param_count
 from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
 from lemur.train import step as step_lib
+from lemur.train.batch import BatchLayout
 from lemur.train.config import MeshConfig, OptimizerConfig, ScheduleConfig, config_from_dict
 from lemur.train.metrics import measure_matmul_tflops, peak_tflops_per_device
 
@@ -125,7 +126,7 @@ def compile_lemur_step(
     microbatches: int = 1,
     document_attention: bool = False,
     seed: int = 0,
-) -> tuple[Any, Any, step_lib.BatchLayout, float]:
+) -> tuple[Any, Any, BatchLayout, float]:
     """lemur's train step compiled exactly as `lemur-train` compiles it (explicit shardings
     on a 1-device-per-axis mesh, donated state): (compiled step, fresh state from
     `jax.random.key(seed)`, the batch layout, compile seconds)."""
@@ -137,7 +138,7 @@ def compile_lemur_step(
     init = functools.partial(step_lib.init_state, model=model, tx=tx)
     abstract = jax.eval_shape(init, key)
     shardings = step_lib.state_shardings(abstract, model, tx, mesh)
-    layout = step_lib.BatchLayout.on(mesh, batch, seq_len)
+    layout = BatchLayout.on(mesh, batch, seq_len)
     state = jax.jit(init, out_shardings=shardings)(key)
     train = step_lib.make_train_step(
         model, tx, schedule, microbatches=microbatches, document_attention=document_attention

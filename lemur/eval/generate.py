@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lemur import machine
 from lemur.chatml import IM_END as CHATML_END
 from lemur.cli_common import UserError
 from lemur.eval.chat_prompt import ChatPrompt, chat_prompt_ids, model_template
@@ -170,14 +170,6 @@ def _run_batch(
                 extend_row(r, new_BxT[b], gen, eos_ids, tokenizer)
 
 
-def memory_limit_bytes() -> int:
-    """What the first device may hold: its allocator's limit (GPU, TPU), else the host's RAM."""
-    stats = jax.devices()[0].memory_stats() or {}
-    if stats.get("bytes_limit"):
-        return int(stats["bytes_limit"])
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def check_cache_fits(config: LlamaConfig, batch: int, longest: int, gen: GenerationConfig) -> None:
     """UserError naming --max-new-tokens and --batch-size when the KV cache of the longest
     batch would not fit the device: XLA would fail the allocation with a traceback (or, on a
@@ -185,7 +177,7 @@ def check_cache_fits(config: LlamaConfig, batch: int, longest: int, gen: Generat
     length = bucket(longest) + -(-(gen.max_new_tokens - 1) // gen.chunk) * gen.chunk
     itemsize = jnp.dtype(config.compute_dtype).itemsize
     need = 2 * config.n_layers * batch * length * config.n_kv_heads * config.head_dim * itemsize
-    if need > (limit := memory_limit_bytes()):
+    if need > (limit := machine.device_memory_bytes()):
         raise UserError(
             f"the KV cache of {batch} x {length:,} tokens ({longest} of prompt + "
             f"--max-new-tokens {gen.max_new_tokens:,}) needs {need / 2**30:,.1f} GiB, more "

@@ -48,6 +48,5 @@ _EXPORTS = {
     "load_params": "checkpoint",
     "grow_vocab": "grow",
     "write_hf_tokenizer": "hf_tokenizer",
-    "HFTokenizerError": "hf_tokenizer",
 }
 __getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -61,16 +61,10 @@ Piece = model_pb2.ModelProto.SentencePiece
 ADDED_TYPES = (Piece.UNKNOWN, Piece.CONTROL, Piece.USER_DEFINED)
 
 
-class HFTokenizerError(ValueError):
-    """A SentencePiece model that the HF tokenizer files cannot reproduce."""
-
-
 def read_model_proto(path: str | os.PathLike[str]) -> model_pb2.ModelProto:
-    """The parsed SentencePiece model, checked to be one `tokenizers` can mirror exactly."""
-    try:
-        proto = read_model(path)
-    except TokenizerError as e:  # this module's callers catch HFTokenizerError
-        raise HFTokenizerError(str(e)) from None
+    """The parsed SentencePiece model, checked to be one `tokenizers` can mirror exactly
+    (TokenizerError naming it if not, or if it cannot be read)."""
+    proto = read_model(path)
     normalizer = proto.normalizer_spec
     problems = [
         (proto.trainer_spec.model_type != model_pb2.TrainerSpec.BPE, "not a BPE model"),
@@ -83,14 +77,14 @@ def read_model_proto(path: str | os.PathLike[str]) -> model_pb2.ModelProto:
     ]
     for bad, what in problems:
         if bad:
-            raise HFTokenizerError(f"{path}: cannot export to Hugging Face: {what}")
+            raise TokenizerError(f"{path}: cannot export to Hugging Face: {what}")
     return proto
 
 
 def _special(proto: model_pb2.ModelProto, piece_id: int) -> str:
     """The piece string of a special id from the trainer spec (e.g. bos_id -> '<s>')."""
     if not 0 <= piece_id < len(proto.pieces):
-        raise HFTokenizerError(f"special id {piece_id} is not in the vocabulary")
+        raise TokenizerError(f"special id {piece_id} is not in the vocabulary")
     return proto.pieces[piece_id].piece
 
 

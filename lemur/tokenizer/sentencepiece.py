@@ -47,7 +47,7 @@ def read_model(path: str | os.PathLike[str]) -> Any:
 
 def load_processor(path: str | os.PathLike[str]) -> spm.SentencePieceProcessor:
     """A SentencePiece model file loaded: the one loader of model files (this engine's
-    tokenizer, and the build's `load_tokenizer`); TokenizerError naming it otherwise."""
+    tokenizer, and the build's `load_llama2_processor`); TokenizerError naming it otherwise."""
     sp = spm.SentencePieceProcessor()
     try:
         sp.Load(str(path))

@@ -4,9 +4,11 @@ and the Grain streams over shard directories.
 | module | what it holds |
 |---|---|
 | `config` | `TrainConfig` and its sections, `load_train_config`; paths stored absolute |
-| `setup` | errors, `plan_run` (the config and model resolved and checked), the data opened |
-| `state` | processes and the mesh; the state's layout; where a run starts (checkpoint, ...) |
-| `step` | schedule, optimizer, the train/eval steps compiled; global batches |
+| `errors` | `RunError` (a run that cannot start, exit 2), `TrainingDiverged` (exit 1) |
+| `setup` | `plan_run` (the config and model resolved and checked), the data opened |
+| `state` | processes and the mesh; where a run starts (checkpoint, pretrained, fresh) |
+| `step` | the state's layout, schedule, optimizer, the train/eval steps compiled |
+| `batch` | global batches: their sharding on the mesh, the rows this process reads |
 | `streams` | the train stream and the eval streams over shard directories |
 | `loop` | `Trainer`, `train`: the loop and its hooks (evals, checkpoints) |
 | `metrics` | metrics.jsonl, TensorBoard, the progress bar, the train records, MFU |
@@ -25,8 +27,8 @@ _EXPORTS = {
     "load_train_config": "config",
     "Trainer": "loop",
     "train": "loop",
-    "RunError": "setup",
-    "TrainingDiverged": "setup",
+    "RunError": "errors",
+    "TrainingDiverged": "errors",
     "make_train_iterator": "streams",
     "make_eval_iterators": "streams",
 }

@@ -67,7 +67,8 @@ def dry_run_summary(config: TrainConfig) -> str:
     model the run would train, padded embedding rows of `init_from` included."""
     from lemur.model.config import flops_per_token, param_count
     from lemur.train.config import ConfigError
-    from lemur.train.setup import DataDirs, RunError, resolve_config
+    from lemur.train.errors import RunError
+    from lemur.train.setup import DataDirs, resolve_config
 
     lines: list[str] = []
     try:  # dry runs must work without the data or the checkpoint present
@@ -97,7 +98,8 @@ def dry_run_summary(config: TrainConfig) -> str:
 def _dry_run_model(config: TrainConfig) -> tuple[LlamaConfig, str]:
     """The model a run of `config` trains (as `resolve_model` makes it: an `init_from`
     checkpoint's padded vocabulary kept) and where its vocab_size comes from."""
-    from lemur.train.setup import DataDirs, RunError, resolve_model
+    from lemur.train.errors import RunError
+    from lemur.train.setup import DataDirs, resolve_model
 
     vocab, source = config.model.vocab_size, "model.vocab_size"
     if vocab is None:
@@ -143,8 +145,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(config.to_yaml() + dry_run_summary(config), end="")
         return 0
+    from lemur.train.errors import RunError, TrainingDiverged
     from lemur.train.loop import train
-    from lemur.train.setup import RunError, TrainingDiverged
 
     try:
         summary = train(config)

@@ -27,6 +27,12 @@ DISTRIBUTED = ("auto", "on", "off")
 # Pairs of keys that are alternatives: a `--set` of one clears the other.
 ALTERNATIVES = (("steps", "epochs"), ("schedule.warmup_steps", "schedule.warmup_fraction"))
 _ONE_OF_THEM = "has an alternative key set too (steps/epochs, warmup_steps/warmup_fraction)"
+# The run's length when neither key of its pair is set: validation writes them (a dry run
+# prints them); the keys given as the other of the pair (`epochs`, a warmup fraction) are
+# counted in steps at start-up by `with_steps`, the one place after validation that sets
+# either. Nothing else decides `steps` or `schedule.warmup_steps`.
+DEFAULT_STEPS = 1000
+DEFAULT_WARMUP_STEPS = 2000
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,7 @@ class ScheduleConfig:
     """Learning rate: linear warmup to `peak_lr`, then decay to `final_lr_ratio * peak_lr`."""
 
     peak_lr: float = 4e-5
-    warmup_steps: int | None = None  # None: 2000, or warmup_fraction of the steps
+    warmup_steps: int | None = None  # None: DEFAULT_WARMUP_STEPS, or warmup_fraction's
     warmup_fraction: float | None = None  # warmup as a share of the steps (set at start-up)
     decay: str = "cosine"  # cosine | linear | constant
     final_lr_ratio: float = 0.1
@@ -132,7 +138,7 @@ class ScheduleConfig:
         steps, fraction = self.warmup_steps, self.warmup_fraction
         check_key(steps is None or fraction is None, "schedule.warmup_steps", _ONE_OF_THEM)
         if steps is None and fraction is None:
-            object.__setattr__(self, "warmup_steps", 2000)
+            object.__setattr__(self, "warmup_steps", DEFAULT_WARMUP_STEPS)
         check_key(steps is None or steps >= 0, "schedule.warmup_steps", "must be >= 0")
         check_key(
             fraction is None or 0 <= fraction < 1, "schedule.warmup_fraction", "not in [0, 1)"
@@ -215,7 +221,7 @@ class TrainConfig:
 
     run_dir: str = "runs/lemur"
     seed: int = 0
-    steps: int | None = None  # None: 1000, or the steps of `epochs`
+    steps: int | None = None  # None: DEFAULT_STEPS, or the steps of `epochs` (with_steps)
     epochs: float | None = None  # passes over the train tokens; steps set at start-up
     # JAX's persistent compilation cache: a restarted run (resume, preemption) skips compiling.
     compile_cache_dir: str | None = None
@@ -233,7 +239,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_key(self.steps is None or self.epochs is None, "steps", _ONE_OF_THEM)
         if self.steps is None and self.epochs is None:
-            object.__setattr__(self, "steps", 1000)
+            object.__setattr__(self, "steps", DEFAULT_STEPS)
         check_key(self.steps is None or self.steps >= 1, "steps", "must be >= 1")
         check_key(self.epochs is None or self.epochs > 0, "epochs", "must be > 0")
         check_key(bool(self.run_dir), "run_dir", "must not be empty")
@@ -273,6 +279,16 @@ class TrainConfig:
     def to_yaml(self) -> str:
         """The resolved config as YAML, loadable again with `load_train_config`."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def with_steps(config: TrainConfig, steps: int) -> TrainConfig:
+    """The config of a run of `steps` steps (`epochs` counted: cleared), its warmup fraction
+    counted in those steps (`schedule.warmup_steps`)."""
+    schedule = config.schedule
+    if schedule.warmup_fraction is not None:
+        warmup = round(schedule.warmup_fraction * steps)
+        schedule = dataclasses.replace(schedule, warmup_steps=warmup, warmup_fraction=None)
+    return dataclasses.replace(config, steps=steps, epochs=None, schedule=schedule)
 
 
 # ---------------------------------------------------------------------------- parsing

@@ -31,14 +31,14 @@ from lemur.shards.format import ShardFormatError
 from lemur.tokenizer.token_bytes import TokenBytes, bits_per_byte
 from lemur.train import interrupt
 from lemur.train import step as step_lib
+from lemur.train.batch import Batch, BatchLayout
 from lemur.train.config import TrainConfig, with_absolute_paths
+from lemur.train.errors import RunError, TrainingDiverged
 from lemur.train.metrics import RunLog, StepWindow, TrainRecords, peak_tflops_per_device
 from lemur.train.setup import (
     DataDirs,
-    RunError,
     RunSummary,
     StopSignal,
-    TrainingDiverged,
     check_writable_dir,
     open_checkpointer,
     open_eval_streams,
@@ -46,8 +46,8 @@ from lemur.train.setup import (
     plan_run,
     prepare_run_dir,
 )
-from lemur.train.state import Start, StateLayout, initial_state, make_run_mesh, start_processes
-from lemur.train.step import BatchLayout, State
+from lemur.train.state import Start, initial_state, make_run_mesh, start_processes
+from lemur.train.step import State, StateLayout
 from lemur.train.streams import EvalStream
 
 
@@ -67,11 +67,12 @@ class Hook:
 
     run: Callable[[StepInfo], None]
     every: int
+    _: dataclasses.KW_ONLY
     on_stop: bool = False
     # Its time is not training time: the window's clock restarts after it (evals).
     pauses_clock: bool = False
 
-    def due(self, step: int, last: int, stop: bool) -> bool:
+    def due(self, step: int, last: int, *, stop: bool) -> bool:
         """Whether it runs after step `step` of `last` (`stop`: the run stops there)."""
         by_count = bool(self.every and step % self.every == 0)
         return step == last or (stop and self.on_stop) or by_count
@@ -189,7 +190,7 @@ class Trainer:
     def run(self) -> RunSummary:
         """Train to `config.steps` (or a stop signal); checkpoint, evaluate, log on the way."""
         try:
-            prepare_run_dir(self.run_dir, self.config, self.is_main)
+            prepare_run_dir(self.run_dir, self.config, is_main=self.is_main)
             start = self.initial_state()
             if start.state is None:
                 self.log.message(
@@ -230,7 +231,12 @@ class Trainer:
         for note in self.plan.notes:  # what plan_run resolved (the model, steps, warmup)
             self.log.message(note)
         return initial_state(
-            config, self.layout, self.checkpointer, self.loader, self.log.message, self.is_main
+            config,
+            self.layout,
+            self.checkpointer,
+            self.loader,
+            self.log.message,
+            is_main=self.is_main,
         )
 
     def _train(
@@ -247,7 +253,9 @@ class Trainer:
             )
             + f"; compiled in {compile_s:.1f}s"
         )
-        hooks = [] if evaluator is None else [Hook(evaluator, self.config.eval.every, False, True)]
+        hooks = []
+        if evaluator is not None:
+            hooks.append(Hook(evaluator, self.config.eval.every, pauses_clock=True))
         hooks.append(Hook(self._save, self.config.checkpoint.every, on_stop=True))
         with StopSignal() as stop:
             interrupt.disarm()  # from here on a signal checkpoints and stops
@@ -290,7 +298,7 @@ class Trainer:
             stopping = stop.at(step)
             # A stop (preemption) saves but does not evaluate: the resumed run evaluates
             # where an uninterrupted one would, and the grace period goes to the save.
-            due = [hook for hook in hooks if hook.due(step, steps, stopping)]
+            due = [hook for hook in hooks if hook.due(step, steps, stop=stopping)]
             if due:
                 # Check this step's numbers before saving its state.
                 last_loss, pending = self._consume(*pending, window), None
@@ -308,7 +316,7 @@ class Trainer:
             last_loss = self._consume(*pending, window)
         return step, last_loss
 
-    def _next_batch(self, window: StepWindow, step: int) -> step_lib.Batch:
+    def _next_batch(self, window: StepWindow, step: int) -> Batch:
         """The next global batch; loader time is counted as data wait and transfer."""
         # Time blocked waiting for the loader's next batch: the "data wait". (Assembling
         # the global arrays is timed apart: on CPU it competes with the running step for

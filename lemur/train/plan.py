@@ -18,7 +18,7 @@ from typing import Any
 
 from lemur.cli_common import UserError
 from lemur.model.config import LlamaConfig, flops_per_token, param_count
-from lemur.train.config import TrainConfig
+from lemur.train.config import DEFAULT_STEPS, TrainConfig, with_steps
 from lemur.train.plan_targets import GIB, Memory, Target, parse_oom, tpu_devices, usable_hbm
 
 
@@ -67,7 +67,8 @@ def memory_settings(config: TrainConfig, model: LlamaConfig) -> dict[str, Any]:
 def plan_model(config: TrainConfig) -> LlamaConfig:
     """The run's model (init_from's when the preset is null; the data's vocabulary when
     readable, else the preset's)."""
-    from lemur.train.setup import DataDirs, RunError, resolve_config
+    from lemur.train.errors import RunError
+    from lemur.train.setup import DataDirs, resolve_config
 
     if not config.model.complete:
         try:
@@ -87,7 +88,8 @@ def run_steps(config: TrainConfig) -> int | None:
     """The run's steps (None: `epochs` of data that is not readable here)."""
     if config.epochs is None:
         return config.steps
-    from lemur.train.setup import DataDirs, RunError, resolve_config
+    from lemur.train.errors import RunError
+    from lemur.train.setup import DataDirs, resolve_config
 
     try:
         return resolve_config(config, DataDirs())[0].steps
@@ -100,14 +102,16 @@ def compile_memory(
     model: LlamaConfig,
     devices: list[Any],
     hbm: tuple[float, str],
+    *,
     with_eval: bool = True,
 ) -> Memory:
     """Compile the run's train step (and eval step) for `devices`; their per-device memory,
     or the compiler's out-of-HBM figure."""
     from lemur.train import step as step_lib
+    from lemur.train.batch import BatchLayout
 
     layout, schedule = run_layout(config, model, devices)
-    train_batch = step_lib.BatchLayout.on(layout.mesh, config.batch.size, config.batch.seq_len)
+    train_batch = BatchLayout.on(layout.mesh, config.batch.size, config.batch.seq_len)
     start = time.perf_counter()
     try:
         train_step, _, _ = step_lib.compile_steps(layout, schedule, config, train_batch, None)
@@ -116,7 +120,13 @@ def compile_memory(
         refused = parse_oom(str(e))
         if refused is None:
             raise
-        return Memory(False, refused[0], refused[1], "the compiler", compile_s=_since(start))
+        return Memory(
+            fits=False,
+            peak=refused[0],
+            hbm=refused[1],
+            hbm_source="the compiler",
+            compile_s=_since(start),
+        )
     stats = train_step.memory_analysis()
     return Memory(
         fits=True,
@@ -135,18 +145,14 @@ def compile_memory(
 def run_layout(config: TrainConfig, model: LlamaConfig, devices: list[Any]) -> tuple[Any, Any]:
     """The run's StateLayout over `devices` (as the trainer makes it) and its schedule."""
     from lemur.train import step as step_lib
-    from lemur.train.state import StateLayout, make_run_mesh
+    from lemur.train.state import make_run_mesh
+    from lemur.train.step import StateLayout
 
     mesh = make_run_mesh(config, devices)
     # A run by `epochs` of data not readable here has no steps yet: the schedule's length
     # changes no buffer, so any will do.
-    steps, schedule_config = config.steps or 1000, config.schedule
-    if schedule_config.warmup_fraction is not None:
-        warmup = round(schedule_config.warmup_fraction * steps)
-        schedule_config = dataclasses.replace(
-            schedule_config, warmup_steps=warmup, warmup_fraction=None
-        )
-    schedule = step_lib.make_schedule(schedule_config, steps)
+    config = with_steps(config, config.steps or DEFAULT_STEPS)
+    schedule = step_lib.make_schedule(config.schedule, config.steps)
     tx = step_lib.make_optimizer(config.optimizer, schedule)
     return StateLayout.of(model, tx, mesh, config.seed), schedule
 
@@ -159,8 +165,9 @@ def eval_memory_for(config: TrainConfig, model: LlamaConfig, devices: list[Any])
 def eval_memory(layout: Any, config: TrainConfig) -> float:
     """Peak bytes per device of the run's eval step compiled for `layout`'s mesh."""
     from lemur.train import step as step_lib
+    from lemur.train.batch import BatchLayout
 
-    eval_batch = step_lib.BatchLayout.on(layout.mesh, config.eval_batch_size, config.batch.seq_len)
+    eval_batch = BatchLayout.on(layout.mesh, config.eval_batch_size, config.batch.seq_len)
     compiled = step_lib.compile_eval_step(layout, config, eval_batch)
     return float(compiled.memory_analysis().peak_memory_in_bytes)
 
@@ -224,7 +231,7 @@ def make_plan(
 
 
 def plan_tpu(
-    config: TrainConfig, name: str, target: Target, mfu: float | None, with_eval: bool = True
+    config: TrainConfig, name: str, target: Target, mfu: float | None, *, with_eval: bool = True
 ) -> Plan:
     """Compile `config` for the TPU `target` and report it."""
     config = with_slices(config, target)
@@ -233,7 +240,7 @@ def plan_tpu(
     from lemur.train.state import make_run_mesh
 
     mesh = dict(make_run_mesh(config, devices).shape)
-    memory = compile_memory(config, model, devices, chip_hbm(target, devices), with_eval)
+    memory = compile_memory(config, model, devices, chip_hbm(target, devices), with_eval=with_eval)
     return make_plan(config, name, target, memory, model, mfu, mesh)
 
 

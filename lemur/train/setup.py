@@ -1,4 +1,4 @@
-"""A run's set-up before its first step: its errors and summary, the plan (the config and
+"""A run's set-up before its first step: its summary, the plan (the config and
 model resolved from the pre-trained model and the data, checked against both), the
 data opened and checked, the checkpointer, the run directory, and the stop signal.
 
@@ -10,47 +10,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import signal
 from pathlib import Path
 from typing import Any
 
 import jax
-from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
+from lemur import machine
 from lemur.model import pretrained
-from lemur.model.config import LlamaConfig
+from lemur.model.config import PARAM_SHAPE_FIELDS, LlamaConfig
 from lemur.shards.check import ShardDir
 from lemur.shards.format import ShardFormatError, atomic_write_bytes, sha256_file
+from lemur.tokenizer import TokenizerError
+from lemur.tokenizer.sentencepiece import read_model
 from lemur.train import interrupt
+from lemur.train.batch import HostSlice
 from lemur.train.checkpoint import Checkpointer
-from lemur.train.config import TrainConfig
+from lemur.train.config import TrainConfig, with_steps
+from lemur.train.errors import RunError
 from lemur.train.plan_estimate import mesh_fits, step_bytes
-from lemur.train.step import HostSlice
-from lemur.train.streams import EvalStream, TrainIterator, make_eval_iterators, make_train_iterator
-
-# LlamaConfig fields that define the parameter shapes: a pretrained checkpoint must match
-# (tie_embeddings decides whether there is an lm_head at all, qkv_bias whether there are
-# biases); its vocabulary may be smaller when the data's tokenizer appends pieces to it (it
-# then grows, see grow_vocab), or larger when it is the checkpoint's own tokenizer (an
-# embedding padded past the tokenizer, as Qwen2.5's 151,936 rows for 151,665 ids).
-_SHAPE_FIELDS = (
-    "d_model",
-    "n_layers",
-    "n_heads",
-    "n_kv_heads",
-    "d_ff",
-    "tie_embeddings",
-    "qkv_bias",
+from lemur.train.streams import (
+    EvalStream,
+    ExpectedTokenizer,
+    Reading,
+    TrainIterator,
+    make_eval_iterators,
+    make_train_iterator,
 )
-
-
-class RunError(ValueError):
-    """A run that cannot start (data, pretrained weights, checkpoints); one line."""
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss, gradient norm or parameter norm stopped being finite."""
 
 
 @dataclasses.dataclass
@@ -123,6 +109,7 @@ def resolve_config(config: TrainConfig, dirs: DataDirs) -> tuple[TrainConfig, li
         fields = {k: v for k, v in saved.items() if k != "vocab_size"}
         model = dataclasses.replace(config.model, overrides={**fields, **config.model.overrides})
         config = dataclasses.replace(config, model=model)
+    steps = config.steps
     if config.epochs is not None:
         tokens = sum(int(s["tokens"]) for d in config.data.dirs for s in dirs[d].shards("train"))
         steps = max(1, math.ceil(config.epochs * tokens / config.tokens_per_step))
@@ -130,12 +117,11 @@ def resolve_config(config: TrainConfig, dirs: DataDirs) -> tuple[TrainConfig, li
             f"lemur-train: {config.epochs:g} epoch(s) of {tokens:,} train tokens = {steps:,} "
             f"steps of {config.tokens_per_step:,} tokens"
         )
-        config = dataclasses.replace(config, steps=steps, epochs=None)
-    if (fraction := config.schedule.warmup_fraction) is not None:
-        warmup = round(fraction * config.steps)
-        notes.append(f"lemur-train: warmup {warmup:,} of {config.steps:,} steps ({fraction:.1%})")
-        schedule = dataclasses.replace(config.schedule, warmup_steps=warmup, warmup_fraction=None)
-        config = dataclasses.replace(config, schedule=schedule)
+    fraction = config.schedule.warmup_fraction
+    config = with_steps(config, steps)
+    if fraction is not None:
+        warmup = config.schedule.warmup_steps
+        notes.append(f"lemur-train: warmup {warmup:,} of {steps:,} steps ({fraction:.1%})")
     return config, notes
 
 
@@ -146,7 +132,10 @@ def resolve_model(config: TrainConfig, vocab_size: int, dirs: DataDirs) -> Llama
     model = config.model.llama(vocab_size)
     if config.model.init_from:
         saved = _saved_model(config.model.init_from)
-        for name in _SHAPE_FIELDS:
+        # Its vocabulary may differ: smaller when the data's tokenizer appends pieces to it
+        # (it then grows, see grow_vocab), larger when it is the checkpoint's own tokenizer
+        # (an embedding padded past it, as Qwen2.5's 151,936 rows for 151,665 ids).
+        for name in PARAM_SHAPE_FIELDS:
             if getattr(saved, name) != getattr(model, name):
                 raise RunError(
                     f"model.init_from: {config.model.init_from} has {name} "
@@ -198,13 +187,12 @@ def check_tokenizer(path: str, data: ShardDir) -> bool:
 
 
 def _pieces(path: Path) -> list[str]:
-    """The piece of every id of a SentencePiece model (RunError naming it if unreadable)."""
-    proto = model_pb2.ModelProto()
+    """The piece of every id of a SentencePiece model (RunError with the tokenizer
+    package's one line naming it if unreadable)."""
     try:
-        proto.ParseFromString(path.read_bytes())
-    except Exception as e:  # OSError, or protobuf's DecodeError: not a model
-        raise RunError(f"{path}: not a readable SentencePiece model ({e})") from None
-    return [p.piece for p in proto.pieces]
+        return [p.piece for p in read_model(path).pieces]
+    except TokenizerError as e:
+        raise RunError(str(e)) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,13 +214,8 @@ def plan_run(config: TrainConfig, dirs: DataDirs) -> RunPlan:
     vocab, tokenizer_sha = data_vocab(config, dirs)
     model = resolve_model(config, vocab, dirs)
     if jax.default_backend() == "cpu":
-        check_host_memory(config, model, host_memory_bytes())
+        check_host_memory(config, model, machine.host_memory_bytes())
     return RunPlan(config, model, vocab, tokenizer_sha, notes)
-
-
-def host_memory_bytes() -> int:
-    """This host's physical memory."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _size(n: float) -> str:
@@ -320,12 +303,11 @@ def open_loader(
             seed=config.data_seed,
             process_index=host.index,
             process_count=host.count,
-            num_workers=data.num_workers,
-            num_threads=data.num_threads,
-            prefetch=data.prefetch,
-            vocab_size=plan.data_vocab,
-            tokenizer_sha256=plan.tokenizer_sha256,
+            expect=ExpectedTokenizer(plan.data_vocab, plan.tokenizer_sha256),
             strict_state=data.strict_state,
+            reading=Reading(
+                num_workers=data.num_workers, num_threads=data.num_threads, prefetch=data.prefetch
+            ),
         )
     except (ShardFormatError, OSError, ValueError) as e:
         raise RunError(str(e).splitlines()[0]) from None
@@ -361,7 +343,7 @@ def open_eval_streams(
     return streams
 
 
-def prepare_run_dir(run_dir: Path, config: TrainConfig, is_main: bool) -> None:
+def prepare_run_dir(run_dir: Path, config: TrainConfig, *, is_main: bool) -> None:
     """Create the run directory and write the resolved config (whole or not at all)."""
     if not is_main:
         return

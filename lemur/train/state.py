@@ -1,6 +1,6 @@
-"""The train state on the devices: the processes and the mesh it lives on, its layout
-(shapes and shardings), and where a run starts: the newest good checkpoint, a pretrained
-model, or a fresh init.
+"""The train state on the devices: the processes and the mesh it lives on, and where a run
+starts: the newest good checkpoint, a pretrained model, or a fresh init (its layout, the
+shapes and shardings, is lemur.train.step.StateLayout).
 
 `initial_state` returns a `Start`; it reads the checkpointer and sets the loader's position,
 nothing else.
@@ -17,20 +17,19 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 from jax.sharding import Mesh
 
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import llama, pretrained
 from lemur.model import sharding as model_sharding
-from lemur.model.config import LlamaConfig, Params
+from lemur.model.config import Params
 from lemur.model.grow import grow_vocab
 from lemur.train import interrupt
 from lemur.train import step as step_lib
 from lemur.train.checkpoint import CheckpointDamaged, Checkpointer
 from lemur.train.config import ConfigError, TrainConfig
-from lemur.train.setup import RunError
-from lemur.train.step import State
+from lemur.train.errors import RunError
+from lemur.train.step import State, StateLayout
 from lemur.train.streams import LoaderStateMismatch, TrainIterator
 
 Say = Callable[[str], None]  # prints one log line
@@ -38,19 +37,11 @@ Say = Callable[[str], None]  # prints one log line
 
 # ---------------------------------------------------------------------------- processes, mesh
 
-# Environment variables of launchers under which jax.distributed.initialize() finds its
-# coordinator by itself (Cloud TPU pods, Slurm, Open MPI) or from ours (JAX_*).
-_LAUNCHER_ENV = (
-    "JAX_COORDINATOR_ADDRESS",
-    "MEGASCALE_COORDINATOR_ADDRESS",
-    "TPU_WORKER_HOSTNAMES",
-    "SLURM_STEP_NUM_TASKS",
-    "OMPI_COMM_WORLD_SIZE",
-)
-
 
 def _multi_process_env() -> bool:
-    """Whether the environment describes a job of more than one process."""
+    """Whether the environment describes a job of more than one process: the launchers
+    under which jax.distributed.initialize() finds its coordinator by itself (Cloud TPU
+    pods, Slurm, Open MPI) or from ours (JAX_*)."""
     env = os.environ
     if env.get("JAX_COORDINATOR_ADDRESS") or env.get("MEGASCALE_COORDINATOR_ADDRESS"):
         return True
@@ -113,38 +104,6 @@ def make_run_mesh(config: TrainConfig, devices: Sequence[Any] | None = None) -> 
     return mesh
 
 
-# ---------------------------------------------------------------------------- layout
-
-
-@dataclasses.dataclass(frozen=True)
-class StateLayout:
-    """The state's model, optimizer and mesh; its abstract shapes and shardings; the key a
-    fresh state is made from."""
-
-    model: LlamaConfig
-    tx: optax.GradientTransformation
-    mesh: Mesh
-    key: jax.Array
-    abstract: State
-    shardings: State
-
-    @classmethod
-    def of(
-        cls, model: LlamaConfig, tx: optax.GradientTransformation, mesh: Mesh, seed: int
-    ) -> StateLayout:
-        """The layout from `jax.eval_shape` of the init (no array made)."""
-        key = jax.random.key(seed)
-        init = functools.partial(step_lib.init_state, model=model, tx=tx)
-        abstract = jax.eval_shape(init, key)
-        return cls(
-            model, tx, mesh, key, abstract, step_lib.state_shardings(abstract, model, tx, mesh)
-        )
-
-    def target(self) -> State:
-        """ShapeDtypeStructs with shardings: a restore target, an AOT compile input."""
-        return step_lib.with_shardings(self.abstract, self.shardings)
-
-
 # ---------------------------------------------------------------------------- start
 
 
@@ -166,6 +125,7 @@ def initial_state(
     checkpointer: Checkpointer,
     loader: TrainIterator,
     say: Say,
+    *,
     is_main: bool,
 ) -> Start:
     """The newest checkpoint that restores completely (the loader set to its position),
@@ -177,7 +137,7 @@ def initial_state(
             f"{steps[-1]}); set checkpoint.resume=true or use another run_dir"
         )
     if steps:
-        return _resume(steps[::-1], config, layout, checkpointer, loader, say, is_main)
+        return _resume(steps[::-1], config, layout, checkpointer, loader, say, is_main=is_main)
     init = functools.partial(step_lib.init_state, model=layout.model, tx=layout.tx)
     if config.model.init_from:
         params = _pretrained_params(config.model.init_from, layout, say)
@@ -240,6 +200,7 @@ def _resume(
     checkpointer: Checkpointer,
     loader: TrainIterator,
     say: Say,
+    *,
     is_main: bool,
 ) -> Start:
     """Restore the newest checkpoint that restores completely; set damaged ones aside."""
@@ -250,7 +211,7 @@ def _resume(
         except CheckpointDamaged as e:
             skipped.append((step, str(e)))
             continue
-        _set_aside(skipped, checkpointer, say, is_main)
+        _set_aside(skipped, checkpointer, say, is_main=is_main)
         return start
     listing = "; ".join(f"{step}: {reason}" for step, reason in skipped)
     raise RunError(
@@ -338,7 +299,7 @@ def _check_shapes(
 
 
 def _set_aside(
-    skipped: list[tuple[int, str]], checkpointer: Checkpointer, say: Say, is_main: bool
+    skipped: list[tuple[int, str]], checkpointer: Checkpointer, say: Say, *, is_main: bool
 ) -> None:
     """Rename checkpoints newer than the restored one that failed, and say so."""
     for step, reason in skipped:

@@ -1,30 +1,26 @@
-"""The train state, the optimizer and schedule, the train and eval steps compiled for the
-mesh, and the global batches they take.
+"""The train state, its layout on the mesh, the optimizer and schedule, and the train and
+eval steps compiled for the mesh.
 
 The state is a plain dict pytree `{"step", "params", "opt_state", "rng"}` so orbax saves
 and restores it as is. Shardings follow nanodo: the abstract state comes from
-`jax.eval_shape(init)`, its shardings from the model's one-table rules (optimizer moments
-shard like their parameters), and the real state from `jit(init, out_shardings=...)`, so
-no host ever holds a full copy. The steps are compiled ahead of time with explicit
-shardings (`compile_step`).
-
-One process per host. Each process reads its own rows of a global batch (the loader
-slices the stream per process) and `jax.make_array_from_process_local_data` assembles
-the global array. Which rows a process must read follows from the batch sharding: the
-rows its devices hold (`HostSlice`, `BatchLayout`).
+`jax.eval_shape(init)` (`StateLayout`), its shardings from the model's one-table rules
+(optimizer moments shard like their parameters), and the real state from
+`jit(init, out_shardings=...)`, so no host ever holds a full copy. The steps are compiled
+ahead of time with explicit shardings (`compile_step`) for the global batches of
+lemur.train.batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -33,14 +29,10 @@ from lemur.model import llama
 from lemur.model import sharding as model_sharding
 from lemur.model.config import BIAS_NAMES, LlamaConfig, Params
 from lemur.model.loss import token_cross_entropy
-from lemur.shards.windows import BATCH_KEYS
+from lemur.train.batch import Batch, BatchLayout
 from lemur.train.config import OptimizerConfig, ScheduleConfig, TrainConfig
 
-if TYPE_CHECKING:
-    from lemur.train.state import StateLayout
-
 State = dict[str, Any]
-Batch = dict[str, jax.Array]
 StepFn = Callable[[State, Batch], tuple[State, dict[str, jax.Array]]]
 
 
@@ -70,9 +62,10 @@ def make_schedule(config: ScheduleConfig, steps: int) -> Callable[[jax.Array], j
     return schedule
 
 
-def _decay_mask(params: Params) -> Any:
+def decay_mask(params: Params) -> Any:
     """True for the weights that get weight decay: every matrix, never a norm's scale or a
-    bias (the usual AdamW practice, and what Qwen2's biases are trained with)."""
+    bias (the usual AdamW practice, and what Qwen2's biases are trained with); the mask
+    `make_optimizer` gives AdamW."""
     return jax.tree_util.tree_map_with_path(
         lambda path, _: (
             "norm" not in jax.tree_util.keystr(path)
@@ -93,7 +86,7 @@ def make_optimizer(
             b2=config.b2,
             eps=config.eps,
             weight_decay=config.weight_decay,
-            mask=_decay_mask,
+            mask=decay_mask,
         )
     else:  # adamw with decay 0 would still add 0 * params: a wasted pass over the weights
         adam = optax.adam(schedule, b1=config.b1, b2=config.b2, eps=config.eps)
@@ -146,8 +139,35 @@ def with_shardings(abstract: Any, shardings: Any) -> Any:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class StateLayout:
+    """The state's model, optimizer and mesh; its abstract shapes and shardings; the key a
+    fresh state is made from."""
+
+    model: LlamaConfig
+    tx: optax.GradientTransformation
+    mesh: Mesh
+    key: jax.Array
+    abstract: State
+    shardings: State
+
+    @classmethod
+    def of(
+        cls, model: LlamaConfig, tx: optax.GradientTransformation, mesh: Mesh, seed: int
+    ) -> StateLayout:
+        """The layout from `jax.eval_shape` of the init (no array made)."""
+        key = jax.random.key(seed)
+        init = functools.partial(init_state, model=model, tx=tx)
+        abstract = jax.eval_shape(init, key)
+        return cls(model, tx, mesh, key, abstract, state_shardings(abstract, model, tx, mesh))
+
+    def target(self) -> State:
+        """ShapeDtypeStructs with shardings: a restore target, an AOT compile input."""
+        return with_shardings(self.abstract, self.shardings)
+
+
 def token_losses(
-    params: Params, batch: Batch, model: LlamaConfig, document_attention: bool
+    params: Params, batch: Batch, model: LlamaConfig, *, document_attention: bool
 ) -> jax.Array:
     """Per-token cross-entropy (fp32, BxL), zero where `loss_mask` is 0; the head's logits
     are made a chunk of positions at a time (`model.logits_chunk`, lemur.model.loss)."""
@@ -199,7 +219,9 @@ def make_train_step(
     """
 
     def loss_fn(params: Params, batch: Batch, denom: jax.Array) -> jax.Array:
-        return token_losses(params, batch, model, document_attention).sum() / denom
+        return (
+            token_losses(params, batch, model, document_attention=document_attention).sum() / denom
+        )
 
     grad_fn = jax.value_and_grad(loss_fn)
 
@@ -244,12 +266,12 @@ def make_train_step(
 
 
 def make_eval_step(
-    model: LlamaConfig, document_attention: bool = False
+    model: LlamaConfig, *, document_attention: bool = False
 ) -> Callable[[Params, Batch], tuple[jax.Array, jax.Array]]:
     """(params, batch) -> (summed loss, valid-token count): padding rows count for nothing."""
 
     def step(params: Params, batch: Batch) -> tuple[jax.Array, jax.Array]:
-        loss_sum = token_losses(params, batch, model, document_attention).sum()
+        loss_sum = token_losses(params, batch, model, document_attention=document_attention).sum()
         return loss_sum, batch["loss_mask"].sum()
 
     return step
@@ -307,76 +329,8 @@ def compile_eval_step(layout: StateLayout, config: TrainConfig, eval_batch: Batc
     """The eval step compiled ahead of time for `layout`'s mesh (under that mesh)."""
     with jax.set_mesh(layout.mesh):
         return compile_step(
-            make_eval_step(layout.model, config.data.document_attention),
+            make_eval_step(layout.model, document_attention=config.data.document_attention),
             (layout.target()["params"], eval_batch.abstract()),
             (layout.shardings["params"], eval_batch.sharding),
             NamedSharding(layout.mesh, P()),
         )
-
-
-# ---------------------------------------------------------------------------- global batches
-
-
-@dataclasses.dataclass(frozen=True)
-class HostSlice:
-    """The rows of a global batch that this process holds: block `index` of `count`."""
-
-    index: int
-    count: int
-    rows: int  # rows per block (the per-host batch size)
-
-
-def host_slice(sharding: NamedSharding, global_shape: tuple[int, ...]) -> HostSlice:
-    """Which contiguous block of the batch's rows this process's devices hold.
-
-    Processes that share a block (a tensor axis spanning hosts) read the same rows:
-    they get the same block index, so the loader gives them identical batches.
-    """
-    indices = sharding.addressable_devices_indices_map(global_shape).values()
-    starts = sorted({idx[0].indices(global_shape[0])[0] for idx in indices})
-    stops = sorted({idx[0].indices(global_shape[0])[1] for idx in indices})
-    lo, hi = starts[0], stops[-1]
-    rows = hi - lo
-    covered = sum(b - a for a, b in zip(starts, stops, strict=True))
-    if covered != rows or global_shape[0] % rows or lo % rows:
-        raise ValueError(
-            f"this process's devices hold rows {starts}..{stops} of a batch of "
-            f"{global_shape[0]}: not one aligned block; reorder the mesh so each host's "
-            "devices are adjacent on the batch axes"
-        )
-    return HostSlice(index=lo // rows, count=global_shape[0] // rows, rows=rows)
-
-
-def global_batch(
-    local: dict[str, np.ndarray], sharding: NamedSharding, global_shape: tuple[int, ...]
-) -> dict[str, jax.Array]:
-    """Assemble per-process numpy batches into global jax arrays on the mesh."""
-    return {
-        k: jax.make_array_from_process_local_data(sharding, v, global_shape)
-        for k, v in local.items()
-    }
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchLayout:
-    """A global [batch, seq_len] batch on the mesh: its sharding, and this process's rows."""
-
-    shape: tuple[int, int]
-    sharding: NamedSharding
-    host: HostSlice
-
-    @classmethod
-    def on(cls, mesh: Mesh, batch_size: int, seq_len: int) -> BatchLayout:
-        """The layout of a batch of `batch_size` windows split over the mesh's batch axes."""
-        shape = (batch_size, seq_len)
-        sharding = model_sharding.batch_sharding(mesh, shape)
-        return cls(shape, sharding, host_slice(sharding, shape))
-
-    def abstract(self) -> Batch:
-        """ShapeDtypeStructs of a batch (every key of `BATCH_KEYS`), for compiling."""
-        spec = jax.ShapeDtypeStruct(self.shape, np.int32, sharding=self.sharding)
-        return dict.fromkeys(BATCH_KEYS, spec)
-
-    def put(self, local: dict[str, np.ndarray]) -> Batch:
-        """This process's rows (a loader batch) assembled into the global batch."""
-        return global_batch(local, self.sharding, self.shape)

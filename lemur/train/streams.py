@@ -7,6 +7,7 @@ See docs/loader.md for the semantics of shuffling, sharding, state and mixtures.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,6 +31,26 @@ STATE_VERSION = 1
 
 class LoaderStateMismatch(ValueError):
     """A saved loader state that comes from another data pipeline."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """How the train stream reads (never what): threads and worker processes reading ahead,
+    and how many mapped bytes may stay resident (docs/loader.md)."""
+
+    num_workers: int = 0  # > 0: read in that many processes (Grain's mp_prefetch)
+    num_threads: int = 1  # threads of this process reading ahead
+    prefetch: int = 8  # batches read ahead
+    release_bytes: int = DEFAULT_RELEASE_BYTES  # drop the touched pages past this many
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpectedTokenizer:
+    """The tokenizer the shards must have been built with: every directory is checked with
+    `check_compatible` against its vocab size and, given, its sha256."""
+
+    vocab_size: int
+    sha256: str | None = None
 
 
 def derived_seed(*parts: int | str) -> int:
@@ -94,6 +115,7 @@ class TrainIterator(grain.DatasetIterator):
         self,
         pipelines: tuple[grain.IterDataset, grain.IterDataset],
         fingerprints: tuple[str, str],
+        *,
         strict_state: bool,
     ) -> None:
         super().__init__()  # linked to its pipeline once that is made (`_iterator`)
@@ -156,19 +178,16 @@ class TrainIterator(grain.DatasetIterator):
 
 
 def _open_checked(
-    pairs: list[tuple[str | ShardDir, float]],
-    seq_len: int,
-    vocab_size: int | None,
-    tokenizer_sha256: str | None,
+    pairs: list[tuple[str | ShardDir, float]], seq_len: int, expect: ExpectedTokenizer | None
 ) -> list[tuple[ShardDir, float]]:
     """Each directory opened once (its checks and its source share one manifest read)
-    and, given `vocab_size`, checked with `check_compatible`."""
+    and, given `expect`, checked with `check_compatible`."""
     opened = []
     for d, w in pairs:
         d = ShardDir.of(d)
-        if vocab_size is not None:
+        if expect is not None:
             check_compatible(
-                d, vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256, seq_len=seq_len
+                d, vocab_size=expect.vocab_size, tokenizer_sha256=expect.sha256, seq_len=seq_len
             )
         opened.append((d, w))
     return opened
@@ -203,6 +222,7 @@ def _fingerprint(
     pairs: list[tuple[str | ShardDir, float]],
     seq_len: int,
     seed: int,
+    *,
     legacy: bool = False,
 ) -> str:
     """The pipeline's identity in the iterator state: contents, weights, seed, seq_len."""
@@ -223,7 +243,7 @@ def _fingerprint(
 
 
 def _shuffled_mix(
-    sources: list[ShardSource], weights: list[float], seed: int, legacy: bool
+    sources: list[ShardSource], weights: list[float], seed: int, *, legacy: bool
 ) -> grain.MapDataset:
     """Each source shuffled anew each epoch and repeated, mixed by weight; `legacy` seeds the
     shuffles with the ids that named the build folder (see `TrainIterator.set_state`)."""
@@ -245,13 +265,9 @@ def make_train_iterator(
     seed: int,
     process_index: int | None = None,
     process_count: int | None = None,
-    num_workers: int = 0,
-    num_threads: int = 1,
-    prefetch: int = 8,
-    vocab_size: int | None = None,
-    tokenizer_sha256: str | None = None,
+    expect: ExpectedTokenizer | None = None,
     strict_state: bool = True,
-    release_bytes: int = DEFAULT_RELEASE_BYTES,
+    reading: Reading = Reading(),
 ) -> TrainIterator:
     """An endless iterator of per-host batches from one directory or a weighted mixture.
 
@@ -260,31 +276,34 @@ def make_train_iterator(
     proportion to their weights (`grain.MapDataset.mix`). The global stream is cut
     into global batches of `batch_size * process_count` records; process `p` takes
     records `p, p + process_count, ...` of each. Batches are dicts of int32
-    [batch_size, seq_len] arrays (`BATCH_KEYS`). `num_workers > 0` reads in that many
-    processes; `num_threads`/`prefetch` read ahead in threads of this process. Given
-    `vocab_size`, each directory is checked with `check_compatible` first. A directory
-    given as an open `ShardDir` is not read again.
+    [batch_size, seq_len] arrays (`BATCH_KEYS`), read as `reading` says. Given `expect`,
+    each directory is checked with `check_compatible` first (and every window for ids
+    outside its vocabulary). A directory given as an open `ShardDir` is not read again.
     """
     pairs = _normalize_sources(dirs_and_weights)
     pid, pcount = process_index_and_count(process_index, process_count)
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    opened = _open_checked(pairs, seq_len, vocab_size, tokenizer_sha256)
-    sources = _open_sources(opened, seq_len, release_bytes, vocab_size)
+    opened = _open_checked(pairs, seq_len, expect)
+    vocab_size = None if expect is None else expect.vocab_size
+    sources = _open_sources(opened, seq_len, reading.release_bytes, vocab_size)
     weights = [w for _, w in pairs]
     mp_options = None
-    if num_workers > 0:
+    if reading.num_workers > 0:
         _mark_absl_flags_parsed()
         mp_options = grain.MultiprocessingOptions(
-            num_workers=num_workers, per_worker_buffer_size=max(1, prefetch)
+            num_workers=reading.num_workers, per_worker_buffer_size=max(1, reading.prefetch)
         )
+    read_options = grain.ReadOptions(
+        num_threads=reading.num_threads, prefetch_buffer_size=reading.prefetch
+    )
 
-    def pipeline(legacy: bool) -> grain.IterDataset:
+    def pipeline(*, legacy: bool) -> grain.IterDataset:
         return grain.experimental.ElasticIterator(
-            _shuffled_mix(sources, weights, seed, legacy),
+            _shuffled_mix(sources, weights, seed, legacy=legacy),
             global_batch_size=batch_size * pcount,
             shard_options=grain.sharding.ShardOptions(shard_index=pid, shard_count=pcount),
-            read_options=grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch),
+            read_options=read_options,
             multiprocessing_options=mp_options,
         )
 
@@ -292,7 +311,8 @@ def make_train_iterator(
         _fingerprint(sources, pairs, seq_len, seed),
         _fingerprint(sources, pairs, seq_len, seed, legacy=True),
     )
-    return TrainIterator((pipeline(False), pipeline(True)), fingerprints, strict_state)
+    pipelines = (pipeline(legacy=False), pipeline(legacy=True))
+    return TrainIterator(pipelines, fingerprints, strict_state=strict_state)
 
 
 # ---------------------------------------------------------------------------- eval

@@ -4,7 +4,7 @@ from lemur.data.tokenize.step import DOC_RECORD, TokenizeWriter
 from lemur.data.tokenize.tokenizer import (
     TokenizerError,
     TokenizerSettingsError,
-    load_tokenizer,
+    load_llama2_processor,
     tokenizer_info,
     train_tokenizer,
 )
@@ -14,7 +14,7 @@ __all__ = [
     "TokenizeWriter",
     "TokenizerError",
     "TokenizerSettingsError",
-    "load_tokenizer",
+    "load_llama2_processor",
     "tokenizer_info",
     "train_tokenizer",
 ]

@@ -42,7 +42,7 @@ from lemur.data.read.chat import (
 )
 from lemur.data.recipe import CHAT_LONG
 from lemur.data.tokenize.offsets import TokenOffsets, byte_offsets
-from lemur.data.tokenize.tokenizer import load_tokenizer
+from lemur.data.tokenize.tokenizer import load_llama2_processor
 
 # Where a chat step leaves a document's ids and mask for TokenizeWriter (never serialized).
 TOKENS_KEY, MASK_KEY = "lemur_chat_ids", "lemur_chat_mask"
@@ -205,7 +205,7 @@ class ChatEncoder(ChatStep):
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
         """Pass on each kept chat document with its ids and mask; count the rest."""
-        sp = load_tokenizer(self.tokenizer_path)
+        sp = load_llama2_processor(self.tokenizer_path)
         offsets, control = TokenOffsets(chat_processor(sp)), control_pattern(sp)
         for batch in batched(data or [], self.batch_docs):
             with self.track_time("batch"):

@@ -24,7 +24,7 @@ from lemur.data.tokenize.byte_bpe import train_byte_bpe
 from lemur.data.tokenize.tokenizer import (
     TokenizerError,
     extend_tokenizer,
-    load_tokenizer,
+    load_llama2_processor,
     tokenizer_info,
     train_tokenizer,
 )
@@ -106,7 +106,7 @@ def check_given_tokenizer(recipe: Recipe) -> None:
         tok = _open_hf(recipe, file, engine)
     elif cfg.model is not None:
         file = given_model(cfg.model)
-        load_tokenizer(file)  # Llama-2's <unk>/<s>/</s> ids, as every build's model has
+        load_llama2_processor(file)  # Llama-2's <unk>/<s>/</s> ids, as every build's model has
         tok = SentencePieceTokenizer(file)
     else:
         return

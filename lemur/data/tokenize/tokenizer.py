@@ -40,9 +40,10 @@ def _training_error(error: RuntimeError, vocab_size: int) -> TokenizerSettingsEr
     return TokenizerSettingsError(f"recipe: tokenizer.train: SentencePiece refused: {detail}")
 
 
-def load_tokenizer(path: str | os.PathLike) -> spm.SentencePieceProcessor:
-    """A SentencePiece model (the tokenizer package's loader), checked to follow the Llama-2
-    special-id layout: the processor, whose piece types and offsets the build reads."""
+def load_llama2_processor(path: str | os.PathLike) -> spm.SentencePieceProcessor:
+    """The `SentencePieceProcessor` of a model file (the tokenizer package's loader), checked
+    to follow the Llama-2 special-id layout: the build reads its piece types and offsets.
+    (`lemur.tokenizer.open_tokenizer` gives lemur's `Tokenizer` of any tokenizer file.)"""
     p = Path(path).expanduser()
     sp = load_processor(p)
     if sp.bos_id() != BOS_ID or sp.eos_id() != EOS_ID:
@@ -58,7 +59,7 @@ def tokenizer_info(path: str | os.PathLike, pieces: Sequence[str] = ()) -> dict[
     With `pieces` (a chat build's markers), `added_pieces` lists each with its id; every one
     must be a USER_DEFINED piece of the model, so that it encodes as one id.
     """
-    sp = load_tokenizer(path)
+    sp = load_llama2_processor(path)
     info: dict[str, Any] = {
         "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
         "vocab_size": sp.vocab_size(),
@@ -171,7 +172,7 @@ def extend_tokenizer(
     the model has already as CONTROL is kept, one it has as USER_DEFINED becomes CONTROL
     (same id), so that a document that spells it is encoded as text.
     """
-    sp = load_tokenizer(src)  # a TokenizerError naming `src` if it is not a usable model
+    sp = load_llama2_processor(src)  # a TokenizerError naming `src` if it is not a usable model
     model, user_defined = model_proto(sp)
     kinds = model.SentencePiece
     index = {p.piece: i for i, p in enumerate(model.pieces)}
@@ -195,5 +196,5 @@ def extend_tokenizer(
     out = Path(out_path)
     data = model.SerializeToString() if changed else Path(src).expanduser().read_bytes()
     atomic_write_bytes(out, data)
-    load_tokenizer(out)  # the written model loads
+    load_llama2_processor(out)  # the written model loads
     return out
