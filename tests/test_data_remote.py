@@ -28,7 +28,7 @@ pytest.importorskip("s3fs", reason="s3fs (the base install) reads s3:// paths")
 
 from s3_local import KEY, SECRET, FaultProxy, moto_s3, options, upload_tree  # noqa: E402
 
-from lemur.data.build import build  # noqa: E402
+from lemur.data.build import BuildError, build  # noqa: E402
 from lemur.data.load import recipe_from_dict  # noqa: E402
 from lemur.data.read.listing import list_inputs  # noqa: E402
 from lemur.data.read.sources import SourcesReader  # noqa: E402
@@ -320,6 +320,23 @@ def test_exhausted_retries_fail_in_one_line_naming_the_url(s3, tokenizer_model, 
         f"s3://{BUCKET}/text/a.jsonl.zst: GET bytes 0-{files[0].size} failed after 3 tries: "
         "HTTP 503 SlowDown"
     )
+
+
+def test_a_source_whose_reads_all_fail_names_its_url_once(s3, tokenizer_model, tmp_path):
+    """A source every read of which fails stops the build with its first error, which
+    names the object once (the remote error starts with the URL already)."""
+    raw = remote_recipe(tmp_path / "r", s3, tokenizer_model)
+    with FaultProxy(s3) as proxy:
+        raw["sources"][1]["paths"] = [f"s3://{BUCKET}/text/b.jsonl"]
+        raw["sources"][1]["storage_options"] = options(proxy.endpoint)  # the others: direct
+        raw["sources"][1]["remote"] = {"retries": 0}
+        proxy.only_reads, proxy.faults = True, ["503"] * 100
+        with pytest.raises(BuildError) as failed:
+            build(recipe_from_dict(raw))
+    message = str(failed.value)
+    url = f"s3://{BUCKET}/text/b.jsonl"
+    assert message.startswith("source 'docs' yielded no documents (")
+    assert f"; first error: {url}: GET bytes 0-" in message and message.count(url) == 1, message
 
 
 def test_reader_and_settings_pickle_without_clients(s3, tokenizer_model, tmp_path, monkeypatch):
