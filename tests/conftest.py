@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -17,6 +19,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.pop("LEMUR_DEBUG", None)  # the tests expect one-line errors, not tracebacks
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
 
 def real_python_files(n: int) -> list[Path]:
@@ -129,3 +132,34 @@ def llama2_tokenizer() -> Path:
     path = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
     assert path.is_file(), f"{path}: the mistral-common wheel no longer ships it"
     return path
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """The local Slurm's partition, and a job name; cancels the name's jobs at the end.
+    Skips, saying why, where no Slurm runs here (`.ci/slurm-up` starts one, as root)."""
+    if str(TOOLS) not in sys.path:
+        sys.path.insert(0, str(TOOLS))
+    from localcluster import slurm_partition, slurm_problem
+
+    problem = slurm_problem()
+    if problem:
+        pytest.skip(problem)
+    name = f"lemur-test-{os.getpid()}"
+    try:
+        yield slurm_partition(), name
+    finally:
+        subprocess.run(["scancel", "--name", name], capture_output=True, timeout=60)
+
+
+def slurm_executor(partition: str, name: str) -> dict:
+    """2 array tasks of 1 CPU and 512 MB (`mem_per_cpu_gb: 0.5` used to become 0G)."""
+    return {
+        "kind": "slurm",
+        "tasks": 2,
+        "workers": 2,
+        "partition": partition,
+        "time": "00:10:00",
+        "mem_per_cpu_gb": 0.5,
+        "job_name": name,
+    }

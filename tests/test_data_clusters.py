@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import real_python_files, real_text_docs, write_jsonl
+from conftest import real_python_files, real_text_docs, slurm_executor, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
-from localcluster import RayCluster, slurm_partition, slurm_problem  # noqa: E402
+from localcluster import RayCluster  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 BUILD_TIMEOUT = 300  # s: a small build takes well under a minute on any engine
@@ -327,32 +327,6 @@ def test_ray_without_an_address_is_private_and_ray_address_joins(ray_cluster, tm
 
 
 # ----------------------------------------------------------------------------- Slurm
-
-
-@pytest.fixture(scope="module")
-def slurm():
-    """The local Slurm's partition, and a job name; cancels the name's jobs at the end."""
-    problem = slurm_problem()
-    if problem:
-        pytest.skip(problem)
-    name = f"lemur-test-{os.getpid()}"
-    try:
-        yield slurm_partition(), name
-    finally:
-        subprocess.run(["scancel", "--name", name], capture_output=True, timeout=60)
-
-
-def slurm_executor(partition: str, name: str) -> dict:
-    """2 array tasks of 1 CPU and 512 MB (`mem_per_cpu_gb: 0.5` used to become 0G)."""
-    return {
-        "kind": "slurm",
-        "tasks": 2,
-        "workers": 2,
-        "partition": partition,
-        "time": "00:10:00",
-        "mem_per_cpu_gb": 0.5,
-        "job_name": name,
-    }
 
 
 def queued(name: str, within: float = 30) -> list[str]:

@@ -21,18 +21,19 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
+from conftest import NO_FILTERS, real_python_files, real_text_docs, slurm_executor, write_jsonl
 
 pytest.importorskip("moto", reason="moto[server] (the dev extra) runs the local S3 server")
 pytest.importorskip("s3fs", reason="s3fs (the base install) reads s3:// paths")
 
 from s3_local import KEY, SECRET, FaultProxy, moto_s3, options, upload_tree  # noqa: E402
 
-from lemur.data.build import build  # noqa: E402
+from lemur.data.build import BuildError, build  # noqa: E402
 from lemur.data.load import recipe_from_dict  # noqa: E402
 from lemur.data.read.listing import list_inputs  # noqa: E402
 from lemur.data.read.sources import SourcesReader  # noqa: E402
 from lemur.data.recipe import RecipeError  # noqa: E402
+from lemur.data.recipe_sources import SECRET_ENV_PREFIX, SECRET_REF  # noqa: E402
 
 BUCKET = "corpus"
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,6 +322,23 @@ def test_exhausted_retries_fail_in_one_line_naming_the_url(s3, tokenizer_model, 
     )
 
 
+def test_a_source_whose_reads_all_fail_names_its_url_once(s3, tokenizer_model, tmp_path):
+    """A source every read of which fails stops the build with its first error, which
+    names the object once (the remote error starts with the URL already)."""
+    raw = remote_recipe(tmp_path / "r", s3, tokenizer_model)
+    with FaultProxy(s3) as proxy:
+        raw["sources"][1]["paths"] = [f"s3://{BUCKET}/text/b.jsonl"]
+        raw["sources"][1]["storage_options"] = options(proxy.endpoint)  # the others: direct
+        raw["sources"][1]["remote"] = {"retries": 0}
+        proxy.only_reads, proxy.faults = True, ["503"] * 100
+        with pytest.raises(BuildError) as failed:
+            build(recipe_from_dict(raw))
+    message = str(failed.value)
+    url = f"s3://{BUCKET}/text/b.jsonl"
+    assert message.startswith("source 'docs' yielded no documents (")
+    assert f"; first error: {url}: GET bytes 0-" in message and message.count(url) == 1, message
+
+
 def test_reader_and_settings_pickle_without_clients(s3, tokenizer_model, tmp_path, monkeypatch):
     """The reader step ships to Ray and Slurm tasks: it pickles after reading remote files
     (each process makes its own clients), and the copy reads the same documents."""
@@ -419,3 +437,57 @@ def test_ray_build_reads_remote_inputs(s3, tokenizer_model, local_build, tmp_pat
     assert shard_bytes(remote, tmp_path / "r") == shard_bytes(local_build, local_build["out"])
     assert remote["counts"]["remote"]["bytes"] > 0 and remote["counts"]["errors_total"] == 0
     assert files_holding(tmp_path, SECRET) == []
+
+
+@pytest.mark.cluster
+def test_slurm_build_reads_remote_inputs(s3, corpus, tokenizer_model, slurm, tmp_path):
+    """On Slurm the array tasks unpickle the reader from `executor.pik`, which names the
+    recipe's secrets (`LEMUR_SECRET_<hash>`) but holds none, and find them in the job's
+    environment (sbatch --export=ALL): the shards are the local build's, and the secret is
+    in no file of the output, the work directory or the Slurm logs."""
+    partition, name = slurm
+    # Few Slurm jobs (each takes seconds to start): no near-dedup (26 bucket tasks), and
+    # shards of up to 200k tokens (a gather task per shard).
+    small = {"dedup": {"near": False}, "shard_tokens": 200_000}
+    local = local_recipe(tmp_path / "l", corpus, tokenizer_model) | small
+    local_build = {**build(recipe_from_dict(local)), "out": tmp_path / "l"}
+    raw = remote_recipe(tmp_path / "r", s3, tokenizer_model) | small
+    refs = recipe_from_dict(raw).sources[0].storage_options.__getstate__()["refs"]
+    names = sorted(refs[k][SECRET_REF] for k in ("key", "secret"))
+    # Each job prints which LEMUR_SECRET_ variables it got (names only) before its task.
+    found = f"env | grep -o '^{SECRET_ENV_PREFIX}[0-9A-F]*' | sort | sed 's/^/job has /'"
+    raw["executor"] = {
+        **slurm_executor(partition, name),
+        "split_bytes": raw["executor"]["split_bytes"],
+        "env_command": f"export PATH={Path(sys.executable).parent}:$PATH; {found}",
+    }
+    (tmp_path / "recipe.json").write_text(json.dumps(raw))
+    # The build's process alone knows the credentials: no AWS_* secret, no inherited
+    # LEMUR_SECRET_ variable, so the jobs can only get them from what the build exports.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(SECRET_ENV_PREFIX)
+        and k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", BUILD_SCRIPT, str(tmp_path / "recipe.json")],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    remote = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    assert shard_bytes(remote, tmp_path / "r") == shard_bytes(local_build, local_build["out"])
+    assert remote["counts"]["remote"]["bytes"] > 0 and remote["counts"]["errors_total"] == 0
+    assert len(remote["shards"]) >= 2
+    outs = sorted((tmp_path / "r").glob(".work/tokens-*/logs/slurm_logs/*.out"))
+    assert len(outs) == 2  # one per array task
+    for out in outs:
+        got = [line.split()[-1] for line in out.read_text().splitlines() if "job has" in line]
+        assert got == names, out.read_text()[-3000:]
+    pickled = next((tmp_path / "r").glob(".work/tokens-*/logs/executor.pik")).read_bytes()
+    assert all(n.encode() in pickled for n in names)
+    output = tmp_path / "r"  # the output, its work directory and the Slurm logs in it
+    assert files_holding(output, SECRET) == [] and files_holding(output, KEY) == []

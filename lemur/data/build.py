@@ -285,7 +285,11 @@ def _check_sources(counts: dict[str, Any]) -> None:
     for name, src in counts["sources"].items():
         if src["read"] == 0:
             first = next((e for e in counts["errors"] if e.get("source") == name), None)
-            hint = f"; first error: {first['file']}: {first['error']}" if first else ""
+            hint = ""
+            if first:  # a remote error names its URL itself: not twice
+                said = first["error"]
+                where = "" if said.startswith(first["file"]) else f"{first['file']}: "
+                hint = f"; first error: {where}{said}"
             raise BuildError(
                 f"source '{name}' yielded no documents ({src['errors']} input errors{hint})"
             )
