@@ -7,7 +7,8 @@
   1,000 special ids first), converted the same way.
 - A Qwen2.5-like folder: a small byte-level BPE trained with `tokenizers` on stdlib text,
   Qwen2's pre-tokenizer pattern and NFC normalizer, no BOS, ChatML specials.
-`random_llama3_model` saves a random tiny Llama-3-style model beside Llama-3's files.
+`random_llama3_model` saves a random tiny Llama-3-style model beside Llama-3's files,
+`random_qwen_coder_model` a Qwen2-style one beside them with Qwen2.5-Coder's FIM tokens.
 Nothing is committed or downloaded.
 """
 
@@ -39,6 +40,15 @@ LLAMA3_SPECIALS = [
     "<|eot_id|>",
     "<|python_tag|>",
     *(f"<|reserved_special_token_{i}|>" for i in range(2, 247)),
+]
+# Qwen2.5-Coder's FIM and repository tokens, in its id order (151659-151664 there).
+QWEN_CODER_TOKENS = [
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
 ]
 # Llama-3-Instruct's chat template (the published one, without tool calling).
 LLAMA3_TEMPLATE = (
@@ -114,6 +124,64 @@ def random_llama3_model(out: Path, **config) -> Path:
         out
     )
     return llama3_folder(out)
+
+
+def add_tokens(folder: Path, tokens: list[str], special: bool) -> Path:
+    """`folder`'s tokenizer.json with `tokens` added after its vocabulary (as Qwen2.5-Coder's
+    FIM tokens are: not special; StarCoder2's: special)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_tokens([AddedToken(t, special=special, normalized=False) for t in tokens])
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def random_qwen_coder_model(out: Path, vocab_size: int) -> Path:
+    """A random tiny Qwen2-style model (`Qwen2ForCausalLM`, tied head, fp32) with Qwen2.5's
+    framing on Llama-3's real vocabulary: Qwen2.5-Coder's six FIM and repository tokens added
+    as its tokenizer.json has them (not special, ids 128256-128261), Qwen2.5's normalizer and
+    pre-tokenizer, no BOS (`bos_token: null`), documents ended by `<|end_of_text|>`."""
+    import torch
+    import transformers
+    from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers, processors
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=128001,
+        initializer_range=0.1,
+    )
+    transformers.Qwen2ForCausalLM(config).save_pretrained(out)
+    llama3_folder(out)
+    add_tokens(out, QWEN_CODER_TOKENS, special=False)
+    # Qwen2.5's pipeline, which transformers' Qwen2Tokenizer imposes on a qwen2 folder
+    # whatever its tokenizer.json says: NFC, Qwen2's split (digits one by one), no BOS added.
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.save(str(out / "tokenizer.json"))
+    settings = {"bos_token": None, "eos_token": "<|end_of_text|>", "unk_token": None}
+    settings |= {"pad_token": "<|end_of_text|>", "tokenizer_class": "Qwen2Tokenizer"}
+    settings |= {"model_max_length": 32768}
+    (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=1))
+    return out
 
 
 def tekken_folder(out: Path) -> Path:

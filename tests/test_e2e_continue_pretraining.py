@@ -25,14 +25,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download: the model here i
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import yaml  # noqa: E402
 from bytelevel_fixtures import random_llama3_model  # noqa: E402
-from conftest import NO_FILTERS, STDLIB, real_python_files, real_text_docs, write_jsonl  # noqa: E402
+from conftest import STDLIB, real_python_files, real_text_docs, write_jsonl  # noqa: E402
+from e2e_steps import build_corpus, train_two_steps  # noqa: E402
 
-from lemur.data import cli as data_cli  # noqa: E402
 from lemur.eval import cli as eval_cli  # noqa: E402
 from lemur.model import convert  # noqa: E402
-from lemur.train import cli as train_cli  # noqa: E402
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -70,26 +68,6 @@ def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def _build(root: Path, tokenizer: Path, sources: list[dict], **keys) -> Path:
-    """`lemur-data build` of a recipe file over `sources`; the shard directory."""
-    recipe = {
-        "output": str(root / "data"),
-        "seed": 3,
-        "seq_len": 64,
-        "tokenizer": {"hf": str(tokenizer)},
-        "filters": NO_FILTERS,
-        "pii": {"enabled": False},
-        "dedup": {"exact": False, "near": False},
-        "executor": {"kind": "local", "tasks": 1, "workers": 1},
-        "sources": sources,
-        **keys,
-    }
-    path = root / "recipe.yaml"
-    path.write_text(yaml.safe_dump(recipe))
-    assert data_cli.main(["build", str(path)]) == 0
-    return root / "data"
-
-
 def _code_and_text(root: Path) -> list[dict]:
     """Real code (12 stdlib modules) and real text (Python's help topics) as two domains."""
     code = root / "code"
@@ -112,35 +90,8 @@ def _hf_greedy(model, tok, prompt: str) -> tuple[list[int], list[int]]:
     return ids["input_ids"][0].tolist(), new[: new.index(EOS)] if EOS in new else new
 
 
-def _train_two_steps(hf_folder: Path, data: Path, run: Path) -> Path:
-    """`lemur-train continue` from the HF folder: 2 steps of 2 x 64 tokens; the run dir."""
-    sets = {
-        "model.init_from": hf_folder,
-        # fp32 without scan or remat: the shipped bf16/scan/remat step compiles 2x slower here.
-        "model.overrides": "{dtype: float32}",
-        "data.dirs": f"[{data}]",
-        "run_dir": run,
-        "steps": 2,
-        "batch.size": 2,
-        "batch.seq_len": 64,
-        "schedule.warmup_steps": 0,
-        "schedule.peak_lr": 1e-2,
-        "checkpoint.every": 0,
-        "eval.batches": 1,
-        "log.every": 1,
-        "log.progress": "false",
-        "log.tensorboard": "false",
-    }
-    argv = ["continue", *(x for k, v in sets.items() for x in ("--set", f"{k}={v}"))]
-    assert train_cli.main(argv) == 0
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    losses = {r["step"]: r["loss"] for r in records if "loss" in r}
-    assert sorted(losses) == [1, 2] and all(np.isfinite(v) for v in losses.values())
-    return run
-
-
 def test_continue_pretraining_llama3_end_to_end(hf_folder: Path, tmp_path: Path) -> None:
-    data = _build(
+    data = build_corpus(
         tmp_path,
         hf_folder,
         _code_and_text(tmp_path),
@@ -156,7 +107,7 @@ def test_continue_pretraining_llama3_end_to_end(hf_folder: Path, tmp_path: Path)
     )
     assert (tok["bos_id"], tok["eos_id"]) == (BOS, EOS)
 
-    run = _train_two_steps(hf_folder, data, tmp_path / "run")
+    run = train_two_steps(hf_folder, data, tmp_path / "run")
 
     lemur_dir, hf_out = tmp_path / "lemur", tmp_path / "out"
     assert convert.main(["from-run", str(run), str(lemur_dir)]) == 0
@@ -213,7 +164,7 @@ def test_bpb_bytes_are_the_decoded_val_documents_utf8_length(
     rows = _non_ascii_snippets(60)
     source = {"name": "snippets", "domain": "code", "format": "jsonl"}
     source["paths"] = [str(write_jsonl(tmp_path / "snippets.jsonl", rows))]
-    data = _build(
+    data = build_corpus(
         tmp_path,
         hf_folder,
         [source],

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bytelevel_fixtures import llama3_folder, qwen_like_folder
+from bytelevel_fixtures import QWEN_CODER_TOKENS, add_tokens, llama3_folder, qwen_like_folder
 from conftest import real_python_files, real_text_docs
 
 from lemur.data.recipe_fim import FimConfig
@@ -25,20 +25,7 @@ from lemur.tokenizer.fim import (
     find_code_markers,
 )
 
-QWEN_FIM = [MARKER_STYLES["qwen2.5-coder"][r] for r in ("prefix", "middle", "suffix", "pad")]
-QWEN_FIM += ["<|repo_name|>", "<|file_sep|>"]
 STARCODER = ["<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>", "<file_sep>"]
-
-
-def _add_tokens(folder: Path, tokens: list[str], special: bool) -> Path:
-    """`folder`'s tokenizer.json with `tokens` added after its vocabulary (as Qwen2.5-Coder's
-    are: not special; StarCoder2's: special)."""
-    from tokenizers import AddedToken, Tokenizer
-
-    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tok.add_tokens([AddedToken(t, special=special, normalized=False) for t in tokens])
-    tok.save(str(folder / "tokenizer.json"))
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +41,7 @@ def llama3_qwen_fim(llama3_plain, tmp_path_factory) -> Path:
 
     folder = tmp_path_factory.mktemp("l3") / "fim"
     shutil.copytree(llama3_plain, folder)
-    return _add_tokens(folder, QWEN_FIM, special=False)
+    return add_tokens(folder, QWEN_CODER_TOKENS, special=False)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +49,7 @@ def bpe_starcoder(tmp_path_factory) -> Path:
     """A byte-level BPE trained on stdlib code and text, with StarCoder2's special tokens."""
     texts = [p.read_text() for p in real_python_files(30)] + [d["text"] for d in real_text_docs(30)]
     folder = qwen_like_folder(tmp_path_factory.mktemp("bpe"), texts, vocab_size=2000)
-    return _add_tokens(folder, STARCODER, special=True)
+    return add_tokens(folder, STARCODER, special=True)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +100,7 @@ def test_markers_named_by_recipe(llama3_qwen_fim):
 def test_deepseek_markers(tmp_path):
     texts = [p.read_text() for p in real_python_files(5)]
     names = list(MARKER_STYLES["deepseek-coder"].values())
-    folder = _add_tokens(qwen_like_folder(tmp_path, texts, vocab_size=600), names, special=False)
+    folder = add_tokens(qwen_like_folder(tmp_path, texts, vocab_size=600), names, special=False)
     found = find_code_markers(open_tokenizer(folder))
     assert found is not None and found.style == "deepseek-coder"
     tok = open_tokenizer(folder)
