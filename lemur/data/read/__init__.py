@@ -2,7 +2,7 @@
 
 `list_inputs` lists a recipe's files, big ones as several parts (`split`); `SourcesReader`
 turns them into documents with one reader per format (`readers`: jsonl, parquet, file trees
-and notebooks; `chat_reader`: chat schemas rendered as ChatML by `chat`; `stack_v2`: The
+and notebooks; `chat_reader`: chat schemas normalized by `chat`; `stack_v2`: The
 Stack v2 by blob id), counting and recording every bad input. Inputs given as fsspec URLs
 (`s3://`, `gs://`, `hf://`) are listed once per build (`remote_listing`) and read by ranged
 requests with retries (`remote`, `remote_inputs`).
@@ -27,6 +27,5 @@ _EXPORTS = {
     "looks_like_notebook": "notebooks",
     "notebook_to_script": "notebooks",
     "open_maybe_compressed": "streams",
-    "render_chatml": "chat",
 }
 __getattr__, __all__ = lazy_exports(__name__, _EXPORTS)
