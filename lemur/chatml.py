@@ -1,5 +1,6 @@
-"""ChatML as ids: the one convention of the chat build, `lemur-eval generate --chat` and
-the Hugging Face chat template that `lemur-convert to-hf` writes.
+"""ChatML, text and ids: the one convention of the chat build, `lemur-eval generate --chat`
+and the Hugging Face chat template that `lemur-convert to-hf` writes. Its turns are written
+here only (`render_chatml`, `turn_header`); the exported template spells them in Jinja.
 
 A conversation is `<s>` + `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message + `</s>`
 (a generation prompt ends on `<|im_start|>assistant\\n` instead of `</s>`). Its text is
@@ -21,12 +22,43 @@ conversations.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 
 import sentencepiece as spm
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 # The pieces a ChatML SentencePiece model holds, one id each (trained in, or appended).
 CHAT_PIECES = (IM_START, IM_END)
+
+
+def turn_header(role: str) -> str:
+    """`<|im_start|>{role}\\n`, where a turn's content starts (a generation prompt ends on
+    the assistant's)."""
+    return f"{IM_START}{role}\n"
+
+
+def render_chatml(
+    messages: Sequence[Mapping[str, str]],
+) -> tuple[str, list[list[int]], list[int]]:
+    """ChatML text, the `[start, end)` loss spans of assistant replies, and each turn's end.
+
+    A turn is `<|im_start|>{role}\\n{content}<|im_end|>\\n`. A loss span starts right after
+    `<|im_start|>assistant\\n` and ends right after the reply's `<|im_end|>`; a turn ends
+    after its trailing newline (offsets are str indices).
+    """
+    parts: list[str] = []
+    spans: list[list[int]] = []
+    ends: list[int] = []
+    at = 0
+    for m in messages:
+        header = turn_header(m["role"])
+        body = f"{m['content']}{IM_END}"
+        if m["role"] == "assistant":
+            spans.append([at + len(header), at + len(header) + len(body)])
+        parts += (header, body, "\n")
+        at += len(header) + len(body) + 1
+        ends.append(at)
+    return "".join(parts), spans, ends
 
 
 def chat_processor(sp: spm.SentencePieceProcessor) -> spm.SentencePieceProcessor:

@@ -28,7 +28,8 @@ from lemur.chat_template import (
     ChatTemplate,
     TemplateDrop,
 )
-from lemur.data.read.chat import MESSAGES_KEY, render_chatml
+from lemur.chatml import render_chatml
+from lemur.data.read.chat import MESSAGES_KEY
 from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY
 from lemur.data.tokenize.template_chat import TemplateChatEncoder
 from lemur.eval.chat_prompt import chat_prompt_ids

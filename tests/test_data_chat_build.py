@@ -13,8 +13,8 @@ import yaml
 from conftest import real_python_files, real_text_docs
 from datatrove.data import Document
 
-from lemur.chatml import CHAT_PIECES, IM_END, IM_START
-from lemur.data.read.chat import MARKER_IN_CONTENT, MESSAGES_KEY, render_chatml
+from lemur.chatml import CHAT_PIECES, IM_END, IM_START, render_chatml
+from lemur.data.read.chat import MARKER_IN_CONTENT, MESSAGES_KEY
 from lemur.data.recipe import TokenizerTrainConfig
 from lemur.data.tokenize.chat import (
     BAD_MESSAGES,

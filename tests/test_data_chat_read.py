@@ -16,6 +16,7 @@ import pytest
 import yaml
 from conftest import write_jsonl
 
+from lemur.chatml import render_chatml
 from lemur.data.chat_demo import conversations, write_chat_demo
 from lemur.data.load import load_recipe, recipe_from_dict
 from lemur.data.read.chat import (
@@ -38,7 +39,6 @@ from lemur.data.read.chat import (
     oasst1_messages,
     oasst1_orphans,
     orphan_reason,
-    render_chatml,
 )
 from lemur.data.read.listing import list_inputs
 from lemur.data.read.sources import SourcesReader

@@ -221,3 +221,21 @@ def test_chat_wraps_prompts_in_chatml(tmp_path: Path) -> None:
         params, config, tok, ["Say hi"], dataclasses.replace(GREEDY, max_new_tokens=8), chat=True
     )
     assert IM_END not in out.text and 0 < len(out.tokens) <= 8
+
+
+def test_the_cache_check_sizes_the_cache_generate_allocates(monkeypatch) -> None:
+    """check_cache_fits counts the cache `_generate_batch` makes: the prompt's bucket plus
+    GenerationConfig.decode_slots (the new tokens after the first, in whole chunks)."""
+    from lemur import machine
+    from lemur.cli_common import UserError
+
+    config = LlamaConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=64)
+    item = jax.numpy.dtype(config.compute_dtype).itemsize
+    gen = GenerationConfig(max_new_tokens=20, chunk=8)
+    assert gen.decode_slots == 24 and bucket(20) == 24
+    need = 2 * config.n_layers * 3 * (24 + 24) * config.n_kv_heads * config.head_dim * item
+    monkeypatch.setattr(machine, "device_memory_bytes", lambda: need)
+    gen_lib.check_cache_fits(config, 3, 20, gen)  # exactly fits
+    monkeypatch.setattr(machine, "device_memory_bytes", lambda: need - 1)
+    with pytest.raises(UserError, match=r"the KV cache of 3 x 48 tokens \(20 of prompt"):
+        gen_lib.check_cache_fits(config, 3, 20, gen)

@@ -14,12 +14,14 @@ import pytest
 import yaml
 from conftest import real_python_files, real_text_docs
 from test_eval_bpb import _write_shards
+from test_model_convert_source import tiny_config as hf_tiny_config
+from test_model_convert_source import write_hf_folder
 from test_train_loop import build_corpus, compile_cache, tiny_config
 
 from lemur.eval import cli
 from lemur.eval.load import LoadError, load_model
 from lemur.model import checkpoint as model_checkpoint
-from lemur.model import convert, llama
+from lemur.model import convert, llama, pretrained
 from lemur.train.checkpoint import Checkpointer
 from lemur.train.config import load_train_config
 from lemur.train.loop import train
@@ -194,3 +196,22 @@ def test_a_tokenizer_the_run_did_not_train_with_is_refused(
     other = train_tokenizer(texts, TokenizerTrainConfig(vocab_size=500), tmp_path / "o.model")
     with pytest.raises(LoadError, match="not the tokenizer the model was trained with"):
         load_model(run, tokenizer=other)
+
+
+def test_an_hf_folder_lemur_cannot_read_is_one_line(tmp_path: Path, capsys) -> None:
+    """lemur-eval reads an HF folder with `model.init_from`'s reader (pretrained.load_hf):
+    a folder it refuses is the same one line in both, naming the folder, never a traceback
+    (here: an lm_head that differs from the embedding it claims to be tied to)."""
+    folder = write_hf_folder(tmp_path / "hf", hf_tiny_config(), tie_word_embeddings=True)
+    why = (
+        f"{folder}: tie_word_embeddings is true but lm_head.weight differs from "
+        "model.embed_tokens.weight"
+    )
+    with pytest.raises(LoadError) as caught:
+        load_model(folder)
+    assert str(caught.value) == why
+    with pytest.raises(pretrained.PretrainedError) as train_side:
+        pretrained.load_hf(folder)
+    assert str(train_side.value) == why
+    assert cli.main(["generate", str(folder), "--prompt", "x", "--max-new-tokens", "1"]) == 2
+    assert capsys.readouterr().err == f"lemur-eval: {why}\n"

@@ -13,8 +13,8 @@ from conftest import real_python_files, real_text_docs
 from datatrove.data import Document
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
-from lemur.chatml import CHAT_PIECES, IM_END, IM_START
-from lemur.data.read.chat import MESSAGES_KEY, render_chatml
+from lemur.chatml import CHAT_PIECES, IM_END, IM_START, render_chatml
+from lemur.data.read.chat import MESSAGES_KEY
 from lemur.data.tokenize.chat import TOKENS_KEY, ChatEncoder
 from lemur.data.tokenize.tokenizer import extend_tokenizer
 from lemur.eval.chat_prompt import chat_prompt_ids

@@ -17,9 +17,9 @@ import pytest
 from conftest import real_text_docs
 from datatrove.data import Document
 
-from lemur.chatml import CHAT_PIECES
+from lemur.chatml import CHAT_PIECES, render_chatml
 from lemur.data.chat_demo import conversations
-from lemur.data.read.chat import MESSAGES_KEY, render_chatml
+from lemur.data.read.chat import MESSAGES_KEY
 from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY, ChatEncoder
 from lemur.data.tokenize.tokenizer import extend_tokenizer, load_llama2_processor, tokenizer_info
 from lemur.model import checkpoint as model_checkpoint

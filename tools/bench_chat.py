@@ -27,9 +27,9 @@ from pathlib import Path
 from benchlib import best_of, tokenizer_bench_args
 from datatrove.data import Document
 
-from lemur.chatml import CHAT_PIECES
+from lemur.chatml import CHAT_PIECES, render_chatml
 from lemur.data.chat_demo import conversations as demo_conversations
-from lemur.data.read.chat import MESSAGES_KEY, Message, render_chatml
+from lemur.data.read.chat import MESSAGES_KEY, Message
 from lemur.data.recipe import TokenizerTrainConfig
 from lemur.data.tokenize import offsets as offsets_module
 from lemur.data.tokenize.chat import ChatEncoder

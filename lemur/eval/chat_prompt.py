@@ -8,8 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lemur.chat_template import ChatTemplate
-from lemur.chatml import IM_END as CHATML_END
-from lemur.chatml import IM_START as CHATML_START
+from lemur.chatml import CHAT_PIECES, render_chatml, turn_header
 from lemur.cli_common import UserError
 from lemur.tokenizer import ByteLevelTokenizer, ChatMLTokenizer, Tokenizer
 
@@ -27,15 +26,13 @@ def chat_messages(prompt: ChatPrompt, system: str | None = None) -> list[Mapping
 def chat_prompt(tokenizer: Tokenizer, prompt: ChatPrompt, system: str | None = None) -> str:
     """ChatML text of `prompt` (a user turn, or messages) ending where the assistant's answer
     starts; refuses a tokenizer without the ChatML pieces."""
-    missing = [p for p in (CHATML_START, CHATML_END) if tokenizer.piece_id(p) is None]
+    missing = [p for p in CHAT_PIECES if tokenizer.piece_id(p) is None]
     if missing:
         raise UserError(
             f"the tokenizer has no {' / '.join(missing)} piece (--chat needs "
             "a ChatML tokenizer, e.g. one a Lemur-Chat build extended)"
         )
-    turns = chat_messages(prompt, system)
-    text = "".join(f"{CHATML_START}{m['role']}\n{m['content']}{CHATML_END}\n" for m in turns)
-    return text + f"{CHATML_START}assistant\n"
+    return render_chatml(chat_messages(prompt, system))[0] + turn_header("assistant")
 
 
 _templates: weakref.WeakKeyDictionary[Any, ChatTemplate] = weakref.WeakKeyDictionary()

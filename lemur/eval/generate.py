@@ -174,7 +174,7 @@ def check_cache_fits(config: LlamaConfig, batch: int, longest: int, gen: Generat
     """UserError naming --max-new-tokens and --batch-size when the KV cache of the longest
     batch would not fit the device: XLA would fail the allocation with a traceback (or, on a
     host that overcommits, the kernel would kill the process without a word)."""
-    length = bucket(longest) + -(-(gen.max_new_tokens - 1) // gen.chunk) * gen.chunk
+    length = bucket(longest) + gen.decode_slots
     itemsize = jnp.dtype(config.compute_dtype).itemsize
     need = 2 * config.n_layers * batch * length * config.n_kv_heads * config.head_dim * itemsize
     if need > (limit := machine.device_memory_bytes()):

@@ -40,7 +40,7 @@ from lemur.eval.find_tokenizer import (
     started_from,
 )
 from lemur.model import checkpoint as model_checkpoint
-from lemur.model import hf, pretrained
+from lemur.model import pretrained
 from lemur.model.config import LlamaConfig, Params, param_shapes
 from lemur.model.preset import model_config_from_dict
 from lemur.tokenizer import Tokenizer, TokenizerError, open_tokenizer
@@ -164,15 +164,10 @@ def _run_hf_tokenizer(meta: dict[str, Any]) -> dict[str, Path]:
 
 
 def _load_hf(path: Path) -> tuple[LlamaConfig, Params]:
-    """Config and numpy params of an HF Llama folder (lemur.model.hf, one tensor at a time)."""
+    """Config and numpy params of an HF Llama folder (lemur.model.pretrained's reader)."""
     try:
-        with hf.open_hf_checkpoint(path) as (hf_config, get_tensor):
-            try:
-                config = hf.config_from_hf(hf_config)
-            except (ValueError, KeyError) as e:
-                raise LoadError(f"{path}: {e}") from None
-            return config, hf.params_from_hf(get_tensor, config)
-    except hf.HFCheckpointError as e:  # a damaged download: the message names the file
+        return pretrained.load_hf(path)
+    except pretrained.PretrainedError as e:  # one line: it names the folder or the file
         raise LoadError(str(e)) from None
 
 

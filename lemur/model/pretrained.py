@@ -97,12 +97,13 @@ def load_pretrained_config(path: str | os.PathLike[str]) -> LlamaConfig:
         raise PretrainedError(f"{path}/config.json: {e}") from None
 
 
-def load_hf_params(path: str | os.PathLike[str], dtype: str = "float32") -> Params:
-    """Host (numpy) params of an HF folder in `dtype`, read one tensor at a time."""
+def load_hf(path: str | os.PathLike[str], dtype: str = "float32") -> tuple[LlamaConfig, Params]:
+    """The config and host (numpy) params of an HF folder in `dtype`, read one tensor at a
+    time (`model.init_from` and `lemur-eval` alike; PretrainedError naming what is wrong)."""
     try:
         with hf.open_hf_checkpoint(path) as (hf_config, get_tensor):
             config = hf.config_from_hf(hf_config)
-            return hf.params_from_hf(get_tensor, config, dtype)
+            return config, hf.params_from_hf(get_tensor, config, dtype)
     except hf.HFCheckpointError as e:
         raise PretrainedError(str(e)) from None  # it names the file
     except (OSError, ValueError, KeyError) as e:

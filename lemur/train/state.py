@@ -178,7 +178,7 @@ def _hf_params(path: str, layout: StateLayout, say: Say) -> Params:
     to the model's vocabulary, then each process puts its own shards on its devices."""
     model = layout.model
     say(f"lemur-train: {path}: converting the HF checkpoint on load")
-    params = pretrained.load_hf_params(path, model.param_dtype)
+    _, params = pretrained.load_hf(path, model.param_dtype)
     saved = dataclasses.replace(model, vocab_size=params["embed"].shape[0])
     if saved.vocab_size != model.vocab_size:  # checked by resolve_model
         params, _ = grow_vocab(params, saved, model.vocab_size)

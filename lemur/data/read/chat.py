@@ -1,4 +1,4 @@
-"""Chat data: the dataset schemas normalized to messages, and their ChatML rendering.
+"""Chat data: the dataset schemas normalized to messages (rendered by lemur/chatml.py).
 
 Every chat schema (a conversation per row: `ROW_SCHEMAS`; oasst1's message trees:
 `oasst1_messages`) becomes a list of `{"role": "system|user|assistant|tool", "content": str}`
@@ -46,27 +46,6 @@ EMPTY_ASSISTANT = "chat:empty_assistant"
 ENDS_ON_USER = "chat:ends_on_user"
 NO_TURNS = "chat:no_turns"
 MARKER_IN_CONTENT = "chat:marker_in_content"  # ChatML builds: content forging a turn
-
-
-def render_chatml(messages: list[Message]) -> tuple[str, list[list[int]], list[int]]:
-    """ChatML text, the `[start, end)` loss spans of assistant replies, and each turn's end.
-
-    A loss span starts right after `<|im_start|>assistant\\n` and ends right after the
-    reply's `<|im_end|>`; a turn ends after its trailing newline (offsets are str indices).
-    """
-    parts: list[str] = []
-    spans: list[list[int]] = []
-    ends: list[int] = []
-    at = 0
-    for m in messages:
-        header = f"{IM_START}{m['role']}\n"
-        body = f"{m['content']}{IM_END}"
-        if m["role"] == "assistant":
-            spans.append([at + len(header), at + len(header) + len(body)])
-        parts += (header, body, "\n")
-        at += len(header) + len(body) + 1
-        ends.append(at)
-    return "".join(parts), spans, ends
 
 
 def marker_in_content(messages: list[Message]) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 from datatrove.data import Document
 
+from lemur.chatml import render_chatml
 from lemur.data.counts import dropped_label, read_label, repaired_label
 from lemur.data.read.chat import (
     MESSAGES_KEY,
@@ -31,7 +32,6 @@ from lemur.data.read.chat import (
     oasst1_messages,
     oasst1_orphans,
     orphan_reason,
-    render_chatml,
 )
 from lemur.data.read.listing import InputFile
 from lemur.data.read.readers import (

@@ -31,14 +31,13 @@ from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
-from lemur.chatml import chat_processor, control_pattern
+from lemur.chatml import chat_processor, control_pattern, render_chatml
 from lemur.data.counts import dropped_label, truncated_label
 from lemur.data.read.chat import (
     MARKER_IN_CONTENT,
     MESSAGES_KEY,
     Message,
     marker_in_content,
-    render_chatml,
 )
 from lemur.data.recipe import CHAT_LONG
 from lemur.data.tokenize.offsets import TokenOffsets, byte_offsets
