@@ -197,7 +197,7 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
         train_tokenizer(texts, train, base, pieces)
         if fim:
             extend_tokenizer(base, (), target, FIM_PIECES)
-            base.unlink()
+            base.unlink(missing_ok=True)
     return target
 
 
