@@ -58,18 +58,28 @@ def _vocabulary(model: dict[str, Any]) -> list[tuple[str, int]]:
 _references: dict[str, Any] = {}
 
 
-def _reference(path: str, sha256: str) -> Any:
+def _reference(path: str, sha256: str, data: dict[str, Any]) -> Any:
     """The `tokenizers` reference of a file, loaded once per process and content."""
     if sha256 not in _references:
-        _references[sha256] = _load_reference(path)
+        _references[sha256] = _load_reference(path, data)
     return _references[sha256]
 
 
-def _load_reference(path: str) -> Any:
+def _load_reference(path: str, data: dict[str, Any]) -> Any:
+    """The file loaded by `tokenizers`, every added token made special: with special-token
+    parsing off, `tokenizers` still matches a non-special added token inside text (Qwen2.5-
+    Coder's `<|fim_prefix|>`, `<|file_sep|>`), so that a code file spelling one would get
+    its control id; as special they are encoded as text, as `<|endoftext|>` is."""
+    import orjson
     from tokenizers import Tokenizer as Reference
 
+    added = data.get("added_tokens") or []
     try:
-        tok = Reference.from_file(path)
+        if all(t.get("special") for t in added):
+            tok = Reference.from_file(path)
+        else:
+            spec = {**data, "added_tokens": [{**t, "special": True} for t in added]}
+            tok = Reference.from_str(orjson.dumps(spec).decode())
     except Exception as e:  # noqa: BLE001 - the Rust side raises plain Exceptions
         raise TokenizerError(f"{path}: `tokenizers` cannot load it ({e})") from None
     tok.encode_special_tokens = True
@@ -123,7 +133,7 @@ class ByteLevelTokenizer:
             raise TokenizerError(f"tokenizer engine {engine!r}: expected one of {ENGINES}")
         self.files = files
         self.sha256 = files.sha256
-        self.reference = _reference(str(files.path), files.sha256)
+        self.reference = _reference(str(files.path), files.sha256, files.data)
         self.vocab_size = int(self.reference.get_vocab_size(with_added_tokens=True))
         self.bos_id = self._special_id(files.bos) if files.bos else None
         self.eos_id = self._special_id(files.eos) if files.eos else None

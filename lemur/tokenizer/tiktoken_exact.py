@@ -204,10 +204,9 @@ def tiktoken_plan(data: dict[str, Any], tokenize: Any) -> TiktokenPlan:
     pattern, why = _pattern(data.get("pre_tokenizer"))
     nfc, norm_problem = _normalizer(data.get("normalizer"))
     problem = problem or why or norm_problem
+    # Added tokens, special or not, are never matched inside text: the reference is loaded
+    # with every one special (bytelevel.py) and special-token parsing off.
     added = data.get("added_tokens", [])
-    if not problem and any(not t.get("special") for t in added):
-        # The reference matches non-special added tokens inside text; tiktoken cannot.
-        problem = "added tokens that are not special"
     if problem:  # a Unigram's vocabulary is a list of [piece, score]: not read at all
         return TiktokenPlan(reason=problem)
     special_ids = {t["id"] for t in added}

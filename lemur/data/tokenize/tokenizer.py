@@ -84,7 +84,9 @@ def user_defined_ids(
     out = []
     for piece in pieces:
         i = sp.piece_to_id(piece)
-        if sp.id_to_piece(i) != piece or model.pieces[i].type != user_defined:
+        kind = model.pieces[i].type
+        # The FIM markers are CONTROL pieces (encode never produces them): one id each too.
+        if sp.id_to_piece(i) != piece or kind not in (user_defined, model.SentencePiece.CONTROL):
             raise TokenizerError(f"{path}: {piece!r} is not a user-defined piece of this model")
         out.append({"piece": piece, "id": i})
     return out
@@ -154,32 +156,44 @@ def _train(
 
 
 def extend_tokenizer(
-    src: str | os.PathLike, pieces: Sequence[str], out_path: str | os.PathLike
+    src: str | os.PathLike,
+    pieces: Sequence[str],
+    out_path: str | os.PathLike,
+    control: Sequence[str] = (),
 ) -> Path:
-    """Write `src` with `pieces` appended as USER_DEFINED pieces (atomically) to `out_path`.
+    """Write `src` with `pieces` appended as USER_DEFINED pieces and then `control` as CONTROL
+    pieces (atomically) to `out_path`.
 
     Appending keeps every existing id; the new pieces get ids `vocab_size`, `vocab_size + 1`,
     ... . Pieces the model already has as USER_DEFINED are kept where they are (extending
     twice changes nothing); one it has of another type is an error, because it would not
-    encode as one id.
+    encode as one id. A `control` piece (the FIM markers) is never produced from text: one
+    the model has already as CONTROL is kept, one it has as USER_DEFINED becomes CONTROL
+    (same id), so that a document that spells it is encoded as text.
     """
     sp = load_tokenizer(src)  # a TokenizerError naming `src` if it is not a usable model
     model, user_defined = model_proto(sp)
-    have = {p.piece: p.type for p in model.pieces}
-    added = 0
-    for piece in pieces:
-        if piece in have:
-            if have[piece] != user_defined:
+    kinds = model.SentencePiece
+    index = {p.piece: i for i, p in enumerate(model.pieces)}
+    changed = False
+    wanted = [(p, user_defined) for p in pieces] + [(p, kinds.CONTROL) for p in control]
+    for piece, kind in wanted:
+        if piece in index:
+            have = model.pieces[index[piece]]
+            if kind == kinds.CONTROL and have.type == user_defined:
+                have.type, changed = kinds.CONTROL, True
+            elif have.type != kind:
                 raise TokenizerError(
-                    f"{src}: already has {piece!r} as a piece that is not user-defined"
+                    f"{src}: already has {piece!r} as a piece of another type"
+                    f" ({kinds.Type.Name(have.type)})"
                 )
             continue
         new = model.pieces.add()
-        new.piece, new.score, new.type = piece, 0.0, user_defined
-        have[piece] = new.type
-        added += 1
+        new.piece, new.score, new.type = piece, 0.0, kind
+        index[piece] = len(model.pieces) - 1
+        changed = True
     out = Path(out_path)
-    data = model.SerializeToString() if added else Path(src).expanduser().read_bytes()
+    data = model.SerializeToString() if changed else Path(src).expanduser().read_bytes()
     atomic_write_bytes(out, data)
     load_tokenizer(out)  # the written model loads
     return out
