@@ -141,3 +141,134 @@ def test_canonical_command(single: list, tmp_path: Path) -> None:
     assert (out / "infill.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert cli.main(["infill", "--tasks", str(path)]) == 2  # no model, no --canonical
     assert cli.main(["infill", "--canonical", "--k", "2", "--tasks", str(path)]) == 2
+
+
+# ----- the model's FIM prompt -------------------------------------------------------------
+
+QWEN_FIM = ["<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>"]
+QWEN_FIM += ["<|repo_name|>", "<|file_sep|>"]
+
+
+def _with_qwen_fim(folder: Path) -> Path:
+    """`folder`'s tokenizer.json with Qwen2.5-Coder's FIM and repository tokens added after
+    its vocabulary, not special (as Qwen2.5-Coder's are)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN_FIM])
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def spm_checkpoint(tmp_path_factory, tokenizer_model: Path) -> tuple[Path, Path]:
+    """A tiny random lemur checkpoint and its SentencePiece model with CodeLlama's four FIM
+    pieces appended (as the build appends them)."""
+    import jax
+
+    from lemur.data.tokenize.tokenizer import extend_tokenizer
+    from lemur.model import checkpoint, llama
+    from lemur.model.config import config_from_preset
+    from lemur.tokenizer import open_tokenizer
+    from lemur.tokenizer.fim import FIM_PIECES
+
+    root = tmp_path_factory.mktemp("infill-spm")
+    spm = extend_tokenizer(tokenizer_model, (), root / "fim.model", control=FIM_PIECES)
+    vocab = open_tokenizer(spm).vocab_size
+    config = config_from_preset("tiny", vocab_size=vocab, max_seq_len=2048)
+    params = llama.init_params(config, jax.random.key(0))
+    checkpoint.save_params(root / "ckpt", jax.device_get(params), config)
+    return root / "ckpt", spm
+
+
+def _spy_generation(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """Record what `lemur.eval.generate.generate_ids` is called with, and its results."""
+    from lemur.eval import generate
+
+    calls: list[dict] = []
+    real = generate.generate_ids
+
+    def spy(params, config, prompts, gen, **kwargs):  # noqa: ANN001, ANN202
+        out = real(params, config, prompts, gen, **kwargs)
+        calls.append({"prompts": [list(p) for p in prompts], "out": out, **kwargs})
+        return out
+
+    monkeypatch.setattr(generate, "generate_ids", spy)
+    return calls
+
+
+def _task_file(path: Path, tasks: list) -> Path:
+    path.write_text("".join(json.dumps(t.row()) + "\n" for t in tasks))
+    return path
+
+
+def test_tiny_model_prompt_is_fim_prompt_ids(
+    spm_checkpoint, single: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `infill` sends a model is `fim_prompt_ids` of each task, PSM and SPM; a middle
+    ends at the model's markers; the report holds the decoded middles."""
+    from lemur.tokenizer import open_tokenizer
+    from lemur.tokenizer.fim import fim_prompt_ids, find_code_markers
+
+    ckpt, spm = spm_checkpoint
+    tok = open_tokenizer(spm)
+    markers = find_code_markers(tok)
+    tasks = single[:3]
+    path = _task_file(tmp_path / "tasks.jsonl", tasks)
+    for mode in ("psm", "spm"):
+        calls = _spy_generation(monkeypatch)
+        out = tmp_path / mode
+        argv = ["infill", str(ckpt), "--tokenizer", str(spm), "--tasks", str(path)]
+        argv += ["--mode", mode, "--max-new-tokens", "6", "--out", str(out), "--workers", "2"]
+        assert cli.main(argv) == 0
+        (call,) = calls
+        want = [fim_prompt_ids(tok, markers, t.prompt, t.suffix, spm=mode == "spm") for t in tasks]
+        assert call["prompts"] == want and want[0][:2] == [tok.bos_id, markers.prefix]
+        assert set(call["eos_id"]) == {tok.eos_id, *markers.ids} and markers.eot in markers.ids
+        rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+        assert [r["completion"] for r in rows] == [c.text for c in call["out"]]
+        summary = json.loads((out / "summary.json").read_text())
+        assert (summary["mode"], summary["samples"], summary["exact_match"]) == (mode, 3, 0.0)
+
+
+def test_a_tokenizer_without_fim_markers_is_one_line(
+    spm_checkpoint, tokenizer_model: Path, single: list, tmp_path: Path, capsys
+) -> None:
+    ckpt, _ = spm_checkpoint
+    path = _task_file(tmp_path / "tasks.jsonl", single[:1])
+    argv = ["infill", str(ckpt), "--tokenizer", str(tokenizer_model), "--tasks", str(path)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("lemur-eval: ") and "has no FIM markers" in err
+
+
+def test_qwen_coder_style_prompt_is_transformers_encoding_of_the_fim_string(
+    tmp_path: Path, single: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Llama-3-vocabulary model with Qwen2.5-Coder's FIM tokens (a random tiny HF folder):
+    `infill` sends the ids transformers' tokenizer gives the documented FIM string,
+    `<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>` (SPM: `<|fim_prefix|>
+    <|fim_suffix|>{suffix}<|fim_middle|>{prefix}`), and stops at `<|file_sep|>` too."""
+    import transformers
+    from bytelevel_fixtures import random_llama3_model
+
+    from lemur.tokenizer import open_tokenizer
+    from lemur.tokenizer.fim import find_code_markers
+
+    folder = _with_qwen_fim(
+        random_llama3_model(tmp_path / "hf", vocab_size=128256 + 6, max_position_embeddings=1024)
+    )
+    hf = transformers.AutoTokenizer.from_pretrained(folder)
+    tasks = [single[0], single[500], single[-1]]
+    calls = _spy_generation(monkeypatch)
+    argv = ["infill", str(folder), "--tasks", str(_task_file(tmp_path / "t.jsonl", tasks))]
+    argv += ["--max-new-tokens", "4", "--out", str(tmp_path / "out"), "--workers", "2"]
+    assert cli.main(argv) == 0
+    psm = [f"<|fim_prefix|>{t.prompt}<|fim_suffix|>{t.suffix}<|fim_middle|>" for t in tasks]
+    assert calls[0]["prompts"] == [hf(text)["input_ids"] for text in psm]
+    assert hf.convert_tokens_to_ids("<|file_sep|>") in calls[0]["eos_id"]
+    # SPM (the same prompter `--mode spm` uses; the model run above is the same path)
+    tok = open_tokenizer(folder)
+    prompter = infill.FimPrompter(tok, find_code_markers(tok), spm=True)
+    spm = [f"<|fim_prefix|><|fim_suffix|>{t.suffix}<|fim_middle|>{t.prompt}" for t in tasks]
+    assert [prompter.prompt_ids(t) for t in tasks] == [hf(text)["input_ids"] for text in spm]

@@ -25,6 +25,7 @@ import numpy as np
 from lemur.atomic_files import atomic_path
 from lemur.eval import humaneval
 from lemur.eval.infill_tasks import InfillTask
+from lemur.tokenizer.fim import CodeMarkers, fim_prompt_ids
 
 # Reference middles grouped by length in lines, for the report and the plot.
 LINE_BUCKETS = ((1, 1), (2, 2), (3, 3), (4, 5), (6, 9), (10, None))
@@ -147,20 +148,18 @@ class FimPrompter:
     lemur.tokenizer.fim.find_code_markers, `spm` the suffix-prefix-middle order."""
 
     tokenizer: Any
-    markers: Any
+    markers: CodeMarkers
     spm: bool = False
 
     def prompt_ids(self, task: InfillTask) -> list[int]:
-        """The prompt's ids: the build's FIM document up to and including the middle
-        marker."""
-        from lemur.tokenizer.fim import fim_prompt_ids
-
+        """The prompt's ids: the build's FIM document of the task (after the model's BOS, if
+        it has one) up to where its middle starts."""
         return fim_prompt_ids(self.tokenizer, self.markers, task.prompt, task.suffix, spm=self.spm)
 
     def end_ids(self) -> tuple[int, ...]:
-        """The ids a middle ends at: the tokenizer's stop ids and the markers' control ids."""
-        ids = [*self.tokenizer.stop_ids, *self.markers.end_ids()]
-        return tuple(dict.fromkeys(int(i) for i in ids))
+        """The ids a middle ends at: the tokenizer's stop ids (EOS, end of turn) and every
+        marker id (`<EOT>`, and a FIM, repository or file marker: the next document's)."""
+        return tuple(dict.fromkeys(int(i) for i in (*self.tokenizer.stop_ids, *self.markers.ids)))
 
 
 def complete(
