@@ -50,7 +50,9 @@ from lemur.data.recipe import Recipe
 from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.run.stage import executor_session, run_tasks
 from lemur.data.run.task import Reporter, StageError, StageRunner
+from lemur.data.tokenize.fim_stage import FimJob, FimRewrite, fim_counts
 from lemur.data.tokenize.prepare import (
+    build_markers,
     build_tokenizer_info,
     copy_tokenizer_files,
     open_build_tokenizer,
@@ -72,6 +74,7 @@ from lemur.shards.format import (
     token_dtype,
 )
 from lemur.tokenizer import is_tokenizer_json
+from lemur.tokenizer.fim import MARKER_ROLES, CodeMarkers
 
 WORK_VERSION = 2  # 2: records carry mix language families
 __all__ = ["BuildError", "build", "make_filters", "prepare_tokenizer", "sample_texts"]
@@ -312,6 +315,37 @@ def _work_lock(work_root: Path, out: Path) -> contextlib.AbstractContextManager:
     return DirectoryLock(work_root)
 
 
+def fim_stage(
+    recipe: Recipe,
+    run_dir: Path,
+    n_tasks: int,
+    dd: Path | None,
+    tokenizer: tuple[Path, dict[str, Any], CodeMarkers | None],
+    stage: StageRunner,
+) -> tuple[Path | None, dict[str, Any] | None]:
+    """The FIM tasks over the tokenize run `run_dir` (tokenize/fim_stage.py): (the folder of
+    the rewritten runs, the manifest's `fim` section); (None, None) without FIM. They start
+    from the run's kept read, filter, dedup and tokenize work (a new rate re-runs only them
+    and packing)."""
+    fim = recipe.fim
+    tok_path, tok_info, markers = tokenizer
+    if fim is None or markers is None:
+        return None, None
+    sources = tuple(i for i, s in enumerate(recipe.sources) if s.domain in fim.domains)
+    job = FimJob(str(tok_path), tok_info.get("engine", "auto"), fim, recipe.seed, markers, sources)
+    folder = work_folders.fim_folder(run_dir, job.key(tokenizer_key(tok_info), dd))
+    out = work_folders.tokens_dir(folder)
+    stage([FimRewrite(work_folders.tokens_dir(run_dir), dd, str(out), job)], folder, n_tasks, "fim")
+    roles = {r: getattr(markers, r) for r in MARKER_ROLES if getattr(markers, r) is not None}
+    section = {
+        **fim.work_settings(recipe.seed),
+        "domains": list(fim.domains),
+        "markers": {"style": markers.style, **roles},
+        "counts": fim_counts(out, n_tasks),
+    }
+    return out, section
+
+
 def pack_stages(
     recipe: Recipe,
     run_dir: Path,
@@ -320,9 +354,11 @@ def pack_stages(
     dd: Path | None,
     tok_path: Path,
     stage: StageRunner,
+    tok_dir: Path | None = None,
 ) -> PackStages:
-    """The build's pack stage: over the tokenize run `run_dir`, tasks run through `stage`, shards
-    under the build's own directory of the output (`PackStages.prefix`)."""
+    """The build's pack stage: over the tokenize run `run_dir` (its token files, or `tok_dir`:
+    the FIM stage's), tasks run through `stage`, shards under the build's own directory of
+    the output (`PackStages.prefix`)."""
     key = work_folders.run_key(run_dir)
     # The build's own directory: no file of it shares a path with the previous build's, so
     # that build stays whole for readers until the manifest is replaced.
@@ -330,7 +366,7 @@ def pack_stages(
     settings = {k: v for k, v in recipe.to_dict().items() if k not in ("output", "work_dir")}
     return PackStages(
         recipe,
-        work_folders.tokens_dir(run_dir),
+        tok_dir or work_folders.tokens_dir(run_dir),
         n_tasks,
         token_dtype(tok_info["vocab_size"]),
         dedup_dir=dd,
@@ -338,6 +374,18 @@ def pack_stages(
         tokenizer=tok_path,
         run_stage=stage,
     )
+
+
+def _prepared_tokenizer(
+    recipe: Recipe, inputs: list[InputFile], report: Reporter
+) -> tuple[Path, dict[str, Any], CodeMarkers | None]:
+    """(file, manifest entry, FIM markers or None) of the build's prepared tokenizer."""
+    report("tokenizer", 0, 1)
+    tok_path = prepare_tokenizer(recipe, inputs, recipe.work_root())
+    tok_info = build_tokenizer_info(recipe, tok_path)
+    markers = build_markers(recipe, tok_path) if recipe.fim is not None else None
+    report("tokenizer", 1, 1)
+    return tok_path, tok_info, markers
 
 
 def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, Any]:
@@ -354,15 +402,13 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     if not force and not plan_only and is_up_to_date(out, recipe, inputs_sha):
         report("up to date", 1, 1)
         return json.loads((out / MANIFEST).read_text())
-    report("tokenizer", 0, 1)
-    tok_path = prepare_tokenizer(recipe, inputs, work_root)
-    tok_info = build_tokenizer_info(recipe, tok_path)
-    report("tokenizer", 1, 1)
+    tok_path, tok_info, markers = prepared = _prepared_tokenizer(recipe, inputs, report)
     stage = partial(run_stage, recipe, report)
     # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.
     read_round = partial(_read_round, recipe, listing, tok_path, tokenizer_key(tok_info), report)
     reading, run_dir, n_tasks, dd = read_sources(recipe, listing, read_round)
-    stages = pack_stages(recipe, run_dir, n_tasks, tok_info, dd, tok_path, stage)
+    tok_dir, fim = fim_stage(recipe, run_dir, n_tasks, dd, prepared, stage)
+    stages = pack_stages(recipe, run_dir, n_tasks, tok_info, dd, tok_path, stage, tok_dir)
     prefix = stages.prefix
     try:
         pack_plan = stages.plan()  # histogram tasks, then the plan in this process
@@ -393,6 +439,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "shards": [s.to_json() for s in shards],
         "mix": sections.mix(),
         "counts": counts,
+        **({"fim": fim} if fim is not None else {}),
         "recipe": recipe.to_dict(),
         "recipe_sha256": recipe.sha256(),
         "inputs_sha256": inputs_sha,

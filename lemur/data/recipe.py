@@ -28,6 +28,7 @@ from lemur.data.recipe_filters import FineWebConfig as FineWebConfig
 from lemur.data.recipe_filters import GopherQualityConfig as GopherQualityConfig
 from lemur.data.recipe_filters import GopherRepetitionConfig as GopherRepetitionConfig
 from lemur.data.recipe_filters import TextFiltersConfig as TextFiltersConfig
+from lemur.data.recipe_fim import FimConfig
 from lemur.data.recipe_sources import CHAT_DOMAIN as CHAT_DOMAIN
 from lemur.data.recipe_sources import CHAT_SCHEMAS as CHAT_SCHEMAS
 from lemur.data.recipe_sources import FORMATS as FORMATS
@@ -197,6 +198,8 @@ class Recipe:
     val_fraction: float = 0.005
     shard_tokens: int = 1 << 27
     tokenize_batch_docs: int = 256
+    # Fill-in-the-middle documents of code sources (recipe_fim.py); None: none.
+    fim: FimConfig | None = None
 
     def __post_init__(self) -> None:
         # The sections checked themselves; these checks span several of them.
@@ -206,6 +209,7 @@ class Recipe:
         if not self.is_chat():  # the code:text ratio and language shares do not apply to chat
             _check_mix_domains(self)
         _check_sizes(self)
+        _check_fim(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe as plain data (what `--dry-run` prints and the manifest stores)."""
@@ -307,3 +311,15 @@ def _check_sizes(recipe: Recipe) -> None:
         raise RecipeError("recipe: shard_tokens must be >= 1024")
     if recipe.tokenize_batch_docs < 1:
         raise RecipeError("recipe: tokenize_batch_docs must be >= 1")
+
+
+def _check_fim(recipe: Recipe) -> None:
+    """`fim:` applies to pre-training builds, to domains their sources have."""
+    if recipe.fim is None:
+        return
+    if recipe.is_chat():
+        raise RecipeError("recipe: fim: applies to code documents of pre-training builds, not chat")
+    domains = recipe.domains()
+    for d in recipe.fim.domains:
+        if d not in domains:
+            raise RecipeError(f"recipe: fim.domains: no source has domain '{d}'")

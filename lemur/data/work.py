@@ -6,11 +6,12 @@ which builds into other outputs may share. Under it:
     tokens-<key>/          a tokenize run of the build's inputs, keyed by recipe, inputs and
         tokens/            tokenizer: its token runs (TokenizeWriter, DedupSigner),
         errors/            the bad inputs the reader recorded,
-        dedup-<key>/       and the dedup stages over those runs (dedup/stage.py)
+        dedup-<key>/       and the dedup stages over those runs (dedup/stage.py),
+        fim-<key>/         and the FIM stage's rewritten runs (tokenize/fim_stage.py)
     sample-<key>/          a tokenize run of a sample (the ratio sweep), laid out the same
     shuffle-<key>/         a pack stage's histograms, scatter and gather (pack/write.py);
                            `finished_shuffles` lists them for commit() once the manifest is in
-    tokenizer-<sha>.model, given-tokenizer-<sha>[-chatml].model, hf-tokenizer-<sha>/,
+    tokenizer-<sha>.model, given-tokenizer-<sha>[-chatml|-fim].model, hf-tokenizer-<sha>/,
     byte-bpe-<sha>/        the prepared tokenizers (tokenize/prepare.py)
     decontam/              the benchmark n-gram indexes (filter/decontaminate.py)
 
@@ -51,6 +52,11 @@ def dedup_folder(run: Path, key: str) -> Path:
     return run / f"dedup-{key}"
 
 
+def fim_folder(run: Path, key: str) -> Path:
+    """The FIM stage's folder for one FIM setting (`key`), beside the run it rewrites."""
+    return run / f"fim-{key}"
+
+
 def shuffle_folder(root: Path, key: str) -> Path:
     """A pack stage's folder: removed by commit() once the build's manifest is written."""
     return root / f"shuffle-{key}"
@@ -66,9 +72,10 @@ def trained_tokenizer(root: Path, key: str) -> Path:
     return root / f"tokenizer-{key}.model"
 
 
-def given_tokenizer(root: Path, sha: str, chat: bool) -> Path:
-    """The recipe's given SentencePiece model (with the ChatML markers for a chat build)."""
-    return root / f"given-tokenizer-{sha}{'-chatml' if chat else ''}.model"
+def given_tokenizer(root: Path, sha: str, chat: bool, fim: bool = False) -> Path:
+    """The recipe's given SentencePiece model (with the ChatML markers for a chat build, the
+    FIM pieces for a FIM build)."""
+    return root / f"given-tokenizer-{sha}{'-chatml' if chat else ''}{'-fim' if fim else ''}.model"
 
 
 def hf_tokenizer(root: Path, key: str) -> Path:

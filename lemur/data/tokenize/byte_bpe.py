@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from loguru import logger
@@ -59,9 +59,15 @@ def _trainable(texts: Iterable[str]) -> Iterator[str]:
 
 
 def train_byte_bpe(
-    texts: Iterable[str], config: TokenizerTrainConfig, out_dir: str | os.PathLike[str]
+    texts: Iterable[str],
+    config: TokenizerTrainConfig,
+    out_dir: str | os.PathLike[str],
+    specials: Sequence[str] = (),
 ) -> Path:
-    """Train on `texts`; write `out_dir/tokenizer.json` and `tokenizer_config.json` whole."""
+    """Train on `texts`; write `out_dir/tokenizer.json` and `tokenizer_config.json` whole.
+
+    `specials` (a FIM build's markers) are special tokens after BOS and EOS (ids 2, 3, ...).
+    """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.trainers import BpeTrainer
 
@@ -75,7 +81,7 @@ def train_byte_bpe(
     tok.decoder = decoders.ByteLevel()
     trainer = BpeTrainer(
         vocab_size=config.vocab_size,
-        special_tokens=[BOS, EOS],
+        special_tokens=[BOS, EOS, *specials],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

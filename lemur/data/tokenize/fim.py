@@ -55,10 +55,20 @@ def _line_starts(text: str) -> list[int]:
     return starts
 
 
+def _seed(settings: FimConfig, seed: int) -> int:
+    return seed if settings.seed is None else settings.seed
+
+
+def fim_chosen(settings: FimConfig, key: str | int, seed: int = 0) -> bool:
+    """Whether document `key` becomes a FIM document (`fim_split` is not None): known from
+    its identity alone, before its text is read."""
+    return _uniforms(_seed(settings, seed), key)[0] < settings.rate
+
+
 def fim_split(text: str, settings: FimConfig, key: str | int, seed: int = 0) -> FimSplit | None:
     """The FIM cut of `text` (document `key`), None when it stays left to right; `seed` is
     used when `settings.seed` is None (the recipe's seed)."""
-    u_fim, u_spm, u_a, u_b = _uniforms(seed if settings.seed is None else settings.seed, key)
+    u_fim, u_spm, u_a, u_b = _uniforms(_seed(settings, seed), key)
     if u_fim >= settings.rate:
         return None
     if settings.split == "line":

@@ -36,11 +36,14 @@ from lemur.tokenizer import (
     open_tokenizer,
     read_hf_tokenizer,
 )
+from lemur.tokenizer.fim import FIM_PIECES, MARKER_STYLES, CodeMarkers, find_code_markers
 from lemur.tokenizer.hf_files import CONFIG_FILES, tokenizer_json_path
 from lemur.tokenizer.round_trip import round_trip_problem
 
 # Part of a trained tokenizer's file name key (the build's WORK_VERSION when it was set).
 KEY_VERSION = 2
+# The marker tokens a FIM build's trained byte-level BPE gets (Qwen2.5-Coder's names).
+BYTE_BPE_MARKERS = tuple(MARKER_STYLES["qwen2.5-coder"].values())
 
 
 def _sha(obj: Any) -> str:
@@ -156,18 +159,21 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
     check_given_tokenizer(recipe)  # loading the recipe checked it too: a Recipe made in code
     if recipe.tokenizer.hf is not None:
         return copy_hf_tokenizer(recipe.tokenizer.hf, work, chat)
+    fim = appends_fim_pieces(recipe)
     if recipe.tokenizer.model is not None:
         src = given_model(recipe.tokenizer.model)
         sha = tokenizer_info(src)["sha256"]  # TokenizerError naming `src` if unusable
-        target = work_folders.given_tokenizer(work, sha[:16], chat)
+        target = work_folders.given_tokenizer(work, sha[:16], chat, fim)
         if not target.is_file():
-            if chat:
-                extend_tokenizer(src, CHAT_PIECES, target)
+            if chat or fim:
+                extend_tokenizer(src, CHAT_PIECES if chat else (), target, _fim_pieces(fim))
             else:
                 atomic_write_bytes(target, src.read_bytes())
         return target
     train = recipe.tokenizer.train
     what: dict[str, Any] = {"train": train, "sources": recipe.sources, "v": KEY_VERSION}
+    if recipe.fim is not None:  # FIM builds' trained tokenizers hold the markers
+        what["fim"] = FIM_PIECES if train.kind != "byte-bpe" else BYTE_BPE_MARKERS
     if train.kind == "byte-bpe":
         if chat:
             raise TokenizerError(
@@ -176,15 +182,49 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
             )
         folder = work_folders.byte_bpe(work, _sha(what)[:16])
         if not (folder / "tokenizer.json").is_file():
-            train_byte_bpe(sample_texts(recipe, inputs, train.sample_bytes), train, folder)
+            specials = BYTE_BPE_MARKERS if recipe.fim is not None else ()
+            texts = sample_texts(recipe, inputs, train.sample_bytes)
+            train_byte_bpe(texts, train, folder, specials)
         return folder / "tokenizer.json"
     if chat:
         what["symbols"] = CHAT_PIECES
     target = work_folders.trained_tokenizer(work, _sha(what)[:16])
     if not target.is_file():
         texts = sample_texts(recipe, inputs, train.sample_bytes)
-        train_tokenizer(texts, train, target, CHAT_PIECES if chat else ())
+        base = temp_name(target) if fim else target  # the FIM pieces appended after training
+        train_tokenizer(texts, train, base, CHAT_PIECES if chat else ())
+        if fim:
+            extend_tokenizer(base, (), target, FIM_PIECES)
+            base.unlink()
     return target
+
+
+def appends_fim_pieces(recipe: Recipe) -> bool:
+    """Whether the build appends CodeLlama's FIM pieces to its SentencePiece model: a FIM
+    build's given or trained model, unless the recipe names the markers it already has."""
+    fim = recipe.fim
+    sentencepiece = recipe.tokenizer.hf is None and (
+        recipe.tokenizer.model is not None or recipe.tokenizer.train.kind != "byte-bpe"
+    )
+    return fim is not None and not fim.markers and sentencepiece
+
+
+def _fim_pieces(fim: bool) -> tuple[str, ...]:
+    return FIM_PIECES if fim else ()
+
+
+def build_markers(recipe: Recipe, path: Path) -> CodeMarkers:
+    """The FIM build's markers in its prepared tokenizer: `fim.markers`' names, else the
+    tokenizer's own (a known family's), else a TokenizerError naming the file."""
+    assert recipe.fim is not None
+    markers = find_code_markers(open_build_tokenizer(recipe, path), recipe.fim.markers)
+    if markers is None:
+        raise TokenizerError(
+            f"{recipe.tokenizer.hf or path}: no FIM tokens of a known code model "
+            f"({', '.join(MARKER_STYLES)}): name the model's with fim.markers "
+            "(prefix, middle, suffix)"
+        )
+    return markers
 
 
 def open_build_tokenizer(recipe: Recipe, path: Path) -> Tokenizer:
@@ -213,7 +253,11 @@ def build_tokenizer_info(recipe: Recipe, path: Path) -> dict[str, Any]:
     sha256 of the chat template its documents are rendered with.
     """
     if not is_tokenizer_json(path):
-        return tokenizer_info(path, CHAT_PIECES if recipe.is_chat() else ())
+        pieces = (
+            *(CHAT_PIECES if recipe.is_chat() else ()),
+            *_fim_pieces(appends_fim_pieces(recipe)),
+        )
+        return tokenizer_info(path, pieces)
     tok = open_build_tokenizer(recipe, path)
     info = tok.info()
     if recipe.is_chat():
