@@ -53,8 +53,10 @@ def test_the_published_counts_and_layout(single: list, multi: list) -> None:
 
 
 def _sample(single: list, multi: list) -> list[infill_tasks.InfillTask]:
-    """A deterministic spread of tasks: every 37th single-line, every 149th multi-line."""
-    return single[::37] + multi[::149]
+    """A deterministic spread of tasks (every 97th single-line, every 389th multi-line) and
+    one hole whose line the tests do not need: a `break` that only ends a loop early."""
+    known = [t for t in single if t.task_id == "SingleLineInfilling/HumanEval/96/L6"]
+    return single[::97] + multi[::389] + known
 
 
 def test_canonical_passes_empty_fails_as_check_correctness(single: list, multi: list) -> None:
@@ -77,8 +79,8 @@ def test_canonical_passes_empty_fails_as_check_correctness(single: list, multi: 
     assert [r["passed"] for r in records] == want
     n = len(tasks)
     assert all(r["passed"] for r in records[:n])
-    # An empty middle fails unless the line was not needed: here one `break` that only
-    # ends a prime test's inner loop early.
+    # An empty middle fails unless the line was not needed (27 of the 1,033 single-line
+    # holes, measured once): here the `break` of a prime test's inner loop.
     assert [r["task_id"] for r in records[n:] if r["passed"]] == [
         "SingleLineInfilling/HumanEval/96/L6"
     ]
@@ -231,7 +233,7 @@ def test_tiny_model_prompt_is_fim_prompt_ids(
         assert (summary["mode"], summary["samples"], summary["exact_match"]) == (mode, 3, 0.0)
 
 
-def test_a_tokenizer_without_fim_markers_is_one_line(
+def test_no_fim_markers_and_a_prompt_beyond_the_context_are_one_line(
     spm_checkpoint, tokenizer_model: Path, single: list, tmp_path: Path, capsys
 ) -> None:
     ckpt, _ = spm_checkpoint
@@ -240,35 +242,55 @@ def test_a_tokenizer_without_fim_markers_is_one_line(
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("lemur-eval: ") and "has no FIM markers" in err
+    _, spm = spm_checkpoint
+    short = ["infill", str(ckpt), "--tokenizer", str(spm), "--tasks", str(path)]
+    assert cli.main([*short, "--max-seq-len", "64"]) == 2  # the prompt is longer
+    assert "exceeds max_seq_len 64" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_qwen_coder_style_prompt_is_transformers_encoding_of_the_fim_string(
     tmp_path: Path, single: list, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A Llama-3-vocabulary model with Qwen2.5-Coder's FIM tokens (a random tiny HF folder):
+    """A tiny model whose tokenizer is Qwen2.5-Coder-style (byte-level BPE with Qwen2's
+    pre-tokenizer, no BOS, `<|endoftext|>`, Qwen2.5-Coder's FIM tokens added not special):
     `infill` sends the ids transformers' tokenizer gives the documented FIM string,
     `<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>` (SPM: `<|fim_prefix|>
     <|fim_suffix|>{suffix}<|fim_middle|>{prefix}`), and stops at `<|file_sep|>` too."""
+    import jax
     import transformers
-    from bytelevel_fixtures import random_llama3_model
+    from bytelevel_fixtures import qwen_like_folder
+    from conftest import real_python_files
 
+    from lemur.model import checkpoint, llama
+    from lemur.model.config import config_from_preset
     from lemur.tokenizer import open_tokenizer
     from lemur.tokenizer.fim import find_code_markers
 
-    folder = _with_qwen_fim(
-        random_llama3_model(tmp_path / "hf", vocab_size=128256 + 6, max_position_embeddings=1024)
-    )
+    texts = [p.read_text() for p in real_python_files(30)]
+    folder = _with_qwen_fim(qwen_like_folder(tmp_path / "tok", texts, vocab_size=2000))
+    tok = open_tokenizer(folder)
+    config = config_from_preset("tiny", vocab_size=tok.vocab_size, max_seq_len=2048)
+    params = jax.jit(llama.init_params, static_argnums=0)(config, jax.random.key(0))
+    checkpoint.save_params(tmp_path / "ckpt", jax.device_get(params), config)
     hf = transformers.AutoTokenizer.from_pretrained(folder)
-    tasks = [single[0], single[500], single[-1]]
     calls = _spy_generation(monkeypatch)
-    argv = ["infill", str(folder), "--tasks", str(_task_file(tmp_path / "t.jsonl", tasks))]
+    argv = ["infill", str(tmp_path / "ckpt"), "--tokenizer", str(folder), "--mode", "psm"]
+    argv += ["--tasks", str(_task_file(tmp_path / "t.jsonl", single[:1]))]
     argv += ["--max-new-tokens", "4", "--out", str(tmp_path / "out"), "--workers", "2"]
     assert cli.main(argv) == 0
-    psm = [f"<|fim_prefix|>{t.prompt}<|fim_suffix|>{t.suffix}<|fim_middle|>" for t in tasks]
-    assert calls[0]["prompts"] == [hf(text)["input_ids"] for text in psm]
-    assert hf.convert_tokens_to_ids("<|file_sep|>") in calls[0]["eos_id"]
-    # SPM (the same prompter `--mode spm` uses; the model run above is the same path)
-    tok = open_tokenizer(folder)
-    prompter = infill.FimPrompter(tok, find_code_markers(tok), spm=True)
-    spm = [f"<|fim_prefix|><|fim_suffix|>{t.suffix}<|fim_middle|>{t.prompt}" for t in tasks]
-    assert [prompter.prompt_ids(t) for t in tasks] == [hf(text)["input_ids"] for text in spm]
+    t = single[0]
+    psm = f"<|fim_prefix|>{t.prompt}<|fim_suffix|>{t.suffix}<|fim_middle|>"
+    assert calls[0]["prompts"] == [hf(psm)["input_ids"]]
+    markers = find_code_markers(tok)
+    assert markers.style == "qwen2.5-coder" and tok.bos_id is None
+    assert markers.file_sep == hf.convert_tokens_to_ids("<|file_sep|>") in calls[0]["eos_id"]
+    # More tasks, PSM and SPM, through the prompter `infill` uses (no model needed)
+    for spm in (False, True):
+        prompter = infill.FimPrompter(tok, markers, spm=spm)
+        for t in single[::100]:
+            text = (
+                f"<|fim_prefix|><|fim_suffix|>{t.suffix}<|fim_middle|>{t.prompt}"
+                if spm
+                else f"<|fim_prefix|>{t.prompt}<|fim_suffix|>{t.suffix}<|fim_middle|>"
+            )
+            assert prompter.prompt_ids(t) == hf(text)["input_ids"]

@@ -10,6 +10,7 @@ See lemur.eval.infill, lemur.eval.infill_tasks and docs/eval.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from lemur.cli_common import die, positive_int, user_input, writing
@@ -44,6 +45,12 @@ def add_parser(sub: Any) -> None:
         help="check the tasks' reference middles (no model): a harness self-test",
     )
     cli_args.sandbox_args(p, "check")
+    p.add_argument(
+        "--max-seq-len",
+        type=positive_int,
+        default=None,
+        help="context length (default the model's; longer runs positions it never trained on)",
+    )
     p.add_argument("--out", default="infill-results", help="samples.jsonl, summary.json, PNG")
     cli_args.gen_args(p, 256)
 
@@ -55,6 +62,8 @@ def _model_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list, di
 
     model = cli_args.load_checkpoint(args, for_decoding=True)
     cli_args.need_tokenizer(args, model)
+    if args.max_seq_len is not None:
+        model.config = dataclasses.replace(model.config, max_seq_len=args.max_seq_len)
     markers = find_code_markers(model.tokenizer)
     if markers is None:
         die(
@@ -74,6 +83,7 @@ def _model_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list, di
         progress=lambda i, n: cli_args.say(f"generated {i}/{n}"),
     )
     notes = {"model": model.source, "n": args.n, "end_ids": list(prompter.end_ids())}
+    notes["max_seq_len"] = model.config.max_seq_len
     notes |= {k: getattr(args, k) for k in ("temperature", "top_p", "top_k", "max_new_tokens")}
     return samples, notes | {"seed": args.seed}
 
