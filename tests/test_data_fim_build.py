@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bytelevel_fixtures import llama3_folder
-from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
+from conftest import NO_FILTERS, base_recipe, real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.build import build
 from lemur.data.load import RecipeError, recipe_from_dict
+from lemur.shards.verify import verify
 from lemur.tokenizer import open_tokenizer
 from lemur.tokenizer.fim import MARKER_STYLES, find_code_markers
 
@@ -158,6 +159,7 @@ def test_sentencepiece_build_appends_pieces_and_is_seeded(sources, llama2_tokeni
     counts = fim["counts"]
     assert counts["documents"] == len(code) and counts["fim"] == counts["psm"] + counts["spm"]
     assert 0 < counts["fim"] < len(code) and counts["psm"] and counts["spm"]
+    assert verify(tmp_path / "a") == []
     seen = _check_documents(tmp_path / "a", code, texts)
     assert seen["psm"] + seen["spm"] == counts["fim"]  # every code document is packed once
     again = build(recipe_from_dict(_recipe(tmp_path / "b", {"model": str(llama2_tokenizer)}, srcs)))
@@ -203,3 +205,37 @@ def test_tokenizer_json_without_markers_is_a_one_line_error(sources, llama3_plai
     with pytest.raises(TokenizerError, match="no FIM tokens of a known code model.*fim.markers"):
         build(recipe_from_dict(_recipe(tmp_path / "o", {"hf": str(llama3_plain)}, srcs)))
     assert not (tmp_path / "o" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "byte-bpe"])
+def test_trained_tokenizers_get_markers(corpus_dir, tmp_path, kind):
+    """A trained SentencePiece model gets CodeLlama's pieces appended, a trained byte-level
+    BPE Qwen2.5-Coder's markers as special tokens; every code document is FIM at rate 1."""
+    texts = sorted(corpus_dir.glob("*.jsonl*"))
+    raw = base_recipe(tmp_path, corpus_dir / "code", texts, filters=NO_FILTERS)
+    raw.update(dedup={"exact": False, "near": False}, pii={"enabled": False})
+    raw["tokenizer"]["train"].update(kind=kind, sample_bytes=150_000)
+    raw["fim"] = {"rate": 1.0, "split": "line"}
+    manifest = build(recipe_from_dict(raw))
+    fim, info = manifest["fim"], manifest["tokenizer"]
+    assert fim["counts"]["fim"] == fim["counts"]["documents"] > 0
+    if kind == "sentencepiece":
+        v = info["vocab_size"] - 4
+        assert [p["id"] for p in info["added_pieces"]] == [v, v + 1, v + 2, v + 3]
+        assert fim["markers"] == {
+            "style": "codellama",
+            "prefix": v,
+            "suffix": v + 1,
+            "middle": v + 2,
+            "eot": v + 3,
+        }
+    else:
+        assert fim["markers"] == {
+            "style": "qwen2.5-coder",
+            "prefix": 2,
+            "middle": 3,
+            "suffix": 4,
+            "pad": 5,
+            "repo_name": 6,
+            "file_sep": 7,
+        }

@@ -4,7 +4,6 @@ appended, and a byte-level BPE trained here with StarCoder's special tokens."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from lemur.tokenizer.fim import (
     FIM_PIECES,
     MARKER_STYLES,
     CodeMarkers,
+    decode_continuing,
     encode_parts,
     fim_parts,
     fim_prompt_ids,
@@ -42,9 +42,19 @@ def _add_tokens(folder: Path, tokens: list[str], special: bool) -> Path:
 
 
 @pytest.fixture(scope="module")
-def llama3_qwen_fim(tmp_path_factory) -> Path:
+def llama3_plain(tmp_path_factory) -> Path:
+    """Llama-3's tokenizer folder (no FIM tokens)."""
+    return llama3_folder(tmp_path_factory.mktemp("l3-plain"))
+
+
+@pytest.fixture(scope="module")
+def llama3_qwen_fim(llama3_plain, tmp_path_factory) -> Path:
     """Llama-3's tokenizer with Qwen2.5-Coder's FIM and repository tokens, not special."""
-    return _add_tokens(llama3_folder(tmp_path_factory.mktemp("l3")), QWEN_FIM, special=False)
+    import shutil
+
+    folder = tmp_path_factory.mktemp("l3") / "fim"
+    shutil.copytree(llama3_plain, folder)
+    return _add_tokens(folder, QWEN_FIM, special=False)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +78,7 @@ def _documents(n: int = 12) -> list[str]:
     return code + ["# é ü — 中文 😀\n" + d["text"][:1500] for d in real_text_docs(4)]
 
 
-def test_markers_found_by_family(llama3_qwen_fim, bpe_starcoder, spm_fim, tmp_path):
+def test_markers_found_by_family(llama3_qwen_fim, bpe_starcoder, spm_fim, llama3_plain):
     qwen = find_code_markers(open_tokenizer(llama3_qwen_fim))
     assert qwen == CodeMarkers(
         style="qwen2.5-coder",
@@ -86,8 +96,7 @@ def test_markers_found_by_family(llama3_qwen_fim, bpe_starcoder, spm_fim, tmp_pa
     assert spm == CodeMarkers(
         style="codellama", prefix=32000, suffix=32001, middle=32002, eot=32003
     )
-    plain = llama3_folder(tmp_path / "plain")
-    assert find_code_markers(open_tokenizer(plain)) is None
+    assert find_code_markers(open_tokenizer(llama3_plain)) is None
 
 
 def test_markers_named_by_recipe(llama3_qwen_fim):
@@ -186,12 +195,14 @@ def test_sentencepiece_ids_follow_codellama(spm_fim):
 
 
 def _decode_continuing(tok, ids: list[int]) -> str:
-    """The text of ids encoded as continuing text: a SentencePiece decode drops a leading
-    space (its dummy prefix), so decode after a sentinel piece (CodeLlama's
-    `decode_infilling`)."""
-    if tok.kind != "sentencepiece":
-        return tok.decode(ids)
-    return tok.decode([tok.piece_id("\u263a"), *ids])[1:]
+    """CodeLlama's `decode_infilling` for SentencePiece (decode after a sentinel piece, so no
+    leading space is dropped as the dummy prefix's); plain decode otherwise. Also checks
+    `decode_continuing`, which `lemur-eval infill` decodes a middle with, against it."""
+    want = tok.decode(ids)
+    if tok.kind == "sentencepiece":
+        want = tok.decode([tok.piece_id("\u263a"), *ids])[1:]
+    assert decode_continuing(tok, ids) == want
+    return want
 
 
 @pytest.mark.parametrize("folder", ["llama3_qwen_fim", "bpe_starcoder", "spm_fim"])
@@ -276,4 +287,4 @@ def test_appended_pieces_keep_every_id_and_are_control(llama2_tokenizer, spm_fim
     fixed = extend_tokenizer(user, (), tmp_path / "fixed.model", control=FIM_PIECES)
     sp = spm.SentencePieceProcessor(model_file=str(fixed))
     assert sp.piece_to_id("\u2581<PRE>") == 32000 and 32000 not in sp.encode(" <PRE>")
-    assert json.loads(json.dumps(FIM_PIECES)) == ["▁<PRE>", "▁<SUF>", "▁<MID>", "▁<EOT>"]
+    assert list(FIM_PIECES) == ["▁<PRE>", "▁<SUF>", "▁<MID>", "▁<EOT>"]

@@ -16,6 +16,14 @@ the children's user + system time, so MB/s per core = MB / CPU s.
 
     python tools/bench_build.py --mb 230 --workers 2   # needs spaCy: pip install -e '.[bench]'
     python tools/bench_build.py --mb 230 --skip-datatrove --set pii.enabled=false
+
+With `--fim RATE`, the lemur side runs three times in one run: without FIM, with `fim:
+{rate: RATE, spm_rate: 0.5}` (a fresh output), and that output rebuilt at another rate
+(`fim.rate` changed: only the FIM stage and packing re-run). `--tokenizer MODEL` gives a
+SentencePiece model instead of training one; `--work DIR` moves the cached data and outputs.
+
+    python tools/bench_build.py --mb 40 --skip-datatrove --fim 0.5 \
+        --tokenizer .venv/lib/python3.11/site-packages/mistral_common/data/tokenizer.model.v1
 """
 
 from __future__ import annotations
@@ -177,6 +185,32 @@ def timed(cmd: list[str]) -> dict:
     return {"wall_s": wall, "cpu_s": sum(cpu.values()), "peak_rss_mib": peak_rss}
 
 
+def lemur_build(
+    data: Path,
+    out: Path,
+    model: Path,
+    workers: int,
+    sets: list[str],
+    more: dict | None = None,
+    fresh: bool = True,
+) -> dict:
+    """One timed `lemur-data build` (into a fresh `out` unless `fresh` is False)."""
+    if fresh:
+        subprocess.run(["rm", "-rf", str(out)], check=True)
+    rpath = WORK / f"recipe-{out.name}.yaml"
+    rpath.write_text(yaml.safe_dump({**recipe(data, out, model, workers), **(more or {})}))
+    args = [a for kv in sets for a in ("--set", kv)]
+    r = timed([sys.executable, "-m", "lemur.data.cli", "build", str(rpath), *args])
+    manifest = json.loads((out / "manifest.json").read_text())
+    what = [f"fim.rate={more['fim']['rate']}"] if more else []
+    name = " ".join(["lemur-data build", *sets, *what, *([] if fresh else ["(rerun)"])])
+    r.update(name=name, tokens=sum(s["tokens"] for s in manifest["shards"]))
+    if "fim" in manifest:
+        r["fim"] = manifest["fim"]["counts"]
+    print(r, file=sys.stderr, flush=True)
+    return r
+
+
 def main() -> int:
     """Run both sides and print a markdown table."""
     ap = argparse.ArgumentParser(
@@ -185,6 +219,9 @@ def main() -> int:
     ap.add_argument("--mb", type=float, default=210.0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--skip-datatrove", action="store_true")
+    ap.add_argument("--fim", type=float, default=None, metavar="RATE")
+    ap.add_argument("--tokenizer", type=Path, default=None, metavar="MODEL")
+    ap.add_argument("--work", type=Path, default=None, metavar="DIR")
     ap.add_argument(
         "--set",
         action="append",
@@ -193,6 +230,8 @@ def main() -> int:
         help="a recipe override for the lemur side (e.g. pii.enabled=false), repeatable",
     )
     args = ap.parse_args()
+    global WORK
+    WORK = args.work or WORK
     data = build_data(args.mb)
     mb = sum(p.stat().st_size for p in data.glob("*.jsonl.zst")) / 1e6  # compressed, for reference
     raw_mb = (
@@ -200,19 +239,16 @@ def main() -> int:
         if (data / "size.json").is_file()
         else None
     )
-    model, tokjson = prepare_tokenizer(data)
-    rows = []
-    out = WORK / "lemur-out"
-    subprocess.run(["rm", "-rf", str(out)], check=True)
-    rpath = WORK / "recipe.yaml"
-    rpath.write_text(yaml.safe_dump(recipe(data, out, model, args.workers)))
-    sets = [a for kv in args.set for a in ("--set", kv)]
-    r = timed([sys.executable, "-m", "lemur.data.cli", "build", str(rpath), *sets])
-    manifest = json.loads((out / "manifest.json").read_text())
-    name = " ".join(["lemur-data build", *args.set])
-    r.update(name=name, tokens=sum(s["tokens"] for s in manifest["shards"]))
-    rows.append(r)
-    print(r, file=sys.stderr, flush=True)
+    model, tokjson = args.tokenizer, None
+    if model is None or not args.skip_datatrove:
+        model, tokjson = prepare_tokenizer(data)
+    rows = [lemur_build(data, WORK / "lemur-out", model, args.workers, args.set)]
+    if args.fim is not None:
+        fim = {"fim": {"rate": args.fim, "spm_rate": 0.5}}
+        out = WORK / "lemur-fim-out"
+        rows.append(lemur_build(data, out, model, args.workers, args.set, fim))
+        other = {"fim": {"rate": 0.9 if args.fim != 0.9 else 0.5, "spm_rate": 0.5}}
+        rows.append(lemur_build(data, out, model, args.workers, args.set, other, fresh=False))
     if not args.skip_datatrove:
         dt = WORK / "datatrove-out"
         subprocess.run(["rm", "-rf", str(dt)], check=True)
@@ -239,7 +275,14 @@ def main() -> int:
         print(
             f"| {r['name']} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {size / r['cpu_s']:.2f} | {r['peak_rss_mib']:.0f} |"
         )
-    if len(rows) == 2:
+    if args.fim is not None:
+        base, on, rerun = rows[:3]
+        print(
+            f"\nFIM on / off, CPU s: {on['cpu_s'] / base['cpu_s']:.3f}x, wall: "
+            f"{on['wall_s'] / base['wall_s']:.3f}x; rate changed (FIM stage and packing only) / "
+            f"FIM build, CPU s: {rerun['cpu_s'] / on['cpu_s']:.3f}x; FIM counts {on['fim']}"
+        )
+    elif len(rows) == 2:
         print(
             f"\nlemur / plain datatrove throughput per core: {rows[1]['cpu_s'] / rows[0]['cpu_s']:.1f}x"
         )

@@ -76,7 +76,9 @@ from lemur.shards.format import (
 from lemur.tokenizer import is_tokenizer_json
 from lemur.tokenizer.fim import MARKER_ROLES, CodeMarkers
 
-WORK_VERSION = 2  # 2: records carry mix language families
+# 2: records carry mix language families; 3: a tokenizer.json's not-special added tokens
+# (Qwen2.5's <|fim_prefix|>, ...) are encoded as text, so earlier runs of such files differ.
+WORK_VERSION = 3
 __all__ = ["BuildError", "build", "make_filters", "prepare_tokenizer", "sample_texts"]
 
 

@@ -239,8 +239,9 @@ class ByteLevelTokenizer:
         return [e.ids for e in out]
 
     def decode(self, ids: Sequence[int]) -> str:
-        """The text of `ids` (special tokens spelled out)."""
-        return self.reference.decode([int(i) for i in ids], skip_special_tokens=False)
+        """The text of `ids` (special tokens spelled out; a numpy array's ids made ints at once)."""
+        ints = ids.tolist() if isinstance(ids, np.ndarray) else [int(i) for i in ids]
+        return self.reference.decode(ints, skip_special_tokens=False)
 
     def token_bytes(self) -> np.ndarray:
         """UTF-8 bytes of every id in the middle of a text; special tokens 0."""

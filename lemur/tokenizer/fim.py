@@ -16,7 +16,9 @@ One API for the build (FIM documents), repository documents and `lemur-eval infi
 - `fim_parts(prefix, middle, suffix, markers, spm=...)`: a FIM document's parts, PSM
   `<PRE> prefix <SUF> suffix <MID> middle` or SPM `<PRE> <SUF> suffix <MID> prefix middle`
   (Bavarian et al. 2022, Megatron's `fim_dataset.py`), then `<EOT>` where the model has one
-  (CodeLlama); `fim_prompt_ids(...)`: the infilling prompt, the same tokens up to the middle.
+  (CodeLlama); `fim_prompt_ids(...)`: the infilling prompt, the same tokens up to the middle;
+  `decode_continuing(tokenizer, ids)`: the text of a generated middle (no dummy-prefix
+  space dropped).
 
 How text parts are encoded, as each model's FIM prompt does it:
 - tokenizer.json models (Qwen2.5-Coder, StarCoder2, DeepSeek-Coder): the prompt is a string
@@ -158,6 +160,16 @@ def _continuing(tokenizer: Tokenizer, text: str) -> list[int]:
     if tokenizer.kind == "sentencepiece" and encode_chat is not None:
         return list(encode_chat(text))
     return list(tokenizer.encode(text))
+
+
+def decode_continuing(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
+    """The text of ids that continue a text (a generated middle, a suffix): a SentencePiece
+    model's without dropping a leading space as its dummy prefix's (CodeLlama's
+    `decode_infilling`); any other tokenizer's plain `decode`."""
+    decode = getattr(tokenizer, "decode_continuing", None)
+    if tokenizer.kind == "sentencepiece" and decode is not None:
+        return str(decode(ids))
+    return tokenizer.decode(ids)
 
 
 def encode_parts(tokenizer: Tokenizer, parts: Sequence[Part]) -> list[int]:

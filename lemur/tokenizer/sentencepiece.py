@@ -85,6 +85,11 @@ class SentencePieceTokenizer:
         """Ids of ChatML text as the chat build encodes it (no dummy-prefix `▁`: chatml.py)."""
         return list(self._chat_sp.encode(text))
 
+    def decode_continuing(self, ids: Sequence[int]) -> str:
+        """The text of ids encoded as continuing text (`encode_chat`'s: no dummy prefix), its
+        leading space kept (`decode` drops one as the dummy prefix's)."""
+        return self._chat_sp.decode([int(i) for i in ids])
+
     @functools.cached_property
     def _chat_sp(self) -> spm.SentencePieceProcessor:
         from lemur.chatml import chat_processor  # a copy of the model, made on first use
@@ -100,7 +105,9 @@ class SentencePieceTokenizer:
         return [np.asarray(ids, np.uint32) for ids in self.encode_batch(texts)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        """The text of `ids`."""
+        """The text of `ids` (a numpy array's made into ints in one call, not one by one)."""
+        if isinstance(ids, np.ndarray):
+            return self.sp.decode(ids.tolist())
         return self.sp.decode([int(i) for i in ids])
 
     def token_bytes(self) -> np.ndarray:

@@ -66,7 +66,7 @@ def _rewrite(
     tok: Any, job: FimJob, run: np.ndarray, doc: slice, key: str, counts: dict[str, int]
 ) -> np.ndarray | None:
     """The FIM tokens of the framed document `run[doc]`, or None when it stays as it is."""
-    ids, cut = fim_ids(tok, job.markers, tok.decode(run[doc].tolist()), job.settings, key, job.seed)
+    ids, cut = fim_ids(tok, job.markers, tok.decode(run[doc]), job.settings, key, job.seed)
     if cut is None:
         return None
     counts["fim"] += 1

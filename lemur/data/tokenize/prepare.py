@@ -191,7 +191,8 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
     target = work_folders.trained_tokenizer(work, _sha(what)[:16])
     if not target.is_file():
         texts = sample_texts(recipe, inputs, train.sample_bytes)
-        base = temp_name(target) if fim else target  # the FIM pieces appended after training
+        # The FIM pieces are appended after training, to a model of its own name.
+        base = target.with_name(f"{target.stem}-base.model") if fim else target
         train_tokenizer(texts, train, base, CHAT_PIECES if chat else ())
         if fim:
             extend_tokenizer(base, (), target, FIM_PIECES)
