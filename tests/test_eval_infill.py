@@ -162,25 +162,35 @@ def _with_qwen_fim(folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def spm_checkpoint(tmp_path_factory, tokenizer_model: Path) -> tuple[Path, Path]:
-    """A tiny random lemur checkpoint and its SentencePiece model with CodeLlama's four FIM
-    pieces appended (as the build appends them)."""
+def _tiny_checkpoint(root: Path, spm: Path) -> Path:
+    """A tiny random lemur checkpoint for the SentencePiece model `spm`."""
     import jax
 
-    from lemur.data.tokenize.tokenizer import extend_tokenizer
     from lemur.model import checkpoint, llama
     from lemur.model.config import config_from_preset
     from lemur.tokenizer import open_tokenizer
-    from lemur.tokenizer.fim import FIM_PIECES
 
-    root = tmp_path_factory.mktemp("infill-spm")
-    spm = extend_tokenizer(tokenizer_model, (), root / "fim.model", control=FIM_PIECES)
     vocab = open_tokenizer(spm).vocab_size
     config = config_from_preset("tiny", vocab_size=vocab, max_seq_len=2048)
-    params = llama.init_params(config, jax.random.key(0))
+    params = jax.jit(llama.init_params, static_argnums=0)(config, jax.random.key(0))
     checkpoint.save_params(root / "ckpt", jax.device_get(params), config)
-    return root / "ckpt", spm
+    return root / "ckpt"
+
+
+@pytest.fixture(scope="module", params=["trained", "llama2"])
+def spm_checkpoint(request, tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny random lemur checkpoint and its SentencePiece model with CodeLlama's four FIM
+    pieces appended (as the build appends them): lemur's trained model (no dummy prefix) or
+    Llama-2's conventions (dummy prefix; mistral-common's v1 model)."""
+    from lemur.data.tokenize.tokenizer import extend_tokenizer
+    from lemur.tokenizer.fim import FIM_PIECES
+
+    base = request.getfixturevalue(
+        "tokenizer_model" if request.param == "trained" else "llama2_tokenizer"
+    )
+    root = tmp_path_factory.mktemp(f"infill-{request.param}")
+    spm = extend_tokenizer(base, (), root / "fim.model", control=FIM_PIECES)
+    return _tiny_checkpoint(root, spm), spm
 
 
 def _spy_generation(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
@@ -209,8 +219,14 @@ def test_tiny_model_prompt_is_fim_prompt_ids(
 ) -> None:
     """What `infill` sends a model is `fim_prompt_ids` of each task, PSM and SPM; a middle
     ends at the model's markers; the report holds the decoded middles."""
+    from lemur.eval.generate import continuation_text
     from lemur.tokenizer import open_tokenizer
-    from lemur.tokenizer.fim import fim_prompt_ids, find_code_markers
+    from lemur.tokenizer.fim import (
+        decode_continuing,
+        encode_parts,
+        fim_prompt_ids,
+        find_code_markers,
+    )
 
     ckpt, spm = spm_checkpoint
     tok = open_tokenizer(spm)
@@ -229,6 +245,14 @@ def test_tiny_model_prompt_is_fim_prompt_ids(
         assert set(call["eos_id"]) == {tok.eos_id, *markers.ids} and markers.eot in markers.ids
         rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
         assert [r["completion"] for r in rows] == [c.text for c in call["out"]]
+        # The middle's text is its ids decoded as continuing text (no dummy-prefix space
+        # lost): for the reference middles' training ids, exactly the reference middle.
+        for prompt, t in zip(call["prompts"], tasks, strict=True):
+            ids = encode_parts(tok, [t.middle])
+            assert continuation_text(tok, prompt, ids) == t.middle == decode_continuing(tok, ids)
+        assert [c.text for c in call["out"]] == [
+            decode_continuing(tok, c.tokens) for c in call["out"]
+        ]
         summary = json.loads((out / "summary.json").read_text())
         assert (summary["mode"], summary["samples"], summary["exact_match"]) == (mode, 3, 0.0)
 
