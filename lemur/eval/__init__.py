@@ -1,5 +1,5 @@
 """Evaluation (`lemur-eval`): bits per byte, generation with a KV cache, HumanEval in a sandbox,
-multi-turn agent tasks with execution feedback.
+HumanEval-infilling on the model's FIM prompt, multi-turn agent tasks with execution feedback.
 
 | module | what it holds |
 |---|---|
@@ -9,6 +9,9 @@ multi-turn agent tasks with execution feedback.
 | `chat_prompt` | `chat_prompt_ids`: a chat prompt as ids (ChatML, or the model's own template) |
 | `sampling` | `Sampling`, `sample`: greedy, temperature, top-k, top-p |
 | `humaneval` | `Task`, `humaneval_tasks`, `load_tasks`, `check`, `pass_at_k`, `summarize` |
+| `infill_tasks` | `InfillTask`, `humaneval_infilling` (single/multi-line), `load_infill_tasks` |
+| `infill` | `FimPrompter` (FIM prompt, end ids), `complete`, `check`, `summarize`, `plot` |
+| `infill_cli` | the `infill` subcommand |
 | `agent` | `run_agent`, `AgentConfig`, `ModelReplies`: multi-turn tasks with execution feedback |
 | `agent_tasks` | `load_agent_tasks` (HumanEval, MBPP shapes), `extract_code`, `execute` |
 | `agent_decode` | `TurnDecoder`: batched turns with each conversation's KV cache kept |

@@ -4,6 +4,7 @@
     lemur-eval generate CHECKPOINT (--prompt TEXT ... | --prompts FILE.jsonl) [--chat]
     lemur-eval humaneval CHECKPOINT [--n 1 --k 1 --temperature 0] [--tasks FILE.jsonl]
     lemur-eval humaneval --canonical          # the harness on the reference solutions
+    lemur-eval infill CHECKPOINT --tasks single-line|multi-line|FILE [--mode psm|spm]
     lemur-eval agent CHECKPOINT --tasks humaneval|FILE --turns K --feedback exec|binary|none
     lemur-eval plot RUN_DIR... --out success.png   # agent runs' success rate by turn
 
@@ -33,7 +34,7 @@ from lemur.cli_common import (
     user_input,
     writing,
 )
-from lemur.eval import agent_cli
+from lemur.eval import agent_cli, infill_cli
 from lemur.eval.cli_args import (
     gen_args,
     limit_arg,
@@ -48,7 +49,7 @@ from lemur.eval.cli_args import (
 )
 from lemur.eval.prompts_file import read_prompts
 
-USAGE = "lemur-eval {bpb,generate,humaneval,agent,plot} ... (lemur-eval COMMAND --help)"
+USAGE = "lemur-eval {bpb,generate,humaneval,infill,agent,plot} ... (lemur-eval COMMAND --help)"
 
 
 def _add_bpb(sub: Any) -> None:
@@ -115,6 +116,7 @@ def parser() -> argparse.ArgumentParser:
     sandbox_args(he, "check")
     he.add_argument("--out", default="humaneval-results", help="samples.jsonl + summary.json")
     gen_args(he, 512)
+    infill_cli.add_parser(sub)
     agent_cli.add_parsers(sub)
     for p in (top, *sub.choices.values()):
         add_debug_option(p)
@@ -312,6 +314,7 @@ COMMANDS = {
     "bpb": cmd_bpb,
     "generate": cmd_generate,
     "humaneval": cmd_humaneval,
+    "infill": infill_cli.cmd_infill,
     "agent": agent_cli.cmd_agent,
     "plot": agent_cli.cmd_plot,
 }
