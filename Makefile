@@ -31,7 +31,7 @@ demo: $(VENV)/.installed
 	$(BIN)/lemur-train plot $(DEMO_OUT)-train
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check lemur tests tools

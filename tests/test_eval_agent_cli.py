@@ -13,8 +13,8 @@ from conftest import real_python_files, write_jsonl
 from test_eval_agent import MBPP, needs_network
 from test_eval_generate import random_params
 
+from lemur.chatml import CHAT_PIECES
 from lemur.data.recipe import TokenizerTrainConfig
-from lemur.data.tokenize.chat import CHAT_PIECES
 from lemur.data.tokenize.tokenizer import train_tokenizer
 from lemur.eval import cli as eval_cli
 from lemur.eval.agent_tasks import load_agent_tasks

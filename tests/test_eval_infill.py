@@ -219,7 +219,7 @@ def test_tiny_model_prompt_is_fim_prompt_ids(
 ) -> None:
     """What `infill` sends a model is `fim_prompt_ids` of each task, PSM and SPM; a middle
     ends at the model's markers; the report holds the decoded middles."""
-    from lemur.eval.generate import continuation_text
+    from lemur.eval.decoding import continuation_text
     from lemur.tokenizer import open_tokenizer
     from lemur.tokenizer.fim import (
         decode_continuing,
