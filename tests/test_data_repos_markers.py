@@ -132,17 +132,10 @@ def _build(recipe: dict, where: Path) -> dict:
     return json.loads((Path(recipe["output"]) / "manifest.json").read_text())
 
 
-def test_build_writes_the_models_repository_format(qwen_coder, llama2_tokenizer, tmp_path):
-    """A build with `tokenizer: {hf: ...}` of a model with repository tokens writes them:
-    every document decodes to the repository string, which the model's tokenizer encodes to
-    the very ids of the shard; `repos.format: markers` on a model without them is refused."""
-    rows = [
-        {"id": str(i), "repo_name": "acme/tool", "path": p, "text": t}
-        for i, (p, t) in enumerate(sorted(FILES.items()))
-        if p != "notes.py"
-    ]
-    write_jsonl(tmp_path / "table.jsonl", rows)
-    recipe = {
+def _table_recipe(tmp_path: Path, qwen_coder: Path, **keys: object) -> dict:
+    """A build of `table.jsonl` (rows with `repo_name` and `path`) with the Qwen-coder tokenizer,
+    plus the recipe `keys` given."""
+    return {
         "output": str(tmp_path / "out"),
         "seq_len": 512,
         "tokenizer": {"hf": str(qwen_coder)},
@@ -161,8 +154,21 @@ def test_build_writes_the_models_repository_format(qwen_coder, llama2_tokenizer,
                 "language": "Python",
             }
         ],
-        "repos": {"order": "imports", "format": "markers"},
+        **keys,
     }
+
+
+def test_build_writes_the_models_repository_format(qwen_coder, llama2_tokenizer, tmp_path):
+    """A build with `tokenizer: {hf: ...}` of a model with repository tokens writes them:
+    every document decodes to the repository string, which the model's tokenizer encodes to
+    the very ids of the shard; `repos.format: markers` on a model without them is refused."""
+    rows = [
+        {"id": str(i), "repo_name": "acme/tool", "path": p, "text": t}
+        for i, (p, t) in enumerate(sorted(FILES.items()))
+        if p != "notes.py"
+    ]
+    write_jsonl(tmp_path / "table.jsonl", rows)
+    recipe = _table_recipe(tmp_path, qwen_coder, repos={"order": "imports", "format": "markers"})
     manifest = _build(recipe, tmp_path)
     assert manifest["counts"]["repositories"]["format"] == "markers"
     out = tmp_path / "out"
@@ -214,29 +220,7 @@ def test_build_with_fim_cuts_each_file_inside_its_repository(qwen_coder, tmp_pat
     rows.append({"id": "alone", "path": "alone.py", "text": "def alone():\n    return 42\n" * 3})
     write_jsonl(tmp_path / "table.jsonl", rows)
     fim = {"rate": 0.5, "spm_rate": 0.0}
-    recipe = {
-        "output": str(tmp_path / "out"),
-        "seed": 3,
-        "seq_len": 512,
-        "tokenizer": {"hf": str(qwen_coder)},
-        "mix": {"ratio": {"code": 1}},
-        "executor": {"kind": "local", "tasks": 1, "workers": 1},
-        "val_fraction": 0,
-        "filters": {"code": {"enabled": False}},
-        "sources": [
-            {
-                "name": "t",
-                "domain": "code",
-                "format": "jsonl",
-                "paths": [str(tmp_path / "table.jsonl")],
-                "path_key": "path",
-                "metadata_keys": ["repo_name"],
-                "language": "Python",
-            }
-        ],
-        "repos": {"order": "path"},
-        "fim": fim,
-    }
+    recipe = _table_recipe(tmp_path, qwen_coder, seed=3, repos={"order": "path"}, fim=fim)
     manifest = _build(recipe, tmp_path)
     out = tmp_path / "out"
     tokens = np.fromfile(out / manifest["shards"][0]["file"], dtype=manifest["dtype"])
