@@ -186,27 +186,51 @@ def encode_parts(tokenizer: Tokenizer, parts: Sequence[Part]) -> list[int]:
     return ids
 
 
-def fim_parts(
-    prefix: str, middle: str, suffix: str, markers: CodeMarkers, *, spm: bool
-) -> list[Part]:
-    """A FIM document's parts: PSM `<PRE> prefix <SUF> suffix <MID> middle`, or SPM
-    `<PRE> <SUF> suffix <MID> prefix middle`; `<EOT>` after the middle where the model has
-    one. The prefix is a `Leading` text; CodeLlama's SPM joins prefix and middle."""
-    end: list[Part] = [] if markers.eot is None else [markers.eot]
+@dataclass(frozen=True)
+class Span:
+    """A text part given by where it lies in the document (characters `start:end`), encoded
+    as a text of its own (`leading`, as `Leading`) or as continuing text (as `str`)."""
+
+    start: int
+    end: int
+    leading: bool
+
+
+def fim_layout(a: int, b: int, n: int, markers: CodeMarkers, *, spm: bool) -> list[int | Span]:
+    """A FIM document's parts for a text of `n` characters cut at `a <= b`: PSM
+    `<PRE> prefix <SUF> suffix <MID> middle`, or SPM `<PRE> <SUF> suffix <MID> prefix
+    middle`; `<EOT>` after the middle where the model has one. The prefix is a leading
+    text; CodeLlama's SPM joins prefix and middle. The one home of the FIM order: `fim_parts`
+    fills it with text, the build's splicer (lemur/tokenizer/fim_splice.py) with ids."""
+    end: list[int | Span] = [] if markers.eot is None else [markers.eot]
     if not spm:
         return [
             markers.prefix,
-            Leading(prefix),
+            Span(0, a, True),
             markers.suffix,
-            suffix,
+            Span(b, n, False),
             markers.middle,
-            middle,
+            Span(a, b, False),
             *end,
         ]
-    tail: list[Part] = (
-        [Leading(prefix + middle)] if markers.joins_spm else [Leading(prefix), middle]
+    tail: list[int | Span] = (
+        [Span(0, b, True)] if markers.joins_spm else [Span(0, a, True), Span(a, b, False)]
     )
-    return [markers.prefix, markers.suffix, suffix, markers.middle, *tail, *end]
+    return [markers.prefix, markers.suffix, Span(b, n, False), markers.middle, *tail, *end]
+
+
+def fim_parts(
+    prefix: str, middle: str, suffix: str, markers: CodeMarkers, *, spm: bool
+) -> list[Part]:
+    """A FIM document's parts (`fim_layout`'s order) with their text: a leading part as
+    `Leading`, a continuing one as `str`, markers as ids."""
+    text = prefix + middle + suffix
+    a = len(prefix)
+    layout = fim_layout(a, a + len(middle), len(text), markers, spm=spm)
+    return [
+        p if isinstance(p, int) else (Leading if p.leading else str)(text[p.start : p.end])
+        for p in layout
+    ]
 
 
 def fim_prompt_parts(prefix: str, suffix: str, markers: CodeMarkers, *, spm: bool) -> list[Part]:

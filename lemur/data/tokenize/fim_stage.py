@@ -8,7 +8,10 @@ settings, the markers, the tokenizer and the dedup folder). Each chosen document
 (`fim_chosen`: by its id, before anything is read) is decoded back to its text, as
 Megatron's `fim_dataset.py` does (the build's tokenizers give back what they encode:
 `round_trip_problem`), cut, and encoded part by part (lemur/tokenizer/fim.py) between its
-own BOS and EOS: whole, before packing, so no tail is lost. The other documents, and those
+own BOS and EOS: whole, before packing, so no tail is lost. A SentencePiece model whose
+pieces never span a word start (every Llama-2-style model) re-encodes only the words at the
+cuts and takes the rest from the document's own ids (lemur/tokenizer/fim_splice.py): the
+same ids, at a fraction of the cost. The other documents, and those
 dedup removes, are copied as they are. Each task writes the four files of a tokenize task
 (tokens, records, ids, table; the tokens last) and `{rank}.fim.json`, its counts.
 """
@@ -28,10 +31,11 @@ from lemur.atomic_files import atomic_open
 from lemur.data.pack.records import removals
 from lemur.data.recipe_fim import FimConfig
 from lemur.data.run.task import TaskStep
-from lemur.data.tokenize.fim import fim_chosen, fim_ids
+from lemur.data.tokenize.fim import fim_chosen, fim_split
 from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array
 from lemur.tokenizer import open_tokenizer
-from lemur.tokenizer.fim import CodeMarkers
+from lemur.tokenizer.fim import CodeMarkers, encode_parts, fim_layout, fim_parts
+from lemur.tokenizer.fim_splice import WordSplicer
 
 FIM_VERSION = 1  # part of the stage's work key: a new layout is a new folder
 COUNT_KEYS = ("documents", "fim", "psm", "spm", "tokens_before", "tokens_after")
@@ -63,15 +67,31 @@ class FimJob:
 
 
 def _rewrite(
-    tok: Any, job: FimJob, run: np.ndarray, doc: slice, key: str, counts: dict[str, int]
+    coder: _Coder, job: FimJob, run: np.ndarray, doc: slice, key: str, counts: dict[str, int]
 ) -> np.ndarray | None:
     """The FIM tokens of the framed document `run[doc]`, or None when it stays as it is."""
-    ids, cut = fim_ids(tok, job.markers, tok.decode(run[doc]), job.settings, key, job.seed)
+    text = coder.tok.decode(run[doc])
+    cut = fim_split(text, job.settings, key, job.seed)
     if cut is None:
         return None
+    a = len(cut.prefix)
+    layout = fim_layout(a, a + len(cut.middle), len(text), job.markers, spm=cut.spm)
+    ids = None if coder.splicer is None else coder.splicer.ids(layout, text, run[doc])
+    if ids is None:
+        ids = encode_parts(
+            coder.tok, fim_parts(cut.prefix, cut.middle, cut.suffix, job.markers, spm=cut.spm)
+        )
     counts["fim"] += 1
     counts["spm" if cut.spm else "psm"] += 1
     return np.asarray(ids, run.dtype)
+
+
+@dataclass(frozen=True)
+class _Coder:
+    """The tokenizer of a FIM task, and its splicer where the model has one."""
+
+    tok: Any
+    splicer: WordSplicer | None
 
 
 def fim_task(rank: int, src: Path, dedup_dir: Path | None, out: Path, job: FimJob) -> None:
@@ -91,13 +111,14 @@ def fim_task(rank: int, src: Path, dedup_dir: Path | None, out: Path, job: FimJo
     counts["documents"] = int(eligible.sum()) - len([i for i in gone if eligible[i]])
     lengths = rec["tokens"].astype(np.int64)
     tok = open_tokenizer(job.tokenizer, engine=job.engine)
+    coder = _Coder(tok, WordSplicer.for_tokenizer(tok))
     done = 0  # the run's tokens written so far
     with atomic_open(out / f"{rank:05d}.bin") as fh:
         for i in np.flatnonzero(eligible).tolist():
             if i in gone or not fim_chosen(job.settings, ids[i], job.seed):
                 continue
             s, e = int(starts[i]), int(ends[i])
-            new = _rewrite(tok, job, run, slice(s + head, e - 1), ids[i], counts)
+            new = _rewrite(coder, job, run, slice(s + head, e - 1), ids[i], counts)
             if new is None:
                 continue
             fh.write(run[done : s + head].tobytes())

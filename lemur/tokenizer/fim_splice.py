@@ -1,0 +1,184 @@
+"""FIM ids of a document built from the document's own ids: only the words at the cuts are
+encoded again.
+
+The build tokenizes every document left to right; a FIM document is the same text cut in
+three and encoded part by part (lemur/tokenizer/fim.py). Encoding the three parts again
+costs as much as tokenizing the document a second time, which made a build with `fim.rate
+0.5` about 1.2x slower. For a SentencePiece model this is not needed: SentencePiece splits
+its input into words before each `▁` (a space) and no piece of a model trained with
+`split_by_whitespace` (every Llama-2-style model) holds a `▁` after another character, so no
+piece can span a *word start*: a space whose previous character is not a space. BPE merges
+(and a unigram model's best path) on either side of a word start never see the other side,
+so the encoding of any text is the encodings of its pieces between word starts, put end to
+end. A part of a FIM document is therefore: the encoding of the few characters from the
+part's start to the first word start inside it, the document's own ids up to the last word
+start inside the part, and the encoding of the few characters after it.
+
+`WordSplicer.for_tokenizer(tok)` gives a splicer only for a model where this holds, read
+from the model file: identity normalization (no NFKC, no removal of extra spaces), spaces
+escaped as `▁` at the start of a word (not as a suffix), and no normal or user-defined piece
+with a `▁` after another character. `WordSplicer.ids(layout, text, doc_ids)` gives the ids
+of a `fim_layout`, or None when the document's ids do not line up with its text (an unknown
+piece, a byte count that does not add up): the caller then encodes the parts as text. Tests
+compare every result with `encode_parts` on real models (tests/test_tokenizer_fim_splice.py).
+
+Byte-level BPE models (tokenizer.json) pre-tokenize with a regex whose matches depend on
+what follows them, so no such cheap, exact rule exists there: their FIM documents are
+encoded part by part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from lemur.tokenizer.fim import Span
+from lemur.tokenizer.sentencepiece import SPACE, SentencePieceTokenizer, read_model
+
+_SPACE_BYTE = 0x20
+_NORMAL, _USER_DEFINED = 1, 4  # ModelProto.SentencePiece.Type values of text pieces
+
+
+def _word_start_at_or_after(data: bytes, i: int, end: int) -> int:
+    """The first word start (a space after a non-space) at or after byte `i` and before
+    `end`, or `end` when there is none. `i > 0`."""
+    while True:
+        i = data.find(b" ", i, end)
+        if i < 0:
+            return end
+        if data[i - 1] != _SPACE_BYTE:
+            return i
+        while i < end and data[i] == _SPACE_BYTE:  # inside a run of spaces: skip it
+            i += 1
+
+
+def _word_start_at_or_before(data: bytes, i: int, start: int) -> int:
+    """The last word start at or before byte `i` and after `start`, or `start` when none."""
+    at = data.rfind(b" ", start + 1, i + 1)
+    while at > start and data[at - 1] == _SPACE_BYTE:  # to the first space of its run
+        at -= 1
+    return at if at > start else start
+
+
+class WordSplicer:
+    """Exact FIM ids of a SentencePiece model's document from the document's own ids."""
+
+    def __init__(self, tok: SentencePieceTokenizer) -> None:
+        self.tok = tok
+        self.piece_bytes = tok.token_bytes()  # UTF-8 bytes of each id inside a text
+        self.space_first, self.strips_first = tok.first_space()
+        self.unknown = int(tok.sp.unk_id())
+
+    @classmethod
+    def for_tokenizer(cls, tok: object) -> WordSplicer | None:
+        """A splicer for `tok` when its encoding splits exactly at word starts, else None."""
+        if not isinstance(tok, SentencePieceTokenizer):
+            return None
+        model = read_model(tok.path)
+        norm, trainer = model.normalizer_spec, model.trainer_spec
+        if (
+            norm.name != "identity"
+            or norm.remove_extra_whitespaces
+            or not norm.escape_whitespaces
+            or trainer.treat_whitespace_as_suffix
+            or model.denormalizer_spec.precompiled_charsmap
+        ):
+            return None
+        for piece in model.pieces:
+            if piece.type in (_NORMAL, _USER_DEFINED) and SPACE in piece.piece.lstrip(SPACE):
+                return None  # a piece with `▁` after another character: words can merge
+        return cls(tok)
+
+    def _starts(self, ids: np.ndarray, n_bytes: int) -> np.ndarray | None:
+        """Byte offset in the text where each id's text starts, or None when the ids'
+        bytes do not add up to the text's (an unknown piece: the text is not the ids')."""
+        ids = np.asarray(ids, np.int64)
+        if ids.size == 0 or (self.unknown >= 0 and bool((ids == self.unknown).any())):
+            return None
+        sizes = self.piece_bytes[ids]
+        if self.strips_first and self.space_first[ids[0]]:
+            sizes = sizes.copy()
+            sizes[0] -= 1  # the dummy prefix `▁` is not in the text
+        ends = np.cumsum(sizes)
+        if int(ends[-1]) != n_bytes:
+            return None
+        return ends - sizes
+
+    def ids(self, layout: Sequence[int | Span], text: str, doc_ids: np.ndarray) -> list[int] | None:
+        """The ids of `layout` (markers and spans of `text`, lemur/tokenizer/fim.py), as
+        `encode_parts` would give them; `doc_ids` are `text`'s own ids (`tok.encode(text)`).
+        None when they do not line up with `text` (the caller then encodes the parts)."""
+        data = text.encode("utf-8")
+        starts = self._starts(doc_ids, len(data))
+        if starts is None:
+            return None
+        byte_at = _CharToByte(text)
+        out: list[int] = []
+        for part in layout:
+            if isinstance(part, Span):
+                x, y = byte_at(part.start), byte_at(part.end)
+                got = self._span(data, starts, doc_ids, x, y, part.leading)
+                if got is None:
+                    return None
+                out += got
+            else:
+                out.append(int(part))
+        return out
+
+    def _span(
+        self,
+        data: bytes,
+        starts: np.ndarray,
+        doc_ids: np.ndarray,
+        x: int,
+        y: int,
+        leading: bool,
+    ) -> list[int] | None:
+        """Ids of the text in bytes `x:y` (a leading span starts at 0): the document's ids
+        between the first and the last word start inside it, the edges encoded alone."""
+        n = len(data)
+        if x == y:
+            return []
+        if leading and x != 0:
+            raise ValueError("a leading span starts the document")
+        # From the document's start (leading) or to its end, one side is the document's own.
+        p = 0 if leading else _word_start_at_or_after(data, max(x, 1), y)
+        q = n if y == n else _word_start_at_or_before(data, y, p)
+        if p == q or (not leading and p == y):  # no word start inside: encode it whole
+            return self._encode(data[x:y], leading)
+        k_p, k_q = self._index(starts, p, n), self._index(starts, q, n)
+        if k_p is None or k_q is None:
+            return None  # no id starts at a word start: the ids are not the text's
+        head = [] if leading else self._encode(data[x:p], False)
+        tail = self._encode(data[q:y], False)
+        return head + doc_ids[k_p:k_q].tolist() + tail
+
+    def _encode(self, data: bytes, leading: bool) -> list[int]:
+        """Ids of `data`'s text encoded alone (with the dummy prefix when `leading`)."""
+        if not data:
+            return []
+        text = data.decode("utf-8")
+        return self.tok.encode(text) if leading else self.tok.encode_chat(text)
+
+    @staticmethod
+    def _index(starts: np.ndarray, at: int, n: int) -> int | None:
+        """The index of the id whose text starts at byte `at` (`len(starts)` at the end, 0
+        at the start), None when no id starts there."""
+        if at == 0:
+            return 0
+        if at == n:
+            return len(starts)
+        k = int(np.searchsorted(starts, at))
+        return k if k < len(starts) and int(starts[k]) == at else None
+
+
+class _CharToByte:
+    """Byte offset of a character index of one text (ASCII texts: the same number)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.ascii = text.isascii()
+
+    def __call__(self, i: int) -> int:
+        return i if self.ascii else len(self.text[:i].encode("utf-8"))

@@ -1,0 +1,177 @@
+"""The FIM splicer (lemur/tokenizer/fim_splice.py): FIM ids from a document's own ids equal
+`encode_parts` of the same cut, on real SentencePiece models (Llama-2-style BPE from the
+mistral-common wheel, a unigram model trained here) and hostile text; models where words can
+merge get no splicer."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+from bytelevel_fixtures import pathological_texts, qwen_like_folder
+from conftest import real_python_files, real_text_docs
+
+from lemur.data.tokenize.tokenizer import extend_tokenizer
+from lemur.tokenizer import open_tokenizer
+from lemur.tokenizer.fim import (
+    FIM_PIECES,
+    CodeMarkers,
+    encode_parts,
+    fim_layout,
+    fim_parts,
+    find_code_markers,
+)
+from lemur.tokenizer.fim_splice import WordSplicer
+
+HOSTILE = [
+    "x",
+    " ",
+    "    ",
+    "1 2  3   4\n",
+    "  leading spaces and trailing   ",
+    "\tdef f(a,  b):\n\t\treturn a  +b\n\n\n    # end   ",
+    "é ü — 中文 😀  emoji🙂 and\u00a0nbsp \u2581literal\u2581marks ▁▁ x",
+    "<s> </s> <PRE> ▁<SUF> <unk> tokens spelled as text  ",
+    "9999999 000 \r\n\r\n crlf \x0b\x0c vt",
+    "a" * 300 + " " + "b" * 5,
+]
+
+
+@pytest.fixture(scope="module")
+def spm_fim(llama2_tokenizer, tmp_path_factory) -> Path:
+    """Llama-2-style SentencePiece (mistral-common v1) with CodeLlama's four pieces appended."""
+    out = tmp_path_factory.mktemp("spm") / "tokenizer.model"
+    return extend_tokenizer(llama2_tokenizer, (), out, control=FIM_PIECES)
+
+
+def _train(folder: Path, **options) -> Path:
+    """A small SentencePiece model trained here on stdlib code and help text."""
+    corpus = folder / "corpus.txt"
+    texts = [p.read_text() for p in real_python_files(20)] + [d["text"] for d in real_text_docs(40)]
+    corpus.write_text("\n".join(texts))
+    prefix = folder / "m"
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(prefix),
+        vocab_size=800,
+        byte_fallback=True,
+        minloglevel=2,
+        **options,
+    )
+    return prefix.with_suffix(".model")
+
+
+def _utf8(text: str) -> bool:
+    """Whether `text` is valid UTF-8 (no lone surrogate): what the build's documents are."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _documents() -> list[str]:
+    hostile = HOSTILE + [t[:3000] for t in pathological_texts() if t and _utf8(t)]
+    code = [p.read_text()[:4000] for p in real_python_files(14)[4:]]
+    return code + [d["text"][:2500] for d in real_text_docs(6)] + hostile
+
+
+def _cuts(text: str, rng: random.Random, n: int) -> list[tuple[int, int]]:
+    """Cut points: both ends, next to every space of a few, and random ones."""
+    size = len(text)
+    points = {0, size, min(1, size), max(size - 1, 0)}
+    spaces = [i for i, c in enumerate(text) if c == " "]
+    for i in rng.sample(spaces, min(6, len(spaces))):
+        points |= {max(i - 1, 0), i, min(i + 1, size)}
+    points |= {rng.randint(0, size) for _ in range(6)}
+    points_list = sorted(points)
+    pairs = {(a, b) for a in points_list for b in points_list if a <= b}
+    return sorted(rng.sample(sorted(pairs), min(n, len(pairs))))
+
+
+def _check_all(tok, markers: CodeMarkers, n_cuts: int = 40) -> int:
+    """Assert the splicer's ids equal `encode_parts` for every document and cut; how many."""
+    splicer = WordSplicer.for_tokenizer(tok)
+    assert splicer is not None
+    rng = random.Random(0)
+    checked = 0
+    for text in _documents():
+        doc_ids = np.asarray(tok.encode(text), np.uint32)
+        text = tok.decode(doc_ids)  # the FIM stage cuts the decoded text
+        for a, b in _cuts(text, rng, n_cuts):
+            for spm_order in (False, True):
+                layout = fim_layout(a, b, len(text), markers, spm=spm_order)
+                want = encode_parts(
+                    tok, fim_parts(text[:a], text[a:b], text[b:], markers, spm=spm_order)
+                )
+                got = splicer.ids(layout, text, doc_ids)
+                assert got == want, (text[:60], a, b, spm_order)
+                checked += 1
+    return checked
+
+
+@pytest.fixture(scope="module")
+def lemur_trained_fim(tokenizer_model, tmp_path_factory) -> Path:
+    """A BPE trained by the build's own settings (no dummy prefix, whitespace-only pieces,
+    `\n` and `\t` user-defined), with CodeLlama's four pieces appended."""
+    out = tmp_path_factory.mktemp("lemur-spm") / "tokenizer.model"
+    return extend_tokenizer(tokenizer_model, (), out, control=FIM_PIECES)
+
+
+@pytest.fixture(scope="module")
+def unigram_fim(tmp_path_factory) -> Path:
+    """A unigram model with identity normalization, CodeLlama's pieces appended."""
+    folder = tmp_path_factory.mktemp("unigram")
+    model = _train(folder, model_type="unigram", normalization_rule_name="identity")
+    return extend_tokenizer(model, (), folder / "fim.model", control=FIM_PIECES)
+
+
+@pytest.mark.parametrize("joined", [True, False], ids=["codellama-spm", "spm-apart"])
+@pytest.mark.parametrize("model", ["spm_fim", "lemur_trained_fim", "unigram_fim"])
+def test_splicer_equals_encode_parts(model, joined, request):
+    """Every cut of real and hostile documents, PSM and SPM: the same ids as encoding the
+    three parts; SPM's prefix and middle joined (CodeLlama) or encoded apart (Megatron)."""
+    tok = open_tokenizer(request.getfixturevalue(model))
+    markers = find_code_markers(tok)
+    assert markers is not None and markers.style == "codellama"
+    if not joined:
+        markers = dataclasses.replace(markers, style="recipe")
+        assert not markers.joins_spm
+    assert _check_all(tok, markers) > 2000
+
+
+def test_models_whose_words_can_merge_get_no_splicer(tmp_path):
+    (tmp_path / "nfkc").mkdir()
+    nfkc = _train(tmp_path / "nfkc", model_type="bpe")
+    assert WordSplicer.for_tokenizer(open_tokenizer(nfkc)) is None  # default: nmt_nfkc
+    (tmp_path / "merged").mkdir()
+    merged = _train(
+        tmp_path / "merged",
+        model_type="bpe",
+        normalization_rule_name="identity",
+        split_by_whitespace=False,
+    )
+    tok = open_tokenizer(merged)
+    pieces = [tok.sp.id_to_piece(i) for i in range(tok.vocab_size)]
+    assert any("\u2581" in p.lstrip("\u2581") for p in pieces)  # a piece spans a word start
+    assert WordSplicer.for_tokenizer(tok) is None
+    texts = [p.read_text() for p in real_python_files(5)]
+    byte_level = qwen_like_folder(tmp_path / "bpe", texts, vocab_size=600)
+    assert WordSplicer.for_tokenizer(open_tokenizer(byte_level)) is None  # tokenizer.json
+
+
+def test_ids_that_are_not_the_texts_give_none(spm_fim):
+    tok = open_tokenizer(spm_fim)
+    splicer = WordSplicer.for_tokenizer(tok)
+    text = "def add(a, b):\n    return a + b\n"
+    markers = find_code_markers(tok)
+    layout = fim_layout(4, 20, len(text), markers, spm=False)
+    longer = np.asarray(tok.encode("def add(a, b):\n    return a + b\n\n"), np.uint32)
+    with_unknown = np.concatenate([[tok.sp.unk_id()], tok.encode(text)]).astype(np.uint32)
+    assert splicer.ids(layout, text, np.asarray(tok.encode(text), np.uint32)) is not None
+    assert splicer.ids(layout, text, longer) is None  # the byte count differs
+    assert splicer.ids(layout, text, with_unknown) is None
