@@ -16,7 +16,7 @@ from lemur.data.build import build
 from lemur.data.load import RecipeError, recipe_from_dict
 from lemur.shards.verify import verify
 from lemur.tokenizer import open_tokenizer
-from lemur.tokenizer.fim import MARKER_STYLES, find_code_markers
+from lemur.tokenizer.fim import MARKER_STYLES, encode_parts, fim_parts, find_code_markers
 
 SPELLS_MARKERS = (
     "PRE = '<|fim_prefix|>'  # <|fim_middle|> <|fim_suffix|> <|file_sep|>\n"
@@ -115,12 +115,15 @@ def _check_documents(out: Path, code: list[str], texts: list[str]) -> dict:
         s, mid = body.index(m.suffix), body.index(m.middle)
         end = len(body) - (m.eot is not None)
         if spm:
-            suffix, joined = body[2:mid], tok.decode(body[mid + 1 : end])
-            assert any(c.endswith(_continuing(tok, suffix)) and c.startswith(joined) for c in code)
+            suffix, joined = _continuing(tok, body[2:mid]), tok.decode(body[mid + 1 : end])
+            assert any(c.endswith(suffix) and c.startswith(joined) for c in code)
+            if m.joins_spm:  # the ids are the parts' encoding (the build splices SentencePiece's)
+                assert encode_parts(tok, fim_parts(joined, "", suffix, m, spm=True)) == body
         else:
             prefix, suffix, middle = body[1:s], body[s + 1 : mid], body[mid + 1 : end]
-            whole = tok.decode(prefix) + _continuing(tok, middle) + _continuing(tok, suffix)
-            assert whole in code
+            parts = tok.decode(prefix), _continuing(tok, middle), _continuing(tok, suffix)
+            assert "".join(parts) in code
+            assert encode_parts(tok, fim_parts(*parts, m, spm=False)) == body
         seen["spm" if spm else "psm"] += 1
     return seen
 

@@ -1,7 +1,7 @@
 """The FIM splicer (lemur/tokenizer/fim_splice.py): FIM ids from a document's own ids equal
-`encode_parts` of the same cut, on real SentencePiece models (Llama-2-style BPE from the
-mistral-common wheel, a unigram model trained here) and hostile text; models where words can
-merge get no splicer."""
+`encode_parts` of the same cut, on real SentencePiece BPE models (Llama-2-style from the
+mistral-common wheel, one trained by the build's settings) and hostile text; models where a
+word's ids can depend on the text around it get no splicer."""
 
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ def _train(folder: Path, **options) -> Path:
         vocab_size=800,
         byte_fallback=True,
         minloglevel=2,
+        num_threads=1,  # the same model on every run
         **options,
     )
     return prefix.with_suffix(".model")
@@ -93,12 +94,11 @@ def _cuts(text: str, rng: random.Random, n: int) -> list[tuple[int, int]]:
     return sorted(rng.sample(sorted(pairs), min(n, len(pairs))))
 
 
-def _check_all(tok, markers: CodeMarkers, n_cuts: int = 40) -> int:
-    """Assert the splicer's ids equal `encode_parts` for every document and cut; how many."""
-    splicer = WordSplicer.for_tokenizer(tok)
-    assert splicer is not None
+def _compare(splicer: WordSplicer, markers: CodeMarkers, n_cuts: int = 40) -> tuple[int, list]:
+    """(cuts checked, the cuts whose spliced ids differ from `encode_parts`'s)."""
+    tok = splicer.tok
     rng = random.Random(0)
-    checked = 0
+    checked, wrong = 0, []
     for text in _documents():
         doc_ids = np.asarray(tok.encode(text), np.uint32)
         text = tok.decode(doc_ids)  # the FIM stage cuts the decoded text
@@ -108,10 +108,10 @@ def _check_all(tok, markers: CodeMarkers, n_cuts: int = 40) -> int:
                 want = encode_parts(
                     tok, fim_parts(text[:a], text[a:b], text[b:], markers, spm=spm_order)
                 )
-                got = splicer.ids(layout, text, doc_ids)
-                assert got == want, (text[:60], a, b, spm_order)
+                if splicer.ids(layout, text, doc_ids) != want:
+                    wrong.append((text[:40], a, b, spm_order))
                 checked += 1
-    return checked
+    return checked, wrong
 
 
 @pytest.fixture(scope="module")
@@ -122,16 +122,8 @@ def lemur_trained_fim(tokenizer_model, tmp_path_factory) -> Path:
     return extend_tokenizer(tokenizer_model, (), out, control=FIM_PIECES)
 
 
-@pytest.fixture(scope="module")
-def unigram_fim(tmp_path_factory) -> Path:
-    """A unigram model with identity normalization, CodeLlama's pieces appended."""
-    folder = tmp_path_factory.mktemp("unigram")
-    model = _train(folder, model_type="unigram", normalization_rule_name="identity")
-    return extend_tokenizer(model, (), folder / "fim.model", control=FIM_PIECES)
-
-
 @pytest.mark.parametrize("joined", [True, False], ids=["codellama-spm", "spm-apart"])
-@pytest.mark.parametrize("model", ["spm_fim", "lemur_trained_fim", "unigram_fim"])
+@pytest.mark.parametrize("model", ["spm_fim", "lemur_trained_fim"])
 def test_splicer_equals_encode_parts(model, joined, request):
     """Every cut of real and hostile documents, PSM and SPM: the same ids as encoding the
     three parts; SPM's prefix and middle joined (CodeLlama) or encoded apart (Megatron)."""
@@ -141,7 +133,10 @@ def test_splicer_equals_encode_parts(model, joined, request):
     if not joined:
         markers = dataclasses.replace(markers, style="recipe")
         assert not markers.joins_spm
-    assert _check_all(tok, markers) > 2000
+    splicer = WordSplicer.for_tokenizer(tok)
+    assert splicer is not None
+    checked, wrong = _compare(splicer, markers)
+    assert checked > 2000 and wrong == []
 
 
 def test_models_whose_words_can_merge_get_no_splicer(tmp_path):
@@ -155,6 +150,21 @@ def test_models_whose_words_can_merge_get_no_splicer(tmp_path):
         normalization_rule_name="identity",
         split_by_whitespace=False,
     )
+    (tmp_path / "unigram").mkdir()
+    unigram = _train(
+        tmp_path / "unigram",
+        model_type="unigram",
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+    )
+    # Its best path breaks ties by floating-point rounding of the whole text's sum: the
+    # same word (`\n*****`: `** * **` or `** ** *`) is cut by what comes before it, so
+    # splicing would give other ids than encoding the parts, as this forced splicer shows.
+    tok = open_tokenizer(unigram)
+    markers = CodeMarkers(style="recipe", prefix=0, middle=1, suffix=2)
+    checked, wrong = _compare(WordSplicer(tok), markers, n_cuts=10)
+    assert len(wrong) > 0
+    assert WordSplicer.for_tokenizer(open_tokenizer(unigram)) is None
     tok = open_tokenizer(merged)
     pieces = [tok.sp.id_to_piece(i) for i in range(tok.vocab_size)]
     assert any("\u2581" in p.lstrip("\u2581") for p in pieces)  # a piece spans a word start

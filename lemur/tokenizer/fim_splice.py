@@ -8,14 +8,16 @@ costs as much as tokenizing the document a second time, which made a build with 
 its input into words before each `▁` (a space) and no piece of a model trained with
 `split_by_whitespace` (every Llama-2-style model) holds a `▁` after another character, so no
 piece can span a *word start*: a space whose previous character is not a space. BPE merges
-(and a unigram model's best path) on either side of a word start never see the other side,
-so the encoding of any text is the encodings of its pieces between word starts, put end to
-end. A part of a FIM document is therefore: the encoding of the few characters from the
+on either side of a word start never see the other side (and ties go to the leftmost pair,
+the same inside a word wherever it stands), so the encoding of any text is the encodings of
+its pieces between word starts, put end to end. A part of a FIM document is therefore: the encoding of the few characters from the
 part's start to the first word start inside it, the document's own ids up to the last word
 start inside the part, and the encoding of the few characters after it.
 
 `WordSplicer.for_tokenizer(tok)` gives a splicer only for a model where this holds, read
-from the model file: identity normalization (no NFKC, no removal of extra spaces), spaces
+from the model file: a BPE model (a unigram model's best path is not: two segmentations of
+equal score, such as `** *` and `* **`, are told apart by floating-point rounding of the
+whole text's sum, measured to differ with the text before them), identity normalization (no NFKC, no removal of extra spaces), spaces
 escaped as `▁` at the start of a word (not as a suffix), and no normal or user-defined piece
 with a `▁` after another character. `WordSplicer.ids(layout, text, doc_ids)` gives the ids
 of a `fim_layout`, or None when the document's ids do not line up with its text (an unknown
@@ -38,6 +40,7 @@ from lemur.tokenizer.sentencepiece import SPACE, SentencePieceTokenizer, read_mo
 
 _SPACE_BYTE = 0x20
 _NORMAL, _USER_DEFINED = 1, 4  # ModelProto.SentencePiece.Type values of text pieces
+_BPE = 2  # TrainerSpec.ModelType
 
 
 def _word_start_at_or_after(data: bytes, i: int, end: int) -> int:
@@ -78,7 +81,8 @@ class WordSplicer:
         model = read_model(tok.path)
         norm, trainer = model.normalizer_spec, model.trainer_spec
         if (
-            norm.name != "identity"
+            trainer.model_type != _BPE
+            or norm.name != "identity"
             or norm.remove_extra_whitespaces
             or not norm.escape_whitespaces
             or trainer.treat_whitespace_as_suffix
