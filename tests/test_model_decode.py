@@ -114,7 +114,8 @@ def test_prefill_last_only_is_the_last_slot() -> None:
     )
     np.testing.assert_allclose(np.asarray(last), np.asarray(full)[:, -1], atol=1e-6)
     assert len(cache.k) == config.n_layers
-    assert cache.k[0].shape == (2, config.n_kv_heads, 16, config.head_dim)  # GQA: kv heads only
+    assert cache.k[0].shape == (2, config.n_kv_heads, config.head_dim, 16)  # GQA, keys K x S
+    assert cache.v[0].shape == (2, config.n_kv_heads, 16, config.head_dim)
 
 
 def test_padding_does_not_change_a_row() -> None:

@@ -63,9 +63,8 @@ def _extend(
 
 @functools.partial(jax.jit, static_argnames="length")
 def _grow(cache: decode.KVCache, *, length: int) -> decode.KVCache:
-    """The cache with slots added at the end, up to `length`."""
-    pad = ((0, 0), (0, 0), (0, length - cache.length), (0, 0))
-    return jax.tree.map(lambda c: jnp.pad(c, pad), cache)
+    """The cache with slots added at the end, up to `length` (compiled per shape)."""
+    return decode.grow_cache(cache, length)
 
 
 @functools.partial(

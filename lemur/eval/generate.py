@@ -61,13 +61,8 @@ def prefill_row(
 def _insert(
     cache: decode.KVCache, row_cache: decode.KVCache, row: jax.Array, offset: jax.Array
 ) -> decode.KVCache:
-    """The batch cache with one row's prefilled cache written at row `row`, slot `offset`."""
-    zero = jnp.zeros((), jnp.int32)
-    return jax.tree.map(
-        lambda c, r: jax.lax.dynamic_update_slice(c, r, (row, zero, offset, zero)),
-        cache,
-        row_cache,
-    )
+    """`decode.insert_row`, compiled once per shape and updating the cache in place."""
+    return decode.insert_row(cache, row_cache, row, offset)
 
 
 _empty_cache = jax.jit(decode.init_cache, static_argnums=(0, 1, 2))

@@ -4,25 +4,26 @@ encoded again.
 The build tokenizes every document left to right; a FIM document is the same text cut in
 three and encoded part by part (lemur/tokenizer/fim.py). Encoding the three parts again
 costs as much as tokenizing the document a second time, which made a build with `fim.rate
-0.5` about 1.2x slower. For a SentencePiece model this is not needed: SentencePiece splits
-its input into words before each `▁` (a space) and no piece of a model trained with
-`split_by_whitespace` (every Llama-2-style model) holds a `▁` after another character, so no
-piece can span a *word start*: a space whose previous character is not a space. BPE merges
-on either side of a word start never see the other side (and ties go to the leftmost pair,
-the same inside a word wherever it stands), so the encoding of any text is the encodings of
-its pieces between word starts, put end to end. A part of a FIM document is therefore: the encoding of the few characters from the
+0.5` about 1.2x slower. For a SentencePiece BPE model this is not needed: no piece of a
+model trained with `split_by_whitespace` (every Llama-2-style model) holds a `▁` (a space)
+after another character, so no piece can span a *word start*: a space whose previous
+character is not a space. BPE merges on either side of a word start never see the other
+side (and ties go to the leftmost pair, the same inside a word wherever it stands), so the
+encoding of any text is the encodings of its stretches between word starts, put end to
+end. A part of a FIM document is therefore: the encoding of the few characters from the
 part's start to the first word start inside it, the document's own ids up to the last word
 start inside the part, and the encoding of the few characters after it.
 
 `WordSplicer.for_tokenizer(tok)` gives a splicer only for a model where this holds, read
-from the model file: a BPE model (a unigram model's best path is not: two segmentations of
-equal score, such as `** *` and `* **`, are told apart by floating-point rounding of the
-whole text's sum, measured to differ with the text before them), identity normalization (no NFKC, no removal of extra spaces), spaces
-escaped as `▁` at the start of a word (not as a suffix), and no normal or user-defined piece
-with a `▁` after another character. `WordSplicer.ids(layout, text, doc_ids)` gives the ids
-of a `fim_layout`, or None when the document's ids do not line up with its text (an unknown
-piece, a byte count that does not add up): the caller then encodes the parts as text. Tests
-compare every result with `encode_parts` on real models (tests/test_tokenizer_fim_splice.py).
+from the model file: a BPE model (not unigram: its best path breaks ties between
+segmentations of equal score, such as `** *` and `* **`, by floating-point rounding of the
+whole text's sum, so a word's ids depend on the text before it: measured), identity
+normalization (no NFKC, no removal of extra spaces), spaces escaped as `▁` at the start of a
+word (not as a suffix), and no normal or user-defined piece with a `▁` after another
+character. `WordSplicer.ids(layout, text, doc_ids)` gives the ids of a `fim_layout`, or None
+when the document's ids do not line up with its text (an unknown piece, a byte count that
+does not add up): the caller then encodes the parts as text. Tests compare every result with
+`encode_parts` on real models (tests/test_tokenizer_fim_splice.py).
 
 Byte-level BPE models (tokenizer.json) pre-tokenize with a regex whose matches depend on
 what follows them, so no such cheap, exact rule exists there: their FIM documents are
