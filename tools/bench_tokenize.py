@@ -35,7 +35,16 @@ def real_documents(max_bytes: int) -> list[str]:
         size += len(row["text"].encode())
         if size >= text_budget:
             break
+    return texts + stdlib_code(max_bytes - size)
+
+
+def stdlib_code(max_bytes: int) -> list[str]:
+    """Python stdlib sources (sorted by path) until `max_bytes` of UTF-8."""
+    texts: list[str] = []
+    size = 0
     for p in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
+        if size >= max_bytes:
+            break
         if "site-packages" in p.parts:
             continue
         try:
@@ -44,8 +53,6 @@ def real_documents(max_bytes: int) -> list[str]:
             continue
         texts.append(t)
         size += len(t.encode())
-        if size >= max_bytes:
-            break
     return texts
 
 
