@@ -1,18 +1,26 @@
 """The FIM splicer (lemur/tokenizer/fim_splice.py): FIM ids from a document's own ids equal
-`encode_parts` of the same cut, on real SentencePiece BPE models (Llama-2-style from the
-mistral-common wheel, one trained by the build's settings) and hostile text; models where a
-word's ids can depend on the text around it get no splicer."""
+`encode_parts` of the same cut, on real models (Llama-2-style SentencePiece from the
+mistral-common wheel, one trained by the build's settings, Llama-3 with Qwen2.5-Coder's
+tokens on both engines, a byte-level BPE trained here with StarCoder's) and hostile text;
+models where a word's ids can depend on the text around it get no splicer."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from pathlib import Path
 
 import numpy as np
 import pytest
 import sentencepiece as spm
-from bytelevel_fixtures import pathological_texts, qwen_like_folder
+from bytelevel_fixtures import (
+    QWEN_CODER_TOKENS,
+    add_tokens,
+    llama3_folder,
+    pathological_texts,
+    qwen_like_folder,
+)
 from conftest import real_python_files, real_text_docs
 
 from lemur.data.tokenize.tokenizer import extend_tokenizer
@@ -38,6 +46,7 @@ HOSTILE = [
     "<s> </s> <PRE> ▁<SUF> <unk> tokens spelled as text  ",
     "9999999 000 \r\n\r\n crlf \x0b\x0c vt",
     "a" * 300 + " " + "b" * 5,
+    "x<|fim_prefix|> y <|file_sep|>z <fim_suffix> <|endoftext|>  <|im_start|>w",
 ]
 
 
@@ -139,6 +148,45 @@ def test_splicer_equals_encode_parts(model, joined, request):
     assert checked > 2000 and wrong == []
 
 
+@pytest.fixture(scope="module")
+def llama3_qwen_fim(tmp_path_factory) -> Path:
+    """Llama-3's tokenizer (llama-models wheel) with Qwen2.5-Coder's tokens, not special."""
+    folder = llama3_folder(tmp_path_factory.mktemp("l3") / "fim")
+    return add_tokens(folder, QWEN_CODER_TOKENS, special=False)
+
+
+@pytest.fixture(scope="module")
+def bpe_starcoder(tmp_path_factory) -> Path:
+    """A byte-level BPE trained on stdlib code and text, with StarCoder's FIM tokens (its
+    merges are not tiktoken's: `tokenizers` encodes it)."""
+    texts = [p.read_text() for p in real_python_files(30)] + [d["text"] for d in real_text_docs(30)]
+    folder = qwen_like_folder(tmp_path_factory.mktemp("bpe"), texts, vocab_size=2000)
+    starcoder = ["<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>", "<file_sep>"]
+    return add_tokens(folder, starcoder, special=True)
+
+
+@pytest.mark.parametrize(
+    ("model", "engine", "style"),
+    [
+        ("llama3_qwen_fim", "auto", "qwen2.5-coder"),
+        ("llama3_qwen_fim", "tokenizers", "qwen2.5-coder"),
+        ("bpe_starcoder", "auto", "starcoder"),
+    ],
+)
+def test_byte_level_splicer_equals_encode_parts(model, engine, style, request):
+    """The same on byte-level BPE: every cut, PSM and SPM, the ids of encoding the parts."""
+    tok = open_tokenizer(request.getfixturevalue(model), engine=engine)
+    assert tok.engine == (
+        "tiktoken" if model == "llama3_qwen_fim" and engine == "auto" else "tokenizers"
+    )
+    markers = find_code_markers(tok)
+    assert markers is not None and markers.style == style
+    splicer = WordSplicer.for_tokenizer(tok)
+    assert splicer is not None
+    checked, wrong = _compare(splicer, markers, n_cuts=25)
+    assert checked > 1500 and wrong == []
+
+
 def test_models_whose_words_can_merge_get_no_splicer(tmp_path):
     (tmp_path / "nfkc").mkdir()
     nfkc = _train(tmp_path / "nfkc", model_type="bpe")
@@ -162,16 +210,35 @@ def test_models_whose_words_can_merge_get_no_splicer(tmp_path):
     # splicing would give other ids than encoding the parts, as this forced splicer shows.
     tok = open_tokenizer(unigram)
     markers = CodeMarkers(style="recipe", prefix=0, middle=1, suffix=2)
-    checked, wrong = _compare(WordSplicer(tok), markers, n_cuts=10)
+    not_space = bytes(b != 0x20 for b in range(256))  # a word start as SentencePiece's
+    checked, wrong = _compare(WordSplicer(tok, tok.encode_chat, not_space), markers, n_cuts=10)
     assert len(wrong) > 0
     assert WordSplicer.for_tokenizer(open_tokenizer(unigram)) is None
     tok = open_tokenizer(merged)
     pieces = [tok.sp.id_to_piece(i) for i in range(tok.vocab_size)]
     assert any("\u2581" in p.lstrip("\u2581") for p in pieces)  # a piece spans a word start
     assert WordSplicer.for_tokenizer(tok) is None
+
+
+def test_byte_level_models_that_split_otherwise_get_no_splicer(tmp_path):
+    """A tokenizer.json whose regex keeps a line whole, or one that is not byte-level."""
     texts = [p.read_text() for p in real_python_files(5)]
-    byte_level = qwen_like_folder(tmp_path / "bpe", texts, vocab_size=600)
-    assert WordSplicer.for_tokenizer(open_tokenizer(byte_level)) is None  # tokenizer.json
+    folder = qwen_like_folder(tmp_path / "bpe", texts, vocab_size=600)
+    assert WordSplicer.for_tokenizer(open_tokenizer(folder)) is not None
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"[^\n]+\n?|\n"
+    (tmp_path / "lines").mkdir()
+    (tmp_path / "lines" / "tokenizer.json").write_text(json.dumps(spec))
+    assert WordSplicer.for_tokenizer(open_tokenizer(tmp_path / "lines")) is None
+    spec["pre_tokenizer"] = {
+        "type": "Metaspace",
+        "replacement": "\u2581",
+        "prepend_scheme": "first",
+        "split": True,
+    }
+    (tmp_path / "metaspace").mkdir()
+    (tmp_path / "metaspace" / "tokenizer.json").write_text(json.dumps(spec))
+    assert WordSplicer.for_tokenizer(open_tokenizer(tmp_path / "metaspace")) is None
 
 
 def test_ids_that_are_not_the_texts_give_none(spm_fim):

@@ -1,5 +1,5 @@
 """FIM ids of a document built from the document's own ids: only the words at the cuts are
-encoded again.
+encoded again (SentencePiece BPE and byte-level BPE models).
 
 The build tokenizes every document left to right; a FIM document is the same text cut in
 three and encoded part by part (lemur/tokenizer/fim.py). Encoding the three parts again
@@ -25,75 +25,136 @@ when the document's ids do not line up with its text (an unknown piece, a byte c
 does not add up): the caller then encodes the parts as text. Tests compare every result with
 `encode_parts` on real models (tests/test_tokenizer_fim_splice.py).
 
-Byte-level BPE models (tokenizer.json) pre-tokenize with a regex whose matches depend on
-what follows them, so no such cheap, exact rule exists there: their FIM documents are
-encoded part by part.
+Byte-level BPE (tokenizer.json: Llama-3, Qwen2.5, StarCoder2, tekken) splits text into
+pieces by a regex and merges bytes within a piece, so the same holds at every piece boundary
+that the regex finds wherever the text is cut: for the patterns in use, a space right after a
+visible ASCII character always starts a piece (no alternative holds a space after another
+character, except in runs of whitespace), and a piece ending there looks ahead at a space,
+as the end of a text looks (`tiktoken_exact.restartable`). `for_tokenizer` takes such a model
+when its tokenizer.json is a BPE over one split regex (`tiktoken_exact.byte_level_split`,
+no normalizer or NFC) whose pieces start at every such space in probes of every visible
+ASCII character before it and letters, digits, marks, spaces and symbols after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from lemur.tokenizer.bytelevel import ByteLevelTokenizer
 from lemur.tokenizer.fim import Span
 from lemur.tokenizer.sentencepiece import SPACE, SentencePieceTokenizer, read_model
+from lemur.tokenizer.tiktoken_exact import byte_level_split, restartable
 
-_SPACE_BYTE = 0x20
 _NORMAL, _USER_DEFINED = 1, 4  # ModelProto.SentencePiece.Type values of text pieces
 _BPE = 2  # TrainerSpec.ModelType
+# Which byte may stand right before a word start's space, per kind of model: SentencePiece,
+# any but a space; byte-level BPE, a visible ASCII character (no `\s` run can hold it).
+_NOT_SPACE = bytes(b != 0x20 for b in range(256))
+_VISIBLE_ASCII = bytes(0x21 <= b <= 0x7E for b in range(256))
+# Characters around the word starts probed in a byte-level model's split regex.
+_PROBE_BEFORE = [chr(c) for c in range(0x21, 0x7F)]
+_PROBE_AFTER = [
+    *_PROBE_BEFORE,
+    " ",
+    "\t",
+    "\n",
+    "\r",
+    "\u00e9",
+    "\u4e2d",
+    "\u0301",
+    "\u0663",
+    "\U0001f600",
+]
 
 
-def _word_start_at_or_after(data: bytes, i: int, end: int) -> int:
-    """The first word start (a space after a non-space) at or after byte `i` and before
-    `end`, or `end` when there is none. `i > 0`."""
+def _word_start_at_or_after(data: bytes, i: int, end: int, before: bytes) -> int:
+    """The first word start (a space after a byte `before` allows) at or after byte `i` and
+    before `end`, or `end` when there is none. `i > 0`."""
     while True:
         i = data.find(b" ", i, end)
         if i < 0:
             return end
-        if data[i - 1] != _SPACE_BYTE:
+        if before[data[i - 1]]:
             return i
-        while i < end and data[i] == _SPACE_BYTE:  # inside a run of spaces: skip it
-            i += 1
+        i += 1
 
 
-def _word_start_at_or_before(data: bytes, i: int, start: int) -> int:
+def _word_start_at_or_before(data: bytes, i: int, start: int, before: bytes) -> int:
     """The last word start at or before byte `i` and after `start`, or `start` when none."""
     at = data.rfind(b" ", start + 1, i + 1)
-    while at > start and data[at - 1] == _SPACE_BYTE:  # to the first space of its run
-        at -= 1
+    while at > start and not before[data[at - 1]]:
+        at = data.rfind(b" ", start + 1, at)
     return at if at > start else start
 
 
-class WordSplicer:
-    """Exact FIM ids of a SentencePiece model's document from the document's own ids."""
+@functools.cache
+def _splits_at_word_starts(pattern: str) -> bool:
+    """Whether a split regex always ends a piece before a space that follows a visible
+    ASCII character, probed with every such character before it and letters, digits,
+    marks, spaces and symbols after it (true of GPT-2's, Llama-3's, Qwen2's and tekken's)."""
+    import regex
 
-    def __init__(self, tok: SentencePieceTokenizer) -> None:
+    split = regex.compile(pattern)
+    for a in _PROBE_BEFORE:
+        for b in _PROBE_AFTER:
+            for text, at in ((f"{a} {b}", 1), (f"{a}{a} {b}{b}x", 2)):
+                if at not in {m.start() for m in split.finditer(text)}:
+                    return False
+    return True
+
+
+def _sentencepiece_splits(tok: SentencePieceTokenizer) -> bool:
+    """Whether a SentencePiece model's encoding splits at word starts (module docstring)."""
+    model = read_model(tok.path)
+    norm, trainer = model.normalizer_spec, model.trainer_spec
+    if (
+        trainer.model_type != _BPE
+        or norm.name != "identity"
+        or norm.remove_extra_whitespaces
+        or not norm.escape_whitespaces
+        or trainer.treat_whitespace_as_suffix
+        or model.denormalizer_spec.precompiled_charsmap
+    ):
+        return False
+    # A piece with `▁` after another character would let words merge.
+    return not any(
+        piece.type in (_NORMAL, _USER_DEFINED) and SPACE in piece.piece.lstrip(SPACE)
+        for piece in model.pieces
+    )
+
+
+class WordSplicer:
+    """Exact FIM ids of a document from the document's own ids (`for_tokenizer`)."""
+
+    def __init__(
+        self,
+        tok: SentencePieceTokenizer | ByteLevelTokenizer,
+        continuing: Callable[[str], list[int]],
+        before: bytes,
+    ) -> None:
         self.tok = tok
+        self.leading = tok.encode  # a text of its own (a SentencePiece dummy prefix)
+        self.continuing = continuing
+        self.before = before
         self.piece_bytes = tok.token_bytes()  # UTF-8 bytes of each id inside a text
-        self.space_first, self.strips_first = tok.first_space()
-        self.unknown = int(tok.sp.unk_id())
+        first_space = getattr(tok, "first_space", None)  # SentencePiece's dummy prefix
+        self.space_first, self.strips_first = first_space() if first_space else (None, False)
+        unknown = getattr(tok, "sp", None)
+        self.unknown = int(unknown.unk_id()) if unknown is not None else -1
 
     @classmethod
     def for_tokenizer(cls, tok: object) -> WordSplicer | None:
         """A splicer for `tok` when its encoding splits exactly at word starts, else None."""
-        if not isinstance(tok, SentencePieceTokenizer):
-            return None
-        model = read_model(tok.path)
-        norm, trainer = model.normalizer_spec, model.trainer_spec
-        if (
-            trainer.model_type != _BPE
-            or norm.name != "identity"
-            or norm.remove_extra_whitespaces
-            or not norm.escape_whitespaces
-            or trainer.treat_whitespace_as_suffix
-            or model.denormalizer_spec.precompiled_charsmap
-        ):
-            return None
-        for piece in model.pieces:
-            if piece.type in (_NORMAL, _USER_DEFINED) and SPACE in piece.piece.lstrip(SPACE):
-                return None  # a piece with `▁` after another character: words can merge
-        return cls(tok)
+        if isinstance(tok, SentencePieceTokenizer) and _sentencepiece_splits(tok):
+            return cls(tok, tok.encode_chat, _NOT_SPACE)
+        if isinstance(tok, ByteLevelTokenizer):
+            split = byte_level_split(tok.files.data)
+            if split is not None and restartable(split[0]) and _splits_at_word_starts(split[0]):
+                return cls(tok, tok.encode, _VISIBLE_ASCII)
+        return None
 
     def _starts(self, ids: np.ndarray, n_bytes: int) -> np.ndarray | None:
         """Byte offset in the text where each id's text starts, or None when the ids'
@@ -148,8 +209,8 @@ class WordSplicer:
         if leading and x != 0:
             raise ValueError("a leading span starts the document")
         # From the document's start (leading) or to its end, one side is the document's own.
-        p = 0 if leading else _word_start_at_or_after(data, max(x, 1), y)
-        q = n if y == n else _word_start_at_or_before(data, y, p)
+        p = 0 if leading else _word_start_at_or_after(data, max(x, 1), y, self.before)
+        q = n if y == n else _word_start_at_or_before(data, y, p, self.before)
         if p == q or (not leading and p == y):  # no word start inside: encode it whole
             return self._encode(data[x:y], leading)
         k_p, k_q = self._index(starts, p, n), self._index(starts, q, n)
@@ -164,7 +225,7 @@ class WordSplicer:
         if not data:
             return []
         text = data.decode("utf-8")
-        return self.tok.encode(text) if leading else self.tok.encode_chat(text)
+        return list(self.leading(text) if leading else self.continuing(text))
 
     @staticmethod
     def _index(starts: np.ndarray, at: int, n: int) -> int | None:

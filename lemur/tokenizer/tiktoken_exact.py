@@ -193,6 +193,16 @@ def _special_piece(data: dict[str, Any], pattern: str) -> str:
     return ""
 
 
+def byte_level_split(data: dict[str, Any]) -> tuple[str, bool] | None:
+    """(split regex, NFC first) of a tokenizer.json that is byte-level BPE over the pieces of
+    one regex (what tiktoken's algorithm is, whether or not its ids are exact), else None."""
+    pattern, why = _pattern(data.get("pre_tokenizer"))
+    nfc, norm_problem = _normalizer(data.get("normalizer"))
+    if pattern is None or why or norm_problem or _model_problem(data["model"]):
+        return None
+    return pattern, nfc
+
+
 def tiktoken_plan(data: dict[str, Any], tokenize: Any) -> TiktokenPlan:
     """Whether tiktoken reproduces this tokenizer.json's ids exactly, with its inputs.
 
