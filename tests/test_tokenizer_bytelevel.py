@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from bytelevel_fixtures import (
     llama3_folder,
@@ -77,6 +78,35 @@ def test_tekken_is_encoded_by_tiktoken_with_the_reference_ids(tekken):
     tok = open_tokenizer(tekken)
     assert (tok.engine, tok.bos_id, tok.eos_id, tok.vocab_size) == ("tiktoken", 1, 2, 131072)
     assert_reference_ids(tekken, tok, real_documents(40, 20) + pathological_texts())
+
+
+@pytest.mark.parametrize("folder", ["llama3", "tekken"])
+def test_decode_equals_the_reference_decode(folder, request, monkeypatch):
+    """tiktoken decodes valid UTF-8 of base-vocabulary ids (shown by decoding with the
+    `tokenizers` reference removed); ids with special tokens or cutting a character in two
+    go to the reference: every text equals `tokenizers`' decode."""
+    from tokenizers import Tokenizer
+
+    path = request.getfixturevalue(folder)
+    tok = open_tokenizer(path)
+    ref = Tokenizer.from_file(str(path / "tokenizer.json"))
+    docs = [tok.encode(t) for t in real_documents(20, 10) + pathological_texts() if t]
+    accent = tok.encode("é")
+    if len(accent) == 1:  # a character whose bytes are two tokens elsewhere
+        accent = tok.encode("\U0001f9ec")
+    cases = [
+        *docs,
+        [tok.bos_id, *docs[0][:20], tok.eos_id],
+        docs[1][:7] + [tok.eos_id] + docs[1][7:15],
+        accent[:1],
+        accent[1:] + docs[2][:5],
+    ]
+    want = [ref.decode(ids, skip_special_tokens=False) for ids in cases]
+    assert [tok.decode(ids) for ids in cases] == want
+    assert tok.decode(np.asarray(docs[3], np.uint32)) == want[3]
+    assert "\ufffd" in want[-2]  # a broken character: the reference's replacement
+    monkeypatch.setattr(tok, "reference", None)  # valid text never needs it
+    assert [tok.decode(ids) for ids in docs] == want[: len(docs)]
 
 
 def test_a_trained_bpe_falls_back_to_tokenizers_and_says_why(qwen_like):

@@ -1,7 +1,9 @@
 """Benchmark: what FIM adds per document, against tokenizing it: parts re-encoded vs spliced.
 
 All runs in this process on the same real code (Python stdlib sources), alternating, best of
---repeats, on a SentencePiece model with CodeLlama's FIM pieces appended (as the build does):
+--repeats, on a SentencePiece model with CodeLlama's FIM pieces appended (as the build does)
+or a tokenizer.json with its own FIM tokens (default: Llama-3's from the llama-models wheel
+with Qwen2.5-Coder's tokens added):
   tokenize       : `tok.encode(text)` of every document (what the build's tokenize step pays)
   fim-reencode   : for the documents FIM chooses (`--rate`), decode the document's ids,
                    cut, and encode the three parts (`encode_parts`: the build before the
@@ -14,6 +16,7 @@ is each FIM run's CPU time over `tokenize`'s: the share FIM adds to the tokenize
 
     python tools/bench_fim.py --mb 20 \
         --tokenizer .venv/lib/python3.11/site-packages/mistral_common/data/tokenizer.model.v1
+    python tools/bench_fim.py --mb 20   # Llama-3 + Qwen2.5-Coder's tokens (tiktoken engine)
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from bench_tokenize import stdlib_code
 from benchlib import best_of
 
@@ -41,15 +46,22 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--mb", type=float, default=20.0, help="MB of real code")
-    ap.add_argument("--tokenizer", required=True, help="a SentencePiece tokenizer.model")
+    ap.add_argument("--tokenizer", help="a SentencePiece model or a tokenizer.json folder")
     ap.add_argument("--rate", type=float, default=0.5, help="fim.rate")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
-    model = extend_tokenizer(
-        args.tokenizer, (), Path(tempfile.mkdtemp()) / "fim.model", control=FIM_PIECES
-    )
-    tok = open_tokenizer(model)
+    tmp = Path(tempfile.mkdtemp(prefix="bench_fim_"))
+    if args.tokenizer is None:
+        from bytelevel_fixtures import QWEN_CODER_TOKENS, add_tokens, llama3_folder
+
+        tok = open_tokenizer(add_tokens(llama3_folder(tmp / "l3"), QWEN_CODER_TOKENS, False))
+    elif Path(args.tokenizer).is_file() and not args.tokenizer.endswith(".json"):
+        tok = open_tokenizer(
+            extend_tokenizer(args.tokenizer, (), tmp / "fim.model", control=FIM_PIECES)
+        )
+    else:
+        tok = open_tokenizer(args.tokenizer)
     markers = find_code_markers(tok)
     splicer = WordSplicer.for_tokenizer(tok)
     if markers is None or splicer is None:
@@ -89,6 +101,7 @@ def main() -> int:
     base, n = best_of({"tokenize": tokenize}, args.repeats)
     mb = sum(len(t.encode()) for t in texts) / 1e6
     print(
+        f"{tok.kind} ({tok.engine}), markers {markers.style}: "
         f"{len(texts):,} code documents, {mb:.1f} MB, {n:,} tokens; {len(chosen):,} made FIM "
         f"(rate {args.rate}), ids equal for all; best of {args.repeats}"
     )

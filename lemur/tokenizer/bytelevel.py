@@ -140,6 +140,7 @@ class ByteLevelTokenizer:
         more = [i for i in files.generation_eos if i < self.vocab_size]
         self.stop_ids = tuple(dict.fromkeys(i for i in (self.eos_id, *more) if i is not None))
         self._tiktoken: Any = None
+        self._tiktoken_decodes: np.ndarray | None = None  # ids tiktoken decodes as the file does
         self.engine_reason = "asked for in the recipe" if engine == "tokenizers" else ""
         if engine != "tokenizers":
             self._plan_tiktoken(engine)
@@ -162,6 +163,10 @@ class ByteLevelTokenizer:
         self._tiktoken, self._pieces, self._groups = _encoders(self.files.sha256, plan)
         self._restartable = restartable(plan.pattern)
         self._run_length = RunLengthBPE(plan.ranks)
+        decoder = self.files.data.get("decoder") or {}
+        if decoder.get("type") == "ByteLevel":  # bytes of the ids, nothing else: as tiktoken
+            self._tiktoken_decodes = np.zeros(self.vocab_size, bool)
+            self._tiktoken_decodes[list(plan.ranks.values())] = True
 
     def encode(self, text: str) -> list[int]:
         """Ids of `text`: no BOS/EOS, special-token text encoded as text."""
@@ -239,8 +244,20 @@ class ByteLevelTokenizer:
         return [e.ids for e in out]
 
     def decode(self, ids: Sequence[int]) -> str:
-        """The text of `ids` (special tokens spelled out; a numpy array's ids made ints at once)."""
+        """The text of `ids` (special tokens spelled out; a numpy array's ids made ints at once).
+
+        tiktoken decodes where it can (5x faster than `tokenizers`: the FIM stage decodes
+        what it rewrites): a ByteLevel decoder, no added token among the ids, valid UTF-8;
+        otherwise `tokenizers` does, which replaces broken UTF-8 as its Rust side does."""
         ints = ids.tolist() if isinstance(ids, np.ndarray) else [int(i) for i in ids]
+        decodes = self._tiktoken_decodes
+        if decodes is not None and ints:
+            arr = np.asarray(ids if isinstance(ids, np.ndarray) else ints, np.int64)
+            if int(arr.min()) >= 0 and int(arr.max()) < len(decodes) and decodes[arr].all():
+                try:
+                    return self._tiktoken.decode_bytes(ints).decode("utf-8")
+                except UnicodeDecodeError:
+                    pass
         return self.reference.decode(ints, skip_special_tokens=False)
 
     def token_bytes(self) -> np.ndarray:
