@@ -36,6 +36,7 @@ from lemur.tokenizer.fim import (
 from lemur.tokenizer.fim_splice import WordSplicer
 
 HOSTILE = [
+    "",
     "x",
     " ",
     "    ",

@@ -160,7 +160,9 @@ class WordSplicer:
         """Byte offset in the text where each id's text starts, or None when the ids'
         bytes do not add up to the text's (an unknown piece: the text is not the ids')."""
         ids = np.asarray(ids, np.int64)
-        if ids.size == 0 or (self.unknown >= 0 and bool((ids == self.unknown).any())):
+        if ids.size == 0:
+            return ids if n_bytes == 0 else None  # an empty document: every span is empty
+        if self.unknown >= 0 and bool((ids == self.unknown).any()):
             return None
         sizes = self.piece_bytes[ids]
         if self.strips_first and self.space_first[ids[0]]:
