@@ -61,13 +61,11 @@ def test_agrees_with_check_correctness(tasks: list[he.Task]) -> None:
     sys.exit(0), raise SystemExit and os._exit(0) passed)."""
     assert len(tasks) == 164
     samples = _samples(tasks)
-    records = he.check(tasks, [s[1:] for s in samples], LIMITS, allow_network=True)
     problems = {t.task_id: _problem(t) for t in tasks}
-    expected = humaneval_reference.check_correctness(
-        [(problems[task_id], completion) for _, task_id, completion in samples],
-        REFERENCE_TIMEOUT,
-        workers=4,
-    )
+    jobs = [(problems[task_id], completion) for _, task_id, completion in samples]
+    with humaneval_reference.ReferenceRun(jobs, REFERENCE_TIMEOUT, workers=4) as reference:
+        records = he.check(tasks, [s[1:] for s in samples], LIMITS, allow_network=True)
+        expected = reference.results()
     disagree = [
         (kind, task_id, r["status"], r["error"], e["result"])
         for (kind, task_id, _), r, e in zip(samples, records, expected, strict=True)

@@ -63,7 +63,6 @@ def test_canonical_passes_empty_fails_as_check_correctness(single: list, multi: 
     scores the same assembled program (prompt + middle + suffix, test, check)."""
     tasks = _sample(single, multi)
     samples = [(t.task_id, t.middle) for t in tasks] + [(t.task_id, "") for t in tasks]
-    records = infill.check(tasks, samples, LIMITS, workers=2, allow_network=True)
     by_id = {t.task_id: t for t in tasks}
 
     def job(sample: tuple[str, str]) -> tuple[dict, str]:
@@ -72,7 +71,10 @@ def test_canonical_passes_empty_fails_as_check_correctness(single: list, multi: 
         problem["entry_point"] = t.entry_point
         return problem, sample[1] + t.suffix
 
-    expected = humaneval_reference.check_correctness([job(s) for s in samples], 10.0, workers=2)
+    jobs = [job(s) for s in samples]
+    with humaneval_reference.ReferenceRun(jobs, 10.0, workers=2) as reference:
+        records = infill.check(tasks, samples, LIMITS, workers=2, allow_network=True)
+        expected = reference.results()
     assert [r["passed"] for r in records] == [e["passed"] for e in expected]
     n = len(tasks)
     assert all(r["passed"] for r in records[:n])
