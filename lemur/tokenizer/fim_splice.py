@@ -18,27 +18,34 @@ start inside the part, and the encoding of the few characters after it.
 from the model file: a BPE model (not unigram: its best path breaks ties between
 segmentations of equal score, such as `** *` and `* **`, by floating-point rounding of the
 whole text's sum, so a word's ids depend on the text before it: measured), identity
-normalization (no NFKC, no removal of extra spaces), spaces escaped as `▁` at the start of a
-word (not as a suffix), and no normal or user-defined piece with a `▁` after another
-character. `WordSplicer.ids(layout, text, doc_ids)` gives the ids of a `fim_layout`, or None
-when the document's ids do not line up with its text (an unknown piece, a byte count that
-does not add up): the caller then encodes the parts as text. Tests compare every result with
-`encode_parts` on real models (tests/test_tokenizer_fim_splice.py).
+normalization (no NFKC, no normalization table, no removal of extra spaces), spaces escaped
+as `▁` at the start of a word (not as a suffix), and no normal, user-defined or unused piece
+(BPE merges through unused pieces too) with a `▁` after another character.
+`WordSplicer.ids(layout, text, doc_ids)` gives the ids of a `fim_layout` of the text that
+`doc_ids` decode to, or None when they do not line up with it (an unknown piece, a byte
+count that does not add up, a text the model would normalize): the caller then encodes the
+parts as text. Tests compare the result with `encode_parts` on real models, on sampled cuts
+of real and hostile documents (tests/test_tokenizer_fim_splice.py).
 
-Byte-level BPE (tokenizer.json: Llama-3, Qwen2.5, StarCoder2, tekken) splits text into
+Byte-level BPE (tokenizer.json: Llama-3, Qwen2.5, tekken) splits text into
 pieces by a regex and merges bytes within a piece, so the same holds at every piece boundary
 that the regex finds wherever the text is cut: for the patterns in use, a space right after a
 visible ASCII character always starts a piece (no alternative holds a space after another
 character, except in runs of whitespace), and a piece ending there looks ahead at a space,
 as the end of a text looks (`tiktoken_exact.restartable`). `for_tokenizer` takes such a model
 when its tokenizer.json is a BPE over one split regex (`tiktoken_exact.byte_level_split`,
-no normalizer or NFC) whose pieces start at every such space in probes of every visible
-ASCII character before it and letters, digits, marks, spaces and symbols after it.
+no normalizer or NFC; StarCoder2's digit-splitting pre-tokenizer is not one, so its parts
+are encoded) whose pieces start at such a space in probes of every visible ASCII character
+(once to three times) before it and letters, digits, marks, spaces and symbols after it.
+The probe is a check against the patterns in use (each of which was read: no alternative
+holds a space after a non-space outside a whitespace run), not a proof for any regex; the
+tests compare the splice with encoding the parts on each of them.
 """
 
 from __future__ import annotations
 
 import functools
+import unicodedata
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -48,7 +55,9 @@ from lemur.tokenizer.fim import Span
 from lemur.tokenizer.sentencepiece import SPACE, SentencePieceTokenizer, read_model
 from lemur.tokenizer.tiktoken_exact import byte_level_split, restartable
 
-_NORMAL, _USER_DEFINED = 1, 4  # ModelProto.SentencePiece.Type values of text pieces
+# ModelProto.SentencePiece.Type values of the pieces BPE merges through: normal, user
+# defined, and unused (merged, then split back into their parts at the end).
+_MERGED_TYPES = (1, 4, 5)
 _BPE = 2  # TrainerSpec.ModelType
 # Which byte may stand right before a word start's space, per kind of model: SentencePiece,
 # any but a space; byte-level BPE, a visible ASCII character (no `\s` run can hold it).
@@ -100,7 +109,7 @@ def _splits_at_word_starts(pattern: str) -> bool:
     split = regex.compile(pattern)
     for a in _PROBE_BEFORE:
         for b in _PROBE_AFTER:
-            for text, at in ((f"{a} {b}", 1), (f"{a}{a} {b}{b}x", 2)):
+            for text, at in ((f"{a} {b}", 1), (f"{a}{a} {b}{b}x", 2), (f"{a}{a}{a} {b}", 3)):
                 if at not in {m.start() for m in split.finditer(text)}:
                     return False
     return True
@@ -113,6 +122,7 @@ def _sentencepiece_splits(tok: SentencePieceTokenizer) -> bool:
     if (
         trainer.model_type != _BPE
         or norm.name != "identity"
+        or norm.precompiled_charsmap  # the table normalizes, whatever the name says
         or norm.remove_extra_whitespaces
         or not norm.escape_whitespaces
         or trainer.treat_whitespace_as_suffix
@@ -121,8 +131,7 @@ def _sentencepiece_splits(tok: SentencePieceTokenizer) -> bool:
         return False
     # A piece with `▁` after another character would let words merge.
     return not any(
-        piece.type in (_NORMAL, _USER_DEFINED) and SPACE in piece.piece.lstrip(SPACE)
-        for piece in model.pieces
+        piece.type in _MERGED_TYPES and SPACE in piece.piece.lstrip(SPACE) for piece in model.pieces
     )
 
 
@@ -134,8 +143,10 @@ class WordSplicer:
         tok: SentencePieceTokenizer | ByteLevelTokenizer,
         continuing: Callable[[str], list[int]],
         before: bytes,
+        nfc: bool = False,
     ) -> None:
         self.tok = tok
+        self.nfc = nfc  # the model normalizes to NFC: only NFC text is the ids' own
         self.leading = tok.encode  # a text of its own (a SentencePiece dummy prefix)
         self.continuing = continuing
         self.before = before
@@ -153,7 +164,7 @@ class WordSplicer:
         if isinstance(tok, ByteLevelTokenizer):
             split = byte_level_split(tok.files.data)
             if split is not None and restartable(split[0]) and _splits_at_word_starts(split[0]):
-                return cls(tok, tok.encode, _VISIBLE_ASCII)
+                return cls(tok, tok.encode, _VISIBLE_ASCII, nfc=split[1])
         return None
 
     def _starts(self, ids: np.ndarray, n_bytes: int) -> np.ndarray | None:
@@ -175,8 +186,11 @@ class WordSplicer:
 
     def ids(self, layout: Sequence[int | Span], text: str, doc_ids: np.ndarray) -> list[int] | None:
         """The ids of `layout` (markers and spans of `text`, lemur/tokenizer/fim.py), as
-        `encode_parts` would give them; `doc_ids` are `text`'s own ids (`tok.encode(text)`).
-        None when they do not line up with `text` (the caller then encodes the parts)."""
+        `encode_parts` would give them. `text` must be what the ids decode to and `doc_ids`
+        its encoding (the FIM stage decodes a document's ids); None when they do not line up
+        (the caller then encodes the parts)."""
+        if self.nfc and not unicodedata.is_normalized("NFC", text):
+            return None  # the model would encode another text than this one's characters
         data = text.encode("utf-8")
         starts = self._starts(doc_ids, len(data))
         if starts is None:

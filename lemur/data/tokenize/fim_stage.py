@@ -8,10 +8,11 @@ settings, the markers, the tokenizer and the dedup folder). Each chosen document
 (`fim_chosen`: by its id, before anything is read) is decoded back to its text, as
 Megatron's `fim_dataset.py` does (the build's tokenizers give back what they encode:
 `round_trip_problem`), cut, and encoded part by part (lemur/tokenizer/fim.py) between its
-own BOS and EOS: whole, before packing, so no tail is lost. A SentencePiece model whose
-pieces never span a word start (every Llama-2-style model) re-encodes only the words at the
-cuts and takes the rest from the document's own ids (lemur/tokenizer/fim_splice.py): the
-same ids, at a fraction of the cost. The other documents, and those
+own BOS and EOS: whole, before packing, so no tail is lost. Where the model's pieces never
+span a word start (SentencePiece BPE: every Llama-2-style model; byte-level BPE: Llama-3,
+Qwen2.5) only the words at the cuts are encoded again, the rest taken from the document's
+own ids (lemur/tokenizer/fim_splice.py): the same ids at a fraction of the cost; `spliced`
+counts those documents. The other documents, and those
 dedup removes, are copied as they are. Each task writes the four files of a tokenize task
 (tokens, records, ids, table; the tokens last) and `{rank}.fim.json`, its counts.
 """
@@ -37,8 +38,8 @@ from lemur.tokenizer import open_tokenizer
 from lemur.tokenizer.fim import CodeMarkers, encode_parts, fim_layout, fim_parts
 from lemur.tokenizer.fim_splice import WordSplicer
 
-FIM_VERSION = 1  # part of the stage's work key: a new layout is a new folder
-COUNT_KEYS = ("documents", "fim", "psm", "spm", "tokens_before", "tokens_after")
+FIM_VERSION = 2  # part of the stage's work key: a new layout is a new folder
+COUNT_KEYS = ("documents", "fim", "psm", "spm", "spliced", "tokens_before", "tokens_after")
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ def _rewrite(
     a = len(cut.prefix)
     layout = fim_layout(a, a + len(cut.middle), len(text), job.markers, spm=cut.spm)
     ids = None if coder.splicer is None else coder.splicer.ids(layout, text, run[doc])
+    counts["spliced"] += ids is not None
     if ids is None:
         ids = encode_parts(
             coder.tok, fim_parts(cut.prefix, cut.middle, cut.suffix, job.markers, spm=cut.spm)
