@@ -22,26 +22,6 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
 
-# Files whose tests take minutes (four ahead-of-time pod compiles, 10,000 documents built on
-# local and Ray, Ray and JAX-distributed clusters). `make test` runs `-n 2 --dist loadfile`,
-# which hands files to the two workers in collection order: collected last (by name), one of
-# these kept a worker busy for minutes after the other had run out of files. First, the other
-# worker takes the many small files meanwhile.
-SLOW_FILES = (
-    "test_train_plan.py",
-    "test_data_classifier.py",
-    "test_data_remote.py",
-    "test_train_distributed.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the files of SLOW_FILES first, in its order (a stable sort: each file keeps the
-    order of its own tests, and the other files theirs)."""
-    rank = {name: i for i, name in enumerate(SLOW_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FILES)))
-
-
 def real_python_files(n: int) -> list[Path]:
     """The first `n` UTF-8 stdlib modules (sorted by name), as real code."""
     out = []
