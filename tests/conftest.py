@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -17,6 +18,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the suite would first try a TPU backend, warn on stderr and start seconds later.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.pop("LEMUR_DEBUG", None)  # the tests expect one-line errors, not tracebacks
+# A suite started as a background job of a script (`make test &`, `nohup ... &`) inherits
+# SIGINT ignored, and so would every process a test starts: the tests of Ctrl-C handling
+# (exit 130, cancelled Slurm jobs, restored handlers) need Python's own SIGINT handler.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
