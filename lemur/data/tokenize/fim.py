@@ -10,8 +10,8 @@ sequence) or over its line starts (`split: line`: 0, the index after each `\\n`,
 
 `fim_transform(text, settings, key, markers)` gives the document's parts
 (lemur/tokenizer/fim.py), the whole text as one `Leading` part when it is not chosen:
-what a repository document calls per file (with a key naming the file). `fim_ids` encodes
-them.
+what a repository document calls per file (with a key naming the file). The FIM stage
+(fim_stage.py) encodes a whole document's cut, spliced from its own ids where it can.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import hashlib
 from dataclasses import dataclass
 
 from lemur.data.recipe_fim import FimConfig
-from lemur.tokenizer.base import Tokenizer
-from lemur.tokenizer.fim import CodeMarkers, Leading, Part, encode_parts, fim_parts
+from lemur.tokenizer.fim import CodeMarkers, Leading, Part, fim_parts
 
 _SCALE = float(1 << 64)
 
@@ -87,19 +86,3 @@ def fim_transform(
     if cut is None:
         return [Leading(text)]
     return fim_parts(cut.prefix, cut.middle, cut.suffix, markers, spm=cut.spm)
-
-
-def fim_ids(
-    tokenizer: Tokenizer,
-    markers: CodeMarkers,
-    text: str,
-    settings: FimConfig,
-    key: str | int,
-    seed: int = 0,
-) -> tuple[list[int], FimSplit | None]:
-    """(ids, cut) of document `key`: its FIM ids and cut, or its plain ids and None."""
-    cut = fim_split(text, settings, key, seed)
-    if cut is None:
-        return list(tokenizer.encode(text)), None
-    parts = fim_parts(cut.prefix, cut.middle, cut.suffix, markers, spm=cut.spm)
-    return encode_parts(tokenizer, parts), cut
