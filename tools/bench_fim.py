@@ -11,7 +11,8 @@ with Qwen2.5-Coder's tokens added):
   fim-splice     : the same documents through `WordSplicer` (lemur/tokenizer/fim_splice.py):
                    decode, cut, and encode only the words at the cuts
 
-Both FIM runs must give the same ids for every document (checked). The figure that matters
+Both FIM runs must give the same ids for every document (checked). For a tokenizer.json,
+the decode of the FIM documents by lemur (tiktoken where exact) and by `tokenizers`. The figure that matters
 is each FIM run's CPU time over `tokenize`'s: the share FIM adds to the tokenize work.
 
     python tools/bench_fim.py --mb 20 \
@@ -114,6 +115,22 @@ def main() -> int:
     for name, secs in best.items():
         print(f"| {name} | {secs:.2f} | {secs / base['tokenize']:.3f}x |")
     print(f"splice / re-encode: {best['fim-splice'] / best['fim-reencode']:.3f}x")
+    reference = getattr(tok, "reference", None)  # tokenizer.json: `tokenizers` decodes too
+    if reference is not None:
+        arrays = [doc_ids[i] for i in chosen]  # as the FIM stage holds them
+        decodes, _ = best_of(
+            {
+                "lemur": lambda: sum(len(tok.decode(ids)) for ids in arrays),
+                "tokenizers": lambda: sum(
+                    len(reference.decode(ids.tolist(), skip_special_tokens=False)) for ids in arrays
+                ),
+            },
+            args.repeats,
+        )
+        print(
+            f"decode of the FIM documents: lemur {decodes['lemur']:.3f} s, `tokenizers` "
+            f"{decodes['tokenizers']:.3f} s ({decodes['tokenizers'] / decodes['lemur']:.1f}x)"
+        )
     return 0
 
 
