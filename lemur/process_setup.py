@@ -22,7 +22,14 @@ lemur-convert
 - the same filter (`quiet_failed_restores`): a save that fails (a full disk) leaves the same
   leftovers as a failed restore.
 
-lemur-eval: none.
+lemur-eval: none but the first below.
+
+lemur-train, lemur-eval, lemur-convert
+- `JAX_PLATFORMS=cpu` where the environment does not set it, a TPU library (libtpu) is
+  installed, and neither a TPU nor a GPU is attached to the host
+  (`cpu_where_no_accelerator`): otherwise JAX lets libtpu look for a TPU first, and libtpu
+  prints five lines of errors on every CPU host (it looks like a crash). A host with a TPU
+  (by PCI vendor id, as JAX itself tells) or a GPU keeps JAX's own choice.
 
 Changes a command's own code makes later, for as long as they are needed, and undoes:
 - every command's body (`lemur.cli_common.run_main`): a SIGTERM handler that raises
@@ -50,6 +57,8 @@ Changes a command's own code makes later, for as long as they are needed, and un
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import logging
 import os
 import sys
@@ -115,11 +124,40 @@ def quiet_datatrove() -> None:
     quiet_console()
 
 
+# What marks an attached accelerator: Google's PCI vendor id on a TPU VM (the test JAX's
+# `hardware_utils` makes; read here without importing JAX), NVIDIA's device files.
+GOOGLE_PCI_VENDOR = "0x1ae0"
+NVIDIA_DEVICE_FILES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg")
+
+
+def accelerator_attached(pci_root: str = "/sys/bus/pci/devices") -> bool:
+    """Whether a TPU (Google PCI vendor id) or an NVIDIA/AMD GPU is attached to this host."""
+    for vendor_file in glob.glob(os.path.join(pci_root, "*", "vendor")):
+        try:
+            with open(vendor_file) as f:
+                if f.read().strip() == GOOGLE_PCI_VENDOR:
+                    return True
+        except OSError:
+            continue
+    return any(os.path.exists(p) for p in NVIDIA_DEVICE_FILES) or os.path.exists("/dev/kfd")
+
+
+def cpu_where_no_accelerator() -> None:
+    """`JAX_PLATFORMS=cpu` where libtpu is installed but no accelerator is attached."""
+    if "JAX_PLATFORMS" in os.environ or importlib.util.find_spec("libtpu") is None:
+        return
+    if accelerator_attached():
+        return
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    if "jax" in sys.modules:  # imported already: its config read the environment then
+        sys.modules["jax"].config.update("jax_platforms", "cpu")
+
+
 COMMANDS: dict[str, tuple[Callable[[], None], ...]] = {
     "lemur-data": (hub_offline, quiet_datatrove),
-    "lemur-train": (quiet_failed_restores,),
-    "lemur-eval": (),
-    "lemur-convert": (quiet_failed_restores,),
+    "lemur-train": (cpu_where_no_accelerator, quiet_failed_restores),
+    "lemur-eval": (cpu_where_no_accelerator,),
+    "lemur-convert": (cpu_where_no_accelerator, quiet_failed_restores),
 }
 
 

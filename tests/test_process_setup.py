@@ -249,3 +249,62 @@ def test_data_tasks_log_to_their_files_and_warn_on_the_console(
         assert launch in log and f"info of task {rank}" in log and f"warning of task {rank}" in log
         pid = int(log.split(launch)[1].split(", pid ")[1].split()[0])
         assert (pid == main_pid) == (workers == 1)  # spawned workers ran them, or this process
+
+
+# A command's main() (up to its arguments), then JAX's first use, on this CPU host where the
+# dev extra installed libtpu and the environment does not name a platform.
+FIRST_JAX_USE = r"""
+import importlib
+
+main = importlib.import_module(sys.argv[1]).main
+try:
+    main(["--no-such-option"])
+except SystemExit:
+    pass
+import jax
+
+print(json.dumps({"platform": jax.devices()[0].platform, "env": os.environ.get("JAX_PLATFORMS")}))
+"""
+
+
+@pytest.mark.parametrize("module", ["lemur.train.cli", "lemur.eval.cli", "lemur.model.convert"])
+def test_jax_commands_start_quietly_on_a_cpu_host_with_libtpu_installed(module: str) -> None:
+    import importlib.util
+
+    from lemur.process_setup import accelerator_attached
+
+    assert importlib.util.find_spec("libtpu") is not None  # the dev extra's, as users have it
+    assert not accelerator_attached()  # this test host has neither a TPU nor a GPU
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    result = subprocess.run(
+        [sys.executable, "-c", STATE + FIRST_JAX_USE, module],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**env, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"platform": "cpu", "env": "cpu"}
+    # libtpu's probe ("Failed to find host bounds for accelerator type", "E0000 ...") is gone.
+    assert "TPU" not in result.stderr and "E0000" not in result.stderr, result.stderr
+
+
+def test_a_tpu_or_gpu_host_keeps_jaxs_own_choice(tmp_path: Path, monkeypatch) -> None:
+    from lemur import process_setup
+
+    for device, vendor in (("0000:00:04.0", "0x1af4"), ("0000:00:05.0", "0x1ae0")):
+        (tmp_path / device).mkdir()
+        (tmp_path / device / "vendor").write_text(vendor + "\n")
+    assert process_setup.accelerator_attached(str(tmp_path))  # Google's vendor id: a TPU
+    (tmp_path / "0000:00:05.0" / "vendor").write_text("0x8086\n")
+    assert not process_setup.accelerator_attached(str(tmp_path))
+
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setattr(process_setup, "accelerator_attached", lambda: True)
+    process_setup.cpu_where_no_accelerator()
+    assert "JAX_PLATFORMS" not in os.environ  # a real TPU is never hidden
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    monkeypatch.setattr(process_setup, "accelerator_attached", lambda: False)
+    process_setup.cpu_where_no_accelerator()
+    assert os.environ["JAX_PLATFORMS"] == "tpu"  # the user's choice stands
