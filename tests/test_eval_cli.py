@@ -327,3 +327,25 @@ def test_deeply_nested_json_lines_are_one_line_errors(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"lemur-eval: {summary}: not an agent run"), err
     assert not (tmp_path / "p.png").exists()
+
+
+def test_bpb_of_val_shards_without_a_window_is_one_line(
+    run_dir: Path, shards: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Val shards shorter than one window of `--seq-len` (#44 item 7): one line naming the
+    domain, the flag and the build's val_fraction, exit 2 (it printed a table whose column
+    wrapped the error word by word, exit 0)."""
+    manifest = json.loads((shards / "manifest.json").read_text())
+    longest = max(s["tokens"] for s in manifest["shards"] if s["split"] == "val")
+    capsys.readouterr()
+    assert cli.main(["bpb", str(run_dir), str(shards), "--seq-len", str(longest)]) == 2
+    captured = capsys.readouterr()
+    assert "bits per byte" not in captured.out
+    code_tokens = max(
+        s["tokens"] for s in manifest["shards"] if s["split"] == "val" and s["domain"] == "code"
+    )
+    assert captured.err.strip().splitlines()[-1] == (
+        f"lemur-eval: {shards}: val shards of domain 'code' hold no window of --seq-len "
+        f"{longest} (a window takes seq_len + 1 tokens; the longest shard has {code_tokens:,}): "
+        f"lower --seq-len to {code_tokens - 1} or less, or build with a larger val_fraction"
+    )

@@ -197,6 +197,21 @@ def _score_domain(
     }
 
 
+def check_windows(shard_dir: ShardDir, seq_len: int) -> None:
+    """UserError naming `--seq-len` and the build's `val_fraction` when a val domain of
+    `shard_dir` holds no whole window (seq_len + 1 tokens in one shard): there is nothing
+    to score there, and a table without its numbers would pass for a result."""
+    for domain in shard_dir.domains("val"):
+        longest = max(int(s["tokens"]) for s in shard_dir.shards("val", domain))
+        if longest < seq_len + 1:
+            raise UserError(
+                f"{shard_dir}: val shards of domain {domain!r} hold no window of --seq-len "
+                f"{seq_len} (a window takes seq_len + 1 tokens; the longest shard has "
+                f"{longest:,}): lower --seq-len to {longest - 1} or less, or build with a "
+                "larger val_fraction"
+            )
+
+
 def score_directory(
     params: Params,
     config: LlamaConfig,
@@ -204,11 +219,12 @@ def score_directory(
     settings: BpbSettings,
     tagger: LanguageTagger | None = None,
 ) -> dict[str, Any]:
-    """Bits per byte and nats per token of every val domain of a shard directory."""
-    from lemur.shards.format import ShardFormatError
+    """Bits per byte and nats per token of every val domain of a shard directory (UserError
+    when a domain holds no window: `check_windows`)."""
     from lemur.shards.windows import ShardSource
 
     shard_dir = ShardDir.of(directory)
+    check_windows(shard_dir, settings.seq_len)
     tok = open_tokenizer(shard_dir.tokenizer_path)
     if tok.vocab_size > config.vocab_size:
         raise UserError(
@@ -219,17 +235,9 @@ def score_directory(
     tagger = tagger or LanguageTagger()
     domains: dict[str, Any] = {}
     for domain in shard_dir.domains("val"):
-        try:
-            source = ShardSource(
-                shard_dir,
-                settings.seq_len,
-                split="val",
-                domain=domain,
-                vocab_size=config.vocab_size,
-            )
-        except ShardFormatError as e:
-            domains[domain] = {"skipped": str(e)}
-            continue
+        source = ShardSource(
+            shard_dir, settings.seq_len, split="val", domain=domain, vocab_size=config.vocab_size
+        )
         docs = _Documents(source, tok, domain, tagger) if settings.languages else None
         domains[domain] = _score_domain(params, config, source, token_bytes, settings, docs)
     return {

@@ -151,9 +151,6 @@ def _bpb_table(results: list[dict[str, Any]]) -> None:
         )
     for result in results:
         for domain, score in result["domains"].items():
-            if "skipped" in score:
-                table.add_row(result["directory"], domain, "-", "-", "-", "-", score["skipped"])
-                continue
             rows = [("all", score)] + list(score.get("languages", {}).items())
             for language, s in rows:
                 table.add_row(
@@ -180,6 +177,8 @@ def cmd_bpb(args: argparse.Namespace) -> int:
             die(f"{d}: no val shards to score (built with val_fraction 0?)")
         _check_tokenizer(args, model, d)
     seq_len = args.seq_len or min(2048, model.config.max_seq_len)
+    for d in dirs:  # every directory before the first is scored
+        bpb.check_windows(d, seq_len)
     with user_input(ValueError):
         settings = bpb.BpbSettings(
             seq_len=seq_len,
