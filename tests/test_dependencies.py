@@ -87,3 +87,37 @@ def test_dependencies_our_dependencies_forget_are_declared() -> None:
     base, _ = declared()
     for module in UNDECLARED_BY_OTHERS:
         assert set(distributions(module)) & base
+
+
+def _requirements(extra: str) -> dict[str, str]:
+    """The dev extra's (or base, with extra "") requirement strings by distribution name."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = project["optional-dependencies"][extra] if extra else project["dependencies"]
+    return {_name(r): r for r in reqs}
+
+
+def test_boto3_and_aiobotocore_ranges_agree_so_pip_never_walks_back() -> None:
+    """s3fs -> aiobotocore pins botocore to a few patch releases; moto pulls boto3. Unbounded,
+    pip walked back through 60 aiobotocore and 22 boto3/botocore releases on a fresh machine
+    (29 minutes on a loaded one). Both are bounded in the dev extra, and the installed set is
+    what those bounds meant: aiobotocore's botocore range holds boto3's botocore."""
+    from packaging.requirements import Requirement
+
+    dev = _requirements("dev")
+    bounds = {}
+    for name in ("boto3", "aiobotocore"):
+        assert name in dev, f"the dev extra does not bound {name}"
+        spec = Requirement(dev[name]).specifier
+        assert any(s.operator in ("<", "<=", "==", "~=") for s in spec), f"{name} has no upper bound"
+        bounds[name] = spec
+        assert bounds[name].contains(md.version(name)), (name, md.version(name), str(spec))
+    botocore_of = {
+        name: next(
+            Requirement(r).specifier
+            for r in md.requires(name) or []
+            if _name(r) == "botocore" and "extra ==" not in r
+        )
+        for name in ("boto3", "aiobotocore")
+    }
+    assert botocore_of["aiobotocore"].contains(md.version("botocore"))
+    assert botocore_of["boto3"].contains(md.version("botocore"))
