@@ -239,3 +239,46 @@ def test_the_cache_check_sizes_the_cache_generate_allocates(monkeypatch) -> None
     monkeypatch.setattr(machine, "device_memory_bytes", lambda: need - 1)
     with pytest.raises(UserError, match=r"the KV cache of 3 x 48 tokens \(20 of prompt"):
         gen_lib.check_cache_fits(config, 3, 20, gen)
+
+
+def test_a_prompt_spelling_an_added_token_gets_its_id_as_in_transformers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#44 item 24: `lemur-eval generate` on a Qwen2.5-Coder-style tokenizer.json sends the
+    ids transformers' `tokenizer(prompt)` gives: a prompt spelling `<|fim_prefix|>` (added,
+    not special) or `<|endoftext|>` (special) gets those tokens' ids, not their characters'
+    (the build, whose text never becomes a control id, keeps encoding them as text)."""
+    import json
+
+    import transformers
+    from bytelevel_fixtures import qwen_like_folder
+    from conftest import real_python_files
+    from test_eval_infill import _spy_generation, _with_qwen_fim
+
+    from lemur.eval import cli
+    from lemur.model import checkpoint
+    from lemur.model.config import config_from_preset
+    from lemur.tokenizer import open_tokenizer
+
+    texts = [p.read_text() for p in real_python_files(30)]
+    folder = _with_qwen_fim(qwen_like_folder(tmp_path / "tok", texts, vocab_size=2000))
+    tok = open_tokenizer(folder)
+    config = config_from_preset("tiny", vocab_size=tok.vocab_size, max_seq_len=256)
+    params = jax.jit(llama.init_params, static_argnums=0)(config, jax.random.key(0))
+    checkpoint.save_params(tmp_path / "ckpt", jax.device_get(params), config)
+    prompts = [
+        "<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c<|fim_middle|>",
+        "x = 1<|endoftext|>y  =  2",
+        "def plain():\n    return 'no added token'",
+    ]
+    hf = transformers.AutoTokenizer.from_pretrained(folder)
+    want = [hf(p)["input_ids"] for p in prompts]
+    assert want[0][0] == hf.convert_tokens_to_ids("<|fim_prefix|>")
+    calls = _spy_generation(monkeypatch)
+    out = tmp_path / "out.jsonl"
+    argv = ["generate", str(tmp_path / "ckpt"), "--tokenizer", str(folder)]
+    argv += [a for p in prompts for a in ("--prompt", p)]
+    assert cli.main([*argv, "--max-new-tokens", "2", "--out", str(out)]) == 0
+    assert calls[0]["prompts"] == want
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["prompt_tokens"] for r in rows] == [len(w) for w in want]

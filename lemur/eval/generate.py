@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from lemur import machine
+from lemur.chat_template.spans import AddedTokens
 from lemur.chatml import IM_END as CHATML_END
 from lemur.cli_common import UserError
 from lemur.eval.chat_prompt import ChatPrompt, chat_prompt_ids, model_template
@@ -44,7 +47,7 @@ from lemur.eval.decoding import (
 from lemur.eval.sampling import Sampling, sample
 from lemur.model import decode
 from lemur.model.config import LlamaConfig, Params
-from lemur.tokenizer import Tokenizer
+from lemur.tokenizer import ByteLevelTokenizer, Tokenizer
 
 
 @functools.partial(jax.jit, static_argnames="config")
@@ -226,6 +229,29 @@ def generate_ids(
     return [r.completion() for r in rows]
 
 
+_added: weakref.WeakKeyDictionary[Any, AddedTokens] = weakref.WeakKeyDictionary()
+
+
+def text_prompt_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """A text prompt's ids as transformers' `tokenizer(text)` gives them: the model's BOS
+    (none for a model that frames documents without one, Qwen2.5), then the text; in a
+    tokenizer.json model's text every added token it spells is that token's id (a Qwen2.5-
+    Coder prompt's `<|fim_prefix|>` is the marker, as there) and each run between them is
+    encoded alone. Training text never becomes a control id (`Tokenizer.encode`); a prompt
+    is the user's own, so it is read as transformers reads it."""
+    head = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
+    if not isinstance(tokenizer, ByteLevelTokenizer):
+        return [*head, *tokenizer.encode(text)]
+    if tokenizer not in _added:  # the template's literal text only decides control ids
+        _added[tokenizer] = AddedTokens(tokenizer.files, "")
+    ids, at = head, 0
+    for start, end, token_id in _added[tokenizer].find(text):
+        ids += tokenizer.encode(text[at:start]) if at < start else []
+        ids.append(token_id)
+        at = end
+    return ids + (tokenizer.encode(text[at:]) if at < len(text) else [])
+
+
 def generate(
     params: Params,
     config: LlamaConfig,
@@ -248,9 +274,7 @@ def generate(
         else:
             eos = template.stop_ids()
     else:
-        # A model that frames documents without BOS (Qwen2.5) gets none in prompts either.
-        head = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
-        ids = [[*head, *tokenizer.encode(str(p))] for p in prompts]
+        ids = [text_prompt_ids(tokenizer, str(p)) for p in prompts]
     return generate_ids(
         params, config, ids, gen, eos_id=eos, tokenizer=tokenizer, progress=progress
     )
