@@ -184,4 +184,3 @@ def test_the_readme_says_how_to_reach_the_commands_it_shows() -> None:
     activate = readme.index(". .venv/bin/activate")
     first_own = next(i for i, line in enumerate(readme) if ours(line))
     assert activate < first_own
-    assert (ROOT / "Makefile").read_text().count("$(PYTHON) -m venv $(VENV)") == 1
