@@ -188,8 +188,8 @@ class Progress:
     def _started(self, stage: str, s: _Stage) -> None:
         """The first report of a stage: what an earlier run did, or that it starts."""
         if s.done_at_start >= s.total:
-            said = "done" if s.total == 1 else f"all {s.total} {self.unit} already done"
-            self._say(stage if s.total == 1 else f"{stage}: {said}")
+            said = "already done" if s.total == 1 else f"all {s.total} {self.unit} already done"
+            self._say(f"{stage}: {said}")
             s.finished = True
         elif s.done_at_start > 0:
             self._say(f"{stage}: {s.done_at_start} of {s.total} {self.unit} already done, resuming")

@@ -67,12 +67,14 @@ def test_resume_and_already_done_are_said() -> None:
         progress("tokenize", 3, 8)
         progress("tokenize", 8, 8)
         progress("dedup buckets", 4, 4)
-        progress("up to date", 1, 1)
+        progress("dedup cluster", 1, 1)
+        progress.note("build done in 3s")
     assert out.getvalue().splitlines() == [
         "lemur-data: tokenize: 3 of 8 tasks already done, resuming",
         "lemur-data: tokenize: 8/8 tasks done in 0s",
         "lemur-data: dedup buckets: all 4 tasks already done",
-        "lemur-data: up to date",
+        "lemur-data: dedup cluster: already done",
+        "lemur-data: build done in 3s",
     ]
 
 

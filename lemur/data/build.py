@@ -23,6 +23,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
+
 from lemur.atomic_files import remove_stale_temporaries
 from lemur.data import work as work_folders
 from lemur.data.budget import is_enabled, read_sources
@@ -76,6 +78,7 @@ from lemur.data.tokenize.prepare import (
 )
 from lemur.data.tokenize.step import TokenizeWriter
 from lemur.data.tokenize.template_chat import conversation_steps
+from lemur.progress import format_duration
 from lemur.shards.check import check_structure
 from lemur.shards.commit import commit
 from lemur.shards.format import (
@@ -94,6 +97,8 @@ from lemur.tokenizer.fim import MARKER_ROLES, CodeMarkers
 # (Qwen2.5's <|fim_prefix|>, ...) are encoded as text, so earlier runs of such files differ.
 WORK_VERSION = 3
 __all__ = ["BuildError", "build", "make_filters", "prepare_tokenizer", "sample_texts"]
+# The stage a build reports when the output already holds it (nothing is written then).
+UP_TO_DATE = "up to date"
 
 
 class BuildError(RuntimeError):
@@ -321,21 +326,33 @@ def build(
     force: bool = False,
     plan_only: bool = False,
     on_plan: Callable[[dict[str, Any]], None] | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run every stage of a build and return the manifest written to `<output>/manifest.json`.
 
     With `plan_only`, stop after tokenizing and deduplicating and return the mix plan
     (`{"plan": ...}`) without writing shards; `on_plan` receives the plan before packing.
+    `note` receives the lines a log should show (a stale lock taken over, warnings about
+    the result, the wall time; default: loguru at INFO). When the output already holds
+    this build, `report` is told stage `UP_TO_DATE` and nothing is written.
     The output directory is locked for the whole build; the previous complete build in it
     stays valid until the new one is complete (see docs/reliability.md).
     """
     report = report or (lambda stage, done, total: None)
+    note = note or logger.info
     out = Path(recipe.output).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     work_root = recipe.work_root()
     try:
-        with DirectoryLock(out), _work_lock(work_root, out), executor_session(recipe.executor):
-            return _build_locked(recipe, out, report, force, plan_only, on_plan)
+        with (
+            DirectoryLock(out) as lock,
+            _work_lock(work_root, out) as work_lock,
+            executor_session(recipe.executor),
+        ):
+            for said in (held.taken_over() for held in (lock, work_lock) if held is not None):
+                if said:
+                    note(said)
+            return _build_locked(recipe, out, (report, note), force, plan_only, on_plan)
     except (LockedError, ShuffleError) as e:
         raise BuildError(str(e)) from None
     except OSError as e:
@@ -470,8 +487,9 @@ def _sections(
     return ManifestSections(recipe, plan, totals, dd, n_tasks, dups)
 
 
-def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, Any]:
-    """`build` while holding the output directory's lock."""
+def _build_locked(recipe, out, told, force, plan_only, on_plan) -> dict[str, Any]:
+    """`build` while holding the output directory's lock; `told`: (report, note)."""
+    report, note = told
     started = time.time()
     # Both locks held: a temporary whose writer is gone is a killed build's (atomic_files).
     work_root = recipe.work_root()
@@ -482,7 +500,7 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
     inputs, inputs_sha = listing.files, inputs_sha256(listing.files)
     report("list inputs", 1, 1)
     if not force and not plan_only and is_up_to_date(out, recipe, inputs_sha):
-        report("up to date", 1, 1)
+        report(UP_TO_DATE, 1, 1)
         return json.loads((out / MANIFEST).read_text())
     tok_path, tok_info, markers = prepared = _prepared_tokenizer(recipe, inputs, report)
     stage = partial(run_stage, recipe, report)
@@ -528,5 +546,26 @@ def _build_locked(recipe, out, report, force, plan_only, on_plan) -> dict[str, A
         "inputs_sha256": inputs_sha,
     }
     commit(out, prefix, manifest, work_folders.finished_shuffles(work_root))
-    report(f"done in {time.time() - started:.0f}s", 1, 1)
+    for warning in val_window_warnings(recipe, manifest["shards"]):
+        note(f"warning: {warning}")
+    note(f"build done in {format_duration(time.time() - started)}")
     return manifest
+
+
+def val_window_warnings(recipe: Recipe, shards: list[dict[str, Any]]) -> list[str]:
+    """One warning per val domain none of whose shards holds a window of the recipe's
+    `seq_len` + 1 tokens: a trainer at that length has nothing to evaluate there."""
+    warnings = []
+    for domain in sorted({s["domain"] for s in shards if s["split"] == "val"}):
+        val = [s for s in shards if s["split"] == "val" and s["domain"] == domain]
+        # A shard of T tokens holds (T - 1) // seq_len windows (lemur.shards.windows).
+        if max(int(s["tokens"]) for s in val) > recipe.seq_len:
+            continue
+        docs, tokens = sum(s["documents"] for s in val), sum(s["tokens"] for s in val)
+        warnings.append(
+            f"val split of domain {domain!r} ({docs:,} documents, {tokens:,} tokens) holds no "
+            f"window of seq_len + 1 = {recipe.seq_len + 1} tokens: a trainer at batch.seq_len "
+            f"{recipe.seq_len} cannot evaluate it; raise val_fraction (now "
+            f"{recipe.val_fraction}) or add documents"
+        )
+    return warnings

@@ -91,40 +91,6 @@ def cmd_chat_demo_data(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Progress:
-    """A rich progress display with one bar per build stage."""
-
-    def __init__(self) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self.progress = Progress(
-            TextColumn("{task.description:<14}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            transient=False,
-        )
-        self.tasks: dict[str, Any] = {}
-
-    def __enter__(self) -> _Progress:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.progress.__exit__(*exc)
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if stage not in self.tasks:
-            self.tasks[stage] = self.progress.add_task(stage, total=total)
-        self.progress.update(self.tasks[stage], completed=done, total=total)
-
-
 def print_plan(plan: dict[str, Any], console: Any) -> None:
     """Print the mix plan: budget, availability and rate per domain and language."""
     from lemur.data.stats import language_rows, print_reading, table
@@ -186,22 +152,32 @@ def print_summary(manifest: dict[str, Any]) -> None:
 
 def cmd_build(args: argparse.Namespace) -> int:
     """Build a corpus from a recipe (or the demo)."""
-    from lemur.data.build import BuildError, build
+    from lemur.data.build import UP_TO_DATE, BuildError, build
     from lemur.data.pack.write import PackError
     from lemur.data.tokenize.tokenizer import TokenizerError, TokenizerSettingsError
+    from lemur.progress import Progress
 
     recipe = _load(args, check_paths=True, write=not args.dry_run)
     if args.dry_run:
         print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), end="")
         return 0
+    up_to_date: list[bool] = []
+
+    def report(stage: str, done: int, total: int) -> None:
+        if stage == UP_TO_DATE:  # said once, at the end, with what the output holds
+            up_to_date.append(True)
+        else:
+            progress(stage, done, total)
+
     try:
-        with _Progress() as progress:
+        with Progress("lemur-data") as progress:
             manifest = build(
                 recipe,
-                report=progress,
+                report=report,
                 force=args.force,
                 plan_only=args.plan_only,
-                on_plan=lambda plan: print_plan(plan, progress.progress.console),
+                on_plan=lambda plan: print_plan(plan, progress.results),
+                note=progress.note,
             )
     except (PackError, TokenizerSettingsError) as e:
         die(str(e), EXIT_USAGE)
@@ -214,6 +190,12 @@ def cmd_build(args: argparse.Namespace) -> int:
     counts = manifest["counts"]
     tokens = manifest["mix"]["tokens"]
     print_summary(manifest)
+    if up_to_date:
+        print(
+            f"nothing written: {recipe.output} already holds this build "
+            f"({len(manifest['shards'])} shards); --force rebuilds it"
+        )
+        return 0
     print(
         f"wrote {len(manifest['shards'])} shards to {recipe.output}: "
         + ", ".join(f"{d} {t:,} tokens" for d, t in tokens.items())

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import string
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -322,5 +323,36 @@ def _check_stack_v2(s: SourceConfig, key: str) -> None:
             if getattr(s, name) is not None:
                 raise RecipeError(f"recipe: {key}.{name} is only for format stack-v2")
         return
-    if s.content_url is not None and "{blob_id}" not in s.content_url:
-        raise RecipeError(f"recipe: {key}.content_url must contain '{{blob_id}}'")
+    if s.content_url is not None:
+        _check_content_url(s.content_url, f"{key}.content_url")
+
+
+# Where a Stack v2 blob's content is by default, and the one field a `content_url` fills in.
+DEFAULT_CONTENT_URL = "s3://softwareheritage/content/{blob_id}"
+CONTENT_FIELD = "blob_id"
+
+
+def content_url(template: str | None, blob_id: str) -> str:
+    """The URL of a Stack v2 blob: `template` (the source's `content_url`, Software
+    Heritage's bucket when None) with `{blob_id}` filled in."""
+    return (template or DEFAULT_CONTENT_URL).format(**{CONTENT_FIELD: blob_id})
+
+
+def _check_content_url(url: str, key: str) -> None:
+    """A `content_url` is a str.format template whose only field is `{blob_id}`: checked
+    when the recipe loads, so that no task meets a KeyError per row."""
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(url) if field is not None]
+    except ValueError as e:
+        raise RecipeError(f"recipe: {key} {url!r} is not a template ({e})") from None
+    for field in fields:
+        if field != CONTENT_FIELD:
+            raise RecipeError(
+                f"recipe: {key} {url!r} names '{{{field}}}': the only field is {{{CONTENT_FIELD}}}"
+            )
+    if not fields:
+        raise RecipeError(f"recipe: {key} must contain '{{{CONTENT_FIELD}}}'")
+    try:  # a conversion or format spec that cannot apply to a blob id (`{blob_id:d}`)
+        content_url(url, "0" * 40)
+    except (ValueError, KeyError, IndexError) as e:
+        raise RecipeError(f"recipe: {key} {url!r} is not a template ({e!r})") from None

@@ -7,16 +7,16 @@ The Stack v2's dataset holds no file content, only metadata (`blob_id`, `src_enc
 reader reads the metadata parquet (local or remote, split by row groups like any parquet),
 drops rows by license, vendored and generated flags and size BEFORE any request, fetches
 the kept blobs `concurrency` at a time (in order: documents come in metadata order),
-gunzips and decodes each with its `src_encoding`. A blob that is missing, not gzip, or not
-text in its encoding is counted under its own error kind with its URL named; it never
-stops the task. `repo_name` and `path` stay in the document's metadata, so repository
-documents can be grouped; the language is the metadata's (the tagger detects it only where
-it is missing).
+gunzips each as a stream, stopping past `max_file_bytes` (a blob's metadata may understate
+it: a gzip bomb never sits in memory whole), and decodes it with its `src_encoding`. A blob
+that is missing, not gzip, too large once gunzipped, or not text in its encoding is counted
+under its own error kind with its URL named; it never stops the task. `repo_name` and
+`path` stay in the document's metadata, so repository documents can be grouped; the
+language is the metadata's (the tagger detects it only where it is missing).
 """
 
 from __future__ import annotations
 
-import gzip
 import zlib
 from collections import deque
 from collections.abc import Iterator
@@ -30,8 +30,8 @@ from lemur.data.read.listing import InputFile
 from lemur.data.read.readers import REMOTE_FAILED, ParquetReader, Row
 from lemur.data.read.remote import RemoteError, display_url
 from lemur.data.recipe import SourceConfig
+from lemur.data.recipe_sources import content_url
 
-DEFAULT_CONTENT_URL = "s3://softwareheritage/content/{blob_id}"
 # Metadata columns read besides the id: what the filters, the decoding and the document need.
 COLUMNS = (
     "blob_id",
@@ -63,14 +63,41 @@ def skip_reason(row: Row, source: SourceConfig) -> str | None:
     return None
 
 
-def decode_blob(data: bytes, encoding: str | None) -> str:
-    """A blob's text: gunzipped, decoded with its `src_encoding` (UTF-8 when none).
+class BlobTooLarge(ValueError):
+    """A blob over `max_file_bytes` once gunzipped (counted `too_large`, as a row whose
+    `length_bytes` says so)."""
 
-    Raises `gzip.BadGzipFile`/`zlib.error`/`EOFError` for a damaged blob and
+
+def gunzip(data: bytes, cap: int) -> bytes:
+    """The gunzipped bytes of `data` (every gzip member, trailing zero padding skipped, as
+    `gzip.decompress` reads them), decompressed as a stream that stops past `cap` bytes.
+
+    Raises `BlobTooLarge` past `cap`, `zlib.error` for bytes that are not gzip (or a bad
+    checksum) and `EOFError` for a stream cut short.
+    """
+    out = bytearray()
+    rest = data
+    while rest:
+        member = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip header and trailer checked
+        # At most cap + 1 bytes out: one byte past the cap is enough to know (max_length
+        # >= 1 here, since len(out) <= cap; 0 would mean "no limit").
+        out += member.decompress(rest, cap + 1 - len(out))
+        if len(out) > cap:
+            raise BlobTooLarge(f"more than {cap} bytes once gunzipped")
+        if not member.eof:
+            raise EOFError("compressed stream ended before its end-of-stream marker")
+        rest = member.unused_data.lstrip(b"\0")  # gzip.decompress skips zero padding too
+    return bytes(out)
+
+
+def decode_blob(data: bytes, encoding: str | None, cap: int) -> str:
+    """A blob's text: gunzipped (at most `cap` bytes, see `gunzip`), decoded with its
+    `src_encoding` (UTF-8 when none).
+
+    Raises `BlobTooLarge` past `cap`, `zlib.error`/`EOFError` for a damaged blob and
     `LookupError`/`UnicodeDecodeError` for one that is not text in its encoding.
     """
-    raw = gzip.decompress(data)
-    return raw.decode(encoding or "utf-8")
+    return gunzip(data, cap).decode(encoding or "utf-8")
 
 
 class StackV2Reader(ParquetReader):
@@ -94,8 +121,7 @@ class StackV2Reader(ParquetReader):
 
     def content_url(self, f: InputFile, row: Row) -> str:
         """The URL of a row's blob."""
-        template = self.sources[f.source].content_url or DEFAULT_CONTENT_URL
-        return template.format(blob_id=row["blob_id"])
+        return content_url(self.sources[f.source].content_url, row["blob_id"])
 
     def read(self, f: InputFile) -> Iterator[Document]:
         """The documents of a metadata file (or row-group run), blobs fetched ahead."""
@@ -129,22 +155,26 @@ class StackV2Reader(ParquetReader):
     ) -> Iterator[Document]:
         """The document of a fetched blob, or its error counted by kind, URL named."""
         shown = display_url(url)
+        source = self.sources[f.source]
         try:
-            text = decode_blob(fetched.result(), row.get("src_encoding"))
+            text = decode_blob(fetched.result(), row.get("src_encoding"), source.max_file_bytes)
+        except BlobTooLarge as e:
+            said = f"; its metadata says {row['length_bytes']}" if "length_bytes" in row else ""
+            self.error("too_large", f, f"{shown}: {e} (> max_file_bytes{said})", number)
+            return
         except FileNotFoundError:
             self.error(MISSING, f, f"{shown}: no such object", number)
             return
         except RemoteError as e:
             self.error(REMOTE_FAILED, f, str(e), number)
             return
-        except (gzip.BadGzipFile, zlib.error, EOFError) as e:
+        except (zlib.error, EOFError) as e:
             self.error(CORRUPT, f, f"{shown}: not a whole gzip blob ({e})", number)
             return
         except (LookupError, UnicodeDecodeError) as e:
             encoding = row.get("src_encoding")
             self.error(UNDECODABLE, f, f"{shown}: not {encoding} text ({e})", number)
             return
-        source = self.sources[f.source]
         extra: dict[str, Any] = self.row_metadata(row, source)
         extra.update({k: row[k] for k in KEPT if row.get(k) is not None})
         path = row.get(source.path_key or "path")

@@ -3,9 +3,10 @@
 The lock is `<output>/.lock`, held with `flock` for the life of the build and naming its
 holder (pid, host, start time) for the error message of a second build. `flock` is released
 by the kernel when its holder dies, so the lock file a killed build (even SIGKILL) leaves
-behind is stale and simply taken over: no pid guessing, which pid reuse would fool. On a
-network filesystem `flock` must be shared between hosts (NFSv4 and Lustre do so) for two
-builds on different nodes to exclude each other.
+behind is stale and taken over (`taken_over()` names the build that left it, for the log):
+no pid guessing, which pid reuse would fool. On a network filesystem `flock` must be shared
+between hosts (NFSv4 and Lustre do so) for two builds on different nodes to exclude each
+other.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class DirectoryLock:
         self.path = Path(directory) / LOCK_NAME
         self.what = what
         self._fd: int | None = None
+        self._stale: dict[str, Any] = {}
 
     def acquire(self) -> None:
         """Take the lock, breaking a stale one of a dead local process; else raise."""
@@ -68,10 +70,19 @@ class DirectoryLock:
             if same:
                 break
             os.close(fd)
+        # We hold the lock, so whoever this file names is gone (a killed build): say so.
+        self._stale = _holder(self.path)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
         self._fd = fd
+
+    def taken_over(self) -> str | None:
+        """`<dir>/.lock: taking over from a build that is gone: pid N on HOST (since T)`
+        when acquiring found the lock file of a dead holder, else None."""
+        if not self._stale:
+            return None
+        return f"{self.path}: taking over from a {self.what} that is gone: {_describe(self._stale)}"
 
     def release(self) -> None:
         """Remove the lock file and drop the lock."""

@@ -1,0 +1,94 @@
+"""What a build's log says when no terminal shows it (nohup, Slurm, CI): progress lines per
+stage, resumed work, a taken-over lock, an up-to-date rerun (#44 items 9, 10)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import base_recipe
+
+
+def _cli(*args: str, interval: str = "0.2") -> subprocess.CompletedProcess:
+    """`lemur-data ARGS` with stdout and stderr to pipes (no terminal), as in a log file."""
+    env = {**os.environ, "LEMUR_PROGRESS_INTERVAL": interval}
+    return subprocess.run(
+        [sys.executable, "-m", "lemur.data.cli", *args], capture_output=True, text=True, env=env
+    )
+
+
+@pytest.fixture
+def recipe(tmp_path: Path, corpus_dir: Path, tokenizer_model: Path) -> Path:
+    raw = base_recipe(
+        tmp_path,
+        corpus_dir / "code",
+        [corpus_dir / "a.jsonl"],
+        tokenizer={"model": str(tokenizer_model)},
+    )
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_a_build_logs_plain_progress_lines(recipe: Path, tmp_path: Path) -> None:
+    res = _cli("build", str(recipe))
+    assert res.returncode == 0, res.stderr
+    lines = res.stderr.splitlines()
+    # Each stage: a line when it starts and one with its wall time when it ends.
+    for stage, total in (("tokenize", 2), ("pack: histograms", 2), ("shuffle: scatter", 2)):
+        assert f"lemur-data: {stage}: 0/{total} tasks" in lines
+        assert any(
+            re.fullmatch(rf"lemur-data: {stage}: {total}/{total} tasks done in \d+s", x)
+            for x in lines
+        ), res.stderr
+    assert "lemur-data: list inputs ..." in lines
+    assert re.search(r"^lemur-data: build done in \d+s$", res.stderr, re.M), res.stderr
+    # No bar drawn into the log (rich's final render of bars without a terminal).
+    assert "━" not in res.stderr and "list inputs" not in res.stdout
+    out = tmp_path / "out"
+    shards = len(json.loads((out / "manifest.json").read_text())["shards"])
+    assert res.stdout.splitlines()[-1].startswith(f"wrote {shards} shards to {out}: ")
+
+
+def test_reruns_say_what_they_resume_and_that_nothing_was_written(
+    recipe: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    assert _cli("build", str(recipe)).returncode == 0
+    shards = len(json.loads((out / "manifest.json").read_text())["shards"])
+
+    # An up-to-date rerun writes nothing, and says so.
+    res = _cli("build", str(recipe))
+    assert res.returncode == 0, res.stderr
+    assert "wrote" not in res.stdout
+    assert res.stdout.splitlines()[-1] == (
+        f"nothing written: {out} already holds this build ({shards} shards); --force rebuilds it"
+    )
+
+    # A build killed after one of its two tokenize tasks (its completion marker gone, so
+    # the task reruns), with the lock file its holder left: both are said.
+    (marker,) = sorted(out.glob(".work/tokens-*/logs/completions/00001"))
+    marker.unlink()
+    (out / "manifest.json").unlink()
+    (out / ".lock").write_text(json.dumps({"pid": 999999, "host": "gone", "started": 0}))
+    res = _cli("build", str(recipe))
+    assert res.returncode == 0, res.stderr
+    lines = res.stderr.splitlines()
+    assert "lemur-data: tokenize: 1 of 2 tasks already done, resuming" in lines
+    assert "lemur-data: dedup cluster: already done" in lines
+    assert (
+        f"lemur-data: {out}/.lock: taking over from a build that is gone: pid 999999 on gone "
+        f"(since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(0))})"
+    ) in lines
+
+    # A new mix over the same read: the read's work is kept, and the log says so.
+    res = _cli("build", str(recipe), "--set", "mix.ratio.code=8")
+    assert res.returncode == 0, res.stderr
+    assert "lemur-data: tokenize: all 2 tasks already done" in res.stderr.splitlines()
