@@ -349,3 +349,47 @@ def test_bpb_of_val_shards_without_a_window_is_one_line(
         f"{longest} (a window takes seq_len + 1 tokens; the longest shard has {code_tokens:,}): "
         f"lower --seq-len to {code_tokens - 1} or less, or build with a larger val_fraction"
     )
+
+
+def test_humaneval_prompts_beyond_the_context(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#44 item 6: a task prompt longer than the model's context (256 here) is one line
+    naming the task, its length and the flags, exit 2 (it named neither, and humaneval had
+    no --max-seq-len); `--long-prompts skip` leaves it out and `truncate` cuts it, each
+    counted in summary.json and on the console; `--max-seq-len` raises the context."""
+    from lemur.eval.load import load_model
+
+    tok = load_model(run_dir).tokenizer
+    check = "def check(f):\n    assert f() == 1\n"
+    long_prompt = "def f():\n    " + "# " + "padding words " * 200 + "\n"
+    tasks = tmp_path / "tasks.jsonl"
+    rows = [
+        {"task_id": "short/0", "prompt": "def f():\n", "test": check, "entry_point": "f"},
+        {"task_id": "long/1", "prompt": long_prompt, "test": check, "entry_point": "f"},
+    ]
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    length = 1 + len(tok.encode(long_prompt))
+    assert length > 256
+    base = ["humaneval", str(run_dir), "--tasks", str(tasks), "--max-new-tokens", "2"]
+    capsys.readouterr()
+    assert cli.main([*base, "--out", str(tmp_path / "refused")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"lemur-eval: long/1: a prompt of {length} tokens exceeds the context of 256 tokens "
+        "(1 of 2 tasks): raise --max-seq-len, or pass --long-prompts skip or truncate (left "
+        "out, cut to the BOS and the prompt's last tokens, counted in the report)"
+    )
+    assert not (tmp_path / "refused").exists()
+    for policy, tasks_scored in (("skip", 1), ("truncate", 2)):
+        out = tmp_path / policy
+        assert cli.main([*base, "--long-prompts", policy, "--out", str(out)]) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        done = "skipped" if policy == "skip" else "truncated"
+        assert summary["tasks"] == tasks_scored
+        assert summary["long_prompts"][f"{done}_tasks"] == ["long/1"]
+        assert summary["long_prompts"]["context_tokens"] == 256
+        assert f"; 1 task {done} (prompt over 256 tokens)" in capsys.readouterr().out
+    out = tmp_path / "longer"
+    assert cli.main([*base, "--max-seq-len", str(length), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tasks"] == 2 and summary["long_prompts"]["skipped"] == 0

@@ -161,6 +161,15 @@ def _with_qwen_fim(folder: Path) -> Path:
     return folder
 
 
+def _spm_markers(spm: Path) -> tuple:
+    """(tokenizer, FIM markers) of a SentencePiece model the build extended."""
+    from lemur.tokenizer import open_tokenizer
+    from lemur.tokenizer.fim import find_code_markers
+
+    tok = open_tokenizer(spm)
+    return tok, find_code_markers(tok)
+
+
 def _tiny_checkpoint(root: Path, spm: Path) -> Path:
     """A tiny random lemur checkpoint for the SentencePiece model `spm`."""
     import jax
@@ -264,11 +273,25 @@ def test_no_fim_markers_and_a_prompt_beyond_the_context_are_one_line(
     argv = ["infill", str(ckpt), "--tokenizer", str(tokenizer_model), "--tasks", str(path)]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("lemur-eval: ") and "has no FIM markers" in err
+    # #44 item 12: the refusal points at what gives a model FIM markers.
+    assert err == (
+        f"lemur-eval: {ckpt}: the tokenizer {tokenizer_model} has no FIM markers (prefix, "
+        "suffix, middle): the model cannot be prompted to infill; train it on a build with "
+        "the recipe's `fim:` section (docs/recipe.md#fim), which adds them"
+    )
     _, spm = spm_checkpoint
     short = ["infill", str(ckpt), "--tokenizer", str(spm), "--tasks", str(path)]
     assert cli.main([*short, "--max-seq-len", "64"]) == 2  # the prompt is longer
-    assert "exceeds max_seq_len 64" in capsys.readouterr().err.strip().splitlines()[-1]
+    # #44 item 6: the task, the context and the flags that change either.
+    task, length = (
+        single[0].task_id,
+        len(infill.FimPrompter(*_spm_markers(spm)).prompt_ids(single[0])),
+    )
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"lemur-eval: {task}: a prompt of {length} tokens exceeds the context of 64 tokens "
+        "(1 of 1 tasks): raise --max-seq-len, or pass --long-prompts skip (left out, counted "
+        "in the report)"
+    )
 
 
 def test_qwen_coder_style_prompt_is_transformers_encoding_of_the_fim_string(

@@ -3,6 +3,7 @@
     lemur-eval bpb CHECKPOINT DIR... [--seq-len N] [--max-windows N] [--json OUT]
     lemur-eval generate CHECKPOINT (--prompt TEXT ... | --prompts FILE.jsonl) [--chat]
     lemur-eval humaneval CHECKPOINT [--n 1 --k 1 --temperature 0] [--tasks FILE.jsonl]
+                         [--max-seq-len N] [--long-prompts refuse|skip|truncate]
     lemur-eval humaneval --canonical          # the harness on the reference solutions
     lemur-eval infill CHECKPOINT --tasks single-line|multi-line|FILE [--mode psm|spm]
     lemur-eval agent CHECKPOINT --tasks humaneval|FILE --turns K --feedback exec|binary|none
@@ -34,8 +35,9 @@ from lemur.cli_common import (
     user_input,
     writing,
 )
-from lemur.eval import agent_cli, infill_cli
+from lemur.eval import agent_cli, infill_cli, long_prompts
 from lemur.eval.cli_args import (
+    context_args,
     gen_args,
     limit_arg,
     load_checkpoint,
@@ -46,6 +48,7 @@ from lemur.eval.cli_args import (
     sandbox_args,
     sandbox_limits,
     say,
+    set_context,
 )
 from lemur.eval.prompts_file import read_prompts
 
@@ -108,6 +111,7 @@ def parser() -> argparse.ArgumentParser:
     )
     he.add_argument("--tasks", default=None, help="JSONL of {prompt, test, entry_point} tasks")
     limit_arg(he)
+    context_args(he, ("skip", "truncate"))
     he.add_argument(
         "--canonical",
         action="store_true",
@@ -248,19 +252,22 @@ def _humaneval_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list
         die("humaneval needs a CHECKPOINT (or --canonical)")
     model = load_checkpoint(args, for_decoding=True)
     need_tokenizer(args, model)
+    set_context(args, model)
     if args.n > 1 and args.temperature == 0:
         say(f"--n {args.n} with greedy decoding: every sample of a task is the same")
     gen = sampling(args)
-    samples = humaneval.complete(
+    samples, long = humaneval.complete(
         model.params,
         model.config,
         model.tokenizer,
         tasks,
         args.n,
         gen,
+        long_prompts=args.long_prompts,
         progress=lambda i, n: say(f"generated {i}/{n}"),
     )
     notes = {
+        "long_prompts": long.report(),
         "model": model.source,
         "n": args.n,
         "temperature": args.temperature,
@@ -303,8 +310,8 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
         samples_path, summary_path = humaneval.write_results(args.out, records, summary)
     scores = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k.startswith("pass@"))
     print(
-        f"{scores} over {summary['tasks']} tasks ({summary['samples']} samples); "
-        f"{samples_path}, {summary_path}"
+        f"{scores} over {summary['tasks']} tasks ({summary['samples']} samples"
+        f"{long_prompts.note(summary)}); {samples_path}, {summary_path}"
     )
     return 0
 

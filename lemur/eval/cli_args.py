@@ -8,11 +8,13 @@ default"; an option left out does."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import threading
 from typing import Any
 
 from lemur.cli_common import die, positive_float, positive_int, user_input
+from lemur.eval.long_prompts import DOES
 
 # The seeds JAX's random keys take: a signed 64-bit integer (more is an OverflowError).
 SEED_RANGE = (-(2**63), 2**63 - 1)
@@ -87,6 +89,32 @@ def sandbox_args(p: argparse.ArgumentParser, unit: str) -> None:
         action="store_true",
         help="run generated code even where the network cannot be isolated",
     )
+
+
+def context_args(p: argparse.ArgumentParser, long_prompts: tuple[str, ...] = ()) -> None:
+    """`--max-seq-len` (the context a prompt and its reply must fit) and, with policies
+    besides `refuse`, `--long-prompts` (lemur.eval.long_prompts)."""
+    p.add_argument(
+        "--max-seq-len",
+        type=positive_int,
+        default=None,
+        help="context length (default the model's; longer runs positions it never trained on)",
+    )
+    if long_prompts:
+        p.add_argument(
+            "--long-prompts",
+            choices=["refuse", *long_prompts],
+            default="refuse",
+            help="a task prompt longer than the context: refuse (one line, exit 2), "
+            + ", ".join(f"{a} ({DOES[a]})" for a in long_prompts)
+            + "; counted in summary.json",
+        )
+
+
+def set_context(args: argparse.Namespace, model: Any) -> None:
+    """The model's context becomes `--max-seq-len`, when given."""
+    if args.max_seq_len is not None:
+        model.config = dataclasses.replace(model.config, max_seq_len=args.max_seq_len)
 
 
 def limit_arg(p: argparse.ArgumentParser) -> None:

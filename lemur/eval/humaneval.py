@@ -28,6 +28,7 @@ import numpy as np
 
 from lemur.atomic_files import atomic_write_text
 from lemur.eval import jsonl, sandbox
+from lemur.eval.long_prompts import LongPrompts, fit
 
 # Where a function body ends in a base model's completion (Codex paper; bigcode harness).
 STOP = ("\nclass", "\ndef", "\n#", "\n@", "\nprint", "\nif", "\n```")
@@ -245,13 +246,34 @@ def complete(
     tasks: Sequence[Task],
     n: int,
     gen: Any,
+    *,
+    long_prompts: str = "refuse",
     progress: Callable[[int, int], None] | None = None,
-) -> list[tuple[str, str]]:
-    """n completions per task from the model, cut at the usual stop strings."""
-    from lemur.eval.generate import generate
+) -> tuple[list[tuple[str, str]], LongPrompts]:
+    """n completions per task from the model, cut at the usual stop strings (each prompt
+    sent as is, after the BOS: `text_prompt_ids`); and what was done to prompts longer than
+    the context (`long_prompts`: "refuse", a UserError naming the first; "skip", those
+    tasks have no sample; "truncate", the BOS and the prompt's last tokens are sent)."""
+    from lemur.eval.generate import generate_ids, text_prompt_ids
 
     gen = dataclasses.replace(gen, stop=(*STOP, *gen.stop))
-    prompts = [t.prompt for t in tasks for _ in range(n)]
-    completions = generate(params, config, tokenizer, prompts, gen, progress=progress)
-    ids = [t.task_id for t in tasks for _ in range(n)]
-    return [(i, truncate(c.text)) for i, c in zip(ids, completions, strict=True)]
+    ids = [t.task_id for t in tasks]
+    kept, prompts, long = fit(
+        ids,
+        [text_prompt_ids(tokenizer, t.prompt) for t in tasks],
+        config.max_seq_len,
+        long_prompts,
+        ("skip", "truncate"),
+        keep_first=0 if tokenizer.bos_id is None else 1,
+    )
+    completions = generate_ids(
+        params,
+        config,
+        [p for p in prompts for _ in range(n)],
+        gen,
+        eos_id=tokenizer.stop_ids,
+        tokenizer=tokenizer,
+        progress=progress,
+    )
+    ids = [ids[i] for i in kept for _ in range(n)]
+    return [(i, truncate(c.text)) for i, c in zip(ids, completions, strict=True)], long

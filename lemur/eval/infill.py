@@ -25,6 +25,7 @@ import numpy as np
 from lemur.atomic_files import atomic_path
 from lemur.eval import humaneval
 from lemur.eval.infill_tasks import InfillTask
+from lemur.eval.long_prompts import LongPrompts, fit
 from lemur.tokenizer.fim import CodeMarkers, fim_prompt_ids
 
 # Reference middles grouped by length in lines, for the report and the plot.
@@ -170,21 +171,28 @@ def complete(
     tasks: Sequence[InfillTask],
     n: int,
     gen: Any,
+    *,
+    long_prompts: str = "refuse",
     progress: Callable[[int, int], None] | None = None,
-) -> list[tuple[str, str]]:
+) -> tuple[list[tuple[str, str]], LongPrompts]:
     """n middles per task from the model: (task_id, middle) in task order, each cut at the
-    first end marker (and `gen.stop`)."""
+    first end marker (and `gen.stop`); and what was done to prompts longer than the
+    context (`long_prompts` "refuse": a UserError naming the first; "skip": those tasks
+    have no sample)."""
     from lemur.eval.generate import generate_ids
 
-    prompts = [prompter.prompt_ids(t) for t in tasks for _ in range(n)]
+    ids = [t.task_id for t in tasks]
+    kept, prompts, long = fit(
+        ids, [prompter.prompt_ids(t) for t in tasks], config.max_seq_len, long_prompts, ("skip",)
+    )
     completions = generate_ids(
         params,
         config,
-        prompts,
+        [p for p in prompts for _ in range(n)],
         gen,
         eos_id=prompter.end_ids(),
         tokenizer=prompter.tokenizer,
         progress=progress,
     )
-    ids = [t.task_id for t in tasks for _ in range(n)]
-    return [(i, c.text) for i, c in zip(ids, completions, strict=True)]
+    ids = [ids[i] for i in kept for _ in range(n)]
+    return [(i, c.text) for i, c in zip(ids, completions, strict=True)], long

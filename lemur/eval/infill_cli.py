@@ -10,11 +10,10 @@ See lemur.eval.infill, lemur.eval.infill_tasks and docs/eval.md.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import Any
 
 from lemur.cli_common import die, positive_int, user_input, writing
-from lemur.eval import cli_args
+from lemur.eval import cli_args, long_prompts
 
 
 def add_parser(sub: Any) -> None:
@@ -45,12 +44,7 @@ def add_parser(sub: Any) -> None:
         help="check the tasks' reference middles (no model): a harness self-test",
     )
     cli_args.sandbox_args(p, "check")
-    p.add_argument(
-        "--max-seq-len",
-        type=positive_int,
-        default=None,
-        help="context length (default the model's; longer runs positions it never trained on)",
-    )
+    cli_args.context_args(p, ("skip",))  # a FIM prompt cannot be cut: no truncate
     p.add_argument("--out", default="infill-results", help="samples.jsonl, summary.json, PNG")
     cli_args.gen_args(p, 256)
 
@@ -62,27 +56,29 @@ def _model_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list, di
 
     model = cli_args.load_checkpoint(args, for_decoding=True)
     cli_args.need_tokenizer(args, model)
-    if args.max_seq_len is not None:
-        model.config = dataclasses.replace(model.config, max_seq_len=args.max_seq_len)
+    cli_args.set_context(args, model)
     markers = find_code_markers(model.tokenizer)
     if markers is None:
         die(
             f"{args.checkpoint}: the tokenizer {model.tokenizer.path} has no FIM markers "
-            "(prefix, suffix, middle): the model cannot be prompted to infill"
+            "(prefix, suffix, middle): the model cannot be prompted to infill; train it on a "
+            "build with the recipe's `fim:` section (docs/recipe.md#fim), which adds them"
         )
     if args.n > 1 and args.temperature == 0:
         cli_args.say(f"--n {args.n} with greedy decoding: every sample of a task is the same")
     prompter = infill.FimPrompter(model.tokenizer, markers, spm=args.mode == "spm")
-    samples = infill.complete(
+    samples, long = infill.complete(
         model.params,
         model.config,
         prompter,
         tasks,
         args.n,
         cli_args.sampling(args),
+        long_prompts=args.long_prompts,
         progress=lambda i, n: cli_args.say(f"generated {i}/{n}"),
     )
     notes = {"model": model.source, "n": args.n, "end_ids": list(prompter.end_ids())}
+    notes["long_prompts"] = long.report()
     notes["max_seq_len"] = model.config.max_seq_len
     notes |= {k: getattr(args, k) for k in ("temperature", "top_p", "top_k", "max_new_tokens")}
     return samples, notes | {"seed": args.seed}
@@ -129,7 +125,8 @@ def cmd_infill(args: argparse.Namespace) -> int:
     exact = summary["exact_match"]
     print(
         f"{scores}, exact match {'-' if exact is None else f'{exact:.4f}'} over "
-        f"{summary['tasks']} tasks ({summary['samples']} samples, {summary['mode']}); "
+        f"{summary['tasks']} tasks ({summary['samples']} samples, {summary['mode']}"
+        f"{long_prompts.note(summary)}); "
         f"{samples_path}, {summary_path}, {png}"
     )
     return 0
