@@ -2,16 +2,18 @@
 
 On a terminal, `Progress` draws rich bars (one per stage) on stderr. Without one (nohup,
 Slurm, CI, `2> log`), a live bar shows nothing until the end, so it prints plain lines
-instead, as datatrove's own logs do: one when a stage starts (or says how much of it an
-earlier run already did), one every `interval` seconds while it runs (tasks done / total,
-elapsed, ETA), and one when it ends with its wall time:
+instead, as datatrove's own logs do: one every `interval` seconds while a stage runs (tasks
+done / total, elapsed, ETA) and, for a stage that ran that long, one when it ends with its
+wall time; a stage that an earlier run did in part or whole says so at once:
 
-    lemur-data: tokenize: 0/8 tasks
-    lemur-data: tokenize: 3/8 tasks, 1m05s elapsed, ETA 1m48s
-    lemur-data: tokenize: 8/8 tasks, done in 2m53s
+    lemur-data: tokenize: 3 of 8 tasks already done, resuming
+    lemur-data: tokenize: 5/8 tasks, 1m05s elapsed, ETA 2m10s
+    lemur-data: tokenize: 8/8 tasks done in 2m53s
 
-A stage of one step (total 1: listing inputs, a compile) prints no counts. The interval is
-30 s, or `LEMUR_PROGRESS_INTERVAL` seconds from the environment. `heartbeat(prog, what)`
+A stage shorter than the interval prints nothing (a log is not flooded by the many quick
+ones, and a mistake found at once stays the one line on stderr). A stage of one step
+(total 1: listing inputs, a compile) prints no counts. The interval is 30 s, or
+`LEMUR_PROGRESS_INTERVAL` seconds from the environment. `heartbeat(prog, what)`
 is the same for one step of unknown length. Every line goes to stderr, so that a command's
 results on stdout (tables, JSON) stay apart from it; `Progress.results` is the console to
 print results on while bars are shown.
@@ -82,6 +84,7 @@ class _Stage:
     started: float = field(default_factory=time.monotonic)
     last_line: float = field(default_factory=time.monotonic)
     finished: bool = False
+    shown: bool = False  # a plain line said it runs: its end is said too
 
 
 class Progress:
@@ -177,7 +180,7 @@ class Progress:
             known.done, known.total = done, total
             if done >= total and not known.finished:
                 known.finished = True
-                if known.done_at_start < total:
+                if known.shown:
                     took = format_duration(time.monotonic() - known.started)
                     self._write(f"{self._where(stage, known)} done in {took}")
         if self.bars is not None:
@@ -186,15 +189,14 @@ class Progress:
             self.bars.update(self.bar_ids[stage], completed=done, total=total)
 
     def _started(self, stage: str, s: _Stage) -> None:
-        """The first report of a stage: what an earlier run did, or that it starts."""
+        """The first report of a stage: what an earlier run did of it."""
         if s.done_at_start >= s.total:
             said = "already done" if s.total == 1 else f"all {s.total} {self.unit} already done"
             self._say(f"{stage}: {said}")
             s.finished = True
         elif s.done_at_start > 0:
             self._say(f"{stage}: {s.done_at_start} of {s.total} {self.unit} already done, resuming")
-        elif self.bars is None:
-            self._write(self._where(stage, s) if s.total != 1 else f"{stage} ...")
+            s.shown = True
 
     def _say(self, text: str) -> None:
         """A line on both displays (what an earlier run left matters on a terminal too)."""
@@ -222,7 +224,7 @@ class Progress:
                 for stage, s in self.stages.items():
                     if not s.finished and now - s.last_line >= self.interval:
                         self._write(self.line(stage))
-                        s.last_line = now
+                        s.last_line, s.shown = now, True
 
     def _write(self, text: str) -> None:
         if self.bars is not None:
@@ -239,8 +241,8 @@ def heartbeat(
     stream: TextIO | None = None,
     terminal: bool | None = None,
 ) -> Iterator[Progress]:
-    """One step of unknown length (a compile): `what ...`, then `what, 1m30s elapsed`
-    every interval, then `what done in 2m03s` (a spinning bar on a terminal)."""
+    """One step of unknown length (a compile): `what, 1m30s elapsed` every interval, then
+    `what done in 2m03s` (a bar with its elapsed time on a terminal)."""
     with Progress(prog, interval=interval, stream=stream, terminal=terminal) as progress:
         progress(what, 0, 1)
         yield progress

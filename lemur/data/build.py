@@ -55,6 +55,7 @@ from lemur.data.pack.shuffle import ShuffleError
 from lemur.data.pack.write import PackStages
 from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.sources import SourcesReader
+from lemur.data.read.stack_v2 import check_content_clients
 from lemur.data.recipe import Recipe
 from lemur.data.repos.stage import (
     Grouped,
@@ -502,6 +503,7 @@ def _build_locked(recipe, out, told, force, plan_only, on_plan) -> dict[str, Any
     if not force and not plan_only and is_up_to_date(out, recipe, inputs_sha):
         report(UP_TO_DATE, 1, 1)
         return json.loads((out / MANIFEST).read_text())
+    check_content_clients(recipe.sources)  # a client no task could make: one line, exit 2
     tok_path, tok_info, markers = prepared = _prepared_tokenizer(recipe, inputs, report)
     stage = partial(run_stage, recipe, report)
     # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.
