@@ -206,12 +206,10 @@ def test_recipe_errors(sources, tmp_path, llama2_tokenizer):
 
 
 def test_tokenizer_json_without_markers_is_a_one_line_error(sources, llama3_plain, tmp_path):
-    from lemur.tokenizer import TokenizerError
-
     srcs, _, _ = sources
-    with pytest.raises(TokenizerError, match="no FIM tokens of a known code model.*fim.markers"):
+    with pytest.raises(RecipeError, match="no FIM tokens of a known code model.*fim.markers"):
         build(recipe_from_dict(_recipe(tmp_path / "o", {"hf": str(llama3_plain)}, srcs)))
-    assert not (tmp_path / "o" / "manifest.json").exists()
+    assert not (tmp_path / "o").exists()  # refused before the build makes anything
 
 
 @pytest.mark.parametrize("kind", ["sentencepiece", "byte-bpe"])
@@ -246,3 +244,84 @@ def test_trained_tokenizers_get_markers(corpus_dir, tmp_path, kind):
             "repo_name": 6,
             "file_sep": 7,
         }
+
+
+def _cli_build(raw: dict, tmp_path: Path, capsys) -> tuple[int, str]:
+    """`lemur-data build` of the recipe `raw` in this process: (exit code, stderr)."""
+    import yaml
+
+    from lemur.data.cli import main
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    try:
+        code = main(["build", str(path)])
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "markers", "said"),
+    [
+        (  # ordinary words every Python file holds: text encodes to them (#44 item 14)
+            "llama2",
+            {"prefix": "def", "middle": "class", "suffix": "return"},
+            "FIM markers: 'def' (fim.markers.prefix) is an ordinary token of the vocabulary "
+            "(id 1270): text encodes to it; name added, special or control tokens, or leave "
+            "fim.markers out to use the model's own",
+        ),
+        (
+            "llama2",
+            {"prefix": "<nope>", "middle": "class", "suffix": "return"},
+            "FIM markers: the tokenizer has no token '<nope>' (fim.markers.prefix)",
+        ),
+        (
+            "llama3",
+            None,
+            "no FIM tokens of a known code model (qwen2.5-coder, starcoder, deepseek-coder, "
+            "codellama): name the model's with fim.markers (prefix, middle, suffix)",
+        ),
+        (
+            "qwen",
+            {"prefix": "<|end_of_text|>", "middle": "<|fim_middle|>", "suffix": "<|fim_pad|>"},
+            "recipe: fim.markers: id 128001 is the tokenizer's EOS as well: each marker must be "
+            "a token of its own",
+        ),
+        (
+            "trained",
+            {"prefix": "<PRE>", "middle": "<MID>", "suffix": "<SUF>"},
+            "recipe: fim.markers: a trained tokenizer has only its own FIM tokens "
+            "(\u2581<PRE>, \u2581<SUF>, \u2581<MID>, \u2581<EOT>): leave fim.markers out, or "
+            "name the tokens of a given tokenizer.model or tokenizer.hf",
+        ),
+        ("hf-model", None, "a SentencePiece model, not a tokenizer.json"),
+    ],
+)
+def test_refused_fim_tokenizers_exit_2_leaving_nothing(
+    sources,
+    llama2_tokenizer,
+    llama3_plain,
+    llama3_qwen_fim,
+    tmp_path,
+    capsys,
+    tokenizer,
+    markers,
+    said,
+):
+    """A FIM build whose markers text encodes to, or that a tokenizer lacks, and a
+    SentencePiece model given as `tokenizer.hf`: one line naming the key, exit 2, no output
+    directory made (#44 items 14, 22)."""
+    srcs, _, _ = sources
+    given = {
+        "llama2": {"model": str(llama2_tokenizer)},
+        "llama3": {"hf": str(llama3_plain)},
+        "qwen": {"hf": str(llama3_qwen_fim)},
+        "hf-model": {"hf": str(llama2_tokenizer)},
+        "trained": {"train": {"vocab_size": 600}},
+    }[tokenizer]
+    raw = _recipe(tmp_path / "out", given, srcs, **({"markers": markers} if markers else {}))
+    code, err = _cli_build(raw, tmp_path, capsys)
+    assert (code, err.count("\n")) == (2, 1), err
+    assert err.startswith("lemur-data: error: recipe: ") and said in err, err
+    assert not (tmp_path / "out").exists()

@@ -97,6 +97,17 @@ def test_markers_named_by_recipe(llama3_qwen_fim):
         find_code_markers(tok, {"prefix": "<|fim_prefix|>", "middle": "<|fim_middle|>"})
 
 
+def test_named_markers_must_be_tokens_text_never_encodes_to(llama2_tokenizer, spm_fim):
+    """`def`, `class`, `return` are ids every Python file encodes to: refused as markers
+    (#44 item 14); CodeLlama's appended control pieces are taken."""
+    words = {"prefix": "def", "middle": "class", "suffix": "return"}
+    with pytest.raises(TokenizerError, match=r"'def' \(fim.markers.prefix\) is an ordinary"):
+        find_code_markers(open_tokenizer(llama2_tokenizer), words)
+    pieces = {"prefix": "\u2581<PRE>", "middle": "\u2581<MID>", "suffix": "\u2581<SUF>"}
+    named = find_code_markers(open_tokenizer(spm_fim), pieces)
+    assert (named.prefix, named.suffix, named.middle) == (32000, 32001, 32002)
+
+
 def test_deepseek_markers(tmp_path):
     texts = [p.read_text() for p in real_python_files(5)]
     names = list(MARKER_STYLES["deepseek-coder"].values())

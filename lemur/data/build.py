@@ -71,6 +71,7 @@ from lemur.data.tokenize.fim_stage import FimJob, FimRewrite, fim_counts
 from lemur.data.tokenize.prepare import (
     build_markers,
     build_tokenizer_info,
+    check_given_tokenizer,
     copy_tokenizer_files,
     open_build_tokenizer,
     prepare_tokenizer,
@@ -341,6 +342,7 @@ def build(
     """
     report = report or (lambda stage, done, total: None)
     note = note or logger.info
+    check_given_tokenizer(recipe)  # a refused tokenizer or FIM markers: nothing made yet
     out = Path(recipe.output).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     work_root = recipe.work_root()

@@ -52,6 +52,10 @@ class Tokenizer(Protocol):
         """The id of `piece` when it is one token (a special or added token included)."""
         ...
 
+    def is_control(self, i: int) -> bool:
+        """Whether no text ever encodes to id `i`: a control, special or added token."""
+        ...
+
     def info(self) -> dict[str, Any]:
         """The manifest's `tokenizer` entry, without the file name."""
         ...

@@ -275,6 +275,11 @@ class ByteLevelTokenizer:
         i = self.reference.token_to_id(piece)
         return None if i is None else int(i)
 
+    def is_control(self, i: int) -> bool:
+        """Whether `i` is an added token, special or not: `encode` spells every added token's
+        text as text (`_load_reference`), so no text encodes to one."""
+        return any(t["id"] == i for t in self.files.added.values())
+
     def info(self) -> dict[str, Any]:
         """The manifest's tokenizer entry: kind, hash, vocab with added tokens, BOS/EOS."""
         out: dict[str, Any] = {

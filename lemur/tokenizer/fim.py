@@ -134,8 +134,9 @@ def find_code_markers(
     tokenizer: Tokenizer, names: Mapping[str, str] | None = None
 ) -> CodeMarkers | None:
     """The code markers of `tokenizer`: those `names` gives (role -> token text, roles as in
-    MARKER_ROLES; TokenizerError naming a token the vocabulary lacks), else the first known
-    family's (MARKER_STYLES) whose prefix, middle and suffix it has; None when none."""
+    MARKER_ROLES; TokenizerError naming a token the vocabulary lacks or one that text
+    encodes to: `Tokenizer.is_control`), else the first known family's (MARKER_STYLES) whose
+    prefix, middle and suffix it has; None when none."""
     if names:
         unknown = sorted(set(names) - set(MARKER_ROLES))
         missing = [r for r in REQUIRED_ROLES if r not in names]
@@ -143,9 +144,17 @@ def find_code_markers(
             what = f"unknown role {unknown[0]!r}" if unknown else f"no {missing[0]!r} token"
             raise TokenizerError(f"FIM markers: {what} (roles: {', '.join(MARKER_ROLES)})")
         found = _lookup(tokenizer, "recipe", names)
-        absent = [names[r] for r, i in found.items() if i is None]
-        if absent:
-            raise TokenizerError(f"FIM markers: the tokenizer has no token {absent[0]!r}")
+        for role, i in sorted(found.items(), key=lambda item: MARKER_ROLES.index(item[0])):
+            where = f"{names[role]!r} (fim.markers.{role})"
+            if i is None:
+                raise TokenizerError(f"FIM markers: the tokenizer has no token {where}")
+            # A marker text can encode to would make ordinary code (`def`) a FIM boundary.
+            if not tokenizer.is_control(i):
+                raise TokenizerError(
+                    f"FIM markers: {where} is an ordinary token of the vocabulary (id {i}): "
+                    "text encodes to it; name added, special or control tokens, or leave "
+                    "fim.markers out to use the model's own"
+                )
         return CodeMarkers(style="recipe", **found)  # type: ignore[arg-type]
     for style, spelled in MARKER_STYLES.items():
         found = _lookup(tokenizer, style, spelled)

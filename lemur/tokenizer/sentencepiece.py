@@ -144,6 +144,11 @@ class SentencePieceTokenizer:
         i = int(self.sp.piece_to_id(piece))
         return i if self.sp.id_to_piece(i) == piece and not self.sp.is_unknown(i) else None
 
+    def is_control(self, i: int) -> bool:
+        """Whether `i` is a control piece (`<s>`, `</s>`, appended FIM pieces): SentencePiece
+        never encodes text to one; a user-defined piece (ChatML's markers) it does."""
+        return 0 <= i < self.vocab_size and bool(self.sp.is_control(i))
+
     def info(self) -> dict[str, Any]:
         """The manifest's tokenizer entry (without the file name)."""
         return {

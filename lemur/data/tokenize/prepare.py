@@ -19,7 +19,7 @@ from lemur.data import work as work_folders
 from lemur.data.corpus import corpus_of
 from lemur.data.read.listing import InputFile
 from lemur.data.read.sources import SourcesReader
-from lemur.data.recipe import Recipe
+from lemur.data.recipe import Recipe, RecipeError
 from lemur.data.tokenize.byte_bpe import train_byte_bpe
 from lemur.data.tokenize.tokenizer import (
     TokenizerError,
@@ -97,11 +97,14 @@ HF_FILES = ("tokenizer.json", *CONFIG_FILES, TEMPLATE_FILE)
 def check_given_tokenizer(recipe: Recipe) -> None:
     """A TokenizerError naming the file if the recipe's given tokenizer (`model` or `hf`)
     cannot frame this build's documents or loses text (`round_trip_problem`), unless
-    `lossy: allow`. Cheap: a few milliseconds once the file is loaded, and loading is
-    cached per process (tiktoken's plan is left to the build when `engine` is `auto`)."""
+    `lossy: allow`; a RecipeError if a FIM build's markers cannot be what it names or
+    finds (`check_fim_markers`). Cheap: a few milliseconds once the file is loaded, and
+    loading is cached per process (tiktoken's plan is left to the build when `engine` is
+    `auto`)."""
     cfg = recipe.tokenizer
     if cfg.hf is not None:
         file = tokenizer_json_path(cfg.hf)
+        read_hf_tokenizer(file)  # a SentencePiece model given as `hf` is named as such
         engine = "tiktoken" if cfg.engine == "tiktoken" else "tokenizers"
         tok = _open_hf(recipe, file, engine)
     elif cfg.model is not None:
@@ -109,6 +112,7 @@ def check_given_tokenizer(recipe: Recipe) -> None:
         load_llama2_processor(file)  # Llama-2's <unk>/<s>/</s> ids, as every build's model has
         tok = SentencePieceTokenizer(file)
     else:
+        check_fim_markers(recipe, None, "")
         return
     problem = None if cfg.lossy == "allow" else round_trip_problem(tok)
     if problem:
@@ -116,6 +120,55 @@ def check_given_tokenizer(recipe: Recipe) -> None:
             f"{file}: loses text, {problem}; a pre-training tokenizer must give back what it "
             "encodes (set tokenizer.lossy: allow to take it anyway)"
         )
+    check_fim_markers(recipe, tok, file)
+
+
+def check_fim_markers(recipe: Recipe, tok: Tokenizer | None, file: str | Path) -> None:
+    """A RecipeError naming `fim.markers` (and the tokenizer `file`) unless a FIM build's
+    markers will be found: in the given tokenizer `tok` (None: the build trains one), whose
+    markers must be tokens no text encodes to, distinct, and neither BOS nor EOS. Before
+    the build makes anything: a refused build leaves nothing behind."""
+    fim = recipe.fim
+    if fim is None or appends_fim_pieces(recipe):  # CodeLlama's pieces, appended as controls
+        return
+    if tok is None:  # trained: SentencePiece gets CodeLlama's pieces, byte-level BPE Qwen's
+        byte_bpe = recipe.tokenizer.train.kind == "byte-bpe"
+        if byte_bpe and set((fim.markers or {}).values()) <= set(BYTE_BPE_MARKERS):
+            return
+        raise RecipeError(
+            f"recipe: fim.markers: a trained tokenizer has only its own FIM tokens "
+            f"({', '.join(BYTE_BPE_MARKERS if byte_bpe else FIM_PIECES)}): leave fim.markers "
+            "out, or name the tokens of a given tokenizer.model or tokenizer.hf"
+        )
+    build_markers(recipe, file, tok)
+
+
+def build_markers(recipe: Recipe, path: Path | str, tok: Tokenizer | None = None) -> CodeMarkers:
+    """The FIM build's markers in its prepared tokenizer at `path` (`tok`, if open already):
+    `fim.markers`' names, else the tokenizer's own (a known family's); a RecipeError naming
+    the file and what to set otherwise."""
+    assert recipe.fim is not None
+    tok = tok if tok is not None else open_build_tokenizer(recipe, Path(path))
+    where = recipe.tokenizer.hf or path
+    try:
+        markers = find_code_markers(tok, recipe.fim.markers)
+    except TokenizerError as e:
+        raise RecipeError(f"recipe: {where}: {e}") from None
+    if markers is None:
+        raise RecipeError(
+            f"recipe: {where}: no FIM tokens of a known code model "
+            f"({', '.join(MARKER_STYLES)}): name the model's with fim.markers "
+            "(prefix, middle, suffix)"
+        )
+    framing = {tok.bos_id: "BOS", tok.eos_id: "EOS"}
+    taken = [i for i in markers.ids if i in framing or markers.ids.count(i) > 1]
+    if taken:
+        what = framing.get(taken[0], "another marker")
+        raise RecipeError(
+            f"recipe: fim.markers: id {taken[0]} is the tokenizer's {what} as well: "
+            "each marker must be a token of its own"
+        )
+    return markers
 
 
 def copy_hf_tokenizer(src: str, work: Path, chat: bool = False) -> Path:
@@ -157,7 +210,6 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
     """
     corpus = corpus_of(recipe)
     pieces = corpus.tokenizer_pieces()  # ChatML's markers for a ChatML chat build
-    check_given_tokenizer(recipe)  # loading the recipe checked it too: a Recipe made in code
     if recipe.tokenizer.hf is not None:
         return copy_hf_tokenizer(recipe.tokenizer.hf, work, corpus.chat_format == "template")
     fim = appends_fim_pieces(recipe)
@@ -213,20 +265,6 @@ def appends_fim_pieces(recipe: Recipe) -> bool:
 
 def _fim_pieces(fim: bool) -> tuple[str, ...]:
     return FIM_PIECES if fim else ()
-
-
-def build_markers(recipe: Recipe, path: Path) -> CodeMarkers:
-    """The FIM build's markers in its prepared tokenizer: `fim.markers`' names, else the
-    tokenizer's own (a known family's), else a TokenizerError naming the file."""
-    assert recipe.fim is not None
-    markers = find_code_markers(open_build_tokenizer(recipe, path), recipe.fim.markers)
-    if markers is None:
-        raise TokenizerError(
-            f"{recipe.tokenizer.hf or path}: no FIM tokens of a known code model "
-            f"({', '.join(MARKER_STYLES)}): name the model's with fim.markers "
-            "(prefix, middle, suffix)"
-        )
-    return markers
 
 
 def open_build_tokenizer(recipe: Recipe, path: Path) -> Tokenizer:
