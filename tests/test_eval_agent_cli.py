@@ -107,3 +107,36 @@ def test_a_turn_budget_beyond_the_context_is_refused(hf_model, tmp_path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "lemur-eval: --turns 9: more than the context holds (8 tokens)", err
     assert not (tmp_path / "run").exists()
+
+
+@needs_network
+def test_tasks_the_model_could_not_reply_to_are_refused(hf_model, tmp_path, capsys) -> None:
+    """#44 item 5: a first prompt plus --max-new-tokens beyond the context (the chat demo
+    model's 256 with the default 512 new tokens) left every task `context_full` before the
+    model said anything, and the run printed `success rate by turn 0.000 ...`, exit 0. Now
+    one line naming the task, the lengths and the flags, exit 2, nothing written. The
+    context is a setting of the run: a rerun with another `--max-seq-len` does not reuse
+    transcripts made under the old one."""
+    from lemur.eval.agent import AgentConfig, prompt_ids, start
+    from lemur.tokenizer import open_tokenizer
+
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", MBPP[:2])
+    first = load_agent_tasks(str(tasks))[0]
+    tok = open_tokenizer(hf_model / "tokenizer.model")
+    length = len(prompt_ids(tok, start(first, AgentConfig()).messages))
+    argv = ["agent", str(hf_model), "--tasks", str(tasks), "--feedback", "none", "--turns", "1"]
+    capsys.readouterr()
+    assert eval_cli.main([*argv, "--max-new-tokens", "1000", "--out", str(tmp_path / "a")]) == 2
+    captured = capsys.readouterr()
+    assert "success rate" not in captured.out
+    assert captured.err.strip().splitlines()[-1] == (
+        f"lemur-eval: {first.task_id}: its first prompt ({length} tokens) and "
+        "--max-new-tokens 1000 exceed the context of 1024 tokens (2 of 2 tasks): the model "
+        "could not reply; lower --max-new-tokens or raise --max-seq-len"
+    )
+    assert not (tmp_path / "a").exists()
+    run = [*argv, "--max-new-tokens", "4", "--out", str(tmp_path / "b")]
+    assert eval_cli.main(run) == 0
+    assert json.loads((tmp_path / "b" / "run.json").read_text())["max_seq_len"] == 1024
+    assert eval_cli.main([*run, "--max-seq-len", "2048"]) == 2
+    assert "holds a run with other settings (max_seq_len)" in capsys.readouterr().err

@@ -9,7 +9,6 @@ See lemur.eval.agent and docs/eval.md.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +41,7 @@ def add_parsers(sub: Any) -> None:
     ag.add_argument(
         "--record-ids", action="store_true", help="each turn's prompt ids in transcripts"
     )
-    ag.add_argument(
-        "--max-seq-len",
-        type=positive_int,
-        default=None,
-        help="context length (default the model's; longer runs positions it never trained on)",
-    )
+    cli_args.context_args(ag)
     ag.add_argument("--out", default=None, help="run directory (default agent-FEEDBACK)")
     cli_args.gen_args(ag, 512)
     pl = sub.add_parser("plot", help="success rate by turn of agent runs, one line each")
@@ -72,6 +66,27 @@ def _agent_config(args: argparse.Namespace) -> Any:
         )
 
 
+def _check_first_prompts(tasks: list[Any], config: Any, model: Any, max_new: int) -> None:
+    """Refuse tasks whose first turn leaves no room for a reply within the context: they
+    would end `context_full` before the model said anything, and a success rate over them
+    would measure nothing."""
+    from lemur.eval import agent
+
+    context = model.config.max_seq_len
+    lengths = [
+        len(agent.prompt_ids(model.tokenizer, agent.start(t, config).messages)) for t in tasks
+    ]
+    over = [i for i, n in enumerate(lengths) if n + max_new > context]
+    if over:
+        first = over[0]
+        die(
+            f"{tasks[first].task_id}: its first prompt ({lengths[first]} tokens) and "
+            f"--max-new-tokens {max_new} exceed the context of {context} tokens "
+            f"({len(over)} of {len(tasks)} tasks): the model could not reply; lower "
+            "--max-new-tokens or raise --max-seq-len"
+        )
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     """Run (or resume) the agent evaluation; write transcripts, summary and plot."""
     from lemur.eval import agent, agent_report, agent_tasks
@@ -82,12 +97,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
     config = _agent_config(args)
     model = cli_args.load_checkpoint(args, for_decoding=True)
     cli_args.need_tokenizer(args, model)
-    if args.max_seq_len is not None:
-        model.config = dataclasses.replace(model.config, max_seq_len=args.max_seq_len)
+    cli_args.set_context(args, model)
     if args.turns > model.config.max_seq_len:  # each turn adds a token at least
         die(
             f"--turns {args.turns}: more than the context holds ({model.config.max_seq_len} tokens)"
         )
+    _check_first_prompts(tasks, config, model, args.max_new_tokens)
     gen = cli_args.sampling(args)
     replies = agent.ModelReplies(
         model.params,
@@ -99,7 +114,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     )
     settings = {"model": str(model.source), "tasks_source": args.tasks}
     settings |= {k: getattr(args, k) for k in ("max_new_tokens", "temperature", "top_k")}
-    settings |= {"top_p": args.top_p, "seed": args.seed}
+    # The context decides which conversations end `context_full`: a rerun under another
+    # must not reuse their transcripts.
+    settings |= {"top_p": args.top_p, "seed": args.seed, "max_seq_len": model.config.max_seq_len}
     out = Path(args.out or f"agent-{args.feedback}")
     with writing(out):  # refused now, not after the first tasks ran
         out.mkdir(parents=True, exist_ok=True)
