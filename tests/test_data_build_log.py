@@ -87,3 +87,35 @@ def test_reruns_say_what_they_resume_and_that_nothing_was_written(
     res = _cli("build", str(recipe), "--set", "mix.ratio.code=8")
     assert res.returncode == 0, res.stderr
     assert "lemur-data: tokenize: all 2 tasks already done" in res.stderr.splitlines()
+
+
+def test_a_val_split_too_small_for_one_window_is_warned(
+    tmp_path: Path, corpus_dir: Path, tokenizer_model: Path
+) -> None:
+    """A small text side: its val split cannot hold one window at the recipe's seq_len, and
+    the build says so (the trainer would refuse it later) (#44 item 8)."""
+    from lemur.data.build import build
+    from lemur.data.load import recipe_from_dict
+
+    raw = base_recipe(
+        tmp_path,
+        corpus_dir / "code",
+        [corpus_dir / "a.jsonl"],
+        tokenizer={"model": str(tokenizer_model)},
+        seq_len=2048,
+    )
+    notes: list[str] = []
+    manifest = build(recipe_from_dict(raw), note=notes.append)
+    val = {
+        d: [s for s in manifest["shards"] if s["split"] == "val" and s["domain"] == d]
+        for d in ("code", "text")
+    }
+    assert max(s["tokens"] for s in val["code"]) > 2048  # real modules: a window and more
+    text_docs = sum(s["documents"] for s in val["text"])
+    text_tokens = sum(s["tokens"] for s in val["text"])
+    assert text_tokens <= 2048
+    assert [n for n in notes if n.startswith("warning:")] == [
+        f"warning: val split of domain 'text' ({text_docs:,} documents, {text_tokens:,} "
+        "tokens) holds no window of seq_len + 1 = 2049 tokens: a trainer at batch.seq_len 2048 "
+        "cannot evaluate it; raise val_fraction (now 0.05) or add documents"
+    ]

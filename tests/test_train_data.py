@@ -662,3 +662,35 @@ def test_token_ids_beyond_the_vocab_name_the_shard(tmp_path: Path, corpus: Path)
     # Through the iterator (Grain's reader threads re-raise it in the consumer).
     with pytest.raises(ShardFormatError, match="token id"):
         take(it_for(bad, vocab_size=VOCAB, num_threads=2, batch_size=64), 200)
+
+
+def test_a_val_split_too_small_for_one_window_names_the_keys_to_change(tmp_path: Path) -> None:
+    """Continued pre-training on a small corpus: its val split (one document of 148 tokens)
+    holds no window at batch.seq_len 1024; the error names the keys that fix it (#44 item 8)."""
+    from lemur.train.batch import HostSlice
+    from lemur.train.config import config_from_dict
+    from lemur.train.errors import RunError
+    from lemur.train.setup import DataDirs, RunPlan, open_eval_streams
+
+    root = build_dir(tmp_path / "small", seed=3, n_docs=3000)
+    manifest = json.loads((root / "manifest.json").read_text())
+    w = ShardWriter(root, "val/tiny", "val", "code", token_dtype(VOCAB), shard_tokens=2000)
+    w.add(np.concatenate(([1], np.full(146, 7), [2])))
+    manifest["shards"] = [s for s in manifest["shards"] if s["split"] == "train"]
+    manifest["shards"] += [s.to_json() for s in w.close()]
+    atomic_write_json(root / "manifest.json", manifest)
+    config = config_from_dict(
+        {
+            "data": {"dirs": [str(root)]},
+            "model": {"preset": "tiny", "overrides": {"max_seq_len": 1024}},
+            "batch": {"size": 4, "seq_len": 1024},
+        }
+    )
+    plan = RunPlan(config, None, VOCAB, manifest["tokenizer"]["sha256"], [])
+    with pytest.raises(RunError) as e:
+        open_eval_streams(config, DataDirs(), plan, HostSlice(0, 1, 4))
+    assert str(e.value) == (
+        f"{root}/manifest.json: no val shards of domain 'code' holds a window of seq_len + 1 "
+        "= 1025 tokens (the longest holds 148): lower batch.seq_len to 147 or less, rebuild "
+        f"{root} with a larger val_fraction, or name other directories in data.eval_dirs"
+    )

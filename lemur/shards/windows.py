@@ -36,6 +36,15 @@ from lemur.shards.format import MASK_DTYPE, ShardFormatError
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask")
 
 
+class NoWindowError(ShardFormatError):
+    """A split (or a domain of it) none of whose shards holds one `seq_len + 1` window;
+    `longest`: the most tokens one of its shards holds, for the caller's remedy."""
+
+    def __init__(self, message: str, longest: int) -> None:
+        super().__init__(message)
+        self.longest = longest
+
+
 # Bytes of mapped pages a source may make resident before it drops them (see `_release`).
 DEFAULT_RELEASE_BYTES = 128 << 20
 
@@ -208,9 +217,11 @@ class ShardSource(grain.sources.RandomAccessDataSource):
         # last window's final target (a shard of T tokens yields (T - 1) // seq_len windows).
         self.dropped_tokens = self.tokens - self._offsets[-1] * self.seq_len
         if self._offsets[-1] == 0:
-            raise ShardFormatError(
+            longest = max(int(s["tokens"]) for s in self.shards)
+            raise NoWindowError(
                 f"{manifest_path}: no {what} holds a window of seq_len + 1 = "
-                f"{self.seq_len + 1} tokens"
+                f"{self.seq_len + 1} tokens (the longest holds {longest:,})",
+                longest,
             )
         self._init_process_state()
 

@@ -21,6 +21,7 @@ from lemur.model import pretrained
 from lemur.model.config import PARAM_SHAPE_FIELDS, LlamaConfig
 from lemur.shards.check import ShardDir
 from lemur.shards.format import ShardFormatError, atomic_write_bytes, sha256_file
+from lemur.shards.windows import NoWindowError
 from lemur.tokenizer import TokenizerError
 from lemur.tokenizer.sentencepiece import read_model
 from lemur.train import interrupt
@@ -334,6 +335,11 @@ def open_eval_streams(
                 process_count=host.count,
                 vocab_size=plan.data_vocab,
             )
+        except NoWindowError as e:  # a small corpus's val split: say which keys change it
+            raise RunError(
+                f"{e}: lower batch.seq_len to {e.longest - 1} or less, rebuild {d} with a "
+                "larger val_fraction, or name other directories in data.eval_dirs"
+            ) from None
         except (ShardFormatError, OSError, ValueError) as e:
             raise RunError(str(e).splitlines()[0]) from None
         for domain, stream in found.items():
