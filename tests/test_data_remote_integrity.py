@@ -148,11 +148,11 @@ def test_content_client_that_cannot_be_made_is_one_line_before_any_task(
         assert done.returncode == 2, done.stderr[-2000:]
         [line] = done.stderr.splitlines()
         assert (
-            line.startswith(f"lemur-data: recipe: sources[0].content_url '{url}': ")
+            line.startswith(f"lemur-data: error: recipe: sources[0].content_url '{url}': ")
             and says in line
         ), line
         assert leaks(done.stderr + done.stdout) == []
-        assert list(out.rglob("task_*.log")) == [] and files_leaking(out) == []
+        assert list(out.rglob("task_*.log")) == [] and files_leaking(out / "out") == []
 
 
 class Unmakeable:
@@ -227,13 +227,13 @@ def test_failed_remote_reads_fail_the_build_and_a_rerun_retries_them(
         assert proxy.faulted == 4
         last = done.stderr.strip().splitlines()[-1]
         assert last.startswith(
-            "lemur-data: 2 remote reads failed after retries (source 'stack': "
+            "lemur-data: error: 2 remote reads failed after retries (source 'stack': "
             f"s3://{BUCKET}/content/{blob_id(1)}: GET failed after 2 tries: HTTP 503 SlowDown"
         ), last
         assert "the build is not complete" in last and "run it again" in last
         assert leaks(done.stderr + done.stdout) == []
         logs = list(tmp_path.rglob("task_*.log"))
-        assert logs and files_leaking(tmp_path) == []
+        assert logs and files_leaking(tmp_path / "out") == []
         assert not (tmp_path / "out" / "manifest.json").exists()
         before = len(proxy.requests)
         again = lemur_build(raw, tmp_path)

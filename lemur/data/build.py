@@ -343,6 +343,7 @@ def build(
     report = report or (lambda stage, done, total: None)
     note = note or logger.info
     check_given_tokenizer(recipe)  # a refused tokenizer or FIM markers: nothing made yet
+    check_content_clients(recipe.sources)  # a client no task could make: one line, exit 2
     out = Path(recipe.output).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     work_root = recipe.work_root()
@@ -505,7 +506,6 @@ def _build_locked(recipe, out, told, force, plan_only, on_plan) -> dict[str, Any
     if not force and not plan_only and is_up_to_date(out, recipe, inputs_sha):
         report(UP_TO_DATE, 1, 1)
         return json.loads((out / MANIFEST).read_text())
-    check_content_clients(recipe.sources)  # a client no task could make: one line, exit 2
     tok_path, tok_info, markers = prepared = _prepared_tokenizer(recipe, inputs, report)
     stage = partial(run_stage, recipe, report)
     # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.

@@ -20,6 +20,7 @@ botocore), so that every retry is ours and counted (`remote_retries:<source>`).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import random
@@ -32,7 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from loguru import logger  # datatrove's logger: a task's lines land in its log file
 
-from lemur.data.recipe_sources import RemoteSettings, StorageOptions, is_remote
+from lemur.data.recipe_sources import REDACTED, RemoteSettings, StorageOptions, is_remote
 
 # HTTP statuses and S3 error codes that mean "try again later", not "this will never work".
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -120,9 +121,11 @@ def is_transient(error: BaseException) -> bool:
     return False
 
 
-def _client_options(protocol: str, options: Mapping[str, Any], timeout: float) -> dict:
+def _client_options(protocol: str, options: Mapping[str, Any], timeout: float) -> StorageOptions:
     """The storage options a client is made with: the user's, plus our timeouts and, where
-    the client allows it, its own retries off (ours are counted and bounded)."""
+    the client allows it, its own retries off (ours are counted and bounded). A
+    StorageOptions, never a plain dict: a traceback that prints this frame's variables (as
+    datatrove's task logs do) shows its secrets as <redacted>."""
     opts = dict(options)
     if protocol in ("s3", "s3a"):
         config = dict(opts.get("config_kwargs") or {})
@@ -130,7 +133,32 @@ def _client_options(protocol: str, options: Mapping[str, Any], timeout: float) -
         config.setdefault("connect_timeout", timeout)
         config.setdefault("read_timeout", timeout)
         opts["config_kwargs"] = config
-    return opts
+    return StorageOptions(opts)
+
+
+class ClientError(RemoteError):
+    """A filesystem client that cannot be made (its library missing, a protocol fsspec does
+    not know, options its constructor refuses): the reason, without a URL or a secret."""
+
+
+def client_class(protocol: str) -> type:
+    """fsspec's filesystem class of `protocol`; ClientError saying what to install or that
+    the protocol is unknown. Looked up before any option is in scope."""
+    import fsspec
+
+    try:
+        return fsspec.get_filesystem_class(protocol)
+    except ImportError as e:
+        raise ClientError(f"the {protocol}:// client is not installed ({e})") from None
+    except ValueError as e:
+        raise ClientError(f"{e} (no filesystem for protocol '{protocol}'; misspelt?)") from None
+    except Exception as e:  # noqa: BLE001 - a broken install raises anything on import
+        raise ClientError(f"the {protocol}:// client cannot be loaded: {_brief(e)}") from None
+
+
+def _options_key(opts: StorageOptions) -> str:
+    """What tells two clients' options apart, hashed: no secret sits in the clients' table."""
+    return hashlib.sha256(repr(sorted(opts.items(), key=lambda kv: kv[0])).encode()).hexdigest()
 
 
 # Filesystem clients of this process by (pid, protocol, options): a forked task makes its own.
@@ -139,15 +167,22 @@ _CLIENTS_LOCK = threading.Lock()
 
 
 def filesystem(url: str, options: Mapping[str, Any] | None, timeout: float) -> Any:
-    """The fsspec filesystem of a URL's protocol with these options, one per process."""
-    import fsspec
-
+    """The fsspec filesystem of a URL's protocol with these options, one per process;
+    ClientError (scrubbed of the options' secrets, its cause dropped: the constructor's
+    frames hold the secrets as plain values) when it cannot be made."""
     protocol = url.split("://", 1)[0].lower()
+    cls = client_class(protocol)
     opts = _client_options(protocol, options or {}, timeout)
-    key = (os.getpid(), protocol, repr(sorted(opts.items(), key=lambda kv: kv[0])))
+    key = (os.getpid(), protocol, _options_key(opts))
     with _CLIENTS_LOCK:
         if key not in _CLIENTS:
-            fs = fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
+            try:
+                fs = cls(skip_instance_cache=True, **opts)
+            except Exception as e:  # noqa: BLE001 - every client raises its own types
+                reason = f"cannot make the {protocol}:// client: {_brief(e)}"
+                for secret in opts.secrets():
+                    reason = reason.replace(secret, REDACTED)
+                raise ClientError(reason) from None
             if protocol in ("s3", "s3a"):
                 fs.retries = 1  # s3fs's own retry loop (a class attribute): one try, ours count
             _CLIENTS[key] = fs
@@ -166,10 +201,12 @@ class Remote:
         settings: RemoteSettings,
         count: Count | None = None,
     ) -> None:
+        if options is not None and not isinstance(options, StorageOptions):
+            options = StorageOptions(options)  # shown redacted wherever it is printed
         self.options = options
         self.settings = settings
         self.count = count or (lambda kind, n: None)
-        secrets = options.secrets() if isinstance(options, StorageOptions) else []
+        secrets = options.secrets() if options is not None else []
         self.secrets = secrets + [os.environ[k] for k in SECRET_ENV if os.environ.get(k)]
         self._pool: ThreadPoolExecutor | None = None
         self._random = random.Random()
@@ -183,16 +220,25 @@ class Remote:
             text = text.replace(secret, "<redacted>")
         return text
 
-    def fs(self, url: str) -> Any:
-        """The filesystem client for `url` in this process."""
+    def client(self, url: str) -> Any:
+        """The filesystem client for `url` in this process; ClientError (the reason alone)
+        when it cannot be made."""
         missing = getattr(self.options, "missing", None)
         if missing:  # a pickled copy on a node that did not inherit the recipe's credentials
-            raise RemoteError(
-                f"{display_url(url)}: the recipe's credentials are not in this process's "
+            raise ClientError(
+                f"the recipe's credentials are not in this process's "
                 f"environment ({', '.join(missing)}); give every node its credentials the "
                 "standard way (AWS_* variables, a profile, HF_TOKEN) instead"
             )
         return filesystem(url, self.options, self.settings.timeout_s)
+
+    def fs(self, url: str) -> Any:
+        """The filesystem client for `url` in this process; RemoteError naming the URL and
+        why when it cannot be made (every read of it fails so, as one bad input each)."""
+        try:
+            return self.client(url)
+        except ClientError as e:
+            raise RemoteError(self.scrub(f"{display_url(url)}: {e}")) from None
 
     @property
     def pool(self) -> ThreadPoolExecutor:

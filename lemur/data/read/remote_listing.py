@@ -59,7 +59,7 @@ def _objects(fs: Any, found: dict[str, dict[str, Any]], root: str) -> list[Remot
 def find_objects(remote: Remote, url: str) -> list[RemoteObject]:
     """The objects a remote path names: every object under a prefix (named relative to it),
     a glob's matches (by their base name, prefixes among them walked), or one object."""
-    fs = remote.fs(url)
+    fs = remote.client(url)  # ClientError: the reason alone (the caller names the path)
     if any(c in url for c in GLOB_CHARS):
         matches = remote.call("LIST", url, "glob", url, detail=True)
         out = []

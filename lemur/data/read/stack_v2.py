@@ -28,9 +28,9 @@ from datatrove.data import Document
 from lemur.data.counts import dropped_label, read_label
 from lemur.data.read.listing import InputFile
 from lemur.data.read.readers import REMOTE_FAILED, ParquetReader, Row
-from lemur.data.read.remote import RemoteError, display_url
-from lemur.data.recipe import SourceConfig
-from lemur.data.recipe_sources import content_url
+from lemur.data.read.remote import ClientError, Remote, RemoteError, display_url
+from lemur.data.recipe import RecipeError, SourceConfig
+from lemur.data.recipe_sources import DEFAULT_CONTENT_URL, content_url
 
 # Metadata columns read besides the id: what the filters, the decoding and the document need.
 COLUMNS = (
@@ -61,6 +61,30 @@ def skip_reason(row: Row, source: SourceConfig) -> str | None:
     if (source.skip_generated is None or source.skip_generated) and row.get("is_generated"):
         return "generated"
     return None
+
+
+def content_options(source: SourceConfig) -> str:
+    """Which of a source's storage options its blobs are read with: the content ones when
+    given, else the source's own."""
+    if source.content_storage_options is not None:
+        return "content_storage_options"
+    return "storage_options"
+
+
+def check_content_clients(sources: list[SourceConfig]) -> None:
+    """RecipeError, one line naming `sources[i].content_url`, for a stack-v2 source whose
+    content filesystem's client cannot be made here (its library missing, a misspelt
+    protocol, options its constructor refuses): the build's driver checks before any task,
+    so that no task meets it (and no traceback shows its options)."""
+    for i, source in enumerate(sources):
+        if source.format != "stack-v2":
+            continue
+        options = getattr(source, content_options(source))
+        try:
+            Remote(options, source.remote_settings()).client(content_url(source.content_url, "0"))
+        except ClientError as e:
+            shown = source.content_url or DEFAULT_CONTENT_URL
+            raise RecipeError(f"recipe: sources[{i}].content_url '{shown}': {e}") from None
 
 
 class BlobTooLarge(ValueError):
@@ -126,10 +150,7 @@ class StackV2Reader(ParquetReader):
     def read(self, f: InputFile) -> Iterator[Document]:
         """The documents of a metadata file (or row-group run), blobs fetched ahead."""
         source = self.sources[f.source]
-        which = "storage_options"
-        if source.content_storage_options is not None:
-            which = "content_storage_options"
-        remote = self.log.remote.remote(f.source, which)
+        remote = self.log.remote.remote(f.source, content_options(source))
         window = 2 * source.remote_settings().concurrency
         pending: deque[tuple[int, Row, str, Future[bytes]]] = deque()
         for number, row in self.rows(f):
