@@ -8,7 +8,10 @@ most a dot-temp that nothing reads (a rerun writes its own and replaces the dest
 
 A killed writer's temporary stays until `remove_stale_temporaries` (a build's resume)
 deletes it: the name says which process on which host wrote it (`.NAME.tmp-PID@HOST`), so
-the temporaries of writers that are gone can be told from those of live ones.
+the temporaries of writers that are gone can be told from those of live ones. Scratch that
+is never renamed into place (`scratch_path`) takes the same name, for the same reason:
+every temporary lemur makes goes through this module (tests/test_atomic_files.py lists
+the few `tempfile` uses left, each with its reason).
 
 Durability (`durable`, on by default): before the rename the file's data is fsynced, and
 after it the directory, so that after a power loss the name never points at a short or
@@ -36,6 +39,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "remove_stale_temporaries",
+    "scratch_path",
     "temp_name",
 ]
 
@@ -172,6 +176,23 @@ def atomic_path(path: str | os.PathLike, *, durable: bool = True) -> Iterator[Pa
         raise
     if durable:
         _fsync_dir(path.parent)
+
+
+@contextmanager
+def scratch_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A name for scratch (a file or a directory) that lives only inside the block:
+    `temp_name(path)`, removed when the block ends however it ends, and, if the process is
+    killed first, by the next `remove_stale_temporaries` over its directory. The parent
+    directory is created."""
+    tmp = temp_name(path)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield tmp
+    finally:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
 
 
 def atomic_write_bytes(

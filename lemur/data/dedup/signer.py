@@ -5,14 +5,13 @@ from __future__ import annotations
 import re
 from contextlib import ExitStack
 from pathlib import Path
-from tempfile import NamedTemporaryFile
 
 import numpy as np
 import xxhash
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
-from lemur.atomic_files import atomic_open
+from lemur.atomic_files import atomic_open, scratch_path
 from lemur.data.dedup.runs import GOLDEN64, write_runs
 from lemur.data.dedup.sketch import bottom_k
 from lemur.data.recipe import DedupConfig
@@ -116,11 +115,11 @@ class DedupSigner(PipelineStep):
         names = ["chash.bin", "minhash.bin", "sketch.bin", "sketch.end"]
         with ExitStack() as stack:
             # The four files are renamed into place only after the runs are written from
-            # them; the domains are scratch, removed however the task ends.
+            # them; the domains are scratch, removed however the task ends (after a SIGKILL,
+            # by the resume's `remove_stale_temporaries`: its name is a `temp_name`).
             fh = [stack.enter_context(atomic_open(out / f"{rank:05d}.{n}")) for n in names]
-            dom = stack.enter_context(
-                NamedTemporaryFile(dir=out, prefix=f".{rank:05d}.domain.", suffix=".tmp")
-            )
+            domains = stack.enter_context(scratch_path(out / f"{rank:05d}.domain"))
+            dom = stack.enter_context(open(domains, "w+b"))
             end = 0
             for doc in data or []:
                 with self.track_time():

@@ -20,7 +20,6 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lemur.atomic_files import atomic_path
+from lemur.atomic_files import atomic_path, scratch_path
 from lemur.cli_common import UserError
 from lemur.data.filter.classifier import FastTextModel, normalise
 from lemur.data.recipe_classifier import LABEL_PREFIX
@@ -121,8 +120,9 @@ def fit(positive: list[str], negative: list[str], settings: TrainSettings, out: 
     rows = [f"{pos_label} {t}" for t in positive] + [f"{neg_label} {t}" for t in negative]
     random.Random(settings.seed).shuffle(rows)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="lemur-classifier-") as tmp, atomic_path(out) as part:
-        data = Path(tmp) / "train.txt"
+    # The training text is scratch beside the model (a `temp_name`: a killed run's is
+    # recognised as such), not in /tmp, where a SIGKILL would leave it for good.
+    with atomic_path(out) as part, scratch_path(out.with_name(f"{out.name}.train")) as data:
         data.write_text("".join(r + "\n" for r in rows), encoding="utf-8", errors="surrogatepass")
         args = [str(data), str(part), json.dumps(_fasttext_arguments(settings))]
         done = subprocess.run(
