@@ -318,9 +318,27 @@ def test_the_record_and_the_closing_line_label_their_two_losses() -> None:
     summary = RunSummary(
         step=20, loss=4.25, evals={"code": 4.0}, resumed_from=None, stopped_early=False, run_dir="r"
     )
-    assert closing_line(summary) == (
-        "lemur-train: step 20  last step's loss 4.2500  val code 4.0000  (r)"
+    assert closing_line(summary, 7385.0) == (
+        "lemur-train: step 20  last step's loss 4.2500  val code 4.0000  in 2h03m  (r)"
     )
+
+
+def test_train_lines_give_elapsed_time_and_eta(capsys: pytest.CaptureFixture) -> None:
+    """In a log file (no bar), each train record says how long the run has trained and how
+    long it has left, at the rate of this process's steps (#44 item 9)."""
+    from lemur.train.metrics import Reporter
+
+    now = [100.0]
+    reporter = Reporter(100, 0, clock=lambda: now[0])
+    record = {"lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 9.0, "mfu": 0.1}
+    reporter.step(40)  # resumed at step 40: the rate counts this run's steps only
+    now[0] += 65.0
+    reporter.record({"step": 50, "loss": 4.5, **record})
+    now[0] += 3000.0
+    reporter.record({"step": 100, "loss": 4.0, **record})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].endswith("MFU 10.0%  1m05s elapsed  ETA 5m25s"), lines
+    assert lines[1].endswith("MFU 10.0%  51m05s elapsed"), lines
 
 
 def test_a_hook_is_due_by_count_at_the_last_step_and_at_a_stop_when_named_so() -> None:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from lemur.cli_common import add_debug_option, add_set_option, debug_wanted, die, run_main
+from lemur.progress import format_duration
 
 if TYPE_CHECKING:
     from lemur.model.config import LlamaConfig
@@ -138,6 +140,7 @@ def _train(args: argparse.Namespace) -> int:
     """Load the config, then dry-run or train it; the exit code."""
     from lemur.train.config import ConfigError, load_train_config
 
+    started = time.monotonic()  # the closing line's wall time: set-up and compile too
     try:
         config = load_train_config(args.config, args.set)
     except ConfigError as e:
@@ -154,18 +157,19 @@ def _train(args: argparse.Namespace) -> int:
         die(str(e))
     except TrainingDiverged as e:
         die(str(e), 1)
-    print(closing_line(summary), file=sys.stderr)
+    print(closing_line(summary, time.monotonic() - started), file=sys.stderr)
     return 0
 
 
-def closing_line(summary: RunSummary) -> str:
+def closing_line(summary: RunSummary, wall_s: float) -> str:
     """The run's last line: its step, that step's own loss (the step records show the mean
-    over the steps since the previous record: another number for the same step) and the
-    latest eval losses."""
+    over the steps since the previous record: another number for the same step), the
+    latest eval losses and the command's wall time (`wall_s` seconds)."""
     parts = [f"step {summary.step}"]
     if summary.loss is not None:
         parts.append(f"last step's loss {summary.loss:.4f}")
     parts += [f"val {k} {v:.4f}" for k, v in summary.evals.items()]
+    parts.append(f"in {format_duration(wall_s)}")
     return f"lemur-train: {'  '.join(parts)}  ({summary.run_dir})"
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from lemur.progress import eta_seconds, format_duration
 from lemur.shards.format import atomic_write_bytes
 
 # Dense bf16 peak TFLOP/s per JAX device, by a substring of `device.device_kind` (first
@@ -227,10 +228,21 @@ def format_record(record: dict[str, Any]) -> str:
 
 
 class Reporter:
-    """Prints records (process 0 only) with a live progress bar when stderr is a terminal."""
+    """Prints records (process 0 only) with a live progress bar when stderr is a terminal;
+    train records say the time trained and the time left (ETA), read in a log file too."""
 
-    def __init__(self, total: int, start: int, *, enabled: bool = True, bar: bool = True) -> None:
+    def __init__(
+        self,
+        total: int,
+        start: int,
+        *,
+        enabled: bool = True,
+        bar: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.enabled = enabled
+        self.clock = clock
+        self.began: tuple[int, float] | None = None  # (first step, when): this run's rate
         self.console = Console(file=sys.stderr)
         self.progress: Progress | None = None
         # The live bar starts with the first step, not during set-up: an interrupted
@@ -263,6 +275,8 @@ class Reporter:
 
     def step(self, step: int) -> None:
         """Advance the bar to `step` optimizer steps done (starting it the first time)."""
+        if self.began is None:
+            self.began = (step, self.clock())
         if self._bar:
             self._start_bar(step)
         if self.progress is not None:
@@ -272,7 +286,7 @@ class Reporter:
         """Show a metrics record as a line, and in the bar's fields."""
         if not self.enabled:
             return
-        self.message(format_record(record))
+        self.message(format_record(record) + self._timing(record))
         if self.progress is not None and "loss" in record:
             self.progress.update(
                 self.task,
@@ -280,6 +294,16 @@ class Reporter:
                 tps=f"{record['tokens_per_s']:,.0f}",
                 mfu=f"{100 * record['mfu']:.1f}%",
             )
+
+    def _timing(self, record: dict[str, Any]) -> str:
+        """`  1m05s elapsed  ETA 5m25s` for a train record (the ETA at this run's rate)."""
+        if "loss" not in record or self.began is None:
+            return ""
+        first, since = self.began
+        elapsed = self.clock() - since
+        text = f"  {format_duration(elapsed)} elapsed"
+        eta = eta_seconds(record["step"], self._total, elapsed, first)
+        return text if eta is None else f"{text}  ETA {format_duration(eta)}"
 
     def close(self) -> None:
         """Stop the live bar."""
