@@ -298,3 +298,63 @@ def test_classifier_settings_are_checked_naming_the_key(tmp_path, classifiers, m
     raw["filters"]["classifier"] = [{"name": "prose", "model": "m.bin", **c} for c in classifiers]
     with pytest.raises(RecipeError, match=re.escape(message)):
         recipe_from_dict(raw, check_paths=False)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--valid-fraction", "-0.5"], "--valid-fraction must be in [0, 1), got -0.5"),
+        (
+            ["--valid-fraction", "1"],
+            "--valid-fraction must be in [0, 1), got 1.0 (1 holds out every document)",
+        ),
+        (["--dim", "0"], "--dim must be >= 1, got 0"),
+        (["--epoch", "0"], "--epoch must be >= 1, got 0"),
+        (["--lr", "-1"], "--lr must be a finite number > 0, got -1.0"),
+        (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),
+        (["--word-ngrams", "0"], "--word-ngrams must be >= 1, got 0"),
+        (["--min-count", "0"], "--min-count must be >= 1, got 0"),
+        (["--threads", "0"], "--threads must be >= 1, got 0"),
+        (
+            ["--bucket", "0"],
+            "--bucket must be >= 1 for word n-grams (--word-ngrams 2), got 0; or --word-ngrams 1",
+        ),
+        (
+            ["--label", "cc"],
+            "--label and --negative-label are both '__label__cc': the two classes need two labels",
+        ),
+        (["--label", "high quality"], "--label 'high quality': a fastText label has no spaces"),
+        (["--negative-label", ""], "--negative-label is empty"),
+    ],
+)
+def test_classifier_train_refuses_nonsense_settings(tmp_path, capsys, flags, message):
+    """Each setting fastText cannot train with (or trains backwards with) is one line naming
+    its flag, exit 2, nothing written (#44 item 21)."""
+    from lemur.data.cli import main
+
+    write_jsonl(tmp_path / "pos.jsonl", [{"text": t} for t in prose_paragraphs()[:40]])
+    write_jsonl(tmp_path / "neg.jsonl", [{"text": t} for t in code_paragraphs(40)])
+    out = tmp_path / "m" / "q.bin"
+    args = ["classifier", "train", "--positive", str(tmp_path / "pos.jsonl"), "--negative"]
+    args += [str(tmp_path / "neg.jsonl"), "--out", str(out), "--dim", "4", "--bucket", "500"]
+    with pytest.raises(SystemExit) as e:
+        main([*args, *flags])
+    err = capsys.readouterr().err
+    assert (e.value.code, err) == (2, f"lemur-data: error: {message}\n")
+    assert not (tmp_path / "m").exists()
+
+
+def test_all_documents_held_out_names_valid_fraction(tmp_path):
+    """Three documents at --valid-fraction 0.9 leave none to train on: said so, naming the
+    flag (it said "no positive documents with text to train on")."""
+    from lemur.cli_common import UserError
+    from lemur.data.filter.classifier_train import train
+
+    settings = TrainSettings(valid_fraction=0.9)
+    with pytest.raises(UserError) as e:
+        train(["a b c", "d e f", "g h i"], ["x y", "z w"], settings, tmp_path / "q.bin", {})
+    assert str(e.value) == (
+        "--valid-fraction 0.9 holds out all 3 positive documents: none left to train on; "
+        "lower it or give more documents"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 import subprocess
@@ -54,12 +55,45 @@ class TrainSettings:
     newline: str = " "
     lowercase: bool = False
 
+    def __post_init__(self) -> None:
+        """UserError naming the `lemur-data classifier train` flag of a setting fastText
+        cannot train with (it failed with "no message"), or would train backwards with."""
+        for key in ("dim", "epoch", "word_ngrams", "min_count", "threads"):
+            if getattr(self, key) < 1:
+                raise UserError(f"{_flag(key)} must be >= 1, got {getattr(self, key)}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise UserError(f"--lr must be a finite number > 0, got {self.lr}")
+        if self.bucket < (1 if self.word_ngrams > 1 else 0):
+            raise UserError(
+                f"--bucket must be >= 1 for word n-grams (--word-ngrams {self.word_ngrams}), "
+                f"got {self.bucket}; or --word-ngrams 1"
+            )
+        if not 0 <= self.valid_fraction < 1:  # a negative fraction slices from the end
+            every = " (1 holds out every document)" if self.valid_fraction == 1 else ""
+            raise UserError(f"--valid-fraction must be in [0, 1), got {self.valid_fraction}{every}")
+        for key in ("positive_label", "negative_label"):
+            name = getattr(self, key).removeprefix(LABEL_PREFIX)
+            if not name:
+                raise UserError(f"{_flag(key)} is empty")
+            if name.split() != [name]:  # fastText splits a line at whitespace
+                raise UserError(f"{_flag(key)} {name!r}: a fastText label has no spaces")
+        if len(set(self.labels())) == 1:
+            raise UserError(
+                f"--label and --negative-label are both {self.labels()[0]!r}: the two classes "
+                "need two labels"
+            )
+
     def labels(self) -> tuple[str, str]:
         """The positive and negative labels as fastText spells them (`__label__hq`)."""
         pos, neg = (
             x.removeprefix(LABEL_PREFIX) for x in (self.positive_label, self.negative_label)
         )
         return LABEL_PREFIX + pos, LABEL_PREFIX + neg
+
+
+def _flag(key: str) -> str:
+    """The `lemur-data classifier train` flag of a TrainSettings field."""
+    return "--label" if key == "positive_label" else "--" + key.replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -197,6 +231,11 @@ def train(
     inputs' names, hashes and counts, for the card)."""
     pos, neg = split(positive, settings, "positive"), split(negative, settings, "negative")
     for name, part in (("positive", pos), ("negative", neg)):
+        if part.valid and not part.train:  # a few documents: round(n * fraction) == n
+            raise UserError(
+                f"--valid-fraction {settings.valid_fraction} holds out all {len(part.valid)} "
+                f"{name} documents: none left to train on; lower it or give more documents"
+            )
         if len(part.train) == 0:
             raise UserError(f"no {name} documents with text to train on")
     fit(pos.train, neg.train, settings, out)
