@@ -54,6 +54,7 @@ from lemur.data.pack.sections import ManifestSections
 from lemur.data.pack.shuffle import ShuffleError
 from lemur.data.pack.write import PackStages
 from lemur.data.read.listing import InputFile, Listing, list_inputs
+from lemur.data.read.remote_outcome import unfinished_reads
 from lemur.data.read.sources import SourcesReader
 from lemur.data.read.stack_v2 import check_content_clients
 from lemur.data.recipe import Recipe
@@ -318,7 +319,11 @@ def _read_round(
     n = tokenize_stage(recipe, units, tok_path, run_dir, report)
     if kind != "read":
         return run_dir, n, None
-    _check_sources(collect_counts(run_dir, recipe, n, listing))
+    counts = collect_counts(run_dir, recipe, n, listing)
+    unfinished = unfinished_reads(recipe, run_dir, n, counts)  # a rerun redoes those tasks
+    if unfinished:
+        raise BuildError(unfinished)
+    _check_sources(counts)
     return run_dir, n, run_dedup(recipe.dedup, run_dir, n, partial(run_stage, recipe, report))
 
 

@@ -65,8 +65,9 @@ def language_label(language: str | None) -> str:
 
 
 # What remote reading counts per source (read/remote.py): bytes received, requests made,
-# retries after throttling or transient errors, requests that failed for good.
-REMOTE_COUNTERS = ("bytes", "requests", "retries", "failures")
+# retries after throttling or transient errors, requests that failed for good, objects found
+# changed since they were listed.
+REMOTE_COUNTERS = ("bytes", "requests", "retries", "failures", "changed")
 
 
 def remote_label(kind: str, source: str) -> str:
@@ -78,13 +79,20 @@ def _stat_total(value: Any) -> int:
     return int(value["total"]) if isinstance(value, dict) else int(value)
 
 
+def task_labels(run_dir: Path, rank: int) -> Counter[str]:
+    """Every stat label's total in one task's datatrove stats file."""
+    labels: Counter[str] = Counter()
+    for step in json.loads((run_dir / "logs" / "stats" / f"{rank:05d}.json").read_text()):
+        for label, value in step["stats"].items():
+            labels[label] += _stat_total(value)
+    return labels
+
+
 def _task_labels(run_dir: Path, n_tasks: int) -> Counter[str]:
     """Every stat label's total over the tasks' datatrove stats files."""
     labels: Counter[str] = Counter()
     for rank in range(n_tasks):
-        for step in json.loads((run_dir / "logs" / "stats" / f"{rank:05d}.json").read_text()):
-            for label, value in step["stats"].items():
-                labels[label] += _stat_total(value)
+        labels.update(task_labels(run_dir, rank))
     return labels
 
 

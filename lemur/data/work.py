@@ -128,3 +128,9 @@ def demo_sources(output: str | os.PathLike[str]) -> Path:
 def listing_record(root: Path, key: str) -> Path:
     """A remote source's listing, recorded once per build (read/remote_listing.py)."""
     return root / f"listing-{key}.json"
+
+
+def completion_marker(stage: Path, rank: int) -> Path:
+    """datatrove's marker of task `rank` done, of a stage logging under `stage/logs`: a rerun
+    skips the tasks that have one."""
+    return stage / "logs" / "completions" / f"{rank:05d}"

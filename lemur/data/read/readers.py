@@ -136,8 +136,10 @@ class BaseReader(ABC):
 
     def opener(self, f: InputFile) -> Opener:
         """Opens `f` for binary reading: a local file, or a remote one (remote.py)."""
-        # A byte-range part reads ahead only to its end (the last line's tail on demand).
-        return self.log.remote.opener(f.source, f.size, f.end if f.unit == BYTES else -1)
+        # A byte-range part reads ahead only to its end (the last line's tail on demand); a
+        # remote object is read as the version listed, or not at all (remote.py).
+        ahead = f.end if f.unit == BYTES else -1
+        return self.log.remote.opener(f.source, f.size, ahead, f.version)
 
     def metadata(self, f: InputFile, extra: dict[str, Any]) -> dict[str, Any]:
         """A document's metadata: source, domain, path, then `extra`, then the language."""

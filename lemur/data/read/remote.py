@@ -85,6 +85,26 @@ class RemoteError(OSError):
     """A remote read that failed for good (retries exhausted, or an error not worth retrying)."""
 
 
+class RemoteChanged(RemoteError):
+    """An object that is no longer the version listed (its ETag or size moved): nothing of
+    the new version is read as the old one's."""
+
+
+# HTTP 412: a conditional request (If-Match: the listed ETag) whose object has changed.
+PRECONDITION_FAILED = 412
+# Info keys that change when an object is rewritten, in order of preference.
+VERSION_KEYS = ("ETag", "etag", "md5Hash", "crc32c", "blob_id", "oid", "LastModified", "mtime")
+
+
+def object_version(info: Mapping[str, Any]) -> str:
+    """What changes when an object is rewritten: its ETag, else its hash or mtime ("" if
+    the filesystem tells none)."""
+    for key in VERSION_KEYS:
+        if info.get(key) is not None:
+            return str(info[key]).strip('"')
+    return ""
+
+
 def display_url(url: str) -> str:
     """A URL as it may be shown: without a user, password or query (presigned signatures)."""
     if not is_remote(url):
@@ -247,8 +267,13 @@ class Remote:
             self._pool = ThreadPoolExecutor(self.settings.concurrency, "lemur-remote")
         return self._pool
 
-    def _once(self, fs: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-        """One request, bounded in time on async filesystems (fsspec cancels it)."""
+    def _once(self, fs: Any, method: str | Callable, *args: Any, **kwargs: Any) -> Any:
+        """One request, bounded in time on async filesystems (fsspec cancels it). `method`
+        names the filesystem's method, or is a coroutine function of (fs, *args)."""
+        if callable(method):
+            from fsspec.asyn import sync
+
+            return sync(fs.loop, method, fs, *args, timeout=self.settings.timeout_s, **kwargs)
         if getattr(fs, "async_impl", False):
             from fsspec.asyn import sync
 
@@ -256,8 +281,17 @@ class Remote:
             return sync(fs.loop, coroutine, *args, timeout=self.settings.timeout_s, **kwargs)
         return getattr(fs, method)(*args, **kwargs)
 
-    def call(self, what: str, url: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """`fs.<method>(*args)` with retries; RemoteError naming `what` and the URL at the end."""
+    def changed(self, url: str, how: str) -> RemoteChanged:
+        """The error of an object that is no longer the version listed, counted `changed`."""
+        self.count("changed", 1)
+        return RemoteChanged(
+            f"{display_url(url)} changed since it was listed ({how}): its listing is dropped "
+            "and it is listed again on the next run"
+        )
+
+    def call(self, what: str, url: str, method: str | Callable, *args: Any, **kwargs: Any) -> Any:
+        """`fs.<method>(*args)` with retries; RemoteError naming `what` and the URL at the end
+        (RemoteChanged when a conditional request finds the object changed)."""
         fs = self.fs(url)
         s = self.settings
         for attempt in range(s.retries + 1):
@@ -265,6 +299,9 @@ class Remote:
             try:
                 return self._once(fs, method, *args, **kwargs)
             except Exception as e:  # noqa: BLE001 - every client raises its own types
+                if any(_status(c)[0] == PRECONDITION_FAILED for c in _chain(e)):
+                    self.count("failures", 1)
+                    raise self.changed(url, f"{what}: HTTP 412, not the listed ETag") from None
                 transient = is_transient(e)
                 if not transient or attempt == s.retries:
                     self.count("failures", 1)
@@ -286,10 +323,17 @@ class Remote:
                 time.sleep(wait)
         raise AssertionError("unreachable")
 
-    def cat(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
-        """Bytes [start, end) of an object (all of it without bounds), counted."""
+    def cat(
+        self, url: str, start: int | None = None, end: int | None = None, version: str = ""
+    ) -> bytes:
+        """Bytes [start, end) of an object (all of it without bounds), counted. With the
+        listed `version` (ETag), an S3 object is read only while it is that version
+        (`If-Match`: RemoteChanged otherwise, in the same request)."""
         what = "GET" if start is None else f"GET bytes {start}-{end}"
-        data = self.call(what, url, "cat_file", url, start=start, end=end)
+        if version and url.split("://", 1)[0].lower() in ("s3", "s3a"):
+            data = self.call(what, url, _s3_get_if_match, url, start, end, version)
+        else:
+            data = self.call(what, url, "cat_file", url, start=start, end=end)
         self.count("bytes", len(data))
         return data
 
@@ -298,17 +342,49 @@ class Remote:
         return self.call("HEAD", url, "info", url)
 
     def open(
-        self, url: str, size: int | None = None, block_bytes: int = 0, ahead_until: int = -1
+        self,
+        url: str,
+        size: int | None = None,
+        block_bytes: int = 0,
+        ahead_until: int = -1,
+        version: str = "",
     ) -> BinaryIO:
         """A buffered, seekable reader of an object (its size looked up when not given);
         `block_bytes` overrides the setting (small for a head or a footer); no block from
-        `ahead_until` on is read ahead (the end of a byte-range part), only when asked."""
+        `ahead_until` on is read ahead (the end of a byte-range part), only when asked.
+
+        With the listed `version`, what is read is that version or nothing: on S3 every
+        ranged GET carries `If-Match`; elsewhere (no conditional read in fsspec) one HEAD
+        compares the version before the first byte is read. RemoteChanged otherwise.
+        """
         if size is None or size < 0:
             size = int(self.info(url)["size"])
-        raw = RemoteFile(self, url, size, block_bytes or self.settings.block_bytes)
+        if version and url.split("://", 1)[0].lower() not in ("s3", "s3a"):
+            now = object_version(self.info(url))
+            if now != version:
+                raise self.changed(url, f"version {version}, now {now or 'unknown'}")
+            version = ""  # checked: the ranged reads go unconditioned
+        raw = RemoteFile(self, url, size, block_bytes or self.settings.block_bytes, version)
         if ahead_until >= 0:
             raw.ahead_until = ahead_until
         return io.BufferedReader(raw, buffer_size=min(1 << 20, raw.block))
+
+
+async def _s3_get_if_match(
+    fs: Any, url: str, start: int | None, end: int | None, etag: str
+) -> bytes:
+    """Bytes [start, end) of an S3 object (all without bounds) if its ETag is still `etag`:
+    a GET with `If-Match`, answered 412 when the object was rewritten (s3fs's `cat_file`
+    sends no conditions)."""
+    bucket, key, version_id = fs.split_path(url)
+    extra: dict[str, Any] = {"VersionId": version_id} if version_id else {}
+    if start is not None:
+        extra["Range"] = f"bytes={start}-{(end or 0) - 1}" if end is not None else f"bytes={start}-"
+    response = await fs._call_s3("get_object", Bucket=bucket, Key=key, IfMatch=f'"{etag}"', **extra)
+    try:
+        return await response["Body"].read()
+    finally:
+        response["Body"].close()
 
 
 def _chain(error: BaseException) -> list[BaseException]:
@@ -327,6 +403,7 @@ def _brief(error: BaseException) -> str:
     for e in _chain(error):
         status, code = _status(e)
         if status or code:
+            code = "" if code == str(status) else code  # botocore's code for a bare status
             head = " ".join(str(x) for x in (f"HTTP {status}" if status else "", code) if x)
             return f"{head}: {text}" if text else head
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
@@ -337,13 +414,16 @@ class RemoteFile(io.RawIOBase):
 
     Reading in order keeps the next `concurrency` blocks in flight (the bounded read-ahead
     buffer); a seek elsewhere (a parquet footer, a column chunk) fetches just that block.
-    A block shorter than the listed size says the object changed since it was listed.
+    A block shorter than the listed size says the object changed since it was listed; with
+    the listed version, every block is read under it (`If-Match`, S3), so that blocks of two
+    versions are never joined.
     """
 
-    def __init__(self, remote: Remote, url: str, size: int, block: int) -> None:
+    def __init__(self, remote: Remote, url: str, size: int, block: int, version: str = "") -> None:
         super().__init__()
         self.remote = remote
         self.url = url
+        self.version = version  # the listed ETag every block is read under (S3), or ""
         self.size = size
         self.block = block
         self.ahead = remote.settings.concurrency
@@ -374,11 +454,10 @@ class RemoteFile(io.RawIOBase):
     def _fetch(self, k: int) -> bytes:
         start = k * self.block
         end = min(self.size, start + self.block)
-        data = self.remote.cat(self.url, start, end)
+        data = self.remote.cat(self.url, start, end, self.version)
         if len(data) != end - start:
-            raise RemoteError(
-                f"{display_url(self.url)}: bytes {start}-{end} came back {len(data)} bytes long:"
-                f" the object changed since it was listed ({self.size} bytes)"
+            raise self.remote.changed(
+                self.url, f"bytes {start}-{end} came back {len(data)} bytes long of {self.size}"
             )
         return data
 

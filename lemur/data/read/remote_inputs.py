@@ -42,14 +42,18 @@ class RemoteInputs:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_remotes": {}}  # each process makes its own clients
 
-    def open(self, source: int, path: str, size: int = -1, ahead_until: int = -1) -> BinaryIO:
-        """A binary reader of an input: a local file, or a remote one by ranged requests."""
+    def open(
+        self, source: int, path: str, size: int = -1, ahead_until: int = -1, version: str = ""
+    ) -> BinaryIO:
+        """A binary reader of an input: a local file, or a remote one by ranged requests
+        (of its listed `version` only, when given: `Remote.open`)."""
         if not is_remote(path):
             return open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - the caller closes
-        return self.remote(source).open(path, size, ahead_until=ahead_until)
+        return self.remote(source).open(path, size, ahead_until=ahead_until, version=version)
 
     def opener(
-        self, source: int, size: int = -1, ahead_until: int = -1
+        self, source: int, size: int = -1, ahead_until: int = -1, version: str = ""
     ) -> Callable[[str], BinaryIO]:
-        """`open` for one source, size and read-ahead bound, as the stream functions take it."""
-        return lambda path: self.open(source, path, size, ahead_until)
+        """`open` for one source, size, read-ahead bound and listed version, as the stream
+        functions take it."""
+        return lambda path: self.open(source, path, size, ahead_until, version)

@@ -4,10 +4,13 @@ source's listing in the work directory, so that a build lists a bucket once.
 A resumed build or a rerun reads the record instead of listing again: every task of every
 run reads the same objects, and a bucket with millions of objects is not listed twice. The
 record is keyed by what decides the listing (the source's paths, format, include/exclude and
-tree rules, `split_bytes`), never by credentials. Objects changed after the listing are
-found when read (a block shorter than the recorded size: `RemoteFile`); to see objects
-added since, remove the record (`<work>/listing-<key>.json`): the next run lists again, and
-a listing that differs makes a new build (its inputs digest moves, as with local inputs).
+tree rules, `split_bytes`), never by credentials. An object changed after the listing is
+found when read (S3: every ranged GET carries `If-Match` with the listed ETag; elsewhere a
+HEAD compares its version when it is opened; a block shorter than the recorded size), and
+fails its task: the build drops the source's record (`forget_record`), so that the next run
+lists it again. To see objects added since, remove the record (`<work>/listing-<key>.json`):
+the next run lists again, and a listing that differs makes a new build (its inputs digest
+moves, as with local inputs).
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lemur.data.read.remote import Remote
+from lemur.data import work as work_folders
+from lemur.data.read.remote import Remote, object_version
+from lemur.data.recipe import Recipe
 from lemur.data.recipe_sources import SourceConfig, public_options
 from lemur.shards.format import atomic_write_bytes
 
@@ -37,14 +42,6 @@ class RemoteObject:
     version: str
 
 
-def _version(info: dict[str, Any]) -> str:
-    """What changes when an object is rewritten: its ETag, else its hash or mtime."""
-    for key in ("ETag", "etag", "md5Hash", "crc32c", "blob_id", "oid", "LastModified", "mtime"):
-        if info.get(key) is not None:
-            return str(info[key]).strip('"')
-    return ""
-
-
 def _objects(fs: Any, found: dict[str, dict[str, Any]], root: str) -> list[RemoteObject]:
     """The files of a listing (`path -> info`), named relative to `root` (a bare path)."""
     out = []
@@ -52,7 +49,9 @@ def _objects(fs: Any, found: dict[str, dict[str, Any]], root: str) -> list[Remot
         if info.get("type") != "file":
             continue
         rel = posixpath.relpath(name, root) if root else posixpath.basename(name)
-        out.append(RemoteObject(fs.unstrip_protocol(name), rel, int(info["size"]), _version(info)))
+        out.append(
+            RemoteObject(fs.unstrip_protocol(name), rel, int(info["size"]), object_version(info))
+        )
     return out
 
 
@@ -111,3 +110,10 @@ def save_record(path: Path, files: list[dict[str, Any]], skipped: dict[str, int]
     record = {"version": RECORD_VERSION, "files": files, "skipped": skipped}
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, json.dumps(record, sort_keys=True).encode())
+
+
+def forget_record(recipe: Recipe, index: int) -> None:
+    """Drop source `index`'s recorded listing (one of its objects changed since): the next
+    run lists the source again."""
+    key = record_key(recipe.sources[index], recipe.executor.split_bytes)
+    work_folders.listing_record(recipe.work_root(), key).unlink(missing_ok=True)
