@@ -421,3 +421,51 @@ def test_content_url_fields_are_checked_when_the_recipe_loads(tmp_path, url, say
     with pytest.raises(RecipeError) as bad:
         recipe_from_dict(raw, check_paths=False)
     assert str(bad.value) == f"recipe: sources[0].content_url {url!r} {says}"
+
+
+def _tagged_memory() -> type:
+    """fsspec's in-memory filesystem whose info tells an ETag (a hash of the bytes), as a
+    store without conditional reads does (gcsfs, the Hub)."""
+    import hashlib
+
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class TaggedMemory(MemoryFileSystem):
+        protocol = "lemur-tagged"
+        store: dict = {}  # its own objects, apart from the plain memory filesystem's
+        pseudo_dirs = [""]
+
+        def info(self, path, **kwargs):
+            out = super().info(path, **kwargs)
+            return out | {"ETag": hashlib.md5(self.cat_file(path)).hexdigest()}
+
+    return TaggedMemory
+
+
+TaggedMemory = _tagged_memory()
+
+
+def test_other_filesystems_compare_the_listed_version_before_reading(monkeypatch):
+    """Where no conditional read exists, one HEAD compares the listed version when the object
+    is opened: a rewritten object is RemoteChanged naming it, counted `changed`."""
+    import hashlib
+
+    from fsspec.registry import known_implementations
+
+    from lemur.data.read.remote import RemoteChanged
+
+    monkeypatch.setitem(
+        known_implementations, TaggedMemory.protocol, {"class": f"{__name__}.TaggedMemory"}
+    )
+    url = f"{TaggedMemory.protocol}://b/x.txt"
+    TaggedMemory().pipe_file(url, b"first version\n")
+    counts: Counter[str] = Counter()
+    remote = Remote(None, RemoteSettings(retries=0), lambda kind, n: counts.update({kind: n}))
+    listed = hashlib.md5(b"first version\n").hexdigest()
+    with remote.open(url, 14, version=listed) as fh:
+        assert fh.read() == b"first version\n"
+    TaggedMemory().pipe_file(url, b"other version\n")  # same size
+    with pytest.raises(RemoteChanged) as changed:
+        remote.open(url, 14, version=listed)
+    assert str(changed.value).startswith(f"{url} changed since it was listed (version {listed}")
+    assert counts["changed"] == 1
