@@ -206,6 +206,30 @@ def writing(path: str | os.PathLike[str]) -> Iterator[None]:
         die(f"{e.filename or path}: {e.strerror or e}")
 
 
+@contextlib.contextmanager
+def exit_at_once_on_signals(prog: str, interrupted: str = "interrupted") -> Iterator[None]:
+    """While inside (a command's slow imports: nothing written yet, nothing to clean up),
+    SIGTERM or Ctrl-C ends the process at once with run_main's one line and 143 or 130.
+    Raising from a signal handler inside an import would not do: a C extension being
+    initialised (numpy's) turns the exception into an ImportError, a traceback and exit 1.
+    The handlers found are put back afterwards (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        said = "terminated (SIGTERM)" if signum == signal.SIGTERM else interrupted
+        _say(f"{prog}: {said}")
+        os._exit(EXIT_SIGTERM if signum == signal.SIGTERM else EXIT_SIGINT)
+
+    before = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, previous in before.items():
+            signal.signal(signum, previous)
+
+
 def _say(line: str) -> None:
     """One line on stderr, flushed (stdout first, so that the order on a terminal holds)."""
     with contextlib.suppress(Exception):  # a closed or broken stream must not hide the code

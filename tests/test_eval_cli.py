@@ -393,3 +393,40 @@ def test_humaneval_prompts_beyond_the_context(
     assert cli.main([*base, "--max-seq-len", str(length), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tasks"] == 2 and summary["long_prompts"]["skipped"] == 0
+
+
+def test_bpb_prints_plain_progress_lines_without_a_terminal(
+    run_dir: Path,
+    shards: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """#44 item 9: without a terminal (a log file, nohup, Slurm), `bpb` prints a plain line
+    per domain at a steady interval (windows done / total, elapsed, ETA) and its wall time
+    at its end; it printed nothing until the table (20 s on the demo)."""
+    import re
+    import time
+
+    from lemur.eval import bpb
+
+    real = bpb.token_nll
+
+    def slow(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - a batch that takes a while
+        time.sleep(0.2)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bpb, "token_nll", slow)
+    monkeypatch.setenv("LEMUR_PROGRESS_INTERVAL", "0.05")
+    capsys.readouterr()
+    argv = ["bpb", str(run_dir), str(shards), "--seq-len", "16", "--batch-size", "1"]
+    assert cli.main([*argv, "--max-windows", "3", "--no-languages"]) == 0
+    captured = capsys.readouterr()
+    err = captured.err.splitlines()
+    for domain in ("code", "text"):
+        stage = f"lemur-eval: bpb {shards} {domain}"
+        assert any(
+            re.fullmatch(rf"{re.escape(stage)}: [0-3]/3 windows, \ds elapsed(, ETA \ds)?", line)
+            for line in err
+        ), err
+        assert any(re.fullmatch(rf"{re.escape(stage)}: 3/3 windows done in \ds", x) for x in err)
+    assert "bits per byte" in captured.out

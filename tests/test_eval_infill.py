@@ -128,13 +128,25 @@ def test_task_file_round_trip_and_bad_rows(
     assert "no canonical_solution" in capsys.readouterr().err
 
 
-def test_canonical_command(single: list, tmp_path: Path) -> None:
-    """`infill --canonical` on a task file: pass@1 1.0, the report and the plot written."""
+def test_canonical_command(
+    single: list, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    """`infill --canonical` on a task file: pass@1 1.0, the report and the plot written;
+    without a terminal, plain progress lines of the checks at a steady interval (#44 item
+    9: `--canonical --tasks multi-line` printed no count for 8 minutes)."""
+    import re
+
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(json.dumps(t.row()) + "\n" for t in single[100:104]))
     out = tmp_path / "out"
     argv = ["infill", "--canonical", "--tasks", str(path), "--out", str(out), "--workers", "2"]
+    monkeypatch.setenv("LEMUR_PROGRESS_INTERVAL", "0.05")
+    capsys.readouterr()
     assert cli.main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    line = r"lemur-eval: check: [0-4]/4 samples, \ds elapsed(, ETA \ds)?"
+    assert any(re.fullmatch(line, x) for x in err), err
+    assert any(re.fullmatch(r"lemur-eval: check: 4/4 samples done in \ds", x) for x in err), err
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["pass@1"], summary["exact_match"], summary["tasks"]) == (1.0, 1.0, 4)
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]

@@ -23,7 +23,6 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -200,7 +199,7 @@ def _run_code(
             allow_network=config.allow_network,
         )
 
-    with ThreadPoolExecutor(max_workers=config.workers or len(replies) or 1) as pool:
+    with sandbox.run_pool(config.workers or len(replies) or 1) as pool:  # SIGTERM stops runs
         return list(zip(codes, pool.map(run, range(len(replies))), strict=True))
 
 
@@ -291,6 +290,8 @@ def run_agent(
     done = {r["task_id"] for r in records}
     pending = [t for t in tasks if t.task_id not in done]
     live: list[Conversation] = []
+    if progress is not None:
+        progress(len(records), len(records) + len(pending))
     with open(out / "transcripts.jsonl", "a", encoding="utf-8") as f:
         while pending or live:
             while pending and len(live) < replies.capacity:

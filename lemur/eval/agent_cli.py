@@ -14,6 +14,7 @@ from typing import Any
 
 from lemur.cli_common import die, positive_int, user_input, writing
 from lemur.eval import cli_args
+from lemur.progress import Progress
 
 
 def add_parsers(sub: Any) -> None:
@@ -120,14 +121,15 @@ def cmd_agent(args: argparse.Namespace) -> int:
     out = Path(args.out or f"agent-{args.feedback}")
     with writing(out):  # refused now, not after the first tasks ran
         out.mkdir(parents=True, exist_ok=True)
-    records = agent.run_agent(
-        tasks,
-        replies,
-        config,
-        out,
-        settings=settings,
-        progress=lambda i, n: cli_args.say(f"{i}/{n} tasks done"),
-    )
+    with Progress("lemur-eval", unit="tasks") as progress:
+        records = agent.run_agent(
+            tasks,
+            replies,
+            config,
+            out,
+            settings=settings,
+            progress=lambda done, n: progress("agent", done, n),
+        )
     summary = {**agent_report.summarize(records, args.turns), **config.settings(), **settings}
     path = agent_report.write_summary(out, summary)
     png = agent_report.plot([out], out / "success_by_turn.png")

@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -166,10 +166,13 @@ def _score_domain(
     token_bytes: TokenBytes,
     settings: BpbSettings,
     docs: _Documents | None,
+    progress: Callable[[int, int], None],
 ) -> dict[str, Any]:
-    """Score the first windows of one val domain: totals and, with `docs`, per language."""
+    """Score the first windows of one val domain: totals and, with `docs`, per language;
+    `progress(windows done, windows)` after each batch."""
     n = len(source) if settings.max_windows is None else min(len(source), settings.max_windows)
     total, by_language = Score(), {}
+    progress(0, n)
     for first in range(0, n, settings.batch_size):
         index = list(range(first, min(n, first + settings.batch_size)))
         batch = _stack([source[i] for i in index], settings.batch_size)
@@ -190,6 +193,7 @@ def _score_domain(
                         float(nll[row][part].sum()),
                         int(nbytes[row][part].sum()),
                     )
+        progress(index[-1] + 1, n)
     return {
         **total.to_json(),
         "windows": n,
@@ -218,9 +222,11 @@ def score_directory(
     directory: str | os.PathLike[str] | ShardDir,
     settings: BpbSettings,
     tagger: LanguageTagger | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Bits per byte and nats per token of every val domain of a shard directory (UserError
-    when a domain holds no window: `check_windows`)."""
+    when a domain holds no window: `check_windows`); `progress(stage, windows done,
+    windows)` as each domain's batches are scored (the stage is `bpb DIR DOMAIN`)."""
     from lemur.shards.windows import ShardSource
 
     shard_dir = ShardDir.of(directory)
@@ -239,7 +245,16 @@ def score_directory(
             shard_dir, settings.seq_len, split="val", domain=domain, vocab_size=config.vocab_size
         )
         docs = _Documents(source, tok, domain, tagger) if settings.languages else None
-        domains[domain] = _score_domain(params, config, source, token_bytes, settings, docs)
+        stage = f"bpb {directory} {domain}"
+        domains[domain] = _score_domain(
+            params,
+            config,
+            source,
+            token_bytes,
+            settings,
+            docs,
+            lambda done, n, stage=stage: progress and progress(stage, done, n),
+        )
     return {
         "directory": str(directory),
         "tokenizer_sha256": shard_dir.tokenizer.get("sha256"),

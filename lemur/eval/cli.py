@@ -30,6 +30,7 @@ from lemur.cli_common import (
     add_debug_option,
     debug_wanted,
     die,
+    exit_at_once_on_signals,
     positive_int,
     run_main,
     user_input,
@@ -49,8 +50,10 @@ from lemur.eval.cli_args import (
     sandbox_limits,
     say,
     set_context,
+    written_if_stopped,
 )
 from lemur.eval.prompts_file import read_prompts
+from lemur.progress import Progress
 
 USAGE = "lemur-eval {bpb,generate,humaneval,infill,agent,plot} ... (lemur-eval COMMAND --help)"
 
@@ -192,7 +195,11 @@ def cmd_bpb(args: argparse.Namespace) -> int:
             languages=not args.no_languages,
         )
     tagger = bpb.LanguageTagger()
-    results = [bpb.score_directory(model.params, model.config, d, settings, tagger) for d in dirs]
+    with Progress("lemur-eval", unit="windows") as progress:
+        results = [
+            bpb.score_directory(model.params, model.config, d, settings, tagger, progress)
+            for d in dirs
+        ]
     _bpb_table(results)
     if args.json:
         out = {"model": model.source, "kind": model.kind, "results": results}
@@ -239,7 +246,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _humaneval_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list, dict]:
+def _humaneval_samples(
+    args: argparse.Namespace, tasks: list[Any], progress: Progress
+) -> tuple[list, dict]:
     """(task_id, completion) samples from the canonical solutions or the model, and notes."""
     from lemur.eval import humaneval
 
@@ -264,7 +273,7 @@ def _humaneval_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list
         args.n,
         gen,
         long_prompts=args.long_prompts,
-        progress=lambda i, n: say(f"generated {i}/{n}"),
+        progress=lambda i, n: progress("generate", i, n),
     )
     notes = {
         "long_prompts": long.report(),
@@ -291,14 +300,21 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
         tasks = humaneval.load_tasks(args.tasks) if args.tasks else humaneval.humaneval_tasks()
     tasks = tasks[: args.limit]  # None: every task
     isolation = probe_sandbox(args)
-    samples, notes = _humaneval_samples(args, tasks)
-    records = humaneval.check(
-        tasks,
-        samples,
-        sandbox_limits(args),
-        workers=args.workers,
-        allow_network=args.allow_network,
-    )
+    with Progress("lemur-eval", unit="samples") as progress:
+        samples, notes = _humaneval_samples(args, tasks, progress)
+        checked: dict[int, dict[str, Any]] = {}
+        with written_if_stopped(
+            args.out, len(samples), notes, lambda: [checked[i] for i in sorted(checked)]
+        ):
+            records = humaneval.check(
+                tasks,
+                samples,
+                sandbox_limits(args),
+                workers=args.workers,
+                allow_network=args.allow_network,
+                progress=lambda done, n: progress("check", done, n),
+                checked=checked,
+            )
     summary = {
         **humaneval.summarize(records, args.k or [1]),
         **notes,
@@ -326,20 +342,26 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `lemur-eval`."""
-    from lemur import process_setup
-    from lemur.eval.load import LoadError
-    from lemur.eval.prompts_file import PromptsError
-    from lemur.eval.sandbox import SandboxUnavailable
-    from lemur.shards.format import ShardFormatError
+def _run(args: argparse.Namespace) -> int:
+    """The command's body. Its slow imports (JAX: seconds, 19 on a loaded machine) come
+    first, inside `exit_at_once_on_signals`: SIGTERM or Ctrl-C there ends at once with one
+    line, 143 or 130 (it was the signal's default death, without a word)."""
+    with exit_at_once_on_signals("lemur-eval"):
+        from lemur import process_setup
+        from lemur.eval.load import LoadError
+        from lemur.eval.prompts_file import PromptsError
+        from lemur.eval.sandbox import SandboxUnavailable
+        from lemur.shards.format import ShardFormatError
 
     process_setup.install("lemur-eval")  # every process-wide change: see lemur.process_setup
+    with user_input(LoadError, PromptsError, ShardFormatError, SandboxUnavailable):
+        return COMMANDS[args.command](args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `lemur-eval`."""
     args = parser().parse_args(argv)
-    mistakes = (LoadError, PromptsError, ShardFormatError, SandboxUnavailable)
-    return run_main(
-        lambda: COMMANDS[args.command](args), "lemur-eval", mistakes, debug=debug_wanted(args)
-    )
+    return run_main(lambda: _run(args), "lemur-eval", debug=debug_wanted(args))
 
 
 if __name__ == "__main__":

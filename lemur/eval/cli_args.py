@@ -8,12 +8,14 @@ default"; an option left out does."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from lemur.cli_common import die, positive_float, positive_int, user_input
+from lemur.cli_common import Terminated, die, positive_float, positive_int, user_input, writing
 from lemur.eval.long_prompts import DOES
 
 # The seeds JAX's random keys take: a signed 64-bit integer (more is an OverflowError).
@@ -130,6 +132,28 @@ def sandbox_limits(args: argparse.Namespace) -> Any:
     from lemur.eval import sandbox
 
     return sandbox.Limits(timeout_s=args.timeout, cpu_s=max(1, int(args.timeout)))
+
+
+@contextlib.contextmanager
+def written_if_stopped(
+    out: str, total: int, notes: dict[str, Any], records: Callable[[], list[dict[str, Any]]]
+) -> Iterator[None]:
+    """Inside, SIGTERM or Ctrl-C (the sandbox's runs in flight are stopped: `run_pool`)
+    first writes the samples checked so far, `records()`, to `out`: samples.jsonl, and a
+    summary.json that says the run was interrupted and has no pass@k (it would not be over
+    the tasks asked for). Then the command exits 143 or 130 as usual."""
+    try:
+        yield
+    except (Terminated, KeyboardInterrupt) as e:
+        done = records()
+        if done:
+            from lemur.eval.humaneval import write_results
+
+            why = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
+            summary = {"interrupted": why, "samples_checked": len(done), "samples": total}
+            with writing(out):
+                write_results(out, done, summary | notes)
+        raise
 
 
 def say(message: str) -> None:

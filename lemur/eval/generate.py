@@ -213,6 +213,8 @@ def generate_ids(
     rows = [RowState(prompt=[int(t) for t in p]) for p in prompts]
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i].prompt))
     base = jax.random.key(gen.seed)
+    if progress is not None:
+        progress(0, len(order))
     for n, start in enumerate(range(0, len(order), gen.batch_size)):
         batch = [rows[i] for i in order[start : start + gen.batch_size]]
         _run_batch(

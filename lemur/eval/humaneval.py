@@ -19,8 +19,8 @@ import dataclasses
 import json
 import os
 import secrets
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -161,9 +161,16 @@ def check(
     workers: int | None = None,
     allow_network: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    checked: dict[int, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every (task_id, completion) in the sandbox; one result record per sample, in order."""
+    """Run every (task_id, completion) in the sandbox; one result record per sample, in order.
+
+    `checked` is filled as samples are checked (sample index -> record), so that a caller
+    stopped midway (SIGTERM, Ctrl-C: the runs in flight are stopped, `sandbox.run_pool`)
+    can write what is done; `progress(done, samples)` from 0.
+    """
     limits = sandbox.Limits() if limits is None else limits
+    checked = {} if checked is None else checked
     by_id = {t.task_id: t for t in tasks}
     isolation = sandbox.probe()
     if not isolation.network and not allow_network:
@@ -171,11 +178,12 @@ def check(
             "no network isolation on this machine (network namespaces unavailable); "
             "refusing to run generated code without --allow-network"
         )
-    done = 0
+    lock = threading.Lock()
+    if progress is not None:
+        progress(0, len(samples))
 
-    def run(sample: tuple[str, str]) -> dict[str, Any]:
-        nonlocal done
-        task_id, completion = sample
+    def run(index: int) -> dict[str, Any]:
+        task_id, completion = samples[index]
         secret = secrets.token_hex(16).encode()
         result = sandbox.run_python(
             runner(by_id[task_id], completion),
@@ -185,11 +193,8 @@ def check(
             stdin=secret,
             report=True,
         )
-        done += 1
-        if progress is not None:
-            progress(done, len(samples))
         status, error = _verdict(result, secret)
-        return {
+        record = {
             "task_id": task_id,
             "completion": completion,
             "passed": status == "ok",
@@ -197,9 +202,14 @@ def check(
             "error": error,
             "seconds": round(result.seconds, 3),
         }
+        with lock:  # one count per sample, whichever thread finishes it
+            checked[index] = record
+            if progress is not None:
+                progress(len(checked), len(samples))
+        return record
 
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-        return list(pool.map(run, samples))
+    with sandbox.run_pool(workers or os.cpu_count() or 1) as pool:
+        return list(pool.map(run, range(len(samples))))
 
 
 def summarize(records: Sequence[dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]:

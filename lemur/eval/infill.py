@@ -51,10 +51,12 @@ def check(
     workers: int | None = None,
     allow_network: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    checked: dict[int, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every (task_id, middle) spliced into its task in the sandbox; one record per
     sample, in order: humaneval.check's fields (`completion` is the middle) plus
-    `exact_match` and the reference's `middle_lines`."""
+    `exact_match` and the reference's `middle_lines` (`annotate`). `checked` as in
+    humaneval.check (its records not annotated yet)."""
     by_id = {t.task_id: t for t in tasks}
     # humaneval's program is prompt + completion + "\n" + test + ...: the completion
     # `middle + suffix` makes it human-eval-infilling's program.
@@ -65,12 +67,27 @@ def check(
         workers=workers,
         allow_network=allow_network,
         progress=progress,
+        checked=checked,
     )
-    for record, (task_id, middle) in zip(records, samples, strict=True):
+    return annotate(tasks, samples, dict(enumerate(records)))
+
+
+def annotate(
+    tasks: Sequence[InfillTask],
+    samples: Sequence[tuple[str, str]],
+    checked: dict[int, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The checked records (sample index -> humaneval.check's record) in sample order, each
+    with the middle as `completion`, `exact_match` and the reference's `middle_lines`."""
+    by_id = {t.task_id: t for t in tasks}
+    records = []
+    for index in sorted(checked):
+        record, (task_id, middle) = checked[index], samples[index]
         reference = by_id[task_id].middle
         record["completion"] = middle
         record["exact_match"] = exact_match(middle, reference)
         record["middle_lines"] = None if reference is None else middle_lines(reference)
+        records.append(record)
     return records
 
 

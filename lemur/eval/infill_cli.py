@@ -14,6 +14,7 @@ from typing import Any
 
 from lemur.cli_common import die, positive_int, user_input, writing
 from lemur.eval import cli_args, long_prompts
+from lemur.progress import Progress
 
 
 def add_parser(sub: Any) -> None:
@@ -49,7 +50,7 @@ def add_parser(sub: Any) -> None:
     cli_args.gen_args(p, 256)
 
 
-def _model_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list, dict]:
+def _model_samples(args: argparse.Namespace, tasks: list[Any], progress: Any) -> tuple[list, dict]:
     """(task_id, middle) samples from the model named on the command line, and notes."""
     from lemur.eval import infill
     from lemur.tokenizer.fim import find_code_markers
@@ -75,7 +76,7 @@ def _model_samples(args: argparse.Namespace, tasks: list[Any]) -> tuple[list, di
         args.n,
         cli_args.sampling(args),
         long_prompts=args.long_prompts,
-        progress=lambda i, n: cli_args.say(f"generated {i}/{n}"),
+        progress=lambda i, n: progress("generate", i, n),
     )
     notes = {"model": model.source, "n": args.n, "end_ids": list(prompter.end_ids())}
     notes["long_prompts"] = long.report()
@@ -98,18 +99,25 @@ def cmd_infill(args: argparse.Namespace) -> int:
     with user_input(ValueError):  # the --tasks file
         tasks = infill_tasks.infill_tasks(args.tasks)[: args.limit]  # None: every task
     isolation = cli_args.probe_sandbox(args)
-    if args.canonical:
-        with user_input(ValueError):  # a task file without reference middles
-            samples, notes = infill.canonical_samples(tasks), {"model": "canonical"}
-    else:
-        samples, notes = _model_samples(args, tasks)
-    records = infill.check(
-        tasks,
-        samples,
-        cli_args.sandbox_limits(args),
-        workers=args.workers,
-        allow_network=args.allow_network,
-    )
+    with Progress("lemur-eval", unit="samples") as progress:
+        if args.canonical:
+            with user_input(ValueError):  # a task file without reference middles
+                samples, notes = infill.canonical_samples(tasks), {"model": "canonical"}
+        else:
+            samples, notes = _model_samples(args, tasks, progress)
+        checked: dict[int, dict[str, Any]] = {}
+        with cli_args.written_if_stopped(
+            args.out, len(samples), notes, lambda: infill.annotate(tasks, samples, checked)
+        ):
+            records = infill.check(
+                tasks,
+                samples,
+                cli_args.sandbox_limits(args),
+                workers=args.workers,
+                allow_network=args.allow_network,
+                progress=lambda done, n: progress("check", done, n),
+                checked=checked,
+            )
     summary = {
         **infill.summarize(records, args.k or [1]),
         **notes,

@@ -45,7 +45,10 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from lemur.eval import cgroups, leftovers, procs
@@ -173,6 +176,34 @@ class SandboxUnavailable(RuntimeError):
     """The machine cannot give the containment asked for."""
 
 
+class Stopped(Exception):
+    """A run stopped (or never started) because the evaluation is stopping (`run_pool`)."""
+
+
+# Set while a `run_pool` unwinds from an exception: runs in flight stop, new ones refuse.
+_stopping = threading.Event()
+STOP_POLL_S = 0.1  # how often a run's wait looks at `_stopping`
+
+
+@contextlib.contextmanager
+def run_pool(workers: int) -> Iterator[ThreadPoolExecutor]:
+    """A thread pool for sandboxed runs. An exception inside (SIGTERM's `Terminated`,
+    Ctrl-C) stops every run in flight (killed and cleaned up as at a timeout) and refuses
+    the rest before the pool is shut down: otherwise its shutdown would wait out each run's
+    timeout (`--timeout 600`: ten minutes after a scheduler's SIGTERM)."""
+    pool = ThreadPoolExecutor(max_workers=workers)
+    _stopping.clear()
+    try:
+        yield pool
+    except BaseException:
+        _stopping.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
+        _stopping.clear()
+
+
 def _spec(
     work: Path,
     argv: list[str],
@@ -252,6 +283,8 @@ def run_python(
             "(no network namespaces); allow the network explicitly to "
             "run anyway"
         )
+    if _stopping.is_set():
+        raise Stopped("the evaluation is stopping")
     leftovers.remove_once()  # of killed evaluators before this one
     prefix = leftovers.prefix()
     with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as tmp:
@@ -311,7 +344,7 @@ def _launch(
                 with contextlib.suppress(BrokenPipeError):
                     proc.stdin.write(stdin)  # small: the pipe's buffer takes it at once
                 proc.stdin.close()
-            returncode, timed_out = proc.wait(timeout=limits.timeout_s), False
+            returncode, timed_out = _wait(proc, start + limits.timeout_s), False
         except subprocess.TimeoutExpired:
             returncode, timed_out = None, True
         finally:
@@ -319,6 +352,20 @@ def _launch(
             # without one, the sweep goes by uid (a scan of every process: slower).
             procs.kill_everything(proc, None if spec["cgroups"] else uid)
         return returncode, timed_out, time.monotonic() - start
+
+
+def _wait(proc: subprocess.Popen, deadline: float) -> int:
+    """The jail's exit status; TimeoutExpired at `deadline` (monotonic), `Stopped` as soon
+    as the evaluation stops (`run_pool`): the caller kills the run either way."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, 0)
+        try:
+            return proc.wait(timeout=min(left, STOP_POLL_S))
+        except subprocess.TimeoutExpired:
+            if _stopping.is_set():
+                raise Stopped("the evaluation is stopping") from None
 
 
 PROBE_NET = """
