@@ -6,6 +6,8 @@ every shipped config on its documented topology (marked `pod`: `-m "not pod"` sk
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import pytest
 
@@ -54,8 +56,14 @@ def test_tiny_compiles_for_a_tpu_and_fits(
     # Away from the checkout: `tiny` names out/demo, whose vocabulary (once `make demo` has
     # built it) the plan takes, where the expected count below takes the config's.
     monkeypatch.chdir(tmp_path)
-    code, plan, _ = plan_json(capsys, "tiny", "--topology", topology)
+    monkeypatch.setenv("LEMUR_PROGRESS_INTERVAL", "0.05")  # a log's heartbeat, made fast
+    code, plan, err = plan_json(capsys, "tiny", "--topology", topology)
     assert code == 0
+    # Without a terminal: what is compiled, a line every interval while it compiles, and
+    # its wall time (#44 item 9).
+    what = f"lemur-train plan: compiling the train and eval steps of tiny for {topology}"
+    assert re.search(rf"^{what} \({chips} chips\), \d+s elapsed$", err, re.M), err
+    assert re.search(rf"^{what} \({chips} chips\) done in \d+s$", err, re.M), err
     memory = plan["memory"]
     assert plan["devices"] == chips and plan["mesh"] == {"data": 1, "fsdp": chips, "tensor": 1}
     assert memory["fits"] and 0 < memory["peak"] < memory["hbm"]
@@ -94,10 +102,23 @@ def test_fit_searches_cost_order_and_bisects_microbatches(capsys, monkeypatch) -
     monkeypatch.setattr(plan_fit, "eval_memory_for", lambda *a: GIB)
     monkeypatch.setattr(plan_fit, "tpu_devices", lambda target: [None] * target.devices)
     monkeypatch.setattr(plan_fit, "chip_hbm", lambda target, devices: (30 * GIB, "test"))
+    monkeypatch.setenv("LEMUR_PROGRESS_INTERVAL", "0.05")
+    real_compile = fake_compile
+
+    def slow_compile(*args, **kwargs):
+        time.sleep(0.06)  # a compile of minutes, in a log file: a heartbeat line each interval
+        return real_compile(*args, **kwargs)
+
+    monkeypatch.setattr(plan_fit, "compile_memory", slow_compile)
     # 64 windows on 4 chips: microbatches 1, 2, 4, 8, 16 keep whole windows per chip.
     argv = ["plan", "tiny", "--topology", "v4-8", "--fit", "--set", "batch.size=64"]
     assert main(argv) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    what = re.escape(
+        "lemur-train plan: searching remat and microbatches of tiny for v4-8 (4 chips)"
+    )
+    assert re.search(rf"^{what}, \d+s elapsed$", err, re.M), err
+    assert re.search(rf"^{what} done in \d+s$", err, re.M), err
     # none needs 400 GiB / microbatches: it fits from 16 (25 GiB). The largest count first,
     # then the bisection (4: 100 GiB, 8: 50); dots, which recomputes more, is never tried.
     assert compiled == [("none", 16), ("none", 4), ("none", 8)]
@@ -139,6 +160,36 @@ def test_topology_names_map_to_cloud_tpu_shapes() -> None:
     assert (v5e.chips, v5e.shape, v5e.chip.chip_config) == (256, "16x16", "default")
     assert parse_target("v5p-12288").shape == "16x16x24"
     assert parse_target("v6e-8", slices=2).devices == 16
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--slices", "0"], "--slices: must be >= 1, got 0"),
+        (
+            ["--slices", "1000000"],
+            "--slices 1000000: v4-512 x 1,000,000 slices is 256,000,000 chips; a plan "
+            "is bounded at 65,536 chips (tens of thousands: the largest Multislice run "
+            "published, 50,944 v5e chips): fewer slices",
+        ),
+        (
+            ["--slices", "257", "--topology", "v5e-256"],
+            "--slices 257: v5e-256 x 257 slices is 65,792 chips; a plan is bounded at 65,536 "
+            "chips (tens of thousands: the largest Multislice run published, 50,944 v5e "
+            "chips): fewer slices",
+        ),
+        (["--set", "plan.slices=300", "--topology", "v5e-256"], "--slices 300: v5e-256 x 300"),
+    ],
+)
+def test_slices_are_bounded_by_what_a_pod_can_be(capsys, argv, said) -> None:
+    """`--slices 0` planned one slice and `--slices 1000000` grew to 13.6 GB before it was
+    killed: both one line, exit 2, before any device is made (#44 item 19)."""
+    argv = argv if "--topology" in argv else [*argv, "--topology", "v4-512"]
+    started = time.perf_counter()
+    assert main(["plan", "lemur-70b", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lemur-train: {said}") and len(err.splitlines()) == 1, err
+    assert time.perf_counter() - started < 30
 
 
 def test_no_libtpu_exits_2_saying_how_to_install(capsys, monkeypatch) -> None:

@@ -8,10 +8,11 @@ with the compiler's figures); 2 a bad config, topology name or --mfu, or no libt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lemur.cli_common import add_debug_option, add_set_option, die
 
@@ -75,7 +76,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         die(f"{args.config}: no --topology given and no plan.topology in the config")
     if args.mfu is not None and not 0 < args.mfu <= 1:
         die(f"--mfu: must be in (0, 1], got {args.mfu}")
-    target = parse_target(topology, args.slices or config.plan.slices)
+    # `--slices 0` is refused, not taken for "the config's" (it planned one slice).
+    slices = config.plan.slices if args.slices is None else args.slices
+    target = parse_target(topology, slices)
     if target.is_gpu:
         from lemur.train.plan_estimate import NOT_COMPILED
 
@@ -89,9 +92,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
             return _report_fit(args, config, target)
         from lemur.train.plan import plan_tpu
 
-        return _report(args, plan_tpu(config, args.config, target, args.mfu))
+        with _compiling("compiling the train and eval steps", args, target):
+            plan = plan_tpu(config, args.config, target, args.mfu)
+        return _report(args, plan)
     except ConfigError as e:  # the mesh does not split the batch over this many chips
         raise UserError(str(e)) from None
+
+
+def _compiling(what: str, args: argparse.Namespace, target: Target) -> Any:
+    """A compile of minutes for a pod on a CPU host: a bar with its time on a terminal,
+    else a line every interval naming what is compiled (lemur.progress.heartbeat)."""
+    from lemur.progress import heartbeat
+
+    return heartbeat(
+        "lemur-train plan", f"{what} of {args.config} for {target.name} ({target.devices} chips)"
+    )
 
 
 def _report(args: argparse.Namespace, plan: Plan) -> int:
@@ -119,7 +134,13 @@ def _report_fit(args: argparse.Namespace, config: TrainConfig, target: Target) -
     from lemur.train.plan import format_plan, gib, set_flags
     from lemur.train.plan_fit import fit
 
-    result = fit(config, args.config, target, args.mfu, lambda s: print(s, file=sys.stderr))
+    search = (
+        contextlib.nullcontext()  # estimates take no time
+        if target.is_gpu
+        else _compiling("searching remat and microbatches", args, target)
+    )
+    with search:
+        result = fit(config, args.config, target, args.mfu, lambda s: print(s, file=sys.stderr))
     kind = "estimates" if target.is_gpu else "compiles"
     compiles = f"{len(result.tried)} {kind} in {result.seconds:.0f} s"
     if args.json:
