@@ -116,13 +116,20 @@ def compute_stats(directory: str | Path) -> dict[str, Any]:
 
 
 def table(title: str, columns: list[str]) -> Any:
-    """A rich table with the first column left-aligned and the others right-aligned."""
+    """A rich table with the first column left-aligned and the others right-aligned; a
+    value too long for its column (a path, a source name) wraps, never cut to `…`."""
     from rich.table import Table
 
     t = Table(title=title, title_justify="left")
     for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i == 0 else "right")
+        t.add_column(c, justify="left" if i == 0 else "right", overflow="fold")
     return t
+
+
+def say(console: Any, text: str) -> None:
+    """One line as written (no markup, no wrapping by rich: a path stays whole, so that it
+    can be copied out of a log or a pipe of any width)."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def language_rows(languages: dict[str, dict[str, dict[str, Any]]]) -> Iterator[tuple[str, dict]]:
@@ -292,15 +299,12 @@ def _print_counts(console: Any, counts: dict[str, Any]) -> None:
     _print_dedup(console, counts.get("dedup") or {})
     _print_repositories(console, counts.get("repositories") or {})
     errors = counts.get("errors", [])
-    if errors:
+    if errors:  # lines, not a table: a table's column cuts a path short at 80 columns
         total = counts.get("errors_total", len(errors))
-        t = table(
-            f"input errors (first {min(len(errors), 20)} of {total})",
-            ["file", "line", "error"],
-        )
+        say(console, f"input errors (first {min(len(errors), 20)} of {total}):")
         for e in errors[:20]:
-            t.add_row(e["file"], str(e.get("line", "")), f"{e['kind']}: {e['error']}")
-        console.print(t)
+            line = f":{e['line']}" if e.get("line") not in (None, "") else ""
+            say(console, f"  {e['file']}{line}: {e['kind']}: {e['error']}")
 
 
 def _print_classifiers(console: Any, classifiers: dict[str, Any]) -> None:
@@ -313,17 +317,18 @@ def _print_classifiers(console: Any, classifiers: dict[str, Any]) -> None:
         else:
             rule = f"min_score {c['min_score']:g}" if "min_score" in c else "scores only"
         rate = "" if c.get("keep_rate") is None else f", kept {c['keep_rate']:.1%}"
-        t = table(
+        say(
+            console,
             f"classifier {name}: {c['label']} of {c['model']}; {rule}{rate} "
             f"({c['kept']:,} kept, {c['dropped']:,} dropped; {c['scored']:,} scored, "
             f"{c['cached']:,} from the cache)",
-            ["", "score", "document", "text"],
         )
+        # A line per sample and its text below: a table squeezed into 80 columns cut the
+        # document ids and wrapped each text into a narrow column.
         for kind in ("kept_high", "kept_low", "dropped_high", "dropped_low"):
             for e in c.get("examples", {}).get(kind, [])[:2]:
-                text = " ".join(e["text"].split())[:100]
-                t.add_row(kind.replace("_", ", "), f"{e['score']:.4f}", e["id"], text)
-        console.print(t)
+                say(console, f"  {kind.replace('_', ', '):<13}  {e['score']:.4f}  {e['id']}")
+                say(console, "      " + " ".join(e["text"].split())[:100])
 
 
 def framing(tokenizer: dict[str, Any]) -> str:
