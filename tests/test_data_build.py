@@ -275,8 +275,12 @@ def test_verify_wrong_index(built, tmp_path):
 def test_verify_ok_and_not_a_directory(built, tmp_path):
     res = _cli("verify", str(built))
     assert res.returncode == 0 and "OK" in res.stdout
+    # No manifest: not a shard directory, a mistake in the argument as for `stats` (exit 2).
     res = _cli("verify", str(tmp_path))
-    assert res.returncode == 1 and "no manifest" in res.stderr
+    assert res.returncode == 2 and res.stderr == (
+        f"lemur-data: error: {tmp_path}/manifest.json: no manifest (is this a lemur shard "
+        "directory?)\n"
+    )
 
 
 def test_stats_cli_json_and_plots(built, tmp_path):

@@ -368,10 +368,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Recompute checksums and check invariants; exit 1 naming each bad file."""
+    from lemur.shards.format import ShardFormatError
     from lemur.shards.verify import verify
 
     try:
         problems = verify(args.directory)
+    except ShardFormatError as e:  # no manifest: the wrong directory, exit 2 as for `stats`
+        die(str(e))
     except OSError as e:  # a file that exists but cannot be read
         die(f"{e.filename or args.directory}: {e.strerror or e}", 1)
     for p in problems:

@@ -161,11 +161,14 @@ def verify_shard(root: Path, shard: dict[str, Any], manifest: dict[str, Any]) ->
 
 
 def verify(directory: str | Path, progress: Callable[[int, int], None] | None = None) -> list[str]:
-    """All problems of a shard directory (empty when it is sound)."""
+    """All problems of a shard directory (empty when it is sound); ShardFormatError when it
+    holds no manifest at all: not a shard directory, so nothing to verify."""
     root = Path(directory)
     try:
         manifest = read_manifest(root)
     except ShardFormatError as e:
+        if not (root / MANIFEST).is_file():
+            raise
         return [str(e)]
     problems = manifest_problems(manifest, root / MANIFEST)
     if problems:  # the checks below read these fields
