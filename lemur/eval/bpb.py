@@ -239,6 +239,7 @@ def score_directory(
         )
     token_bytes = TokenBytes(tok)
     tagger = tagger or LanguageTagger()
+    report = progress or (lambda stage, done, n: None)
     domains: dict[str, Any] = {}
     for domain in shard_dir.domains("val"):
         source = ShardSource(
@@ -253,7 +254,7 @@ def score_directory(
             token_bytes,
             settings,
             docs,
-            lambda done, n, stage=stage: progress and progress(stage, done, n),
+            lambda done, n, stage=stage: report(stage, done, n),
         )
     return {
         "directory": str(directory),

@@ -347,19 +347,20 @@ def _run(args: argparse.Namespace) -> int:
     first, inside `exit_at_once_on_signals`: SIGTERM or Ctrl-C there ends at once with one
     line, 143 or 130 (it was the signal's default death, without a word)."""
     with exit_at_once_on_signals("lemur-eval"):
-        from lemur import process_setup
         from lemur.eval.load import LoadError
         from lemur.eval.prompts_file import PromptsError
         from lemur.eval.sandbox import SandboxUnavailable
         from lemur.shards.format import ShardFormatError
 
-    process_setup.install("lemur-eval")  # every process-wide change: see lemur.process_setup
     with user_input(LoadError, PromptsError, ShardFormatError, SandboxUnavailable):
         return COMMANDS[args.command](args)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `lemur-eval`."""
+    from lemur import process_setup
+
+    process_setup.install("lemur-eval")  # every process-wide change: see lemur.process_setup
     args = parser().parse_args(argv)
     return run_main(lambda: _run(args), "lemur-eval", debug=debug_wanted(args))
 
