@@ -110,3 +110,24 @@ def test_sigterm_with_sandboxed_runs_in_flight_stops_them_and_writes_what_is_don
     assert not any(k.startswith("pass@") for k in summary)
     left = [p for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}{proc.pid}.*")]
     assert left == []
+
+
+@needs_network
+def test_a_run_pool_left_by_an_exception_stops_its_runs_at_once() -> None:
+    """What `humaneval`, `infill` and `agent` check in (`sandbox.run_pool`): an exception
+    inside (SIGTERM's Terminated) stops the run in flight, long before its timeout, and
+    refuses the queued one; a later pool runs normally."""
+    from lemur.cli_common import Terminated
+
+    limits = sandbox.Limits(timeout_s=600, cpu_s=600)
+    began = time.monotonic()
+    with pytest.raises(Terminated), sandbox.run_pool(1) as pool:
+        futures = [pool.submit(sandbox.run_python, "import time\ntime.sleep(1000)\n", limits)]
+        futures.append(pool.submit(sandbox.run_python, "pass\n", limits))
+        time.sleep(1)
+        raise Terminated
+    assert time.monotonic() - began < 10
+    assert isinstance(futures[0].exception(), sandbox.Stopped)
+    assert futures[1].cancelled()  # queued behind the busy worker: never started
+    with sandbox.run_pool(1) as pool:
+        assert pool.submit(sandbox.run_python, "pass\n").result().ok

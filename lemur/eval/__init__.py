@@ -9,6 +9,7 @@ HumanEval-infilling on the model's FIM prompt, multi-turn agent tasks with execu
 | `chat_prompt` | `chat_prompt_ids`: a chat prompt as ids (ChatML, or the model's own template) |
 | `sampling` | `Sampling`, `sample`: greedy, temperature, top-k, top-p |
 | `humaneval` | `Task`, `humaneval_tasks`, `load_tasks`, `check`, `pass_at_k`, `summarize` |
+| `long_prompts` | task prompts longer than the context: refused, skipped or truncated, counted |
 | `infill_tasks` | `InfillTask`, `humaneval_infilling` (single/multi-line), `load_infill_tasks` |
 | `infill` | `FimPrompter` (FIM prompt, end ids), `complete`, `check`, `summarize`, `plot` |
 | `infill_cli` | the `infill` subcommand |
