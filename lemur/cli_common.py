@@ -90,12 +90,34 @@ def parse_set(item: str) -> tuple[list[str], Any]:
 
 class OneLineParser(argparse.ArgumentParser):
     """An argument parser whose usage mistakes are one line, `PROG: message`, and exit 2
-    (the usage is one `--help` away); its subcommands' parsers are of this class too."""
+    (the usage is one `--help` away); its subcommands' parsers are of this class too. An
+    unknown option is reported by the subcommand it was given to (`lemur-data build: ...
+    (see lemur-data build --help)`), not by the top parser, which argparse would use."""
 
     def error(self, message: str) -> NoReturn:
         """Report a usage mistake in one line and exit 2."""
         _say(f"{self.prog}: {message} (see {self.prog} --help)")
         raise SystemExit(EXIT_USAGE)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """argparse's, noting the innermost parser that parsed (a subcommand's parser runs
+        first and its namespace is copied into its parent's)."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        if not hasattr(parsed, _PARSED_BY):
+            setattr(parsed, _PARSED_BY, self)
+        return parsed, extras
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """argparse's, with unknown arguments reported by the subcommand given them."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        chosen = getattr(parsed, _PARSED_BY, self)
+        delattr(parsed, _PARSED_BY)
+        if extras:
+            chosen.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+
+_PARSED_BY = "lemur_parsed_by"  # the namespace attribute naming the innermost parser
 
 
 def positive_int(text: str) -> int:

@@ -71,6 +71,32 @@ def test_a_user_mistake_is_one_line_exit_2(command: str, tmp_path: Path, capsys)
     assert len(err) == 1 and err[0].startswith(f"{command}: "), err
 
 
+@pytest.mark.parametrize(
+    ("main", "argv", "prog"),
+    [
+        (data_cli.main, ["build", "r.yaml", "--bogus"], "lemur-data build"),
+        (data_cli.main, ["stats", "d", "--bogus"], "lemur-data stats"),
+        (
+            data_cli.main,
+            ["classifier", "train", "--positive", "p", "--negative", "n", "--out", "m", "--x"],
+            "lemur-data classifier train",
+        ),
+        (train_cli.main, ["tiny", "--bogus"], "lemur-train"),
+        (train_cli.main, ["plan", "tiny", "--bogus"], "lemur-train plan"),
+        (train_cli.main, ["plot", "run", "--bogus"], "lemur-train plot"),
+    ],
+)
+def test_an_unknown_option_points_at_its_subcommands_help(
+    main: Callable, argv: list[str], prog: str, capsys
+) -> None:
+    """One line naming the option and the --help of the subcommand it was given to, not the
+    top-level usage (#44 item 12)."""
+    assert _code(main, argv) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        f"{prog}: unrecognized arguments: {argv[-1]} (see {prog} --help)\n"
+    )
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("where", ["option", "environment"])
 def test_debug_raises_the_user_mistake(

@@ -13,6 +13,7 @@ import yaml
 
 from lemur.cli_common import (
     EXIT_USAGE,
+    OneLineParser,
     add_debug_option,
     add_set_option,
     debug_wanted,
@@ -387,7 +388,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser of `lemur-data`."""
-    p = argparse.ArgumentParser(prog="lemur-data", description=__doc__)
+    p = OneLineParser(prog="lemur-data", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     def recipe_args(q: argparse.ArgumentParser) -> None:

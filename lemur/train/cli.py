@@ -19,7 +19,14 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from lemur.cli_common import add_debug_option, add_set_option, debug_wanted, die, run_main
+from lemur.cli_common import (
+    OneLineParser,
+    add_debug_option,
+    add_set_option,
+    debug_wanted,
+    die,
+    run_main,
+)
 from lemur.progress import format_duration
 
 if TYPE_CHECKING:
@@ -35,7 +42,7 @@ USAGE = (
 
 def train_parser() -> argparse.ArgumentParser:
     """Arguments of a training run."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="lemur-train",
         usage=USAGE,
         description=__doc__,
@@ -54,9 +61,7 @@ def train_parser() -> argparse.ArgumentParser:
 
 def plot_parser() -> argparse.ArgumentParser:
     """Arguments of `lemur-train plot`."""
-    p = argparse.ArgumentParser(
-        prog="lemur-train plot", description="write PNG curves of a run's metrics"
-    )
+    p = OneLineParser(prog="lemur-train plot", description="write PNG curves of a run's metrics")
     p.add_argument("run_dir")
     p.add_argument("--out", default=None, help="where to write the PNGs (default RUN_DIR/plots)")
     add_debug_option(p)

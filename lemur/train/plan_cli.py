@@ -14,7 +14,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from lemur.cli_common import add_debug_option, add_set_option, die
+from lemur.cli_common import OneLineParser, add_debug_option, add_set_option, die
 
 if TYPE_CHECKING:
     from lemur.train.config import TrainConfig
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 def plan_parser() -> argparse.ArgumentParser:
     """Arguments of `lemur-train plan`."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="lemur-train plan",
         description="compile a config's train and eval steps for a TPU topology on this "
         "host (no TPU needed) and report per-chip memory, fit, and predicted time",
