@@ -350,3 +350,28 @@ def test_a_hook_is_due_by_count_at_the_last_step_and_at_a_stop_when_named_so() -
     assert [s for s in (7, 10, 13, 40) if saves.due(s, 40, stop=s == 13)] == [10, 13, 40]
     with pytest.raises(TypeError):
         Hook(print, 10, False, True)  # type: ignore[misc]
+
+
+def test_tensorboard_is_written_when_installed_and_said_when_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`log.tensorboard` defaults to "when installed", and the run says when it writes no
+    events; asked for explicitly without a writer installed, the run refuses up front
+    (the base install has none, and wrote no events without a word) (#44 item 12)."""
+    from lemur.train import metrics
+    from lemur.train.config import LogConfig
+
+    assert LogConfig().tensorboard is None
+    monkeypatch.setattr(metrics, "tensorboard_available", lambda: False)
+    assert metrics.MetricsWriter(tmp_path, tensorboard=None).note == (
+        "lemur-train: no TensorBoard events (neither tensorboardX nor torch's tensorboard is "
+        "installed: pip install tensorboardX); metrics.jsonl holds every record"
+    )
+    assert metrics.MetricsWriter(tmp_path, tensorboard=False).note is None
+    with pytest.raises(RunError) as e:
+        metrics.MetricsWriter(tmp_path, tensorboard=True)
+    assert str(e.value) == (
+        "log.tensorboard: true, but neither tensorboardX nor torch's tensorboard is "
+        "installed: pip install tensorboardX, or set log.tensorboard: false"
+    )
+    assert not (tmp_path / "tensorboard").exists()

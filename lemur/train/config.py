@@ -194,7 +194,8 @@ class LogConfig:
 
     every: int = 10  # steps per logged record (train loss, tokens/s, MFU)
     progress: bool = True
-    tensorboard: bool = True
+    # None: events when a writer is installed (the run says when none is); true: required.
+    tensorboard: bool | None = None
     peak_tflops: float | None = None  # per device, for MFU; None: known table or measured
 
     def __post_init__(self) -> None:

@@ -230,6 +230,8 @@ class Trainer:
         )
         for note in self.plan.notes:  # what plan_run resolved (the model, steps, warmup)
             self.log.message(note)
+        if self.log.writer.note:  # no TensorBoard writer installed: said, not silent
+            self.log.message(self.log.writer.note)
         return initial_state(
             config,
             self.layout,

@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lemur.progress import eta_seconds, format_duration
 from lemur.shards.format import atomic_write_bytes
+from lemur.train.errors import RunError
 
 # Dense bf16 peak TFLOP/s per JAX device, by a substring of `device.device_kind` (first
 # match wins, so longer names come first). Vendor datasheets; MFU is quoted against bf16
@@ -96,18 +97,32 @@ def datasheet_tflops(device_kind: str) -> float | None:
 
 
 class MetricsWriter:
-    """Appends records to `metrics.jsonl` (and TensorBoard); a no-op off process 0."""
+    """Appends records to `metrics.jsonl` (and TensorBoard); a no-op off process 0.
+
+    `tensorboard`: None writes events when a writer is installed, and leaves in `note` the
+    line saying that none is; True requires one (RunError, one line, before any file);
+    False writes none.
+    """
 
     def __init__(
-        self, run_dir: str | os.PathLike, *, enabled: bool = True, tensorboard: bool = True
+        self, run_dir: str | os.PathLike, *, enabled: bool = True, tensorboard: bool | None = None
     ) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
-        self._tb = (
-            _tensorboard_writer(Path(run_dir) / "tensorboard")
-            if (enabled and tensorboard)
-            else None
-        )
+        self.note: str | None = None
+        wanted = enabled and tensorboard is not False
+        if wanted and not tensorboard_available():
+            if tensorboard:
+                raise RunError(
+                    f"log.tensorboard: true, but {_NO_WRITER}: pip install tensorboardX, or set "
+                    "log.tensorboard: false"
+                )
+            self.note = (
+                f"lemur-train: no TensorBoard events ({_NO_WRITER}: pip install tensorboardX); "
+                "metrics.jsonl holds every record"
+            )
+            wanted = False
+        self._tb = _tensorboard_writer(Path(run_dir) / "tensorboard") if wanted else None
 
     def truncate_after(self, step: int) -> None:
         """Drop records past `step` and torn lines (a killed run's), rewriting atomically.
@@ -149,17 +164,25 @@ class MetricsWriter:
             self._tb = None
 
 
+_NO_WRITER = "neither tensorboardX nor torch's tensorboard is installed"
+
+
+def tensorboard_available() -> bool:
+    """Whether a TensorBoard writer can be had: tensorboardX, or torch with tensorboard."""
+    # Look before importing: importing torch only to find tensorboard missing costs seconds.
+    find = importlib.util.find_spec
+    return find("tensorboardX") is not None or (
+        find("tensorboard") is not None and find("torch") is not None
+    )
+
+
 def _tensorboard_writer(directory: Path) -> Any:
     """A SummaryWriter from tensorboardX, or torch's when tensorboard is installed, else None."""
-    # Look before importing: importing torch only to find tensorboard missing costs seconds.
     if importlib.util.find_spec("tensorboardX") is not None:
         from tensorboardX import SummaryWriter
 
         return SummaryWriter(str(directory))
-    if (
-        importlib.util.find_spec("tensorboard") is not None
-        and importlib.util.find_spec("torch") is not None
-    ):
+    if tensorboard_available():
         from torch.utils.tensorboard import SummaryWriter
 
         return SummaryWriter(str(directory))
@@ -325,7 +348,7 @@ class RunLog:
         steps: int,
         *,
         enabled: bool,
-        tensorboard: bool,
+        tensorboard: bool | None,
         bar: bool,
         on_metrics: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
