@@ -119,3 +119,59 @@ def test_a_val_split_too_small_for_one_window_is_warned(
         "tokens) holds no window of seq_len + 1 = 2049 tokens: a trainer at batch.seq_len 2048 "
         "cannot evaluate it; raise val_fraction (now 0.05) or add documents"
     ]
+
+
+def test_fim_counts_and_drops_per_source_are_shown(recipe: Path, tmp_path: Path) -> None:
+    """The build summary and `stats` show the FIM stage's counts (documents made FIM of
+    those eligible, PSM/SPM, tokens before and after) and drops per source and domain
+    (#44 item 12)."""
+    raw = yaml.safe_load(recipe.read_text())
+    raw["fim"] = {"rate": 0.5, "spm_rate": 0.5}
+    recipe.write_text(yaml.safe_dump(raw))
+    built = _cli("build", str(recipe))
+    assert built.returncode == 0, built.stderr
+    out = tmp_path / "out"
+    manifest = json.loads((out / "manifest.json").read_text())
+    c = manifest["fim"]["counts"]
+    assert 0 < c["fim"] < c["documents"] and c["psm"] + c["spm"] == c["fim"]
+    line = (
+        f"{c['fim']:,} of {c['documents']:,} code documents ({c['fim'] / c['documents']:.1%}; "
+        f"PSM {c['psm']:,}, SPM {c['spm']:,}); tokens {c['tokens_before']:,} -> "
+        f"{c['tokens_after']:,} ({c['tokens_after'] - c['tokens_before']:+,})"
+    )
+    # The summary table: a FIM row, and a row per source and per domain under "filtered".
+    assert re.search(rf"│ fill-in-the-middle +│ +{c['fim']} │ {c['fim']} of ", built.stdout)
+    sources = manifest["counts"]["sources"]
+    for name, domain in (("py", "code"), ("docs", "text")):
+        dropped = sum(sources[name]["dropped"].values())
+        assert re.search(rf"│   {name} \({domain}\) +│ +{dropped} │", built.stdout), built.stdout
+    text_drops = sum(sources["docs"]["dropped"].values())
+    assert text_drops > 0 and re.search(rf"│   all text +│ +{text_drops} │", built.stdout)
+
+    shown = _cli("stats", str(out))
+    assert shown.returncode == 0, shown.stderr
+    assert (
+        f"fill-in-the-middle (rate 0.5, SPM share 0.5, char cuts): {line}"
+        in shown.stdout.splitlines()
+    )
+    assert re.search(r"│ docs \(text\) +│ +20 │ +4 │ +16 │ too_few_sentences", shown.stdout)
+    as_json = json.loads(_cli("stats", str(out), "--json").stdout)
+    assert as_json["fim"] == manifest["fim"]
+    assert as_json["drops"] == [
+        {"source": "py", "domain": "code", "read": 40, "kept": 40, "dropped": {}},
+        {
+            "source": "docs",
+            "domain": "text",
+            "read": 20,
+            "kept": 4,
+            "dropped": sources["docs"]["dropped"],
+        },
+        {"source": None, "domain": "code", "read": 40, "kept": 40, "dropped": {}},
+        {
+            "source": None,
+            "domain": "text",
+            "read": 20,
+            "kept": 4,
+            "dropped": sources["docs"]["dropped"],
+        },
+    ]

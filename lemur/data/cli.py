@@ -119,6 +119,7 @@ def print_summary(manifest: dict[str, Any]) -> None:
     from rich.table import Table
 
     from lemur.data.counts import drop_reasons, remote_summary
+    from lemur.data.stats import drops_by_source, fim_summary
 
     c = manifest["counts"]
     mix = manifest["mix"]
@@ -136,11 +137,22 @@ def print_summary(manifest: dict[str, Any]) -> None:
         f"{sum(c['dropped'].values()):,}",
         drop_reasons(c),  # every reason the manifest counts, not the largest few
     )
+    for row in drops_by_source(manifest):  # each source, then each domain
+        label = (
+            f"  {row['source']} ({row['domain']})" if row["source"] else f"  all {row['domain']}"
+        )
+        t.add_row(label, f"{sum(row['dropped'].values()):,}", drop_reasons(row))
     t.add_row(
         "duplicates",
         f"{c['duplicates']:,}",
         f"exact {c['dedup']['exact']:,}, near {c['dedup']['near']:,}",
     )
+    if manifest.get("fim"):
+        t.add_row(
+            "fill-in-the-middle",
+            f"{manifest['fim']['counts']['fim']:,}",
+            fim_summary(manifest["fim"]),
+        )
     t.add_row("val (held out)", f"{val_docs:,}", "")
     t.add_row("not selected by the mix", f"{mix['unselected_documents']:,}", "")
     t.add_row(

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from lemur.data.counts import REMOTE_COUNTERS, remote_summary
+from lemur.data.counts import REMOTE_COUNTERS, drop_reasons, remote_summary
 from lemur.shards.check import structure_problem
 from lemur.shards.format import MANIFEST, ShardFormatError, open_index, read_manifest
 from lemur.shards.verify import manifest_problems
@@ -111,8 +111,54 @@ def compute_stats(directory: str | Path) -> dict[str, Any]:
         "sources": mix.get("sources", {}),
         "languages": mix.get("languages", {}),
         "counts": manifest.get("counts", {}),
+        "drops": drops_by_source(manifest),
+        **({"fim": manifest["fim"]} if "fim" in manifest else {}),
         **({"classifiers": manifest["classifiers"]} if "classifiers" in manifest else {}),
     }
+
+
+def drops_by_source(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per source (in recipe order), then per domain (`source: None`): documents read,
+    kept by the filters and dropped, by reason (the manifest's `counts.sources`)."""
+    domains = {
+        s.get("name"): s.get("domain", "?")
+        for s in (manifest.get("recipe") or {}).get("sources", [])
+        if isinstance(s, dict)
+    }
+    rows, by_domain = [], {}
+    counted = (manifest.get("counts") or {}).get("sources", {})
+    for name in [*[n for n in domains if n in counted], *[n for n in counted if n not in domains]]:
+        s = counted[name]
+        row = {
+            "source": name,
+            "domain": domains.get(name, "?"),
+            "read": s.get("read", 0),
+            "kept": s.get("kept", 0),
+            "dropped": dict(s.get("dropped", {})),
+        }
+        rows.append(row)
+        total = by_domain.setdefault(
+            row["domain"],
+            {"source": None, "domain": row["domain"], "read": 0, "kept": 0, "dropped": {}},
+        )
+        total["read"] += row["read"]
+        total["kept"] += row["kept"]
+        for reason, n in row["dropped"].items():
+            total["dropped"][reason] = total["dropped"].get(reason, 0) + n
+    return rows + list(by_domain.values())
+
+
+def fim_summary(fim: dict[str, Any]) -> str:
+    """The FIM stage in one line: documents made FIM of those eligible, PSM and SPM, tokens
+    before and after (the markers' cost)."""
+    c = fim["counts"]
+    share = c["fim"] / c["documents"] if c["documents"] else 0.0
+    grown = c["tokens_after"] - c["tokens_before"]
+    return (
+        f"{c['fim']:,} of {c['documents']:,} {'/'.join(fim.get('domains', []))} documents "
+        f"({share:.1%}; PSM {c['psm']:,}, SPM {c['spm']:,}); tokens {c['tokens_before']:,} -> "
+        f"{c['tokens_after']:,} ({grown:+,})"
+    )
 
 
 def table(title: str, columns: list[str]) -> Any:
@@ -307,6 +353,19 @@ def _print_counts(console: Any, counts: dict[str, Any]) -> None:
             say(console, f"  {e['file']}{line}: {e['kind']}: {e['error']}")
 
 
+def _print_drops(console: Any, drops: list[dict[str, Any]]) -> None:
+    """Documents read, kept and dropped (by reason) per source, then per domain."""
+    if not drops:
+        return
+    t = table("filters by source and domain", ["source (domain)", "read", "kept", "dropped"])
+    t.add_column("reasons", overflow="fold")
+    for row in drops:
+        label = f"{row['source']} ({row['domain']})" if row["source"] else f"all {row['domain']}"
+        dropped = sum(row["dropped"].values())
+        t.add_row(label, f"{row['read']:,}", f"{row['kept']:,}", f"{dropped:,}", drop_reasons(row))
+    console.print(t)
+
+
 def _print_classifiers(console: Any, classifiers: dict[str, Any]) -> None:
     """Each quality classifier's cut and keep rate, then its extreme kept and dropped
     documents (the best and the borderline ones on each side of the cut)."""
@@ -357,6 +416,14 @@ def print_stats(stats: dict[str, Any]) -> None:
     _print_groups(console, stats)
     if stats["counts"]:
         _print_counts(console, stats["counts"])
+    _print_drops(console, stats.get("drops") or [])
+    if stats.get("fim"):
+        f = stats["fim"]
+        say(
+            console,
+            f"fill-in-the-middle (rate {f.get('rate')}, SPM share {f.get('spm_rate')}, "
+            f"{f.get('split')} cuts): {fim_summary(f)}",
+        )
     _print_classifiers(console, stats.get("classifiers") or {})
 
 
