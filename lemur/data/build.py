@@ -496,18 +496,23 @@ def _sections(
     return ManifestSections(recipe, plan, totals, dd, n_tasks, dups)
 
 
+def _listed(recipe: Recipe, out: Path, report: Reporter) -> tuple[Listing, str]:
+    """The build's inputs listed, and their digest, once a killed build's temporaries are
+    gone (both locks are held: a temporary whose writer is gone is such, atomic_files)."""
+    for root in [r for r in dict.fromkeys((out, recipe.work_root())) if r.is_dir()]:
+        remove_stale_temporaries(root)
+    report("list inputs", 0, 1)
+    listing = list_inputs(recipe)
+    report("list inputs", 1, 1)
+    return listing, inputs_sha256(listing.files)
+
+
 def _build_locked(recipe, out, told, force, plan_only, on_plan) -> dict[str, Any]:
     """`build` while holding the output directory's lock; `told`: (report, note)."""
     report, note = told
     started = time.time()
-    # Both locks held: a temporary whose writer is gone is a killed build's (atomic_files).
-    work_root = recipe.work_root()
-    for root in [r for r in dict.fromkeys((out, work_root)) if r.is_dir()]:
-        remove_stale_temporaries(root)
-    report("list inputs", 0, 1)
-    listing = list_inputs(recipe)
-    inputs, inputs_sha = listing.files, inputs_sha256(listing.files)
-    report("list inputs", 1, 1)
+    listing, inputs_sha = _listed(recipe, out, report)
+    inputs = listing.files
     if not force and not plan_only and is_up_to_date(out, recipe, inputs_sha):
         report(UP_TO_DATE, 1, 1)
         return json.loads((out / MANIFEST).read_text())
@@ -554,7 +559,7 @@ def _build_locked(recipe, out, told, force, plan_only, on_plan) -> dict[str, Any
         "recipe_sha256": recipe.sha256(),
         "inputs_sha256": inputs_sha,
     }
-    commit(out, prefix, manifest, work_folders.finished_shuffles(work_root))
+    commit(out, prefix, manifest, work_folders.finished_shuffles(recipe.work_root()))
     for warning in val_window_warnings(recipe, manifest["shards"]):
         note(f"warning: {warning}")
     note(f"build done in {format_duration(time.time() - started)}")
