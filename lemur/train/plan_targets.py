@@ -69,6 +69,11 @@ _SHAPES_3D = {
 }
 _SHAPES_2D = {4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
 _MAX_CHIPS = {"v4": 2048, "v5p": 6144, "v5e": 256, "v6e": 256}
+# Chips over every slice a plan may have: tens of thousands, as the largest Multislice run
+# published (Google, 2023: 50,944 v5e chips in 199 slices). Host memory stays small below
+# it (measured here: tiny on v5e-256 x 256 slices, 65,536 chips, 1.0 GB RSS, 8 s); a
+# million slices grew past 13.6 GB making devices before it ever compiled.
+MAX_PLAN_CHIPS = 65_536
 _GPUS_PER_NODE = 8
 
 
@@ -122,8 +127,21 @@ def valid_names() -> str:
 
 
 def parse_target(name: str, slices: int = 1) -> Target:
-    """The machine named `name` (Cloud TPU's accelerator type, or h100-N); UserError if
-    the name is not one."""
+    """The machine named `name` (Cloud TPU's accelerator type, or h100-N) over `slices`
+    slices; UserError if the name is not one, or if the chips over every slice are more
+    than MAX_PLAN_CHIPS."""
+    target = _named_target(name, slices)
+    if target.devices > MAX_PLAN_CHIPS:
+        raise UserError(
+            f"--slices {slices}: {name} x {slices:,} slices is {target.devices:,} chips; a "
+            f"plan is bounded at {MAX_PLAN_CHIPS:,} chips (tens of thousands: the largest "
+            "Multislice run published, 50,944 v5e chips): fewer slices"
+        )
+    return target
+
+
+def _named_target(name: str, slices: int) -> Target:
+    """`parse_target` before the bound on chips over every slice."""
     match = re.fullmatch(r"(v4|v5e|v5p|v6e|h100|h200)-(\d+)", name.strip().lower())
     if slices < 1:
         raise UserError(f"--slices: must be >= 1, got {slices}")
