@@ -198,6 +198,39 @@ def test_no_libtpu_exits_2_saying_how_to_install(capsys, monkeypatch) -> None:
     assert "pip install -e '.[dev]'" in capsys.readouterr().err
 
 
+def test_a_libtpu_without_its_library_is_one_line(tmp_path) -> None:
+    """A libtpu package that imports but whose shared library is missing (a broken or
+    partial install) was a traceback of jax's plugin loader; now one line naming the file
+    and the fix, exit 2 (#44 item 22)."""
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "site" / "libtpu"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "import os\n"
+        "def get_library_path():\n"
+        "    return os.path.join(os.path.dirname(__file__), 'libtpu.so')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(fake.parent)}
+    env.pop("TPU_LIBRARY_PATH", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "lemur.train.cli", "plan", "tiny", "--topology", "v4-8"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("lemur-train")]
+    assert (done.returncode, "Traceback" in done.stderr) == (2, False), done.stderr[-2000:]
+    assert lines == [
+        f"lemur-train: libtpu cannot be loaded from {fake / 'libtpu.so'}: no such file; "
+        "reinstall it: pip install --force-reinstall -e '.[dev]' (see docs/train.md)"
+    ], done.stderr[-2000:]
+
+
 def test_out_of_hbm_message_parses() -> None:
     message = (
         "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "

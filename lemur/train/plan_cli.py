@@ -65,7 +65,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Plan (or --fit) a config on a topology; the exit code."""
     from lemur.cli_common import UserError
     from lemur.train.config import ConfigError, load_train_config
-    from lemur.train.plan_targets import LIBTPU_MISSING, libtpu_available, parse_target
+    from lemur.train.plan_targets import libtpu_problem, parse_target
 
     try:
         config = load_train_config(args.config, args.set)
@@ -84,8 +84,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         print(f"lemur-train plan: {NOT_COMPILED}", file=sys.stderr)
         return _report_fit(args, config, target) if args.fit else _report_gpu(args, config, target)
-    if not libtpu_available():
-        die(LIBTPU_MISSING)
+    problem = libtpu_problem()
+    if problem:
+        die(problem)
     _quiet_libtpu(topology)
     try:
         if args.fit:

@@ -10,7 +10,9 @@ program too big for any chip fails to compile with "exceeds available HBM (30.75
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
+import os
 import re
 from typing import Any
 
@@ -173,19 +175,48 @@ LIBTPU_MISSING = (
     "compiling for a TPU needs libtpu (no TPU needed): pip install -e '.[dev]' "
     "(it pins the libtpu of the installed jax; see docs/train.md)"
 )
+_LIBTPU_REINSTALL = "reinstall it: pip install --force-reinstall -e '.[dev]' (see docs/train.md)"
+
+
+def libtpu_library() -> str:
+    """The shared library JAX loads as the TPU compiler: TPU_LIBRARY_PATH, else the libtpu
+    package's (as jax's `_get_tpu_library_path` finds it)."""
+    given = os.environ.get("TPU_LIBRARY_PATH")
+    return given or str(importlib.import_module("libtpu").get_library_path())
+
+
+def libtpu_problem() -> str | None:
+    """Why `plan` cannot compile for a TPU here (no libtpu; a libtpu package whose shared
+    library is missing, which jax's loader reports with a traceback), or None."""
+    if not libtpu_available():
+        return LIBTPU_MISSING
+    library = libtpu_library()
+    if not os.path.isfile(library):
+        return f"libtpu cannot be loaded from {library}: no such file; {_LIBTPU_REINSTALL}"
+    return None
 
 
 def tpu_devices(target: Target) -> list[Any]:
-    """The abstract devices of a TPU target (every slice), slice by slice."""
+    """The abstract devices of a TPU target (every slice), slice by slice; UserError if
+    libtpu's library does not load (a damaged file)."""
+    from jax.errors import JaxRuntimeError
     from jax.experimental import topologies
 
-    topology = topologies.get_topology_desc(
-        platform="tpu",
-        topology_name=f"{target.chip.family}:{target.shape}",
-        chip_config_name=target.chip.chip_config,
-        chips_per_host_bounds=(2, 2, 1),
-        num_slices=target.slices,
-    )
+    try:
+        topology = topologies.get_topology_desc(
+            platform="tpu",
+            topology_name=f"{target.chip.family}:{target.shape}",
+            chip_config_name=target.chip.chip_config,
+            chips_per_host_bounds=(2, 2, 1),
+            num_slices=target.slices,
+        )
+    except JaxRuntimeError as e:
+        library = libtpu_library()
+        if library not in str(e):  # not the loader's: a bug, its traceback shows
+            raise
+        raise UserError(
+            f"libtpu cannot be loaded from {library}: {str(e).splitlines()[0]}; {_LIBTPU_REINSTALL}"
+        ) from None
     return sorted(topology.devices, key=lambda d: (getattr(d, "slice_index", 0), d.id))
 
 
