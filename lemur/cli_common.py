@@ -186,7 +186,9 @@ def run_main(
         with _sigterm_raises():
             return int(body() or 0)
     except expected as e:
-        if debug:
+        if debug:  # the error as raised: a `user_input` one is the cause of its UserError
+            if isinstance(e, UserError) and isinstance(e.__cause__, Exception):
+                raise e.__cause__ from None
             raise
         # die()'s message is the command's own; another error's first line is its gist.
         code, message = (
