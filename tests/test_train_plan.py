@@ -231,6 +231,51 @@ def test_a_libtpu_without_its_library_is_one_line(tmp_path) -> None:
     ], done.stderr[-2000:]
 
 
+# A plan whose compile is interrupted the way 2 in 10 Ctrl-Cs were: the signal lands while
+# the main thread runs a garbage-collection callback (JAX registers one), where Python
+# reports the KeyboardInterrupt as "Exception ignored" and goes on.
+INTERRUPTED_IN_GC = """
+import gc, os, signal, sys, time
+import lemur.train.plan as plan
+
+def compile_interrupted(*args, **kwargs):
+    def callback(phase, info):
+        if phase == "start" and not fired:
+            fired.append(1)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # the signal is handled before the callback returns
+    fired = []
+    gc.callbacks.append(callback)
+    gc.collect()
+    time.sleep(1.0)
+    print("the compile went on and the plan was printed")
+    sys.exit(0)
+
+plan.plan_tpu = compile_interrupted
+from lemur.train.cli import main
+sys.exit(main(["plan", "tiny", "--topology", "v4-8"]))
+"""
+
+
+@needs_libtpu
+def test_ctrl_c_during_a_compile_is_never_swallowed(tmp_path) -> None:
+    """Ctrl-C while the compile is in a JAX gc callback: exit 130 with one line, at once
+    (it printed `Exception ignored in: <function _xla_gc_callback>`, then the plan, exit 0)
+    (#44 item 22)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_IN_GC],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith(("lemur-train", "Exc"))]
+    assert (done.returncode, lines, done.stdout) == (130, ["lemur-train: interrupted"], "")
+
+
 def test_out_of_hbm_message_parses() -> None:
     message = (
         "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "

@@ -51,12 +51,14 @@ class SetupInterrupts:
         self.pending: int | None = None  # a signal that came inside the main thread's `critical()`
         self.armed = False
         self.prefix = ""
+        self.messages: dict[int, str] = dict(MESSAGES)  # the line of each signal, armed
         self.previous: dict[int, Any] = {}  # the handlers `arm()` replaced
         self.unpatch: list[Callable[[], None]] = []  # undoes `guard_jax_cache_writes`
         self.wakeup: dict[str, int] = {}  # the pipe the watcher thread reads (made once)
 
-    def arm(self, prefix: str = "lemur-train: ") -> bool:
-        """Until `disarm()`, SIGINT/SIGTERM print one line and exit 130/143 (main thread only)."""
+    def arm(self, prefix: str = "lemur-train: ", messages: dict[int, str] | None = None) -> bool:
+        """Until `disarm()`, SIGINT/SIGTERM print one line (`messages`' for that signal,
+        default MESSAGES') and exit 130/143 (main thread only)."""
         if threading.current_thread() is not threading.main_thread() or self.armed:
             return False
         self.pending = None
@@ -71,6 +73,7 @@ class SetupInterrupts:
             self.previous[sig] = signal.signal(sig, self._handler)
         self.wakeup["saved"] = signal.set_wakeup_fd(self.wakeup["write"], warn_on_full_buffer=False)
         self.prefix, self.armed = prefix, True
+        self.messages = {**MESSAGES, **(messages or {})}
         return True
 
     def disarm(self) -> None:
@@ -180,7 +183,7 @@ class SetupInterrupts:
                 stream.flush()
             except Exception:  # a closed or broken stream must not stop the exit
                 pass
-        os.write(2, f"{self.prefix}{MESSAGES[signum]}\n".encode())
+        os.write(2, f"{self.prefix}{self.messages[signum]}\n".encode())
         os._exit(EXIT_CODES[signum])
 
 

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +63,23 @@ def _quiet_libtpu(topology: str) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Plan (or --fit) a config on a topology; the exit code."""
+    """Plan (or --fit) a config on a topology; the exit code.
+
+    Ctrl-C and SIGTERM end it at once with one line (lemur.train.interrupt): left to
+    Python, a KeyboardInterrupt raised inside a JAX garbage-collection callback during the
+    compile was swallowed (2 Ctrl-Cs in 10), and the plan ran on to exit 0."""
+    from lemur.train import interrupt
+
+    interrupt.arm(messages={signal.SIGINT: "interrupted", signal.SIGTERM: "terminated (SIGTERM)"})
+    interrupt.guard_jax_cache_writes()
+    try:
+        return _plan(args)
+    finally:
+        interrupt.restore()  # main() may be called again in this process (tests)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """`cmd_plan` with the signals armed."""
     from lemur.cli_common import UserError
     from lemur.train.config import ConfigError, load_train_config
     from lemur.train.plan_targets import libtpu_problem, parse_target
