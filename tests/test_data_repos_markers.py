@@ -203,8 +203,10 @@ def test_build_writes_the_models_repository_format(qwen_coder, llama2_tokenizer,
             "lemur-data: error: recipe: repos.format markers: the tokenizer has no repository markers"
         )
     )
-    assert not (tmp_path / "out2" / "manifest.json").exists()
-    assert not list((tmp_path / "out2" / ".work").glob("tokens-*"))  # refused before reading
+    # Refused before the build makes anything: no OUT/, no listing, no tokenizer copy (#44
+    # item 22: an empty OUT/ and OUT/.work/ were left).
+    assert not (tmp_path / "out2").exists()
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_build_with_fim_cuts_each_file_inside_its_repository(qwen_coder, tmp_path):
@@ -242,3 +244,30 @@ def test_build_with_fim_cuts_each_file_inside_its_repository(qwen_coder, tmp_pat
     assert 0 < len(cut) < len(files)  # the draw cut some files and left others whole
     alone = fim_split(rows[-1]["text"], settings, "t/alone", 3)
     assert docs[False].startswith(QWEN["prefix"]) == (alone is not None)
+
+
+@pytest.mark.parametrize(
+    ("train", "fim", "refused"),
+    [("sentencepiece", None, True), ("byte-bpe", None, True), ("byte-bpe", {"rate": 0.5}, False)],
+)
+def test_trained_tokenizers_repository_markers_are_known_before_training(
+    tmp_path, train, fim, refused
+):
+    """`repos.format: markers` with a tokenizer to train: only a FIM build's byte-level BPE
+    gets repository markers; the others are refused before anything is made or trained."""
+    from lemur.data.build import build
+    from lemur.data.load import recipe_from_dict
+    from lemur.data.repos.stage import RepoFormatError, check_repo_format
+
+    write_jsonl(tmp_path / "table.jsonl", [{"repo_name": "a/b", "path": "x.py", "text": "x"}])
+    raw = _table_recipe(tmp_path, tmp_path, repos={"format": "markers"})
+    raw["tokenizer"] = {"train": {"kind": train, "vocab_size": 600}}
+    if fim is not None:
+        raw["fim"] = fim
+    recipe = recipe_from_dict(raw)
+    if not refused:
+        check_repo_format(recipe)  # nothing to refuse
+        return
+    with pytest.raises(RepoFormatError, match="repos.format markers: the tokenizer has no"):
+        build(recipe)
+    assert not (tmp_path / "out").exists()

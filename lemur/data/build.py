@@ -348,6 +348,7 @@ def build(
     report = report or (lambda stage, done, total: None)
     note = note or logger.info
     check_given_tokenizer(recipe)  # a refused tokenizer or FIM markers: nothing made yet
+    check_repo_format(recipe)  # and repository markers it lacks
     check_content_clients(recipe.sources)  # a client no task could make: one line, exit 2
     out = Path(recipe.output).expanduser()
     out.mkdir(parents=True, exist_ok=True)

@@ -18,9 +18,10 @@ from lemur.data.repos.group import GroupCounts, GroupSettings, RepoGroups, read_
 from lemur.data.repos.render import RepoFormat
 from lemur.data.repos.spill import RepoSpill
 from lemur.data.run.task import StageRunner
-from lemur.data.tokenize.prepare import open_build_tokenizer
+from lemur.data.tokenize.prepare import given_model, open_build_tokenizer
 from lemur.tokenizer import Tokenizer, TokenizerError, is_tokenizer_json
 from lemur.tokenizer.fim import CodeMarkers, find_code_markers
+from lemur.tokenizer.hf_files import tokenizer_json_path
 
 GROUP_VERSION = 1
 
@@ -50,19 +51,34 @@ def repo_format(recipe: Recipe, tokenizer: Tokenizer) -> tuple[RepoFormat, CodeM
         raise RepoFormatError(f"recipe: fim.markers: {e}") from None
     fmt = RepoFormat.of(markers, plain=recipe.repos.format == "plain")
     if recipe.repos.format == "markers" and fmt.plain:
-        raise RepoFormatError(
-            "recipe: repos.format markers: the tokenizer has no repository markers "
-            "(<|repo_name|> and <|file_sep|>, or <repo_name> and <file_sep>); use "
-            "repos.format auto or plain"
-        )
+        raise RepoFormatError(NO_REPO_MARKERS)
     return fmt, markers
 
 
-def check_repo_format(recipe: Recipe, tok_path: Path) -> None:
+NO_REPO_MARKERS = (
+    "recipe: repos.format markers: the tokenizer has no repository markers "
+    "(<|repo_name|> and <|file_sep|>, or <repo_name> and <file_sep>); use "
+    "repos.format auto or plain"
+)
+
+
+def check_repo_format(recipe: Recipe, tok_path: Path | None = None) -> None:
     """Raise RepoFormatError when the recipe's `repos.format` (or `fim.markers`) asks for
-    what the prepared tokenizer lacks; nothing to check without `repos:`."""
-    if recipe.repos is not None:
-        repo_format(recipe, open_build_tokenizer(recipe, tok_path))
+    what the tokenizer lacks; nothing to check without `repos:`. `tok_path` None: before
+    the tokenizer is prepared (so that a refused build makes nothing): the given one (what
+    preparing appends, CodeLlama's FIM pieces, holds no repository marker), or what a
+    trained one will hold (a byte-level BPE of a FIM build: Qwen2.5-Coder's markers)."""
+    if recipe.repos is None:
+        return
+    cfg = recipe.tokenizer
+    if tok_path is None and cfg.hf is None and cfg.model is None:
+        trained_markers = cfg.train.kind == "byte-bpe" and recipe.fim is not None
+        if recipe.repos.format == "markers" and not trained_markers:
+            raise RepoFormatError(NO_REPO_MARKERS)
+        return
+    if tok_path is None:
+        tok_path = tokenizer_json_path(cfg.hf) if cfg.hf is not None else given_model(cfg.model)
+    repo_format(recipe, open_build_tokenizer(recipe, tok_path))
 
 
 @dataclass
