@@ -203,10 +203,11 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
     """The recipe's tokenizer as a checked file under `<output>/.work/` (copied or trained).
 
     A given model is checked first (`check_given_tokenizer`, which `build` runs before it
-    makes the output directory), and nothing goes outside `.work/` here: the build's own directory receives it only when complete. A chat
-    build's SentencePiece tokenizer has the ChatML markers as user-defined pieces: trained
-    in, or appended to a given model (every other id unchanged); a tokenizer.json's chat
-    build renders with the folder's own chat template instead.
+    makes the output directory), and nothing goes outside `.work/` here: the build's own
+    directory receives it only when complete. A chat build's SentencePiece tokenizer has
+    the ChatML markers as user-defined pieces: trained in, or appended to a given model
+    (every other id unchanged); a tokenizer.json's chat build renders with the folder's
+    own chat template instead.
     """
     corpus = corpus_of(recipe)
     pieces = corpus.tokenizer_pieces()  # ChatML's markers for a ChatML chat build
