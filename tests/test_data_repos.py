@@ -308,22 +308,26 @@ def test_split_plain_with_counted_sizes_still_fits(sizes):
 
 
 def test_same_named_headers_resolve_in_linear_time():
-    """20,000 files in 10,000 folders that each hold a `config.h` and a `.c` including it
+    """4,000 files in 2,000 folders that each hold a `config.h` and a `.c` including it
     (quoted, by a deeper tail and by angle brackets): every include is resolved to the
-    shallowest matching path as before, in well under a second per 10,000 includes; the
-    tail index scanned every file of that base name per include (#44 item 23: 1,000 files
-    32 s, 2,000 unfinished)."""
-    import time
+    shallowest matching path, looking at each path a bounded number of times; the tail index
+    compared every file of that base name per include (#44 item 23: 1,000 files 32 s, 2,000
+    unfinished; the time is tools/bench_repos.py's --same-named figure). Work is counted,
+    not timed: each path is a str that counts its `endswith` calls."""
+    looked = [0]
 
-    n = 10_000
-    files = {"config.h": "int top;\n", "common/config.h": "int common;\n"}
+    class Path(str):
+        def endswith(self, *args):  # type: ignore[override]
+            looked[0] += 1
+            return str.endswith(self, *args)
+
+    n = 2_000
+    files = {Path("config.h"): "int top;\n", Path("common/config.h"): "int common;\n"}
     for i in range(n):
-        files[f"m{i}/config.h"] = '#include "common/config.h"\n#include <config.h>\n'
-        files[f"m{i}/a.c"] = '#include "config.h"\n#include <m0/config.h>\n#include "x/y.h"\n'
-    started = time.perf_counter()
+        files[Path(f"m{i}/config.h")] = '#include "common/config.h"\n#include <config.h>\n'
+        files[Path(f"m{i}/a.c")] = '#include "config.h"\n#include <m0/config.h>\n#include "x/y.h"\n'
     deps = dependencies(files)
-    elapsed = time.perf_counter() - started
     assert deps[f"m{n - 1}/config.h"] == {"common/config.h", "config.h"}
     assert deps[f"m{n - 1}/a.c"] == {f"m{n - 1}/config.h", "m0/config.h"}
     assert deps["m0/a.c"] == {"m0/config.h"}
-    assert elapsed < 5.0, f"{elapsed:.1f} s for {len(files):,} files"
+    assert looked[0] <= 4 * len(files), f"{looked[0]:,} endswith calls for {len(files):,} files"

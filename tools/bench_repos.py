@@ -7,6 +7,10 @@ named after the stdlib folder. Both builds use the same SentencePiece model (mis
 outputs; CPU seconds are the build's process tree's (bench_build.timed).
 
     python tools/bench_repos.py [--order imports] [--workers 2]
+    python tools/bench_repos.py --same-named 500,1000,2000,10000
+
+`--same-named N,...` times only the import graph of a repository of N folders each holding a
+`config.h` and a `.c` including it (the case that was quadratic, #44 item 23).
 """
 
 from __future__ import annotations
@@ -69,13 +73,34 @@ def _build(name: str, recipe: dict) -> dict:
     return r
 
 
+def same_named(sizes: list[int]) -> int:
+    """Time `dependencies` on repositories of N same-named headers; print a markdown table."""
+    import time
+
+    from lemur.data.repos.imports import dependencies
+
+    print("| folders | files | includes | seconds |\n|---|---|---|---|")
+    for n in sizes:
+        files = {"config.h": "int top;\n", "common/config.h": "int common;\n"}
+        for i in range(n):
+            files[f"m{i}/config.h"] = '#include "common/config.h"\n#include <config.h>\n'
+            files[f"m{i}/a.c"] = '#include "config.h"\n#include <m0/config.h>\n'
+        started = time.perf_counter()
+        dependencies(files)
+        print(f"| {n:,} | {len(files):,} | {4 * n:,} | {time.perf_counter() - started:.3f} |")
+    return 0
+
+
 def main() -> int:
     """Run both builds and print a markdown table and the ratio."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--order", default="imports", choices=["path", "random", "imports"])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--tokenizer", type=Path, default=None, metavar="MODEL")
+    ap.add_argument("--same-named", default=None, metavar="N,...")
     args = ap.parse_args()
+    if args.same_named:
+        return same_named([int(n) for n in args.same_named.split(",")])
     WORK.mkdir(parents=True, exist_ok=True)
     model = args.tokenizer or _tokenizer()
     off = _build("files", _recipe(WORK / "files-out", model, args.workers, None))
