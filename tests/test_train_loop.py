@@ -29,7 +29,10 @@ def build_corpus(root: Path, vocab: int = 600) -> Path:
     """A real two-domain shard directory (stdlib code + pydoc text, `vocab` tokens): ~3 s.
 
     Built by `lemur-data build` in a subprocess: the build forks workers, and forking a
-    process that already runs JAX's threads can deadlock.
+    process that already runs JAX's threads can deadlock. The recipe's paths are relative
+    to `root` (the build runs there), so the shards are the same bytes wherever pytest's
+    temporary folder is: a recipe naming another folder is another recipe, whose seeded
+    choices differ, and the loss thresholds below were met or missed by the folder's name.
     """
     import conftest
 
@@ -37,16 +40,20 @@ def build_corpus(root: Path, vocab: int = 600) -> Path:
     code.mkdir(parents=True)
     for p in conftest.real_python_files(40):
         (code / p.name).write_bytes(p.read_bytes())
-    text = conftest.write_jsonl(root / "text.jsonl", conftest.real_text_docs(60))
+    conftest.write_jsonl(root / "text.jsonl", conftest.real_text_docs(60))
     recipe = root / "recipe.yaml"
-    raw = conftest.base_recipe(root, code, [text], filters=conftest.NO_FILTERS)
+    raw = conftest.base_recipe(
+        Path("."), Path("code"), [Path("text.jsonl")], filters=conftest.NO_FILTERS
+    )
     raw["tokenizer"]["train"]["vocab_size"] = vocab
     recipe.write_text(yaml.safe_dump(raw))
     result = subprocess.run(
-        [sys.executable, "-m", "lemur.data.cli", "build", str(recipe)],
+        [sys.executable, "-m", "lemur.data.cli", "build", recipe.name],
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
     assert result.returncode == 0, result.stderr
     return root / "out"
