@@ -236,7 +236,7 @@ def test_languages_partition_the_domain(tmp_path: Path, tokenizer_model: Path) -
 
 def test_batch_bytes_is_what_the_trainer_counts(tmp_path: Path, tokenizer_model: Path) -> None:
     """TokenBytes.batch_bytes on loader batches gives the scorer's byte count."""
-    from lemur.train.streams import make_eval_iterators
+    from lemur.train.loader import make_eval_iterators
 
     docs = {"code": [p.read_text()[:500] for p in real_python_files(3)], "text": [UNICODE]}
     root = _write_shards(tmp_path / "shards", tokenizer_model, docs)

@@ -454,22 +454,22 @@ def test_the_private_check_sees_a_planted_use() -> None:
     source = (
         "import lemur.data.run.stage as stage_lib\n"
         "from lemur.data.run import executors\n"
-        "from lemur.train.streams import _derived_seed, __doc__\n"
+        "from lemur.train.loader import _derived_seed, __doc__\n"
         "executors._run_rank(1)\n"
         "stage_lib._FULL\n"
         "lemur_private = executors.make_executor\n"
     )
     found = private_uses(ast.parse(source), "tests.test_x", False)
     assert found == [
-        (3, "lemur.train.streams._derived_seed"),
+        (3, "lemur.train.loader._derived_seed"),
         (4, "lemur.data.run.executors._run_rank"),
         (5, "lemur.data.run.stage._FULL"),
     ]
-    own = "def _f(): pass\nfrom lemur.train.streams import _derived_seed\n"
-    assert private_uses(ast.parse(own), "lemur.train.streams", False) == []
+    own = "def _f(): pass\nfrom lemur.train.loader import _derived_seed\n"
+    assert private_uses(ast.parse(own), "lemur.train.loader", False) == []
     problems = private_problems({"tools/x.py": source}, {("tools/gone.py", "lemur.x._y"): ""})
     assert problems == [
-        "tools/x.py:3: uses lemur.train.streams._derived_seed, private to its module",
+        "tools/x.py:3: uses lemur.train.loader._derived_seed, private to its module",
         "tools/x.py:4: uses lemur.data.run.executors._run_rank, private to its module",
         "tools/x.py:5: uses lemur.data.run.stage._FULL, private to its module",
         "KNOWN_PRIVATE_USES: tools/gone.py no longer uses lemur.x._y: delete the entry",

@@ -31,9 +31,9 @@ from lemur.train import step as step_lib
 from lemur.train.cli import main as train_main
 from lemur.train.config import load_train_config
 from lemur.train.errors import RunError
+from lemur.train.loader import make_eval_iterators, make_train_iterator
 from lemur.train.loop import train
 from lemur.train.setup import DataDirs, plan_run
-from lemur.train.streams import make_eval_iterators, make_train_iterator
 
 SEQ = 32
 Doc = tuple[np.ndarray, np.ndarray | None]

@@ -1,4 +1,4 @@
-"""Tests for lemur.shards.windows and lemur.train.streams: windows, shuffling, host sharding,
+"""Tests for lemur.shards.windows and lemur.train.loader: windows, shuffling, host sharding,
 resume, mixtures, checks."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from lemur.shards.format import (
     token_dtype,
 )
 from lemur.shards.windows import BATCH_KEYS, ShardSource, window_record
-from lemur.train.streams import (
+from lemur.train.loader import (
     ExpectedTokenizer,
     Reading,
     make_eval_iterators,

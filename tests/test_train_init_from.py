@@ -27,9 +27,9 @@ from lemur.shards.format import (  # noqa: E402
 )
 from lemur.train.config import load_train_config  # noqa: E402
 from lemur.train.errors import RunError  # noqa: E402
+from lemur.train.loader import make_train_iterator  # noqa: E402
 from lemur.train.loop import train  # noqa: E402
 from lemur.train.setup import DataDirs, plan_run  # noqa: E402
-from lemur.train.streams import make_train_iterator  # noqa: E402
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -279,7 +279,7 @@ def test_evals_report_bits_per_byte_by_hand(
     """eval/<domain>/bpb = summed NLL / ln 2 / UTF-8 bytes of the scored target text."""
     import sentencepiece as spm
 
-    from lemur.train.streams import make_eval_iterators
+    from lemur.train.loader import make_eval_iterators
 
     run, _ = finished_run
     config = tiny_config(corpus, run)

@@ -33,7 +33,7 @@ import psutil
 
 from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
 from lemur.shards.windows import ShardSource
-from lemur.train.streams import Reading, derived_seed, make_train_iterator
+from lemur.train.loader import Reading, derived_seed, make_train_iterator
 
 VOCAB = 32000
 

@@ -148,7 +148,7 @@ def train(spec: dict[str, Any], save: Save) -> dict[str, Any]:
     """Part 1/2/3/5: lemur's compiled train step on the carried corpus's packed batches."""
     from bench_train import compile_lemur_step
 
-    from lemur.train.streams import make_train_iterator
+    from lemur.train.loader import make_train_iterator
 
     if spec.get("precision"):
         jax.config.update("jax_default_matmul_precision", spec["precision"])

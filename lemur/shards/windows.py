@@ -1,6 +1,6 @@
 """Windows over one shard directory: `window_record` and the random-access `ShardSource`.
 
-Shared by the trainer's streams (lemur.train.data) and `lemur-eval bpb` (lemur.eval.bpb),
+Shared by the trainer's loader (lemur.train.loader) and `lemur-eval bpb` (lemur.eval.bpb),
 so it lives with the shard format, below both.
 
 A record is one training window of a shard's packed token stream: `seq_len + 1` tokens

@@ -1,5 +1,5 @@
 """Training (`lemur-train`): config, set-up, state, jitted step, loop, checkpoints, metrics,
-and the Grain streams over shard directories.
+and the Grain loader over shard directories.
 
 | module | what it holds |
 |---|---|
@@ -9,7 +9,7 @@ and the Grain streams over shard directories.
 | `state` | processes and the mesh; where a run starts (checkpoint, pretrained, fresh) |
 | `step` | the state's layout, schedule, optimizer, the train/eval steps compiled |
 | `batch` | global batches: their sharding on the mesh, the rows this process reads |
-| `streams` | the train stream and the eval streams over shard directories |
+| `loader` | the Grain train stream and eval streams over shard directories |
 | `loop` | `Trainer`, `train`: the loop and its hooks (evals, checkpoints) |
 | `metrics` | metrics.jsonl, TensorBoard, the progress bar, the train records, MFU |
 | `checkpoint`, `interrupt`, `plot` | run state on disk; signals before training; plots |
@@ -29,7 +29,7 @@ _EXPORTS = {
     "train": "loop",
     "RunError": "errors",
     "TrainingDiverged": "errors",
-    "make_train_iterator": "streams",
-    "make_eval_iterators": "streams",
+    "make_train_iterator": "loader",
+    "make_eval_iterators": "loader",
 }
 __getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

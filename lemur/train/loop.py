@@ -34,6 +34,7 @@ from lemur.train import step as step_lib
 from lemur.train.batch import Batch, BatchLayout
 from lemur.train.config import TrainConfig, with_absolute_paths
 from lemur.train.errors import RunError, TrainingDiverged
+from lemur.train.loader import EvalStream
 from lemur.train.metrics import RunLog, StepWindow, TrainRecords, peak_tflops_per_device
 from lemur.train.setup import (
     DataDirs,
@@ -48,7 +49,6 @@ from lemur.train.setup import (
 )
 from lemur.train.state import Start, initial_state, make_run_mesh, start_processes
 from lemur.train.step import State, StateLayout
-from lemur.train.streams import EvalStream
 
 
 @dataclasses.dataclass

@@ -29,8 +29,7 @@ from lemur.train.batch import HostSlice
 from lemur.train.checkpoint import Checkpointer
 from lemur.train.config import TrainConfig, with_steps
 from lemur.train.errors import RunError
-from lemur.train.plan_estimate import mesh_fits, step_bytes
-from lemur.train.streams import (
+from lemur.train.loader import (
     EvalStream,
     ExpectedTokenizer,
     Reading,
@@ -38,6 +37,7 @@ from lemur.train.streams import (
     make_eval_iterators,
     make_train_iterator,
 )
+from lemur.train.plan_estimate import mesh_fits, step_bytes
 
 
 @dataclasses.dataclass

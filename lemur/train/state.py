@@ -29,8 +29,8 @@ from lemur.train import step as step_lib
 from lemur.train.checkpoint import CheckpointDamaged, Checkpointer
 from lemur.train.config import ConfigError, TrainConfig
 from lemur.train.errors import RunError
+from lemur.train.loader import LoaderStateMismatch, TrainIterator
 from lemur.train.step import State, StateLayout
-from lemur.train.streams import LoaderStateMismatch, TrainIterator
 
 Say = Callable[[str], None]  # prints one log line
 

@@ -1,4 +1,4 @@
-"""The trainer's Grain streams over shard directories: the train stream (shuffled,
+"""The trainer's Grain loader over shard directories: the train stream (shuffled,
 host-sharded, mixed windows with a resumable state) and the eval streams (every val window
 of each domain once, padded so that all hosts step together).
 
