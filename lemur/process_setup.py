@@ -49,7 +49,7 @@ Changes a command's own code makes later, for as long as they are needed, and un
 - local build workers and the trainer's loader processes (`lemur.process_guard`):
   `PR_SET_PDEATHSIG` and a parent watch, so that they die with the process that started them.
 - a dedup bucket task raises its soft limit of open files (`lemur.data.dedup.rows`); a
-  sandboxed program's process sets its resource limits and umask (`lemur.eval.jail`).
+  sandboxed program's process sets its resource limits and umask (`lemur.eval.sandbox.jail`).
 - `lemur.train.checkpoint` and `lemur.model.checkpoint`: absl's log level around orbax
   calls, and a muted `sys.unraisablehook` while collecting a failed restore's leftovers
   (both put back).

@@ -302,8 +302,8 @@ def test_a_killed_dedup_signers_scratch_goes_at_the_next_resume(tmp_path):
 # The modules that may make temporaries outside atomic_files, and why: a sandbox's run
 # directory is a fresh private temporary directory whose leftovers eval's own sweep finds.
 OUTSIDE_ATOMIC_FILES = {
-    "lemur/eval/sandbox.py": "a sandboxed run's private directory (eval/leftovers.py sweeps)",
-    "lemur/eval/leftovers.py": "finds the sandbox directories a killed run left",
+    "lemur/eval/sandbox/run.py": "a sandboxed run's private directory (leftovers.py sweeps)",
+    "lemur/eval/sandbox/leftovers.py": "finds the sandbox directories a killed run left",
 }
 
 

@@ -51,7 +51,7 @@ def imports(top_level_only: bool) -> dict[str, str]:
                 names = [node.module]
             for name in names:
                 top = name.split(".")[0]
-                # A script run by path (lemur/eval/jail.py) imports the module beside it.
+                # A script run by path (lemur/eval/sandbox/jail.py) imports the module beside it.
                 beside = (path.parent / f"{top}.py").is_file()
                 if top != "lemur" and top not in sys.stdlib_module_names and not beside:
                     found.setdefault(top, str(path.relative_to(ROOT)))

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from lemur.eval import humaneval as he
-from lemur.eval import procs, sandbox
+from lemur.eval import sandbox
+from lemur.eval.sandbox import procs
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = sandbox.Limits(timeout_s=4, cpu_s=3)
@@ -109,7 +110,11 @@ def test_project_files_and_other_processes_are_hidden() -> None:
     token = uuid.uuid4().hex
     host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", token])
     try:
-        files = [REPO / "pyproject.toml", REPO / "lemur" / "eval" / "sandbox.py", "/etc/passwd"]
+        files = [
+            REPO / "pyproject.toml",
+            REPO / "lemur" / "eval" / "sandbox" / "run.py",
+            "/etc/passwd",
+        ]
         program = (
             "import json, os\n"
             "cmdlines = []\n"

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from lemur.eval import cgroups, leftovers, procs, sandbox
+from lemur.eval import sandbox
+from lemur.eval.sandbox import cgroups, leftovers, procs
 
 REPO = Path(__file__).resolve().parents[1]
 isolation = sandbox.probe()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lemur.eval import sandbox
-from lemur.eval.leftovers import PREFIX
+from lemur.eval.sandbox.leftovers import PREFIX
 
 LEMUR_EVAL = [sys.executable, "-c", "import sys; from lemur.eval.cli import main; sys.exit(main())"]
 needs_network = pytest.mark.skipif(

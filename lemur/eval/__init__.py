@@ -18,10 +18,7 @@ HumanEval-infilling on the model's FIM prompt, multi-turn agent tasks with execu
 | `agent_decode` | `TurnDecoder`: batched turns with each conversation's KV cache kept |
 | `agent_report` | `summarize` (success rate by turn), `plot` |
 | `agent_cli` | the `agent` and `plot` subcommands |
-| `sandbox` | `run_python`, `Limits`, `probe` (what this machine can contain) |
-| `jail` | the script that enters the sandbox before exec (run by path, stdlib only) |
-| `cgroups` | a run's pids and memory cgroups (v1 or v2) |
-| `procs` | finding and killing a run's processes (by uid or cgroup) |
+| `sandbox/` | `run_python`, `Limits`, `probe`; the jail, cgroups, processes, leftovers |
 | `load` | `load_model`: a run dir, orbax step, lemur checkpoint or HF Llama folder |
 | `find_tokenizer` | a run's tokenizer (its first data directory), or the one given |
 | `cli` | the `lemur-eval` command |
@@ -46,8 +43,8 @@ _EXPORTS = {
     "humaneval_tasks": "humaneval",
     "load_tasks": "humaneval",
     "pass_at_k": "humaneval",
-    "run_python": "sandbox",
-    "Limits": "sandbox",
+    "run_python": "sandbox.run",
+    "Limits": "sandbox.run",
     "load_model": "load",
 }
 __getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

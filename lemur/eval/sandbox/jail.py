@@ -2,7 +2,7 @@
 
     python -I -S jail.py FD  (FD: an inherited file holding the spec dict, marshal-ed)
 
-lemur.eval.sandbox starts this script instead of the program itself so that no
+lemur.eval.sandbox.run starts this script instead of the program itself so that no
 `preexec_fn` runs in the (multi-threaded) evaluating process. In order, it:
 1. dies with the evaluator: a parent-death signal (SIGTERM, caught: `jail_run.abandon`
    kills the run and, the evaluator gone, removes the run's cgroups and directory), then a

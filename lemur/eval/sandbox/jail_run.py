@@ -1,10 +1,10 @@
-"""The jail's work (stdlib only, no lemur: loaded beside lemur/eval/jail.py by path, and
-importable as lemur.eval.jail_run too): what jail.py says, in that order; and the run's own
-root (`build_root`): on a fresh tmpfs, the interpreter's prefixes and the system's libraries
-(`binds`) read-only, a minimal /dev, a fresh /proc of the run's pid namespace, and
-size-capped tmpfs for /tmp, /var/tmp, /dev/shm and the working directory (the program copied
-in); then pivot_root into it, the host's root detached. Nothing else of the host is there:
-no project files, no host Unix sockets."""
+"""The jail's work (stdlib only, no lemur: loaded beside lemur/eval/sandbox/jail.py by path,
+and importable as lemur.eval.sandbox.jail_run too): what jail.py says, in that order; and
+the run's own root (`build_root`): on a fresh tmpfs, the interpreter's prefixes and the
+system's libraries (`binds`) read-only, a minimal /dev, a fresh /proc of the run's pid
+namespace, and size-capped tmpfs for /tmp, /var/tmp, /dev/shm and the working directory (the
+program copied in); then pivot_root into it, the host's root detached. Nothing else of the
+host is there: no project files, no host Unix sockets."""
 
 # The C module: signal.py wraps it in enums, whose imports (enum, functools, collections)
 # would add a tenth to the jail's start-up.

@@ -1,7 +1,7 @@
 """Run untrusted Python (generated code and its tests) in a contained child process.
 
 Every run gets a wall-clock timeout and resource limits (address space, CPU seconds, file
-size, open files, processes), and is entered through lemur/eval/jail.py, which adds what
+size, open files, processes), and is entered through lemur/eval/sandbox/jail.py, which adds what
 the machine allows (probed once, `probe`):
 
 - network: a new network namespace (what `unshare -n` does): no interface but a
@@ -51,7 +51,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from lemur.eval import cgroups, leftovers, procs
+from lemur.eval.sandbox import cgroups, leftovers, procs
 
 JAIL = Path(__file__).with_name("jail.py")
 TAIL = 4000  # characters of stdout/stderr kept per run

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from lemur.eval import cgroups, procs
+from lemur.eval.sandbox import cgroups, procs
 
 PREFIX = "lemur-sandbox-"
 
