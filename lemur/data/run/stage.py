@@ -3,11 +3,12 @@
 A stage either finishes every task or raises StageError (run/task.py) with one line naming
 the stage and what failed; what the build submitted to Slurm and no longer needs is
 cancelled on the way out (a failure or Ctrl-C). `executor_session` holds what lives as long
-as a build: its Ray connection.
+as a build: its local worker pool or its Ray connection.
 """
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import threading
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lemur.data.run.executors import make_executor
+from lemur.data.run.executors import build_pool, make_executor
 from lemur.data.run.settings import ExecutorConfig
 from lemur.data.run.task import Reporter, StageError, tasks_done
 
@@ -43,7 +44,8 @@ def run_executor(
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             failure.append(e)
 
-    thread = threading.Thread(target=target, daemon=True)
+    # In this thread's context: the build's worker pool (executors.build_pool) is in it.
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True)
     thread.start()
     try:
         while thread.is_alive():
@@ -82,9 +84,11 @@ def run_tasks(
 
 @contextmanager
 def executor_session(config: ExecutorConfig) -> Iterator[None]:
-    """What lives as long as a build: the Ray connection its first Ray stage makes."""
+    """What lives as long as a build: the local executor's worker pool, or the Ray
+    connection its first Ray stage makes."""
     if config.kind != "ray":
-        yield
+        with build_pool(config):
+            yield
         return
     from lemur.data.run.ray_cluster import ray_session
 
