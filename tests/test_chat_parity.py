@@ -20,12 +20,13 @@ import pytest
 from conftest import real_python_files, real_text_docs, write_jsonl
 from test_data_chat_build import shard_documents
 
+from lemur.convert import cli as convert
 from lemur.data.build import build
 from lemur.data.load import recipe_from_dict
 from lemur.data.tokenize.chat import CONTROL_TEXT
 from lemur.eval import cli as eval_cli
 from lemur.eval.chat_prompt import chat_prompt_ids
-from lemur.model import checkpoint, convert
+from lemur.model import checkpoint
 from lemur.model.config import config_from_preset
 from lemur.model.llama import init_params
 from lemur.tokenizer import SentencePieceTokenizer

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from lemur.cli_common import EXIT_SIGINT, EXIT_USAGE, CommandError, parse_set, run_main
+from lemur.convert import cli as convert
 from lemur.data import cli as data_cli
 from lemur.eval import agent_report
 from lemur.eval import cli as eval_cli
-from lemur.model import convert
 from lemur.train import cli as train_cli
 
 

@@ -114,7 +114,7 @@ def test_shell_commands_parse(where: str, line: int, argv: list[str]) -> None:
         assert recipe is None or (ROOT / recipe).is_file(), f"{where}:{line}: {recipe}"
         return
     if argv[0] == "lemur-convert":
-        from lemur.model.convert import parser as convert_parser
+        from lemur.convert.cli import parser as convert_parser
 
         convert_parser().parse_args(argv[1:])
         return

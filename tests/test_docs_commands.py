@@ -47,9 +47,9 @@ def ours(line: str) -> bool:
 
 def parse_only(argv: list[str]) -> str:
     """Parse `argv` with its command's own parser; argparse's complaint, or "" when it parses."""
+    from lemur.convert.cli import parser as convert_parser
     from lemur.data.cli import parser as data_parser
     from lemur.eval.cli import parser as eval_parser
-    from lemur.model.convert import parser as convert_parser
     from lemur.train import cli as train_cli
     from lemur.train.plan_cli import plan_parser
 

@@ -29,8 +29,8 @@ from bytelevel_fixtures import random_llama3_model  # noqa: E402
 from conftest import STDLIB, real_python_files, real_text_docs, write_jsonl  # noqa: E402
 from e2e_steps import build_corpus, train_two_steps  # noqa: E402
 
+from lemur.convert import cli as convert  # noqa: E402
 from lemur.eval import cli as eval_cli  # noqa: E402
-from lemur.model import convert  # noqa: E402
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

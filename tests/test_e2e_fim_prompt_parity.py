@@ -30,10 +30,10 @@ from bytelevel_fixtures import random_qwen_coder_model  # noqa: E402
 from conftest import real_python_files  # noqa: E402
 from e2e_steps import build_corpus, train_two_steps  # noqa: E402
 
+from lemur.convert import cli as convert  # noqa: E402
 from lemur.eval.decoding import GenerationConfig  # noqa: E402
 from lemur.eval.generate import generate_ids  # noqa: E402
 from lemur.eval.load import load_model  # noqa: E402
-from lemur.model import convert  # noqa: E402
 from lemur.tokenizer import open_tokenizer  # noqa: E402
 from lemur.tokenizer.fim import CodeMarkers, fim_prompt_ids, find_code_markers  # noqa: E402
 

@@ -14,11 +14,12 @@ from test_eval_agent import MBPP, needs_network
 from test_eval_generate import random_params
 
 from lemur.chatml import CHAT_PIECES
+from lemur.convert import cli as convert
 from lemur.data.recipe import TokenizerTrainConfig
 from lemur.data.tokenize.tokenizer import train_tokenizer
 from lemur.eval import cli as eval_cli
 from lemur.eval.agent_tasks import load_agent_tasks
-from lemur.model import checkpoint, convert
+from lemur.model import checkpoint
 from lemur.model.config import LlamaConfig
 
 transformers = pytest.importorskip("transformers")

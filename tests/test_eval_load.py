@@ -18,10 +18,11 @@ from test_model_convert_source import tiny_config as hf_tiny_config
 from test_model_convert_source import write_hf_folder
 from test_train_loop import build_corpus, compile_cache, tiny_config
 
+from lemur.convert import cli as convert
 from lemur.eval import cli
 from lemur.eval.load import LoadError, load_model
 from lemur.model import checkpoint as model_checkpoint
-from lemur.model import convert, llama, pretrained
+from lemur.model import llama, pretrained
 from lemur.train.checkpoint import Checkpointer
 from lemur.train.config import load_train_config
 from lemur.train.loop import train

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from lemur.model import convert, hf, pretrained
+from lemur.convert import cli as convert
+from lemur.model import hf, pretrained
 from lemur.model.config import LlamaConfig, param_shapes
 
 

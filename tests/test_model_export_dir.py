@@ -17,7 +17,8 @@ import pytest
 import transformers
 from safetensors.numpy import load_file
 
-from lemur.model import checkpoint, convert, hf, pretrained
+from lemur.convert import cli as convert
+from lemur.model import checkpoint, hf, pretrained
 from lemur.model.config import LlamaConfig, Params, param_shapes
 
 CONFIG = LlamaConfig(
@@ -170,7 +171,8 @@ def test_one_test_tells_every_kind_of_model_folder(tmp_path: Path) -> None:
 KILLED = textwrap.dedent(
     """
     import os, signal, sys
-    from lemur.model import convert, export_dir, hf
+    from lemur.convert import cli as convert
+    from lemur.model import export_dir, hf
 
     moment, *argv = sys.argv[1:]
     if moment == "mid-write":  # after the first safetensors file of several

@@ -1,4 +1,4 @@
-"""lemur.model.hf + lemur.model.convert (lemur-convert): parity with transformers' LlamaForCausalLM.
+"""lemur.model.hf + lemur.convert.cli (lemur-convert): parity with transformers' LlamaForCausalLM.
 
 Llama-2 style (default rope, untied head) and Llama-3 style (llama3 rope scaling, with and
 without the tied head of Llama-3.2) random tiny models.
@@ -169,7 +169,7 @@ def test_state_dict_round_trip_is_identical(hf_model: transformers.LlamaForCausa
 
 def _load_tool() -> ModuleType:
     """The converter behind `lemur-convert`."""
-    from lemur.model import convert
+    from lemur.convert import cli as convert
 
     return convert
 

@@ -16,7 +16,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from test_model_hf import _forward, _hf_logits, _read_hf_dir  # noqa: E402
 
-from lemur.model import checkpoint, convert, hf  # noqa: E402
+from lemur.convert import cli as convert  # noqa: E402
+from lemur.model import checkpoint, hf  # noqa: E402
 from lemur.model.config import PRESETS, LlamaConfig, param_count, param_shapes  # noqa: E402
 
 torch = pytest.importorskip("torch")

@@ -141,7 +141,7 @@ UNTOUCHED = {"HF_HUB_OFFLINE": None, "restore noise filter": False, "asyncio fil
         ("lemur.eval.cli", {}),
         # A failed save (a full disk) leaves what a failed restore does.
         (
-            "lemur.model.convert",
+            "lemur.convert.cli",
             {"restore noise filter": True, "asyncio filters": ["_AsyncioFilter"]},
         ),
     ],
@@ -267,7 +267,7 @@ print(json.dumps({"platform": jax.devices()[0].platform, "env": os.environ.get("
 """
 
 
-@pytest.mark.parametrize("module", ["lemur.train.cli", "lemur.eval.cli", "lemur.model.convert"])
+@pytest.mark.parametrize("module", ["lemur.train.cli", "lemur.eval.cli", "lemur.convert.cli"])
 def test_jax_commands_start_quietly_on_a_cpu_host_with_libtpu_installed(module: str) -> None:
     import importlib.util
 

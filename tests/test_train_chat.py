@@ -305,7 +305,7 @@ def test_fine_tuned_run_exports_to_hf(
     from test_model_hf import _forward, _hf_logits
     from test_model_hf_tokenizer import MESSAGES, build_ids, ids_of
 
-    from lemur.model import convert
+    from lemur.convert import cli as convert
 
     monkeypatch.chdir(fine_tuned["root"])  # a relative run directory, as typed
     assert convert.main(["from-run", "grown", str(tmp_path / "lemur")]) == 0

@@ -1,4 +1,4 @@
-"""Benchmark: time and peak memory of lemur-convert (lemur/model/convert.py) both ways, on a random
+"""Benchmark: time and peak memory of lemur-convert (lemur/convert/cli.py) both ways, on a random
 Hugging Face Llama of about --params parameters saved in bf16 safetensors shards.
 
 Each conversion runs as its own child process, so its peak RSS is its own
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-TOOL = Path(__file__).resolve().parents[1] / "lemur" / "model" / "convert.py"
+TOOL = Path(__file__).resolve().parents[1] / "lemur" / "convert" / "cli.py"
 
 
 def make_model(out: Path, params: float) -> int:

@@ -13,7 +13,6 @@
 | `pretrained` | a lemur checkpoint or an HF folder, read either way (`model.init_from`) |
 | `grow` | `grow_vocab`: new embedding rows / head columns for appended pieces (ChatML) |
 | `hf_tokenizer` | `write_hf_tokenizer`: HF tokenizer files (chat template) of a SP model |
-| `convert` | the `lemur-convert` command: HF safetensors <-> lemur checkpoint |
 | `export_dir` | `replacing`: an export written beside DST, renamed into place when complete |
 
 The names below are importable from `lemur.model` directly; each loads its module on first
