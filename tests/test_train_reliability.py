@@ -24,8 +24,10 @@ from test_train_loop import build_corpus, compile_cache, tiny_config, train_loss
 from lemur.train.checkpoint import Checkpointer
 from lemur.train.cli import main
 from lemur.train.config import TrainConfig
+from lemur.train.loader import make_train_iterator
 from lemur.train.loop import train
 from lemur.train.metrics import read_records
+from lemur.train.old_loader_state import LAST_COMMIT, content_id_with_build_folder
 
 # Fields of a metrics record that time the run: they differ between any two runs.
 TIMING = {"tokens_per_s", "mfu", "step_s", "data_wait_frac", "batch_put_frac", "eval_s"}
@@ -191,6 +193,34 @@ def test_loader_state_of_another_pipeline_names_the_setting(
     assert code == 2 and "--set data.strict_state=false" in line, err
     assert "strict_state=False" not in line  # the Python argument means nothing to a CLI user
     code, err = run_cli(capsys, config, "data.seed=5", "data.strict_state=false")
+    assert code == 0, err
+    assert max(train_losses(run)) == 32
+
+
+def test_loader_state_saved_before_the_build_folder_left_the_ids_is_one_line(
+    finished: Path, corpus: Path, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # A run checkpointed by lemur before 2026-11-25, whose loader ids held `build-<id>/`: its
+    # shuffle order is gone, so resuming is refused, naming the two ways on.
+    run = copy_run(finished, tmp_path)
+    config = tiny_config(corpus, run, "steps=32", cache=cache)
+    [saved] = [
+        p
+        for p in (run / "checkpoints/30/data").rglob("*")
+        if p.is_file() and "fingerprint" in p.read_text()
+    ]
+    state = json.loads(saved.read_text())
+    it = make_train_iterator(
+        corpus, seq_len=32, batch_size=8, seed=config.data_seed, process_index=0, process_count=1
+    )
+    assert it.fingerprint == state["fingerprint"]  # the run's own pipeline, rebuilt here
+    ids = [content_id_with_build_folder(s.shards) for s in it.identity.sources]
+    saved.write_text(json.dumps({**state, "fingerprint": it.identity.fingerprint(ids)}))
+    code, err = run_cli(capsys, config)
+    line = the_error(err)
+    assert code == 2 and "saved by lemur before 2026-11-25" in line, err
+    assert f"at commit {LAST_COMMIT}" in line and "--set data.strict_state=false" in line, err
+    code, err = run_cli(capsys, config, "data.strict_state=false")
     assert code == 0, err
     assert max(train_losses(run)) == 32
 

@@ -141,18 +141,14 @@ def _map_file(path: Path, dtype: np.dtype) -> tuple[mmap.mmap | None, np.ndarray
 _BUILD_FOLDER = re.compile(r"^build-[0-9a-f]+/")
 
 
-def _content_id(shards: list[dict[str, Any]], *, legacy: bool = False) -> str:
+def _content_id(shards: list[dict[str, Any]]) -> str:
     """Identity of the data, not of its path: the shuffle seed and the state fingerprint
     use it, so a job resumes the same order after the directory moves, is copied, or is
-    rebuilt into the same shards.
-
-    `legacy` gives the identity of lemur before 2026-11-25, which kept the build folder
-    in it: runs started then resume in the order they began with (`TrainIterator`)."""
+    rebuilt into the same shards."""
     # A loss mask is part of the data; listed only when present, so the ids of directories
     # without masks (and so their shuffles) are what they were.
     listing = [
-        [s["file"] if legacy else _BUILD_FOLDER.sub("", s["file"])]
-        + [s["tokens"], s["documents"], s.get("sha256")]
+        [_BUILD_FOLDER.sub("", s["file"]), s["tokens"], s["documents"], s.get("sha256")]
         + ([s.get("mask_sha256")] if "mask" in s else [])
         for s in shards
     ]
@@ -212,7 +208,6 @@ class ShardSource(grain.sources.RandomAccessDataSource):
             self._offsets.append(self._offsets[-1] + n)
         self.tokens = sum(int(s["tokens"]) for s in self.shards)
         self.content_id = _content_id(self.shards)
-        self.legacy_content_id = _content_id(self.shards, legacy=True)
         # Tokens never used as an input: each shard's tail shorter than a window, plus the
         # last window's final target (a shard of T tokens yields (T - 1) // seq_len windows).
         self.dropped_tokens = self.tokens - self._offsets[-1] * self.seq_len

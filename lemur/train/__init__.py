@@ -10,6 +10,7 @@ and the Grain loader over shard directories.
 | `step` | the state's layout, schedule, optimizer, the train/eval steps compiled |
 | `batch` | global batches: their sharding on the mesh, the rows this process reads |
 | `loader` | the Grain train stream and eval streams over shard directories |
+| `old_loader_state` | loader states of lemur before 2026-11-25, recognized to be refused |
 | `loop` | `Trainer`, `train`: the loop and its hooks (evals, checkpoints) |
 | `metrics` | metrics.jsonl, TensorBoard, the progress bar, the train records, MFU |
 | `checkpoint`, `interrupt`, `plot` | run state on disk; signals before training; plots |

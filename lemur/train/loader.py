@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grain
@@ -101,6 +101,25 @@ def _normalize_sources(
     return pairs
 
 
+@dataclasses.dataclass(frozen=True)
+class PipelineIdentity:
+    """What the train stream's fingerprint hashes: each source's contents, weight and window
+    count, the seed and seq_len."""
+
+    sources: tuple[ShardSource, ...]
+    weights: tuple[float, ...]
+    seq_len: int
+    seed: int
+
+    def fingerprint(self, content_ids: Sequence[str] | None = None) -> str:
+        """The pipeline's identity in the iterator state; given, `content_ids` stand for the
+        sources' own (the identity an older lemur gave the same data)."""
+        ids = [s.content_id for s in self.sources] if content_ids is None else content_ids
+        sources = [[c, w, len(s)] for c, w, s in zip(ids, self.weights, self.sources, strict=True)]
+        data = {"format": FORMAT, "seq_len": self.seq_len, "seed": self.seed, "sources": sources}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
 class TrainIterator(grain.DatasetIterator):
     """Batches of the training stream; `get_state()` is the same on every process.
 
@@ -112,36 +131,21 @@ class TrainIterator(grain.DatasetIterator):
     """
 
     def __init__(
-        self,
-        pipelines: tuple[grain.IterDataset, grain.IterDataset],
-        fingerprints: tuple[str, str],
-        *,
-        strict_state: bool,
+        self, pipeline: grain.IterDataset, identity: PipelineIdentity, *, strict_state: bool
     ) -> None:
         super().__init__()  # linked to its pipeline once that is made (`_iterator`)
-        # The pipeline seeded with today's ids, and with the ids that named the build folder:
-        # only the one the run reads is ever iterated (a Grain iterator with worker processes
-        # leaks shared memory when closed before its first batch).
-        self._pipelines = pipelines
-        self._fingerprints = fingerprints  # of the two pipelines, in the same order
-        self._legacy = False  # which of the two the run reads
+        # Made on first use, as before a state restores into it; a Grain iterator with worker
+        # processes leaks shared memory when closed before its first batch.
+        self._pipeline = pipeline
         self._inner: grain.DatasetIterator | None = None
+        self.identity = identity
+        self.fingerprint = identity.fingerprint()  # saved in the state
         self.strict_state = strict_state
-
-    @property
-    def fingerprint(self) -> str:
-        """The identity of the pipeline this iterator reads, saved in its state."""
-        return self._fingerprints[self._legacy]
-
-    @property
-    def legacy_fingerprint(self) -> str:
-        """The identity the same pipeline had while the build folder named the data."""
-        return self._fingerprints[True]
 
     def _iterator(self) -> grain.DatasetIterator:
         """The pipeline's iterator, made on first use."""
         if self._inner is None:
-            self._inner = iter(self._pipelines[self._legacy])
+            self._inner = iter(self._pipeline)
             super().__init__(self._inner)  # Grain's parent link: its context, its close()
         return self._inner
 
@@ -161,15 +165,7 @@ class TrainIterator(grain.DatasetIterator):
         """Continue from a state saved by any process of a job with the same pipeline."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')} != {STATE_VERSION}")
-        saved = state.get("fingerprint")
-        if saved != self.fingerprint and saved == self.legacy_fingerprint:
-            # A run started before the build folder left the data's identity: its shuffle
-            # was seeded with the folder in it, so it goes on in that order.
-            if self._inner is not None:
-                self._inner.close()
-                self._inner = None
-            self._legacy = True
-        if self.strict_state and saved != self.fingerprint:
+        if self.strict_state and state.get("fingerprint") != self.fingerprint:
             raise LoaderStateMismatch(
                 "loader state comes from another pipeline (directories, weights, seed or "
                 "seq_len differ); pass strict_state=False to continue from its position anyway"
@@ -217,40 +213,12 @@ def _open_sources(
     return sources
 
 
-def _fingerprint(
-    sources: list[ShardSource],
-    pairs: list[tuple[str | ShardDir, float]],
-    seq_len: int,
-    seed: int,
-    *,
-    legacy: bool = False,
-) -> str:
-    """The pipeline's identity in the iterator state: contents, weights, seed, seq_len."""
-    return hashlib.sha256(
-        json.dumps(
-            {
-                "format": FORMAT,
-                "seq_len": seq_len,
-                "seed": seed,
-                "sources": [
-                    [s.legacy_content_id if legacy else s.content_id, w, len(s)]
-                    for s, (_, w) in zip(sources, pairs, strict=True)
-                ],
-            },
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()[:16]
-
-
-def _shuffled_mix(
-    sources: list[ShardSource], weights: list[float], seed: int, *, legacy: bool
-) -> grain.MapDataset:
-    """Each source shuffled anew each epoch and repeated, mixed by weight; `legacy` seeds the
-    shuffles with the ids that named the build folder (see `TrainIterator.set_state`)."""
+def _shuffled_mix(sources: list[ShardSource], weights: list[float], seed: int) -> grain.MapDataset:
+    """Each source shuffled anew each epoch and repeated, mixed by weight."""
     parts = [
         grain.MapDataset.source(src)
         # Shuffle before repeat: a new lazy global permutation every epoch.
-        .shuffle(seed=derived_seed(seed, i, src.legacy_content_id if legacy else src.content_id))
+        .shuffle(seed=derived_seed(seed, i, src.content_id))
         .repeat(None)
         for i, src in enumerate(sources)
     ]
@@ -298,21 +266,15 @@ def make_train_iterator(
         num_threads=reading.num_threads, prefetch_buffer_size=reading.prefetch
     )
 
-    def pipeline(*, legacy: bool) -> grain.IterDataset:
-        return grain.experimental.ElasticIterator(
-            _shuffled_mix(sources, weights, seed, legacy=legacy),
-            global_batch_size=batch_size * pcount,
-            shard_options=grain.sharding.ShardOptions(shard_index=pid, shard_count=pcount),
-            read_options=read_options,
-            multiprocessing_options=mp_options,
-        )
-
-    fingerprints = (
-        _fingerprint(sources, pairs, seq_len, seed),
-        _fingerprint(sources, pairs, seq_len, seed, legacy=True),
+    pipeline = grain.experimental.ElasticIterator(
+        _shuffled_mix(sources, weights, seed),
+        global_batch_size=batch_size * pcount,
+        shard_options=grain.sharding.ShardOptions(shard_index=pid, shard_count=pcount),
+        read_options=read_options,
+        multiprocessing_options=mp_options,
     )
-    pipelines = (pipeline(legacy=False), pipeline(legacy=True))
-    return TrainIterator(pipelines, fingerprints, strict_state=strict_state)
+    identity = PipelineIdentity(tuple(sources), tuple(weights), seq_len, seed)
+    return TrainIterator(pipeline, identity, strict_state=strict_state)
 
 
 # ---------------------------------------------------------------------------- eval

@@ -24,7 +24,7 @@ from lemur.model import llama, pretrained
 from lemur.model import sharding as model_sharding
 from lemur.model.config import Params
 from lemur.model.grow import grow_vocab
-from lemur.train import interrupt
+from lemur.train import interrupt, old_loader_state
 from lemur.train import step as step_lib
 from lemur.train.checkpoint import CheckpointDamaged, Checkpointer
 from lemur.train.config import ConfigError, TrainConfig
@@ -251,6 +251,8 @@ def _restore(
     try:
         loader.set_state(data_state)
     except LoaderStateMismatch:
+        if old_loader_state.saved_before_rename(data_state, loader.identity):
+            raise RunError(old_loader_state.refusal(str(where))) from None
         raise RunError(
             f"{where}: the loader state comes from another data pipeline "
             "(directories' contents, weights, seed or seq_len differ); --set "
