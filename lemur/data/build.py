@@ -14,12 +14,12 @@ Stages:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from lemur.data.classifier_stage import (
     classifier_section,
     classifiers_unchanged,
 )
-from lemur.data.corpus import Corpus, corpus_of
+from lemur.data.context import BuildContext, BuildError, BuildTokenizer, TokenRun
 from lemur.data.counts import collect_counts, drops
 from lemur.data.dedup.signer import DedupSigner
 from lemur.data.dedup.stage import expected_memory, run_dedup
@@ -66,8 +66,8 @@ from lemur.data.repos.stage import (
     spill_step,
 )
 from lemur.data.run.lock import DirectoryLock, LockedError
-from lemur.data.run.stage import executor_session, run_tasks
-from lemur.data.run.task import Reporter, StageError, StageRunner
+from lemur.data.run.stage import executor_session
+from lemur.data.run.task import Reporter
 from lemur.data.tokenize.fim_stage import FimJob, FimRewrite, fim_counts
 from lemur.data.tokenize.prepare import (
     build_markers,
@@ -77,7 +77,6 @@ from lemur.data.tokenize.prepare import (
     open_build_tokenizer,
     prepare_tokenizer,
     sample_texts,
-    tokenizer_key,
 )
 from lemur.data.tokenize.step import TokenizeWriter
 from lemur.data.tokenize.template_chat import conversation_steps
@@ -94,7 +93,7 @@ from lemur.shards.format import (
     token_dtype,
 )
 from lemur.tokenizer import is_tokenizer_json
-from lemur.tokenizer.fim import MARKER_ROLES, CodeMarkers
+from lemur.tokenizer.fim import MARKER_ROLES
 
 # 2: records carry mix language families; 3: a tokenizer.json's not-special added tokens
 # (Qwen2.5's <|fim_prefix|>, ...) are encoded as text, so earlier runs of such files differ.
@@ -102,10 +101,6 @@ WORK_VERSION = 3
 __all__ = ["BuildError", "build", "make_filters", "prepare_tokenizer", "sample_texts"]
 # The stage a build reports when the output already holds it (nothing is written then).
 UP_TO_DATE = "up to date"
-
-
-class BuildError(RuntimeError):
-    """A build that cannot complete for a reason the user can fix (message says which)."""
 
 
 def _sha(obj: Any) -> str:
@@ -121,18 +116,21 @@ def _stat(path: str) -> tuple[int, int]:
 
 
 def make_filters(
-    recipe: Recipe, inputs: list[InputFile] | None = None, run_dir: Path | None = None
+    recipe: Recipe,
+    inputs: list[InputFile] | None = None,
+    run_dir: Path | None = None,
+    judged: bool = True,
 ) -> list[LemurFilter]:
     """The filter steps of a recipe, in order; disabled ones are left out. Classifiers'
     `keep_top` cuts come from a sample of `inputs` (default: all the recipe's), recorded
-    under the tokenize run `run_dir` when given."""
+    under the tokenize run `run_dir` when given; `judged`: whether the code and web-text
+    quality rules apply (the corpus's `judged_as_text`)."""
     filters: list[LemurFilter] = [EmptyDocumentFilter()]
     languages = {s.name: s.languages for s in recipe.sources if s.languages}
     if languages:
         filters.append(LanguageFilter(languages))
     # Chat builds skip the code and web-text quality rules: they judge files and web pages,
     # not conversations (and C4's line removal would change the text the messages render to).
-    judged = corpus_of(recipe).judged_as_text
     if recipe.filters.code.enabled and judged:
         filters += code_filters(recipe.filters.code)
     t = recipe.filters.text
@@ -159,14 +157,13 @@ def make_filters(
     return filters
 
 
-def tokenize_writer(corpus: Corpus, tok_path: Path, tokens_dir: Path) -> TokenizeWriter:
+def tokenize_writer(ctx: BuildContext, tokens_dir: Path) -> TokenizeWriter:
     """The tokenize tasks' writer: a tokenizer.json's BOS/EOS ids and engine from the
     recipe (a SentencePiece model's are its own); a chat template frames its documents."""
-    recipe, masks = corpus.recipe, corpus.loss_masks
-    batch = recipe.tokenize_batch_docs
+    corpus, tok_path, tokenizer = ctx.corpus, ctx.tok.path, ctx.tok.opened
+    masks, batch = corpus.loss_masks, ctx.recipe.tokenize_batch_docs
     if not is_tokenizer_json(tok_path):
         return TokenizeWriter(str(tok_path), str(tokens_dir), batch_docs=batch, masks=masks)
-    tokenizer = open_build_tokenizer(recipe, tok_path)
     return TokenizeWriter(
         str(tok_path),
         str(tokens_dir),
@@ -178,16 +175,14 @@ def tokenize_writer(corpus: Corpus, tok_path: Path, tokens_dir: Path) -> Tokeniz
     )
 
 
-def tokenize_stage(
-    recipe: Recipe, inputs: list[InputFile], tok_path: Path, run_dir: Path, report: Reporter
-) -> int:
+def tokenize_stage(ctx: BuildContext, inputs: list[InputFile], run_dir: Path) -> int:
     """Read, filter and tokenize every input file; return the number of tasks."""
+    recipe, corpus, tok_path = ctx.recipe, ctx.corpus, ctx.tok.path
     n_tasks = max(1, min(recipe.executor.tasks, len(inputs)))
-    corpus = corpus_of(recipe)
     pipeline = [
         SourcesReader(inputs, recipe.sources, errors_dir=str(work_folders.errors_dir(run_dir))),
         LanguageTagger(),
-        *make_filters(recipe, inputs, run_dir),
+        *make_filters(recipe, inputs, run_dir, corpus.judged_as_text),
         # PII redaction rewrites text, not a conversation's messages (what chat trains on).
         *(
             [PiiRedactor(recipe.pii)]
@@ -207,9 +202,9 @@ def tokenize_stage(
         ),
         # Repository documents: files set aside by repository, grouped after dedup.
         *spill_step(recipe, run_dir, n_tasks),
-        tokenize_writer(corpus, tok_path, work_folders.tokens_dir(run_dir)),
+        tokenize_writer(ctx, work_folders.tokens_dir(run_dir)),
     ]
-    run_stage(recipe, report, pipeline, run_dir, n_tasks, "tokenize")
+    ctx.stage(pipeline, run_dir, n_tasks, "tokenize")
     missing = [
         r
         for r in range(n_tasks)
@@ -220,16 +215,6 @@ def tokenize_stage(
             f"tokenize stage: task {missing[0]} produced no output (see {run_dir / 'logs'})"
         )
     return n_tasks
-
-
-def run_stage(
-    recipe: Recipe, report: Reporter, pipeline: list, folder: Path, tasks: int, stage: str
-) -> None:
-    """Run `tasks` tasks of a pipeline on the recipe's executor (logs under `folder/logs`)."""
-    try:
-        run_tasks(recipe.executor, pipeline, folder, tasks, stage, report)
-    except StageError as e:
-        raise BuildError(str(e)) from None
 
 
 def inputs_sha256(inputs: list[InputFile]) -> str:
@@ -262,8 +247,11 @@ def is_up_to_date(out: Path, recipe: Recipe, inputs_sha: str) -> bool:
     return True
 
 
-def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
+def _work_key(ctx: BuildContext, inputs_sha: str) -> str:
     """Key of the tokenize stage's work: everything its output depends on."""
+    recipe = ctx.recipe
+    # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.
+    tokenizer_sha = ctx.tok.key
     return _sha(
         {
             "v": WORK_VERSION,
@@ -283,7 +271,7 @@ def _work_key(recipe: Recipe, inputs_sha: str, tokenizer_sha: str) -> str:
             # The models' content, not only their paths (unset: older recipes' keys stay).
             **({"classifiers": classifier_keys(recipe)} if recipe.filters.classifier else {}),
             # Chat tokens depend on the cut (seq_len, long policy); other builds' keys stay.
-            **corpus_of(recipe).work_key(),
+            **ctx.corpus.work_key(),
             **({"repos": recipe.repos.spill_settings()} if recipe.repos else {}),
         }
     )[:16]
@@ -303,20 +291,14 @@ def _check_sources(counts: dict[str, Any]) -> None:
             )
 
 
-def _read_round(
-    recipe: Recipe,
-    listing: Listing,
-    tok_path: Path,
-    tok_sha: str,
-    report: Reporter,
-    units: list[InputFile],
-    kind: str,
+def read_round(
+    ctx: BuildContext, listing: Listing, units: list[InputFile], kind: str
 ) -> tuple[Path, int, Path | None]:
     """Tokenize `units` (kind `sample`, or `read`: then checked and deduplicated) under
     `<work root>/<tokens|sample>-<key>`; (work folder, tasks, dedup folder or None)."""
-    key = _work_key(recipe, inputs_sha256(units), tok_sha)
-    run_dir = work_folders.tokenize_run(recipe.work_root(), kind, key)
-    n = tokenize_stage(recipe, units, tok_path, run_dir, report)
+    recipe = ctx.recipe
+    run_dir = work_folders.tokenize_run(ctx.work_root, kind, _work_key(ctx, inputs_sha256(units)))
+    n = tokenize_stage(ctx, units, run_dir)
     if kind != "read":
         return run_dir, n, None
     counts = collect_counts(run_dir, recipe, n, listing)
@@ -324,7 +306,7 @@ def _read_round(
     if unfinished:
         raise BuildError(unfinished)
     _check_sources(counts)
-    return run_dir, n, run_dedup(recipe.dedup, run_dir, n, partial(run_stage, recipe, report))
+    return run_dir, n, run_dedup(recipe.dedup, run_dir, n, ctx.stage)
 
 
 def build(
@@ -362,7 +344,8 @@ def build(
             for said in (held.taken_over() for held in (lock, work_lock) if held is not None):
                 if said:
                     note(said)
-            return _build_locked(recipe, out, (report, note), force, plan_only, on_plan)
+            ctx = BuildContext.of(recipe, out, report, note)
+            return _build_locked(ctx, force, plan_only, on_plan)
     except (LockedError, ShuffleError) as e:
         raise BuildError(str(e)) from None
     except OSError as e:
@@ -383,99 +366,76 @@ def _work_lock(work_root: Path, out: Path) -> contextlib.AbstractContextManager:
     return DirectoryLock(work_root)
 
 
-def fim_stage(
-    recipe: Recipe,
-    run_dir: Path,
-    n_tasks: int,
-    dd: Path | None,
-    tokenizer: tuple[Path, dict[str, Any], CodeMarkers | None],
-    stage: StageRunner,
-) -> tuple[Path | None, dict[str, Any] | None]:
-    """The FIM tasks over the tokenize run `run_dir` (tokenize/fim_stage.py): (the folder of
-    the rewritten runs, the manifest's `fim` section); (None, None) without FIM. They start
+def fim_stage(ctx: BuildContext, run: TokenRun) -> tuple[TokenRun, dict[str, Any] | None]:
+    """The FIM tasks over the tokenize run `run` (tokenize/fim_stage.py): (the run with its
+    tokens rewritten, the manifest's `fim` section); (`run`, None) without FIM. They start
     from the run's kept read, filter, dedup and tokenize work (a new rate re-runs only them
     and packing)."""
-    fim = recipe.fim
-    tok_path, tok_info, markers = tokenizer
+    recipe, tok = ctx.recipe, ctx.tok
+    fim, markers = recipe.fim, tok.markers
     if fim is None or markers is None:
-        return None, None
+        return run, None
     sources = tuple(i for i, s in enumerate(recipe.sources) if s.domain in fim.domains)
-    job = FimJob(str(tok_path), tok_info.get("engine", "auto"), fim, recipe.seed, markers, sources)
-    folder = work_folders.fim_folder(run_dir, job.key(tokenizer_key(tok_info), dd))
+    job = FimJob(str(tok.path), tok.info.get("engine", "auto"), fim, recipe.seed, markers, sources)
+    folder = work_folders.fim_folder(run.folder, job.key(tok.key, run.dedup))
     out = work_folders.tokens_dir(folder)
-    stage([FimRewrite(work_folders.tokens_dir(run_dir), dd, str(out), job)], folder, n_tasks, "fim")
+    rewrite = FimRewrite(run.token_dir, run.dedup, str(out), job)
+    ctx.stage([rewrite], folder, run.tasks, "fim")
     roles = {r: getattr(markers, r) for r in MARKER_ROLES if getattr(markers, r) is not None}
     section = {
         **fim.work_settings(recipe.seed),
         "domains": list(fim.domains),
         "markers": {"style": markers.style, **roles},
-        "counts": fim_counts(out, n_tasks),
+        "counts": fim_counts(out, run.tasks),
     }
-    return out, section
+    return dataclasses.replace(run, tokens=out), section
 
 
-def pack_stages(
-    recipe: Recipe,
-    run_dir: Path,
-    n_tasks: int,
-    tok_info: dict[str, Any],
-    dd: Path | None,
-    tok_path: Path,
-    stage: StageRunner,
-    tok_dir: Path | None = None,
-) -> PackStages:
-    """The build's pack stage: over the tokenize run `run_dir` (its token files, or `tok_dir`:
-    the FIM stage's), tasks run through `stage`, shards under the build's own directory of
-    the output (`PackStages.prefix`)."""
-    key = work_folders.run_key(run_dir)
+def pack_stages(ctx: BuildContext, run: TokenRun, recipe: Recipe | None = None) -> PackStages:
+    """The build's pack stage over the tokenize run `run` (its token files, perhaps the FIM
+    stage's), tasks run through the context's runner, shards under the build's own directory
+    of the output (`PackStages.prefix`); `recipe`: the one the run is packed with (default:
+    the build's)."""
+    recipe = recipe or ctx.recipe
+    key = work_folders.run_key(run.folder)
     # The build's own directory: no file of it shares a path with the previous build's, so
     # that build stays whole for readers until the manifest is replaced.
     # Named by content, not place: the same build in another directory gets the same names.
     settings = {k: v for k, v in recipe.to_dict().items() if k not in ("output", "work_dir")}
     return PackStages(
         recipe,
-        tok_dir or work_folders.tokens_dir(run_dir),
-        n_tasks,
-        token_dtype(tok_info["vocab_size"]),
-        dedup_dir=dd,
+        run.token_dir,
+        run.tasks,
+        token_dtype(ctx.tok.info["vocab_size"]),
+        dedup_dir=run.dedup,
         prefix=f"build-{_sha([settings, key])[:12]}",
-        tokenizer=tok_path,
-        run_stage=stage,
+        tokenizer=ctx.tok.path,
+        run_stage=ctx.stage,
     )
 
 
-def _prepared_tokenizer(
-    recipe: Recipe, inputs: list[InputFile], report: Reporter
-) -> tuple[Path, dict[str, Any], CodeMarkers | None]:
-    """(file, manifest entry, FIM markers or None) of the build's prepared tokenizer."""
-    report("tokenizer", 0, 1)
-    tok_path = prepare_tokenizer(recipe, inputs, recipe.work_root())
-    tok_info = build_tokenizer_info(recipe, tok_path)
-    markers = build_markers(recipe, tok_path) if recipe.fim is not None else None
-    check_repo_format(recipe, tok_path)  # a recipe mistake, found before any input is read
-    report("tokenizer", 1, 1)
-    return tok_path, tok_info, markers
+def prepared_tokenizer(ctx: BuildContext, inputs: list[InputFile]) -> BuildTokenizer:
+    """The build's prepared tokenizer: its file, manifest entry, FIM markers, and the
+    tokenizer opened once, which every later check and stage of this process uses."""
+    recipe = ctx.recipe
+    ctx.report("tokenizer", 0, 1)
+    tok_path = prepare_tokenizer(recipe, inputs, ctx.work_root)
+    opened = open_build_tokenizer(recipe, tok_path)
+    tok_info = build_tokenizer_info(recipe, tok_path, opened)
+    markers = build_markers(recipe, tok_path, opened) if recipe.fim is not None else None
+    check_repo_format(recipe, tok_path, opened)  # a recipe mistake, found before any read
+    ctx.report("tokenizer", 1, 1)
+    return BuildTokenizer(tok_path, tok_info, markers, opened)
 
 
-def _pack_input(
-    recipe: Recipe,
-    run_dir: Path,
-    n_tasks: int,
-    dd: Path | None,
-    tok_path: Path,
-    tok_info: dict[str, Any],
-    stage: StageRunner,
-    tok_dir: Path | None,
-) -> tuple[PackStages, Grouped | None]:
-    """The pack stage over the read run (or `tok_dir`, the FIM stage's rewrite of it), or
-    with `repos:` over the group stage's run: the repository documents and the other
-    documents taken from that run, duplicates already removed; the group stage or None."""
-    if recipe.repos is None:
-        return pack_stages(recipe, run_dir, n_tasks, tok_info, dd, tok_path, stage, tok_dir), None
-    grouped = group_repositories(recipe, run_dir, n_tasks, dd, tok_path, stage, tok_dir)
-    stages = pack_stages(
-        pack_recipe(recipe), grouped.run, grouped.tasks, tok_info, None, tok_path, stage
-    )
+def _pack_input(ctx: BuildContext, run: TokenRun) -> tuple[PackStages, Grouped | None]:
+    """The pack stage over the read run (perhaps the FIM stage's rewrite of it), or with
+    `repos:` over the group stage's run: the repository documents and the other documents
+    taken from that run, duplicates already removed; the group stage or None."""
+    if ctx.recipe.repos is None:
+        return pack_stages(ctx, run), None
+    grouped = group_repositories(ctx, run)
+    stages = pack_stages(ctx, TokenRun(grouped.run, grouped.tasks), pack_recipe(ctx.recipe))
     return stages, grouped
 
 
@@ -497,33 +457,31 @@ def _sections(
     return ManifestSections(recipe, plan, totals, dd, n_tasks, dups)
 
 
-def _listed(recipe: Recipe, out: Path, report: Reporter) -> tuple[Listing, str]:
+def _listed(ctx: BuildContext) -> tuple[Listing, str]:
     """The build's inputs listed, and their digest, once a killed build's temporaries are
     gone (both locks are held: a temporary whose writer is gone is such, atomic_files)."""
-    for root in [r for r in dict.fromkeys((out, recipe.work_root())) if r.is_dir()]:
+    for root in [r for r in dict.fromkeys((ctx.out, ctx.work_root)) if r.is_dir()]:
         remove_stale_temporaries(root)
-    report("list inputs", 0, 1)
-    listing = list_inputs(recipe)
-    report("list inputs", 1, 1)
+    ctx.report("list inputs", 0, 1)
+    listing = list_inputs(ctx.recipe)
+    ctx.report("list inputs", 1, 1)
     return listing, inputs_sha256(listing.files)
 
 
-def _build_locked(recipe, out, told, force, plan_only, on_plan) -> dict[str, Any]:
-    """`build` while holding the output directory's lock; `told`: (report, note)."""
-    report, note = told
+def _build_locked(ctx: BuildContext, force, plan_only, on_plan) -> dict[str, Any]:
+    """`build` while holding the output directory's lock."""
+    recipe, out, note = ctx.recipe, ctx.out, ctx.note
     started = time.time()
-    listing, inputs_sha = _listed(recipe, out, report)
-    inputs = listing.files
+    listing, inputs_sha = _listed(ctx)
     if not force and not plan_only and is_up_to_date(out, recipe, inputs_sha):
-        report(UP_TO_DATE, 1, 1)
+        ctx.report(UP_TO_DATE, 1, 1)
         return json.loads((out / MANIFEST).read_text())
-    tok_path, tok_info, markers = prepared = _prepared_tokenizer(recipe, inputs, report)
-    stage = partial(run_stage, recipe, report)
-    # A tokenizer.json's framing is the recipe's choice: part of what the token runs depend on.
-    read_round = partial(_read_round, recipe, listing, tok_path, tokenizer_key(tok_info), report)
-    reading, run_dir, n_tasks, dd = read_sources(recipe, listing, read_round)
-    tok_dir, fim = fim_stage(recipe, run_dir, n_tasks, dd, prepared, stage)
-    stages, grouped = _pack_input(recipe, run_dir, n_tasks, dd, tok_path, tok_info, stage, tok_dir)
+    ctx = ctx.with_tokenizer(prepared_tokenizer(ctx, listing.files))
+    reading, run_dir, n_tasks, dd = read_sources(
+        recipe, listing, lambda units, kind: read_round(ctx, listing, units, kind)
+    )
+    run, fim = fim_stage(ctx, TokenRun(run_dir, n_tasks, dd))
+    stages, grouped = _pack_input(ctx, run)
     prefix = stages.prefix
     try:
         pack_plan = stages.plan()  # histogram tasks, then the plan in this process
@@ -542,14 +500,14 @@ def _build_locked(recipe, out, told, force, plan_only, on_plan) -> dict[str, Any
     units = read["sources"] if is_enabled(recipe) else None
     counts = collect_counts(run_dir, recipe, n_tasks, listing, sections.dedup(), units)
     counts |= grouped.manifest_counts(recipe) if grouped is not None else {}
-    tok_file = copy_tokenizer_files(tok_path, out / prefix)
+    tok_file = copy_tokenizer_files(ctx.tok.path, out / prefix)
     atomic_write_json(out / prefix / "stats.json", sections.stats())
     manifest = {
         "format": FORMAT,
         "dtype": dtype_name(stages.dtype),
         "seq_len": recipe.seq_len,
-        "tokenizer": {"file": f"{prefix}/{tok_file}", **tok_info},
-        **corpus_of(recipe).manifest_fields(),  # a chat template's framing: no BOS/EOS added
+        "tokenizer": {"file": f"{prefix}/{tok_file}", **ctx.tok.info},
+        **ctx.corpus.manifest_fields(),  # a chat template's framing: no BOS/EOS added
         "stats": f"{prefix}/stats.json",
         "shards": [s.to_json() for s in shards],
         "mix": sections.mix(),
@@ -560,7 +518,7 @@ def _build_locked(recipe, out, told, force, plan_only, on_plan) -> dict[str, Any
         "recipe_sha256": recipe.sha256(),
         "inputs_sha256": inputs_sha,
     }
-    commit(out, prefix, manifest, work_folders.finished_shuffles(recipe.work_root()))
+    commit(out, prefix, manifest, work_folders.finished_shuffles(ctx.work_root))
     for warning in val_window_warnings(recipe, manifest["shards"]):
         note(f"warning: {warning}")
     note(f"build done in {format_duration(time.time() - started)}")

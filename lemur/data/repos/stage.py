@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from lemur.data import work as work_folders
+from lemur.data.context import BuildContext, TokenRun
 from lemur.data.pack.shuffle import ScatterTotals
 from lemur.data.recipe import Recipe, RecipeError
 from lemur.data.repos.group import GroupCounts, GroupSettings, RepoGroups, read_counts
 from lemur.data.repos.render import RepoFormat
 from lemur.data.repos.spill import RepoSpill
-from lemur.data.run.task import StageRunner
 from lemur.data.tokenize.prepare import given_model, open_build_tokenizer
 from lemur.tokenizer import Tokenizer, TokenizerError, is_tokenizer_json
 from lemur.tokenizer.fim import CodeMarkers, find_code_markers
@@ -62,12 +62,15 @@ NO_REPO_MARKERS = (
 )
 
 
-def check_repo_format(recipe: Recipe, tok_path: Path | None = None) -> None:
+def check_repo_format(
+    recipe: Recipe, tok_path: Path | None = None, tok: Tokenizer | None = None
+) -> None:
     """Raise RepoFormatError when the recipe's `repos.format` (or `fim.markers`) asks for
     what the tokenizer lacks; nothing to check without `repos:`. `tok_path` None: before
     the tokenizer is prepared (so that a refused build makes nothing): the given one (what
     preparing appends, CodeLlama's FIM pieces, holds no repository marker), or what a
-    trained one will hold (a byte-level BPE of a FIM build: Qwen2.5-Coder's markers)."""
+    trained one will hold (a byte-level BPE of a FIM build: Qwen2.5-Coder's markers).
+    `tok`: the tokenizer at `tok_path`, if open already."""
     if recipe.repos is None:
         return
     cfg = recipe.tokenizer
@@ -78,7 +81,7 @@ def check_repo_format(recipe: Recipe, tok_path: Path | None = None) -> None:
         return
     if tok_path is None:
         tok_path = tokenizer_json_path(cfg.hf) if cfg.hf is not None else given_model(cfg.model)
-    repo_format(recipe, open_build_tokenizer(recipe, tok_path))
+    repo_format(recipe, tok if tok is not None else open_build_tokenizer(recipe, tok_path))
 
 
 @dataclass
@@ -127,21 +130,15 @@ def pack_recipe(recipe: Recipe) -> Recipe:
     return dataclasses.replace(recipe, dedup=dedup)
 
 
-def group_repositories(
-    recipe: Recipe,
-    run_dir: Path,
-    tasks: int,
-    dedup_dir: Path | None,
-    tok_path: Path,
-    run_stage: StageRunner,
-    tok_dir: Path | None = None,
-) -> Grouped:
+def group_repositories(ctx: BuildContext, read: TokenRun) -> Grouped:
     """Run the group tasks over a finished read (and dedup) run; the group run. The other
-    documents are copied from `tok_dir` (the FIM stage's rewrite of the run, which keeps
-    its documents and their order) when given, else from the run itself."""
+    documents are copied from the run's token files (perhaps the FIM stage's rewrite of the
+    run, which keeps its documents and their order)."""
+    recipe, tok_path, tokenizer = ctx.recipe, ctx.tok.path, ctx.tok.opened
+    run_dir, tasks, dedup_dir = read.folder, read.tasks, read.dedup
+    tok_dir = read.tokens
     repos = recipe.repos
     assert repos is not None
-    tokenizer = open_build_tokenizer(recipe, tok_path)
     fmt, markers = repo_format(recipe, tokenizer)
     budget = repos.max_tokens or recipe.seq_len
     engine = tokenizer.engine if is_tokenizer_json(tok_path) else ""
@@ -161,7 +158,7 @@ def group_repositories(
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     run = work_folders.repos_run(run_dir, digest)
     settings = GroupSettings(
-        tok_dir=str(tok_dir or work_folders.tokens_dir(run_dir)),
+        tok_dir=str(read.token_dir),
         spill_dir=str(work_folders.repos_spill(run_dir)),
         dedup_dir=str(dedup_dir) if dedup_dir else None,
         out_dir=str(work_folders.tokens_dir(run)),
@@ -177,6 +174,6 @@ def group_repositories(
         fim=fim,
         markers=markers,
     )
-    run_stage([RepoGroups(settings)], run, tasks, "repos: group")
+    ctx.stage([RepoGroups(settings)], run, tasks, "repos: group")
     counts = read_counts(work_folders.tokens_dir(run), tasks)
     return Grouped(run, tasks, counts, fmt, budget)

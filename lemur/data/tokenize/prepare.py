@@ -286,8 +286,11 @@ def _open_hf(recipe: Recipe, path: Path, engine: str) -> Tokenizer:
     return tok
 
 
-def build_tokenizer_info(recipe: Recipe, path: Path) -> dict[str, Any]:
-    """The manifest's tokenizer entry (without the file) of the prepared tokenizer.
+def build_tokenizer_info(
+    recipe: Recipe, path: Path, tok: Tokenizer | None = None
+) -> dict[str, Any]:
+    """The manifest's tokenizer entry (without the file) of the prepared tokenizer (`tok`,
+    if open already).
 
     A tokenizer.json's entry also names its kind and the engine that encodes it (tiktoken
     or tokenizers, and why not tiktoken), which the build logs, and for a chat build the
@@ -297,7 +300,7 @@ def build_tokenizer_info(recipe: Recipe, path: Path) -> dict[str, Any]:
     if not is_tokenizer_json(path):
         pieces = (*corpus.tokenizer_pieces(), *_fim_pieces(appends_fim_pieces(recipe)))
         return tokenizer_info(path, pieces)
-    tok = open_build_tokenizer(recipe, path)
+    tok = tok if tok is not None else open_build_tokenizer(recipe, path)
     info = tok.info()
     if corpus.chat_format == "template":
         source = template_source(tok.files) or ""
