@@ -24,6 +24,13 @@ SentencePiece model instead of training one; `--work DIR` moves the cached data 
 
     python tools/bench_build.py --mb 40 --skip-datatrove --fim 0.5 \
         --tokenizer .venv/lib/python3.11/site-packages/mistral_common/data/tokenizer.model.v1
+
+With `--compare DIR`, the lemur side also runs from another checkout (a `git worktree` of
+the commit before a change), in the same run on the same data; `--repeat N` alternates the
+two N times, so that a load that comes and goes weighs on both.
+
+    git worktree add --detach /tmp/before HEAD~1
+    python tools/bench_build.py --mb 80 --workers 2 --compare /tmp/before --repeat 2
 """
 
 from __future__ import annotations
@@ -150,7 +157,7 @@ def _proc_table() -> dict[int, tuple[int, float, float]]:
     return out
 
 
-def timed(cmd: list[str]) -> dict:
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict:
     """Run a command; wall time, CPU time of its whole process tree, and peak tree RSS.
 
     Worker processes of a forkserver are not reaped by the command itself, so
@@ -158,7 +165,9 @@ def timed(cmd: list[str]) -> dict:
     process's last < 0.2 s may be missed).
     """
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
     cpu: dict[int, float] = {}
     peak_rss = 0.0
     while proc.poll() is None:
@@ -193,22 +202,45 @@ def lemur_build(
     sets: list[str],
     more: dict | None = None,
     fresh: bool = True,
+    tree: Path | None = None,
 ) -> dict:
-    """One timed `lemur-data build` (into a fresh `out` unless `fresh` is False)."""
+    """One timed `lemur-data build` (into a fresh `out` unless `fresh` is False), of the
+    checkout `tree` when given (else this one)."""
     if fresh:
         subprocess.run(["rm", "-rf", str(out)], check=True)
     rpath = WORK / f"recipe-{out.name}.yaml"
     rpath.write_text(yaml.safe_dump({**recipe(data, out, model, workers), **(more or {})}))
     args = [a for kv in sets for a in ("--set", kv)]
-    r = timed([sys.executable, "-m", "lemur.data.cli", "build", str(rpath), *args])
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
+    r = timed([sys.executable, "-m", "lemur.data.cli", "build", str(rpath), *args], env)
     manifest = json.loads((out / "manifest.json").read_text())
     what = [f"fim.rate={more['fim']['rate']}"] if more else []
-    name = " ".join(["lemur-data build", *sets, *what, *([] if fresh else ["(rerun)"])])
+    where = [f"at {commit(tree)}"] if tree else []
+    name = " ".join(["lemur-data build", *where, *sets, *what, *([] if fresh else ["(rerun)"])])
     r.update(name=name, tokens=sum(s["tokens"] for s in manifest["shards"]))
     if "fim" in manifest:
         r["fim"] = manifest["fim"]["counts"]
     print(r, file=sys.stderr, flush=True)
     return r
+
+
+def commit(tree: Path) -> str:
+    """The short commit checked out in `tree`."""
+    head = ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"]
+    return subprocess.run(head, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def compared(data: Path, model: Path, args: argparse.Namespace) -> list[dict]:
+    """`--compare`: the other checkout's build and this one's, alternated `--repeat` times."""
+    rows = []
+    for _ in range(args.repeat):
+        rows.append(
+            lemur_build(
+                data, WORK / "lemur-before", model, args.workers, args.set, tree=args.compare
+            )
+        )
+        rows.append(lemur_build(data, WORK / "lemur-out", model, args.workers, args.set))
+    return rows
 
 
 def main() -> int:
@@ -223,6 +255,14 @@ def main() -> int:
     ap.add_argument("--tokenizer", type=Path, default=None, metavar="MODEL")
     ap.add_argument("--work", type=Path, default=None, metavar="DIR")
     ap.add_argument(
+        "--compare",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also build from the checkout DIR (e.g. a git worktree of the commit before)",
+    )
+    ap.add_argument("--repeat", type=int, default=1, help="with --compare: runs of each")
+    ap.add_argument(
         "--set",
         action="append",
         default=[],
@@ -230,6 +270,8 @@ def main() -> int:
         help="a recipe override for the lemur side (e.g. pii.enabled=false), repeatable",
     )
     args = ap.parse_args()
+    if args.compare is not None and args.fim is not None:
+        ap.error("--compare and --fim: one comparison at a time")
     global WORK
     WORK = args.work or WORK
     data = build_data(args.mb)
@@ -242,7 +284,10 @@ def main() -> int:
     model, tokjson = args.tokenizer, None
     if model is None or not args.skip_datatrove:
         model, tokjson = prepare_tokenizer(data)
-    rows = [lemur_build(data, WORK / "lemur-out", model, args.workers, args.set)]
+    if args.compare is not None:
+        rows = compared(data, model, args)
+    else:
+        rows = [lemur_build(data, WORK / "lemur-out", model, args.workers, args.set)]
     if args.fim is not None:
         fim = {"fim": {"rate": args.fim, "spm_rate": 0.5}}
         out = WORK / "lemur-fim-out"
@@ -282,6 +327,17 @@ def main() -> int:
             f"{on['wall_s'] / base['wall_s']:.3f}x; rate changed (FIM stage and packing only) / "
             f"FIM build, CPU s: {rerun['cpu_s'] / on['cpu_s']:.3f}x; FIM counts {on['fim']}"
         )
+    elif args.compare is not None:
+        n = args.repeat
+        before = sum(r["cpu_s"] for r in rows[: 2 * n : 2]) / n
+        after = sum(r["cpu_s"] for r in rows[1 : 2 * n : 2]) / n
+        print(f"\nthis checkout / {commit(args.compare)}, mean CPU s: {after / before:.3f}x")
+        if not args.skip_datatrove:
+            dt = rows[-1]["cpu_s"]
+            print(
+                f"lemur / plain datatrove throughput per core: before {dt / before:.1f}x, "
+                f"after {dt / after:.1f}x"
+            )
     elif len(rows) == 2:
         print(
             f"\nlemur / plain datatrove throughput per core: {rows[1]['cpu_s'] / rows[0]['cpu_s']:.1f}x"

@@ -1,0 +1,6 @@
+"""The run between the build's stages: token runs, document records and dedup removals.
+
+One definition of their bytes (`format`: docs/format.md#token-runs), below every stage
+that reads or writes them (read, dedup, FIM, repository groups, pack), as `lemur.shards`
+is below the loader and the shard writer.
+"""
