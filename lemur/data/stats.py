@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from lemur.data.counts import REMOTE_COUNTERS, drop_reasons, remote_summary
+from lemur.plots import pyplot, save_figure
 from lemur.shards.check import structure_problem
 from lemur.shards.format import MANIFEST, ShardFormatError, open_index, read_manifest
 from lemur.shards.verify import manifest_problems
@@ -429,10 +430,7 @@ def print_stats(stats: dict[str, Any]) -> None:
 
 def write_plots(stats: dict[str, Any], directory: str | Path, shard_dir: str | Path) -> list[Path]:
     """PNG histograms of document lengths per split/domain and tokens per source."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -450,9 +448,7 @@ def write_plots(stats: dict[str, Any], directory: str | Path, shard_dir: str | P
     ax.legend()
     ax.set_title("Document length distribution")
     fig.tight_layout()
-    written.append(out / "document_lengths.png")
-    fig.savefig(written[-1], dpi=100)
-    plt.close(fig)
+    written.append(save_figure(fig, out / "document_lengths.png", dpi=100))
     if stats["sources"]:
         fig, ax = plt.subplots(figsize=(8, 5))
         names = list(stats["sources"])
@@ -466,7 +462,5 @@ def write_plots(stats: dict[str, Any], directory: str | Path, shard_dir: str | P
         ax.set_title("Tokens per source: available vs selected by the mix")
         ax.legend()
         fig.tight_layout()
-        written.append(out / "tokens_per_source.png")
-        fig.savefig(written[-1], dpi=100)
-        plt.close(fig)
+        written.append(save_figure(fig, out / "tokens_per_source.png", dpi=100))
     return written

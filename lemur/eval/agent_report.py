@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lemur.atomic_files import atomic_path, atomic_write_text
+from lemur.atomic_files import atomic_write_text
+from lemur.plots import pyplot, save_figure
 
 
 def summarize(records: Sequence[dict[str, Any]], turns: int) -> dict[str, Any]:
@@ -66,10 +67,7 @@ def read_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def plot(runs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) -> Path:
     """A PNG of success rate against turn budget, one line per run (labelled by feedback)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: works on headless hosts
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     summaries = [read_summary(r) for r in runs]
     labels = [s.get("feedback", Path(r).name) for s, r in zip(summaries, runs, strict=True)]
@@ -87,8 +85,4 @@ def plot(runs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) ->
     ax.grid(alpha=0.3)
     ax.legend(title="feedback")
     fig.tight_layout()
-    path = Path(out)
-    with atomic_path(path) as tmp:  # the format from the name the user gave, not the temp's
-        fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
-    plt.close(fig)
-    return path
+    return save_figure(fig, out, dpi=110)

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from lemur.atomic_files import atomic_path
 from lemur.eval import humaneval
 from lemur.eval.infill_tasks import InfillTask
 from lemur.eval.long_prompts import LongPrompts, fit
+from lemur.plots import pyplot, save_figure
 from lemur.tokenizer.fim import CodeMarkers, fim_prompt_ids
 
 # Reference middles grouped by length in lines, for the report and the plot.
@@ -128,10 +128,7 @@ def summarize(records: Sequence[dict[str, Any]], ks: Sequence[int]) -> dict[str,
 
 def plot(summary: dict[str, Any], out: str | os.PathLike[str]) -> Path:
     """A PNG of pass rate and exact match by the reference middle's length in lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: works on headless hosts
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     groups = summary["by_middle_lines"]
     names = list(groups)
@@ -146,11 +143,7 @@ def plot(summary: dict[str, Any], out: str | os.PathLike[str]) -> Path:
     ax.grid(alpha=0.3, axis="y")
     ax.legend()
     fig.tight_layout()
-    path = Path(out)
-    with atomic_path(path) as tmp:  # the format from the name the user gave, not the temp's
-        fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
-    plt.close(fig)
-    return path
+    return save_figure(fig, out, dpi=110)
 
 
 def canonical_samples(tasks: Sequence[InfillTask]) -> list[tuple[str, str]]:

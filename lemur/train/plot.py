@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lemur.plots import pyplot, save_figure
 from lemur.train.metrics import read_records
 
 
@@ -17,10 +18,7 @@ def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
 
 def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> list[Path]:
     """Write loss.png (train + each eval domain), lr.png and throughput.png; return paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: works on headless hosts
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     run_dir = Path(run_dir)
     path = run_dir / "metrics.jsonl"
@@ -62,10 +60,6 @@ def plot_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = Non
 
 
 def _save(fig: Any, path: Path) -> Path:
-    """Save and close a figure."""
-    import matplotlib.pyplot as plt
-
+    """Lay out, save (whole or not at all) and close a figure."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
