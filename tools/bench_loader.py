@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import os
 import subprocess
 import sys
@@ -31,7 +30,14 @@ import grain
 import numpy as np
 import psutil
 
-from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
+from lemur.shards.format import (
+    MANIFEST,
+    ShardWriter,
+    make_manifest,
+    token_dtype,
+    tokenizer_entry,
+    write_manifest,
+)
 from lemur.shards.windows import ShardSource
 from lemur.train.loader import Reading, derived_seed, make_train_iterator
 
@@ -40,8 +46,7 @@ VOCAB = 32000
 
 def synthesize(directory: Path, tokens: int, seed: int, shard_tokens: int) -> None:
     """Write a train split of about `tokens` tokens (skipped if already there)."""
-    manifest = directory / "manifest.json"
-    if manifest.exists():
+    if (directory / MANIFEST).exists():
         return
     rng = np.random.default_rng(seed)
     dtype = token_dtype(VOCAB)
@@ -60,26 +65,9 @@ def synthesize(directory: Path, tokens: int, seed: int, shard_tokens: int) -> No
         writer.add(doc)
         written += len(doc)
     shards = writer.close()
-    atomic_write_json(
-        manifest,
-        {
-            "format": FORMAT,
-            "dtype": dtype_name(dtype),
-            "seq_len": 4096,
-            "tokenizer": {
-                "file": "tokenizer.model",
-                "sha256": hashlib.sha256(tok).hexdigest(),
-                "vocab_size": VOCAB,
-                "bos_id": 1,
-                "eos_id": 2,
-            },
-            "shards": [s.to_json() for s in shards],
-            "mix": {},
-            "counts": {},
-            "recipe": {},
-            "recipe_sha256": "",
-        },
-    )
+    tokenizer = tokenizer_entry(directory, "tokenizer.model", VOCAB, bos_id=1, eos_id=2)
+    sections = {"mix": {}, "counts": {}, "recipe": {}, "recipe_sha256": ""}  # no build behind it
+    write_manifest(directory, make_manifest(dtype, 4096, tokenizer, shards, **sections))
     print(
         f"synthesized {written / 1e6:.0f}M tokens in {len(shards)} shards "
         f"({time.perf_counter() - t0:.1f}s)",

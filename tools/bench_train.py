@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import hashlib
 import json
 import statistics
 import sys
@@ -45,7 +44,13 @@ from jax.sharding import PartitionSpec as P
 from lemur.model import llama
 from lemur.model import sharding as model_sharding
 from lemur.model.config import LlamaConfig, Params, config_from_preset, flops_per_token, param_count
-from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, dtype_name, token_dtype
+from lemur.shards.format import (
+    ShardWriter,
+    make_manifest,
+    token_dtype,
+    tokenizer_entry,
+    write_manifest,
+)
 from lemur.train import step as step_lib
 from lemur.train.batch import BatchLayout
 from lemur.train.config import MeshConfig, OptimizerConfig, ScheduleConfig, config_from_dict
@@ -219,26 +224,9 @@ def synthesize(directory: Path, vocab: int, tokens: int) -> Path:
         n = int(min(rng.lognormal(6.8, 1.2), 50_000))
         writer.add(np.concatenate(([1], rng.integers(3, vocab, n), [2])).astype(dtype))
         written += n + 2
-    atomic_write_json(
-        directory / "manifest.json",
-        {
-            "format": FORMAT,
-            "dtype": dtype_name(dtype),
-            "seq_len": 4096,
-            "tokenizer": {
-                "file": "tokenizer.model",
-                "sha256": hashlib.sha256(tok).hexdigest(),
-                "vocab_size": vocab,
-                "bos_id": 1,
-                "eos_id": 2,
-            },
-            "shards": [s.to_json() for s in writer.close()],
-            "mix": {},
-            "counts": {},
-            "recipe": {},
-            "recipe_sha256": "",
-        },
-    )
+    tokenizer = tokenizer_entry(directory, "tokenizer.model", vocab, bos_id=1, eos_id=2)
+    sections = {"mix": {}, "counts": {}, "recipe": {}, "recipe_sha256": ""}  # no build behind it
+    write_manifest(directory, make_manifest(dtype, 4096, tokenizer, writer.close(), **sections))
     return directory
 
 

@@ -189,6 +189,46 @@ class ShardWriter:
         return self.shards
 
 
+def tokenizer_entry(
+    directory: str | os.PathLike, file: str, vocab_size: int, bos_id: int | None, eos_id: int
+) -> dict[str, Any]:
+    """The manifest's tokenizer entry for `file` (relative to `directory`, already there):
+    its name, sha256, vocab size and BOS/EOS ids."""
+    return {
+        "file": file,
+        "sha256": sha256_file(Path(directory) / file),
+        "vocab_size": int(vocab_size),
+        "bos_id": bos_id,
+        "eos_id": int(eos_id),
+    }
+
+
+def make_manifest(
+    dtype: np.dtype,
+    seq_len: int,
+    tokenizer: dict[str, Any],
+    shards: Sequence[ShardInfo],
+    **sections: Any,
+) -> dict[str, Any]:
+    """A manifest of `shards`: the format's own keys, then the writer's `sections` (a build's
+    mix, counts, recipe; docs/format.md lists them)."""
+    return {
+        "format": FORMAT,
+        "dtype": dtype_name(dtype),
+        "seq_len": int(seq_len),
+        "tokenizer": tokenizer,
+        "shards": [s.to_json() for s in shards],
+        **sections,
+    }
+
+
+def write_manifest(directory: str | os.PathLike, manifest: dict[str, Any]) -> Path:
+    """Write `manifest` as the directory's manifest.json (atomically, sorted keys); its path."""
+    path = Path(directory) / MANIFEST
+    atomic_write_json(path, manifest)
+    return path
+
+
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     """Load and structurally check `manifest.json` of a shard directory."""
     path = Path(directory) / MANIFEST
