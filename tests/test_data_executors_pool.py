@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,20 @@ def test_a_task_sees_the_environment_its_stage_starts_with(
     assert len({*first.values(), *set_pids.values(), *gone_pids.values()}) <= 2  # 2 workers
     assert [(seen / "set" / r).read_text() for r in "01"] == ["exported mid-build"] * 2
     assert [(seen / "gone" / r).read_text() for r in "01"] == ["-", "-"]
+
+
+def test_ctrl_c_ends_the_idle_workers_quietly_and_the_next_stage_has_new_ones(
+    tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
+    with executor_session(LOCAL):
+        first = set(stage(tmp_path, "first", noop).values())
+        capfd.readouterr()
+        for pid in first:  # what a terminal's Ctrl-C sends them between two stages
+            os.kill(pid, signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() for pid in first):
+            assert time.monotonic() < deadline, "a worker outlived SIGINT"
+            time.sleep(0.05)
+        after = set(stage(tmp_path, "after", noop).values())
+    assert "Traceback" not in capfd.readouterr().err  # was KeyboardInterrupt's, per worker
+    assert first & after == set()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import multiprocessing
 import os
+import signal
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -84,7 +85,14 @@ def _spawn(workers: int) -> ProcessPoolExecutor:
 
 def _start_worker(parent: int, started: Any) -> None:
     die_with_parent(parent)
+    # Ctrl-C reaches the workers too, idle between stages now: the build says it in one
+    # line, so a worker ends at once without a traceback (its stage fails, if one is running).
+    signal.signal(signal.SIGINT, _end_quietly)
     started.wait()
+
+
+def _end_quietly(signum: int, frame: Any) -> None:
+    os._exit(128 + signum)
 
 
 _BUILD_POOL: ContextVar[WorkerPool | None] = ContextVar("lemur_build_pool", default=None)
@@ -156,8 +164,11 @@ def _run_rank(
     for key in os.environ.keys() - environ.keys():
         del os.environ[key]
     os.environ.update(environ)
-    # datatrove logs only local_rank 0 to the console; the others go to files only.
-    executor.run_task(rank, local_rank)
+    try:
+        # datatrove logs only local_rank 0 to the console; the others go to files only.
+        executor.run_task(rank, local_rank)
+    finally:  # idle again: Ctrl-C ends it quietly, whatever a module the task imported set
+        signal.signal(signal.SIGINT, _end_quietly)
 
 
 def make_executor(
