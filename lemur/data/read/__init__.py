@@ -21,11 +21,11 @@ _EXPORTS = {
     "Listing": "listing",
     "NotebookError": "notebooks",
     "SourcesReader": "sources",
-    "UnsupportedInput": "streams",
+    "UnsupportedInput": "compressed",
     "display_name": "listing",
     "list_inputs": "listing",
     "looks_like_notebook": "notebooks",
     "notebook_to_script": "notebooks",
-    "open_maybe_compressed": "streams",
+    "open_maybe_compressed": "compressed",
 }
 __getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

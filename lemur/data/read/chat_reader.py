@@ -33,6 +33,7 @@ from lemur.data.read.chat import (
     oasst1_orphans,
     orphan_reason,
 )
+from lemur.data.read.compressed import is_parquet
 from lemur.data.read.listing import InputFile
 from lemur.data.read.readers import (
     BaseReader,
@@ -42,7 +43,6 @@ from lemur.data.read.readers import (
     RepairedRow,
     Row,
 )
-from lemur.data.read.streams import is_parquet
 from lemur.data.recipe import SourceConfig
 
 # The fields each schema reads (parquet reads only these columns, plus id and metadata).

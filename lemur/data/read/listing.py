@@ -16,9 +16,9 @@ from typing import Any
 
 from lemur.data import work as work_folders
 from lemur.data.read import remote_listing
+from lemur.data.read.compressed import Opener, open_local
 from lemur.data.read.remote import Remote, display_url
 from lemur.data.read.split import plan_parts
-from lemur.data.read.streams import Opener, open_local
 from lemur.data.recipe import Recipe, RecipeError, SourceConfig
 from lemur.data.recipe_sources import expand_paths, is_remote
 

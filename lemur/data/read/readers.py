@@ -26,17 +26,17 @@ import zstandard
 from datatrove.data import Document
 
 from lemur.data.counts import error_labels, read_label, repaired_label
-from lemur.data.read.listing import InputFile
-from lemur.data.read.notebooks import NotebookError, looks_like_notebook, notebook_to_script
-from lemur.data.read.remote import RemoteError
-from lemur.data.read.remote_inputs import RemoteInputs
-from lemur.data.read.split import BYTES, part_lines
-from lemur.data.read.streams import (
+from lemur.data.read.compressed import (
     Opener,
     UnsupportedInput,
     check_encoding,
     open_maybe_compressed,
 )
+from lemur.data.read.listing import InputFile
+from lemur.data.read.notebooks import NotebookError, looks_like_notebook, notebook_to_script
+from lemur.data.read.remote import RemoteError
+from lemur.data.read.remote_inputs import RemoteInputs
+from lemur.data.read.split import BYTES, part_lines
 from lemur.data.recipe import SourceConfig
 from lemur.data.repos.layout import checkout_fields
 from lemur.shards.format import atomic_write_bytes

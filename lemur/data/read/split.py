@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from lemur.data.read.streams import (
+from lemur.data.read.compressed import (
     Opener,
     UnsupportedInput,
     check_encoding,
