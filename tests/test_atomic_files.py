@@ -212,7 +212,7 @@ def one_tokenize_task(tok_dir: Path, n: int = 40):
 
     from lemur.data.pack.select import N_BINS, Groups
     from lemur.data.pack.settings import PackSettings
-    from lemur.data.tokenize.step import DOC_RECORD
+    from lemur.data.runs.format import DOC_RECORD
 
     rng = np.random.default_rng(0)
     tok_dir.mkdir(parents=True)

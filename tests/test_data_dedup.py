@@ -24,7 +24,7 @@ from lemur.data.dedup.stage import dedup_result, dedup_stages
 from lemur.data.load import recipe_from_dict
 from lemur.data.recipe import DedupConfig
 from lemur.data.run.task import run_here
-from lemur.data.tokenize.step import DOC_RECORD
+from lemur.data.runs.format import DOC_RECORD
 from lemur.shards.format import open_array
 
 

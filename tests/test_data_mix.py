@@ -189,7 +189,7 @@ def fake_tasks(tok_dir: Path, docs_per_task: list[int], rng, languages=("Python"
     """Tokenize-stage record files of synthetic tasks: code docs of `languages`, text docs."""
     import json
 
-    from lemur.data.tokenize.step import DOC_RECORD
+    from lemur.data.runs.format import DOC_RECORD
 
     tok_dir.mkdir(parents=True, exist_ok=True)
     for rank, n in enumerate(docs_per_task):
@@ -228,9 +228,9 @@ def hist_recipe(tmp_path: Path, **kw):
 def run_plan(recipe, tok_dir: Path, n_tasks: int):
     """Prep tasks, the plan, then every task's fates; the totals the selection achieved."""
     from lemur.data.pack.plan import make_plan
-    from lemur.data.pack.records import task_records
     from lemur.data.pack.select import Groups, task_fates
     from lemur.data.pack.steps import prep_task
+    from lemur.data.runs.format import task_records
 
     g = Groups.of(recipe)
     for rank in range(n_tasks):
@@ -307,7 +307,7 @@ def test_val_cut_holds_out_a_fraction_at_least_one_never_all(tmp_path):
     import json
 
     from lemur.data.pack.mix import seeded_hash
-    from lemur.data.tokenize.step import DOC_RECORD
+    from lemur.data.runs.format import DOC_RECORD
 
     # two ids whose val hashes fall below 0.45: a plain threshold would hold out both
     ids = np.arange(1, 200, dtype=np.uint64)

@@ -100,7 +100,7 @@ def run_lemur(docs) -> dict:
     from lemur.data.dedup.stage import dedup_result, dedup_stages
     from lemur.data.recipe import DedupConfig
     from lemur.data.run.task import run_here
-    from lemur.data.tokenize.step import DOC_RECORD
+    from lemur.data.runs.format import DOC_RECORD
 
     cfg = DedupConfig()
     if spec := os.environ.get("LEMUR_DEDUP"):  # BANDSxROWS[:SIM[:SKETCH]], see --lemur

@@ -69,7 +69,7 @@ def bucket_tasks() -> int | None:
 def generate(root: Path, n_docs: int, n_tasks: int) -> None:
     """Write the synthetic tokenize outputs of `n_docs` documents over `n_tasks` tasks."""
     from lemur.data.dedup.runs import write_runs
-    from lemur.data.tokenize.step import DOC_RECORD
+    from lemur.data.runs.format import DOC_RECORD
 
     tok = root / "tokens"
     tok.mkdir(parents=True)

@@ -34,7 +34,7 @@ from lemur.data.classifier_stage import (
     classifier_section,
     classifiers_unchanged,
 )
-from lemur.data.context import BuildContext, BuildError, BuildTokenizer, TokenRun
+from lemur.data.context import BuildContext, BuildError, BuildTokenizer
 from lemur.data.counts import collect_counts, drops
 from lemur.data.dedup.signer import DedupSigner
 from lemur.data.dedup.stage import expected_memory, run_dedup
@@ -68,6 +68,7 @@ from lemur.data.repos.stage import (
 from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.run.stage import executor_session
 from lemur.data.run.task import Reporter
+from lemur.data.runs.format import TokenRun
 from lemur.data.tokenize.fim_stage import FimJob, FimRewrite, fim_counts
 from lemur.data.tokenize.prepare import (
     build_markers,

@@ -2,8 +2,9 @@
 
 The recipe, the kind of corpus it makes (`Corpus`, asked once), the build's prepared
 tokenizer (opened once in this process: `BuildTokenizer`), the work folders and the stage
-runner. A stage takes the context and the run it reads (`TokenRun`) and returns the run it
-makes; nothing is passed down by position, and no stage rebuilds what the context holds.
+runner. A stage takes the context and the run it reads (`TokenRun`, lemur/data/runs/) and
+returns the run it makes; nothing is passed down by position, and no stage rebuilds what
+the context holds.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lemur.data import work as work_folders
 from lemur.data.corpus import Corpus, corpus_of
 from lemur.data.recipe import Recipe
 from lemur.data.run.stage import run_tasks
@@ -42,24 +42,6 @@ class BuildTokenizer:
     def key(self) -> str:
         """What the build's token runs depend on of it (`tokenizer_key` of its entry)."""
         return tokenizer_key(self.info)
-
-
-@dataclass(frozen=True)
-class TokenRun:
-    """A run of token files between stages: the tokenize run's folder it belongs to (work
-    of later stages lies beside it), its tasks, the dedup stages' folder (None: no dedup,
-    or its removals already applied), and where its token files lie (default: the run's
-    own `tokens/`; the FIM stage's rewrite of it elsewhere)."""
-
-    folder: Path
-    tasks: int
-    dedup: Path | None = None
-    tokens: Path | None = None
-
-    @property
-    def token_dir(self) -> Path:
-        """Where this run's token files lie."""
-        return self.tokens or work_folders.tokens_dir(self.folder)
 
 
 @dataclass(frozen=True)

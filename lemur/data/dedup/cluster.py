@@ -13,11 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from lemur.data.dedup.buckets import PAIR, Priorities
+from lemur.data.runs.format import REMOVAL
 from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array, release_pages
 
-# A removed document of a task: its local index, whether it is an exact copy, and the
-# document kept in its place.
-REMOVAL = np.dtype([("local", "<u4"), ("exact", "u1"), ("keep_task", "<u4"), ("keep_local", "<u4")])
 SUMMARY = "summary.json"
 
 

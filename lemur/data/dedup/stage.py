@@ -19,8 +19,9 @@ from lemur.data.dedup.cluster import SUMMARY, DedupResult, cluster_task, load_re
 from lemur.data.dedup.runs import channels
 from lemur.data.recipe import DedupConfig
 from lemur.data.run.task import StageRunner, TaskStep
+from lemur.data.runs.format import CLUSTER
 
-BUCKETS, CLUSTER = "buckets", "cluster"  # the stages' folders under the dedup directory
+BUCKETS = "buckets"  # the bucket stage's folder under the dedup directory (CLUSTER: runs/)
 # Peak bytes of the cluster task per document that has a duplicate (codes, keep-order
 # fields, ranks, parents and the union-find's temporaries): 128 measured with
 # tools/bench_scale.py at 16M documents (docs/benchmarks.md), rounded up.

@@ -13,12 +13,11 @@ from typing import Any
 import numpy as np
 
 from lemur.data.corpus import corpus_of
-from lemur.data.dedup.stage import CLUSTER
 from lemur.data.pack.plan import PackPlan
-from lemur.data.pack.records import removals
 from lemur.data.pack.select import Groups
 from lemur.data.pack.shuffle import GROUP_FIELDS, ScatterTotals
 from lemur.data.recipe import Recipe
+from lemur.data.runs.format import removals, removals_dir
 
 __all__ = ["ManifestSections"]
 
@@ -113,7 +112,7 @@ class ManifestSections:
             s.name: {"exact": int(exact[i]), "near": int(near[i])}
             for i, s in enumerate(self.recipe.sources)
         }
-        summary = json.loads((self.dedup_dir / CLUSTER / "out" / "summary.json").read_text())
+        summary = json.loads((removals_dir(self.dedup_dir) / "summary.json").read_text())
         return {
             "exact": int(exact.sum()),
             "near": int(near.sum()),

@@ -21,8 +21,8 @@ import numpy as np
 from lemur.data.corpus import corpus_of
 from lemur.data.dedup.signer import GOLDEN64
 from lemur.data.pack.mix import seeded_hash
-from lemur.data.pack.records import TaskRecords
 from lemur.data.recipe import Recipe
+from lemur.data.runs.format import TaskRecords
 
 HIST_BITS = 16  # histogram bins: the top bits of the mix hash
 BIN_SHIFT = 64 - HIST_BITS

@@ -21,9 +21,9 @@ import numpy as np
 
 from lemur.atomic_files import atomic_open
 from lemur.data.pack.mix import seeded_hash
-from lemur.data.pack.records import task_records
 from lemur.data.pack.select import bucket_of, keys_of, shuffle_keys, task_fates
 from lemur.data.pack.settings import PackSettings
+from lemur.data.runs.format import task_records
 from lemur.shards.format import (
     INDEX_DTYPE,
     MASK_DTYPE,

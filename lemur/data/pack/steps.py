@@ -12,11 +12,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from lemur.data.pack.records import TaskRecords, removals, task_records
 from lemur.data.pack.select import Groups, task_histogram
 from lemur.data.pack.settings import PackSettings
 from lemur.data.pack.shuffle import gather_task, scatter_task
 from lemur.data.run.task import TaskStep
+from lemur.data.runs.format import TaskRecords, removals, task_records
 from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array
 
 

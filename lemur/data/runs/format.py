@@ -1,7 +1,13 @@
-"""One tokenize task's per-document records (source, language, length, hashes, removals).
+"""The run between stages: its one definition of bytes (docs/format.md#token-runs).
 
-The pack stage never loads every task's records at once: each of its tasks reads the
-records of one tokenize task (~30 bytes per document on disk) with `task_records`.
+A token run is what the read stage writes and every later stage reads and rewrites (FIM,
+repository groups) until the pack stage mixes it into shards. Per task `rank` of a run's
+token folder: `{rank}.bin` (flat tokens), `{rank}.docs.npy` (one `DOC_RECORD` per
+document), `{rank}.json` (its language table, dtype, framing), `{rank}.ids.txt`, and in
+chat builds `{rank}.mask`. The dedup cluster task writes beside it, per task, the documents
+removed (`REMOVAL` rows under `removals_dir`). `TokenRun` names a run; `task_records`
+reads one task's records with its removals (~30 bytes per document on disk), so that no
+stage loads every task's records at once.
 """
 
 from __future__ import annotations
@@ -12,10 +18,42 @@ from pathlib import Path
 
 import numpy as np
 
-from lemur.data.dedup.cluster import REMOVAL
-from lemur.data.dedup.stage import CLUSTER
-from lemur.data.tokenize.step import DOC_RECORD
+from lemur.data import work as work_folders
 from lemur.shards.format import open_array
+
+# The task-local record of every tokenized document: its source (index into the recipe's
+# sources), language (index into the task's table), tokens and the run offset it ends at.
+DOC_RECORD = np.dtype(
+    [("source", "<u2"), ("language", "<u2"), ("tokens", "<u4"), ("id_hash", "<u8"), ("end", "<u8")]
+)
+# A removed document of a task: its local index, whether it is an exact copy, and the
+# document kept in its place.
+REMOVAL = np.dtype([("local", "<u4"), ("exact", "u1"), ("keep_task", "<u4"), ("keep_local", "<u4")])
+# The dedup cluster stage's folder under the dedup directory (its `out/` holds the removals).
+CLUSTER = "cluster"
+
+
+@dataclass(frozen=True)
+class TokenRun:
+    """A run between stages: the tokenize run's folder it belongs to (work of later stages
+    lies beside it), its tasks, the dedup stages' folder (None: no dedup, or its removals
+    already applied), and where its token files lie (default: the run's own `tokens/`; the
+    FIM stage's rewrite of it elsewhere)."""
+
+    folder: Path
+    tasks: int
+    dedup: Path | None = None
+    tokens: Path | None = None
+
+    @property
+    def token_dir(self) -> Path:
+        """Where this run's token files lie."""
+        return self.tokens or work_folders.tokens_dir(self.folder)
+
+
+def removals_dir(dedup_dir: Path) -> Path:
+    """Where the dedup cluster task writes each tokenize task's removals."""
+    return Path(dedup_dir) / CLUSTER / "out"
 
 
 @dataclass
@@ -41,7 +79,7 @@ def removals(dedup_dir: Path | None, rank: int) -> np.ndarray:
     """The dedup cluster task's removal rows of tokenize task `rank` (none without dedup)."""
     if dedup_dir is None:
         return np.zeros(0, REMOVAL)
-    return np.array(open_array(dedup_dir / CLUSTER / "out" / f"{rank:05d}.removed", REMOVAL))
+    return np.array(open_array(removals_dir(dedup_dir) / f"{rank:05d}.removed", REMOVAL))
 
 
 def task_records(tok_dir: Path, rank: int, dedup_dir: Path | None = None) -> TaskRecords:

@@ -1,6 +1,6 @@
 """Tokenizing: train or load the SentencePiece model, and the step that writes token runs."""
 
-from lemur.data.tokenize.step import DOC_RECORD, TokenizeWriter
+from lemur.data.tokenize.step import TokenizeWriter
 from lemur.data.tokenize.tokenizer import (
     TokenizerError,
     TokenizerSettingsError,
@@ -10,7 +10,6 @@ from lemur.data.tokenize.tokenizer import (
 )
 
 __all__ = [
-    "DOC_RECORD",
     "TokenizeWriter",
     "TokenizerError",
     "TokenizerSettingsError",

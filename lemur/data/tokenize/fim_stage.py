@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from lemur.atomic_files import atomic_open
-from lemur.data.pack.records import removals
 from lemur.data.recipe_fim import FimConfig
 from lemur.data.run.task import TaskStep
+from lemur.data.runs.format import removals
 from lemur.data.tokenize.fim import fim_chosen, fim_split
 from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array
 from lemur.tokenizer import open_tokenizer

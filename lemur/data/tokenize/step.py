@@ -17,14 +17,10 @@ from datatrove.utils.batching import batched
 from lemur.atomic_files import atomic_open
 from lemur.data.counts import DOCUMENTS, TOKENS
 from lemur.data.filter.tagging import mix_language
+from lemur.data.runs.format import DOC_RECORD
 from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY
 from lemur.shards.format import atomic_write_bytes, token_dtype
 from lemur.tokenizer import Tokenizer, open_tokenizer
-
-# The task-local record of every tokenized document; the pack stage reads these.
-DOC_RECORD = np.dtype(
-    [("source", "<u2"), ("language", "<u2"), ("tokens", "<u4"), ("id_hash", "<u8"), ("end", "<u8")]
-)
 
 
 class TokenizeWriter(PipelineStep):
