@@ -108,7 +108,9 @@ def test_boto3_and_aiobotocore_ranges_agree_so_pip_never_walks_back() -> None:
     for name in ("boto3", "aiobotocore"):
         assert name in dev, f"the dev extra does not bound {name}"
         spec = Requirement(dev[name]).specifier
-        assert any(s.operator in ("<", "<=", "==", "~=") for s in spec), f"{name} has no upper bound"
+        assert any(s.operator in ("<", "<=", "==", "~=") for s in spec), (
+            f"{name} has no upper bound"
+        )
         bounds[name] = spec
         assert bounds[name].contains(md.version(name)), (name, md.version(name), str(spec))
     botocore_of = {
