@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lemur.data.read.checkouts import checkout_fields
 from lemur.data.recipe import RecipeError
 from lemur.data.recipe_repos import ReposConfig
 from lemur.data.repos.imports import dependencies, import_order
-from lemur.data.repos.layout import checkout_fields
 from lemur.data.repos.order import RepoFile, order_files
 from lemur.data.repos.render import PLAIN_FILE, RepoFormat, join_text, split_repository
 

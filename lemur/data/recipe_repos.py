@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lemur.data.recipe_errors import RecipeError
-from lemur.data.repos.order import ORDERS
 
+# `path`: by path (byte order of the UTF-8 names); `random`: a seeded shuffle per repository;
+# `imports`: DeepSeek-Coder's topological order of the import graph (repos/imports.py).
+# Named here, below the stages, so that the recipe does not import the repos package.
+ORDERS = ("path", "random", "imports")
 # `auto`: the model's markers where its tokenizer has both, else plain text; `markers`
 # insists on them (a tokenizer without is a one-line error); `plain` always spells them.
 REPO_FORMATS = ("auto", "markers", "plain")

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from lemur.data.counts import REMOTE_COUNTERS, drop_reasons, remote_summary
+from lemur.data.counts import drop_reasons, remote_summary
+from lemur.data.labels import REMOTE_COUNTERS
 from lemur.plots import pyplot, save_figure
 from lemur.shards.check import structure_problem
 from lemur.shards.format import MANIFEST, ShardFormatError, open_index, read_manifest

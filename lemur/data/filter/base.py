@@ -12,7 +12,7 @@ from typing import Any
 from datatrove.data import Document
 from datatrove.pipeline.filters.base_filter import BaseFilter, get_filter_result
 
-from lemur.data.counts import dropped_label
+from lemur.data.labels import dropped_label
 
 
 class LemurFilter(BaseFilter):

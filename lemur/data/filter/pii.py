@@ -38,8 +38,8 @@ from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
 from lemur.atomic_files import atomic_open
-from lemur.data.counts import pii_label
 from lemur.data.filter.secrets import find_secrets, line_number, secret_settings
+from lemur.data.labels import pii_label
 from lemur.data.recipe import PiiConfig
 
 EMAIL, IP, KEY = "email", "ip", "key"

@@ -22,7 +22,7 @@ from typing import Any
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
-from lemur.data.counts import disagreement_label, language_label
+from lemur.data.labels import disagreement_label, language_label
 
 # Fallback names by extension, used when enry has no answer (Linguist spellings).
 EXTENSIONS: dict[str, str] = {

@@ -21,7 +21,7 @@ from typing import Any
 from datatrove.data import Document
 
 from lemur.chatml import render_chatml
-from lemur.data.counts import dropped_label, read_label, repaired_label
+from lemur.data.labels import dropped_label, read_label, repaired_label
 from lemur.data.read.chat import (
     MESSAGES_KEY,
     OASST_COLUMNS,

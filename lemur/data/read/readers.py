@@ -25,7 +25,8 @@ import orjson
 import zstandard
 from datatrove.data import Document
 
-from lemur.data.counts import error_labels, read_label, repaired_label
+from lemur.data.labels import error_labels, read_label, repaired_label
+from lemur.data.read.checkouts import checkout_fields
 from lemur.data.read.compressed import (
     Opener,
     UnsupportedInput,
@@ -38,7 +39,6 @@ from lemur.data.read.remote import RemoteError
 from lemur.data.read.remote_inputs import RemoteInputs
 from lemur.data.read.split import BYTES, part_lines
 from lemur.data.recipe import SourceConfig
-from lemur.data.repos.layout import checkout_fields
 from lemur.shards.format import atomic_write_bytes
 
 MAX_ERRORS_PER_TASK = 1000
@@ -435,7 +435,7 @@ class FilesReader(BaseReader):
         except UnicodeDecodeError as e:
             self.error("invalid_utf8", f, f"invalid UTF-8 at byte {e.start}")
             return
-        # The file's checkout (repository documents group by it; repos/layout.py).
+        # The file's checkout (repository documents group by it; read/checkouts.py).
         doc = self.document(f, text, f.rel, checkout_fields(f.open_path, f.path, f.rel))
         if doc is not None:
             yield doc

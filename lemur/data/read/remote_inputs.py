@@ -1,12 +1,12 @@
 """One task's remote reading: a `Remote` per source, made in the process that reads, with
-its counts as the task's stat labels (`remote_<kind>:<source>`, counts.py)."""
+its counts as the task's stat labels (`remote_<kind>:<source>`, labels.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from lemur.data.counts import remote_label
+from lemur.data.labels import remote_label
 from lemur.data.read.remote import Remote
 from lemur.data.recipe_sources import is_remote
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lemur.data import work as work_folders
-from lemur.data.counts import error_labels, task_labels
+from lemur.data.labels import error_labels, task_labels
 from lemur.data.read.readers import REMOTE_FAILED
 from lemur.data.read.remote_listing import forget_record
 from lemur.data.recipe import Recipe

@@ -25,7 +25,7 @@ from typing import Any
 
 from datatrove.data import Document
 
-from lemur.data.counts import dropped_label, read_label
+from lemur.data.labels import dropped_label, read_label
 from lemur.data.read.listing import InputFile
 from lemur.data.read.readers import REMOTE_FAILED, ParquetReader, Row
 from lemur.data.read.remote import ClientError, Remote, RemoteError, display_url

@@ -1,7 +1,7 @@
 """Repository documents (recipe `repos:`): a repository's files, deduplicated and
 decontaminated one by one, joined into one code document in the model's repository format.
+Which checkout a file of a `files` source belongs to is read with it (read/checkouts.py).
 
-- layout.py: which checkout a file of a `files` source belongs to;
 - imports.py: the import graph of a repository's files (Python, C/C++, JavaScript/TypeScript)
   and DeepSeek-Coder's topological order over it;
 - order.py: the recipe's file orders (`path`, `random`, `imports`);

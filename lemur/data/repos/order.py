@@ -5,11 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from lemur.data.recipe_repos import ORDERS
 from lemur.data.repos.imports import dependencies, import_order
-
-# `path`: by path (byte order of the UTF-8 names); `random`: a seeded shuffle per repository;
-# `imports`: DeepSeek-Coder's topological order of the import graph (imports.py).
-ORDERS = ("path", "random", "imports")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
 from lemur.atomic_files import atomic_open, atomic_write_bytes
-from lemur.data.repos.layout import REPO_DIR, REPO_NAME, REPO_PATH
+from lemur.data.read.checkouts import REPO_DIR, REPO_NAME, REPO_PATH
 
 SPILL_INDEX = np.dtype([("bucket", "<u4"), ("local", "<u8"), ("offset", "<u8"), ("length", "<u8")])
 # Task stats (the task logs): files set aside, and files of a grouped source with no repository.

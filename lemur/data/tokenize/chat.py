@@ -32,7 +32,7 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
 from lemur.chatml import chat_processor, control_pattern, render_chatml
-from lemur.data.counts import dropped_label, truncated_label
+from lemur.data.labels import dropped_label, truncated_label
 from lemur.data.read.chat import (
     MARKER_IN_CONTENT,
     MESSAGES_KEY,
