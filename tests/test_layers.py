@@ -9,8 +9,9 @@ Layers import only downward (README, Layout), lowest first:
     -> commands: each package's cli.py, eval's agent_cli.py; convert/ (lemur-convert) whole
 
 A module may import its own package (except a command), any lower layer, and nothing
-beside or above it, at module level or inside a function alike. What two packages share
-moves below both. Inside a package, no two modules import each other, however indirectly:
+beside or above it; inside lemur/data, its parts (sub-packages, top-level modules) are
+floors the same way (DATA_FLOORS); at module level or inside a function alike. What two
+packages share moves below both. Inside a package, no two modules import each other, however indirectly:
 the graph of every import (module level, in a function, under `if TYPE_CHECKING:`) has no
 cycle, counting what Python runs: importing `lemur.a.b` runs `lemur/a/__init__.py` too (a
 package's lazily loaded names excepted); a cycle means a shared thing lives in the wrong
@@ -475,4 +476,101 @@ def test_the_private_check_sees_a_planted_use() -> None:
         "tools/x.py:4: uses lemur.data.run.executors._run_rank, private to its module",
         "tools/x.py:5: uses lemur.data.run.stage._FULL, private to its module",
         "KNOWN_PRIVATE_USES: tools/gone.py no longer uses lemur.x._y: delete the entry",
+    ]
+
+
+# lemur/data's parts (its sub-packages and top-level modules), lowest floor first: a part
+# imports its own modules and parts of lower floors only, never one beside or above it.
+DATA_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("work", "labels", "recipe_errors"),  # folder names, stat labels, the recipe's error
+    ("run", "recipe_sources"),  # the executor section and its tasks; the sources section
+    ("recipe_classifier",),
+    ("recipe_filters", "recipe_tokenizer", "recipe_fim", "recipe_repos"),
+    ("recipe",),  # every section, and the Recipe
+    ("runs",),  # the run between stages: token runs, records, removals
+    ("dedup", "read"),
+    ("filter",),
+    ("pack",),
+    ("corpus",),  # every way a chat build differs, asked by the stages
+    ("tokenize",),
+    ("context",),  # BuildContext: made once per build, handed to the stages above
+    ("repos",),
+    ("load",),  # YAML, presets, overrides; checks that ask the stages
+    ("counts", "budget", "classifier_stage"),
+    ("build", "demo", "chat_demo", "stats"),
+    ("cli",),
+)
+# lemur/data's upward imports left when the floors came (issue #45), (importer part,
+# imported part) -> why it is still there; never add one, delete one once it is gone.
+KNOWN_DATA_UPWARD: dict[tuple[str, str], str] = {
+    ("pack", "corpus"): "Groups.of(recipe) and make_plan(recipe, ...) ask corpus_of(recipe) "
+    "for the mix groups, the mix plan and the loss masks; they go when the pack stage takes "
+    "the BuildContext's corpus (#45 item 1)",
+}
+
+
+def data_part(module: str) -> str | None:
+    """The part of lemur/data a module belongs to (None outside lemur/data or its init)."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["lemur", "data"] and len(parts) > 2 else None
+
+
+def data_floor_problems(
+    graph: Graph, floors: tuple[tuple[str, ...], ...], known: dict[tuple[str, str], str]
+) -> list[str]:
+    """Each import between lemur/data's parts that does not run down a floor (one line,
+    with its place), a part no floor names, and each known entry no import needs."""
+    floor = {part: i for i, parts in enumerate(floors) for part in parts}
+    problems, seen = [], set()
+    for importer, targets in sorted(graph.items()):
+        above = data_part(importer)
+        if above is None:
+            continue
+        if above not in floor:
+            problems.append(f"DATA_FLOORS: lemur.data.{above} is on no floor: add it")
+            floor[above] = len(floors)
+        for target, where in sorted(targets.items()):
+            below = data_part(target)
+            if below is None or below == above:
+                continue
+            if floor.get(below, len(floors)) < floor[above]:
+                continue
+            seen.add((above, below))
+            if (above, below) not in known:
+                problems.append(f"{where}: {importer} imports {target}, not below it in lemur/data")
+    problems += [
+        f"KNOWN_DATA_UPWARD: {a} no longer imports {b}: delete the entry"
+        for a, b in known
+        if (a, b) not in seen
+    ]
+    return list(dict.fromkeys(problems))
+
+
+def test_lemur_data_parts_import_only_downward() -> None:
+    """No import between lemur/data's sub-packages and modules runs back up (DATA_FLOORS)."""
+    problems = data_floor_problems(import_graph(), DATA_FLOORS, KNOWN_DATA_UPWARD)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_data_floors_see_a_planted_upward_import() -> None:
+    """The checker itself: an import of a higher floor's part, one beside it and a part on
+    no floor are reported, a downward one is not, and a known entry that went is too."""
+    graph = {
+        "lemur.data.read.readers": {
+            "lemur.data.repos.layout": "lemur/data/read/readers.py:41",
+            "lemur.data.read.listing": "lemur/data/read/readers.py:35",
+            "lemur.data.labels": "lemur/data/read/readers.py:28",
+        },
+        "lemur.data.dedup.stage": {"lemur.data.read": "lemur/data/dedup/stage.py:3"},
+        "lemur.data.extra": {},
+        "lemur.data": {"lemur.data.cli": "lemur/data/__init__.py:1"},
+    }
+    floors = (("labels",), ("dedup", "read"), ("repos",))
+    assert data_floor_problems(graph, floors, {("pack", "corpus"): ""}) == [
+        "lemur/data/dedup/stage.py:3: lemur.data.dedup.stage imports lemur.data.read,"
+        " not below it in lemur/data",
+        "DATA_FLOORS: lemur.data.extra is on no floor: add it",
+        "lemur/data/read/readers.py:41: lemur.data.read.readers imports"
+        " lemur.data.repos.layout, not below it in lemur/data",
+        "KNOWN_DATA_UPWARD: pack no longer imports corpus: delete the entry",
     ]
