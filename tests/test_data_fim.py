@@ -1,12 +1,12 @@
-"""The FIM transform (lemur/data/tokenize/fim.py) and the recipe's `fim:` section."""
+"""The FIM transform (lemur/data/fim/cut.py) and the recipe's `fim:` section."""
 
 from __future__ import annotations
 
 import pytest
 
+from lemur.data.fim.cut import fim_split, fim_transform
 from lemur.data.recipe import RecipeError
 from lemur.data.recipe_fim import FimConfig
-from lemur.data.tokenize.fim import fim_split, fim_transform
 from lemur.tokenizer.fim import CodeMarkers, Leading
 
 MARKERS = CodeMarkers(style="qwen2.5-coder", prefix=10, middle=11, suffix=12)

@@ -15,11 +15,11 @@ import pytest
 from bytelevel_fixtures import qwen_like_folder
 from conftest import real_python_files, real_text_docs, write_jsonl
 
+from lemur.data.fim.cut import fim_split
 from lemur.data.recipe_fim import FimConfig
 from lemur.data.repos.group import GroupSettings, RepoEncoder
 from lemur.data.repos.order import RepoFile
 from lemur.data.repos.render import RepoFormat
-from lemur.data.tokenize.fim import fim_split
 from lemur.tokenizer import open_tokenizer
 from lemur.tokenizer.fim import MARKER_STYLES, find_code_markers
 

@@ -488,7 +488,7 @@ DATA_FLOORS: tuple[tuple[str, ...], ...] = (
     ("recipe_filters", "recipe_tokenizer", "recipe_fim", "recipe_repos"),
     ("recipe",),  # every section, and the Recipe
     ("runs",),  # the run between stages: token runs, records, removals
-    ("dedup", "read"),
+    ("dedup", "read", "fim"),
     ("filter",),
     ("pack",),
     ("corpus",),  # every way a chat build differs, asked by the stages

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from bench_tokenize import stdlib_code
 from benchlib import best_of
 
+from lemur.data.fim.cut import fim_chosen, fim_split
 from lemur.data.recipe_fim import FimConfig
-from lemur.data.tokenize.fim import fim_chosen, fim_split
 from lemur.data.tokenize.tokenizer import extend_tokenizer
 from lemur.tokenizer import Tokenizer, open_tokenizer
 from lemur.tokenizer.fim import FIM_PIECES, encode_parts, fim_layout, fim_parts, find_code_markers

@@ -49,6 +49,7 @@ from lemur.data.filter.text import (
     GopherQualityFilter,
     GopherRepetitionFilter,
 )
+from lemur.data.fim.rewrite import FimJob, FimRewrite, fim_counts
 from lemur.data.pack.plan import PackError
 from lemur.data.pack.sections import ManifestSections
 from lemur.data.pack.shuffle import ShuffleError
@@ -69,7 +70,6 @@ from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.run.stage import executor_session
 from lemur.data.run.task import Reporter
 from lemur.data.runs.format import TokenRun
-from lemur.data.tokenize.fim_stage import FimJob, FimRewrite, fim_counts
 from lemur.data.tokenize.prepare import (
     build_markers,
     build_tokenizer_info,
@@ -368,7 +368,7 @@ def _work_lock(work_root: Path, out: Path) -> contextlib.AbstractContextManager:
 
 
 def fim_stage(ctx: BuildContext, run: TokenRun) -> tuple[TokenRun, dict[str, Any] | None]:
-    """The FIM tasks over the tokenize run `run` (tokenize/fim_stage.py): (the run with its
+    """The FIM tasks over the tokenize run `run` (fim/rewrite.py): (the run with its
     tokens rewritten, the manifest's `fim` section); (`run`, None) without FIM. They start
     from the run's kept read, filter, dedup and tokenize work (a new rate re-runs only them
     and packing)."""

@@ -7,7 +7,7 @@ which builds into other outputs may share. Under it:
         tokens/            tokenizer: its token runs (TokenizeWriter, DedupSigner),
         errors/            the bad inputs the reader recorded,
         dedup-<key>/       and the dedup stages over those runs (dedup/stage.py),
-        fim-<key>/         the FIM stage's rewritten runs (tokenize/fim_stage.py);
+        fim-<key>/         the FIM stage's rewritten runs (fim/rewrite.py);
         repos-spill/       with `repos:`, the files each task set aside by repository bucket,
         repos-<key>/       and the repository documents' token runs (repos/group.py)
     sample-<key>/          a tokenize run of a sample (the ratio sweep), laid out the same

@@ -11,7 +11,7 @@ every text part encoded as text (the run of text between two markers as one text
 model's tokenizer encodes a string holding its markers). A tokenizer without them gets the
 plain-text format, the same layout spelled in text (`PLAIN_REPO`, `PLAIN_FILE`) and encoded
 as one text, as any document is. A file's content may itself be several parts: a
-fill-in-the-middle document's (lemur/data/tokenize/fim.py), cut per file.
+fill-in-the-middle document's (lemur/data/fim/cut.py), cut per file.
 """
 
 from __future__ import annotations

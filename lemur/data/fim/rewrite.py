@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from lemur.atomic_files import atomic_open
+from lemur.data.fim.cut import fim_chosen, fim_split
 from lemur.data.recipe_fim import FimConfig
 from lemur.data.run.task import TaskStep
 from lemur.data.runs.format import removals
-from lemur.data.tokenize.fim import fim_chosen, fim_split
 from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array
 from lemur.tokenizer import open_tokenizer
 from lemur.tokenizer.fim import CodeMarkers, encode_parts, fim_layout, fim_parts

@@ -11,7 +11,7 @@ sequence) or over its line starts (`split: line`: 0, the index after each `\\n`,
 `fim_transform(text, settings, key, markers)` gives the document's parts
 (lemur/tokenizer/fim.py), the whole text as one `Leading` part when it is not chosen:
 what a repository document calls per file (with a key naming the file). The FIM stage
-(fim_stage.py) encodes a whole document's cut, spliced from its own ids where it can.
+(rewrite.py) encodes a whole document's cut, spliced from its own ids where it can.
 """
 
 from __future__ import annotations
