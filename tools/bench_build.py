@@ -157,7 +157,7 @@ def _proc_table() -> dict[int, tuple[int, float, float]]:
     return out
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict:
+def timed(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> dict:
     """Run a command; wall time, CPU time of its whole process tree, and peak tree RSS.
 
     Worker processes of a forkserver are not reaped by the command itself, so
@@ -166,7 +166,7 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict:
     """
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd
     )
     cpu: dict[int, float] = {}
     peak_rss = 0.0
@@ -191,7 +191,12 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> dict:
     err = proc.stderr.read()
     if proc.returncode:
         raise SystemExit(f"{cmd[:3]} failed:\n{err[-3000:]}")
-    return {"wall_s": wall, "cpu_s": sum(cpu.values()), "peak_rss_mib": peak_rss}
+    return {
+        "wall_s": wall,
+        "cpu_s": sum(cpu.values()),
+        "peak_rss_mib": peak_rss,
+        "processes": len(cpu),
+    }
 
 
 def lemur_build(
@@ -211,8 +216,9 @@ def lemur_build(
     rpath = WORK / f"recipe-{out.name}.yaml"
     rpath.write_text(yaml.safe_dump({**recipe(data, out, model, workers), **(more or {})}))
     args = [a for kv in sets for a in ("--set", kv)]
+    # `python -m` puts the working directory before PYTHONPATH: run in the tree as well.
     env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
-    r = timed([sys.executable, "-m", "lemur.data.cli", "build", str(rpath), *args], env)
+    r = timed([sys.executable, "-m", "lemur.data.cli", "build", str(rpath), *args], env, tree)
     manifest = json.loads((out / "manifest.json").read_text())
     what = [f"fim.rate={more['fim']['rate']}"] if more else []
     where = [f"at {commit(tree)}"] if tree else []
@@ -331,7 +337,11 @@ def main() -> int:
         n = args.repeat
         before = sum(r["cpu_s"] for r in rows[: 2 * n : 2]) / n
         after = sum(r["cpu_s"] for r in rows[1 : 2 * n : 2]) / n
-        print(f"\nthis checkout / {commit(args.compare)}, mean CPU s: {after / before:.3f}x")
+        procs = [sum(r["processes"] for r in rows[i : 2 * n : 2]) / n for i in (0, 1)]
+        print(
+            f"\nthis checkout / {commit(args.compare)}, mean CPU s: {after / before:.3f}x "
+            f"({before:.1f} -> {after:.1f}); processes in the tree: {procs[0]:.0f} -> {procs[1]:.0f}"
+        )
         if not args.skip_datatrove:
             dt = rows[-1]["cpu_s"]
             print(

@@ -67,8 +67,9 @@ class WorkerPool:
 
 def _spawn(workers: int) -> ProcessPoolExecutor:
     # Spawned (not forkserver) so that the workers' parent is this process. A pool spawns a
-    # worker per submit() while none is idle, and later from its own manager thread, which
-    # would kill it on exiting: so all of them now, held in the initializer until the last.
+    # worker per submit() while none is idle, and later submits come from the stages'
+    # threads, whose exit would kill what they spawned: so all of them now, from this
+    # thread, each held in the initializer until the last is spawned.
     ctx = multiprocessing.get_context("spawn")
     started = ctx.Event()
     pool = ProcessPoolExecutor(
