@@ -36,7 +36,7 @@ ROOT = Path(lemur.__file__).resolve().parent
 # Modules left out of the spine: one step's own work, not the way through the build.
 LEAVES = re.compile(
     r"lemur\.data\.filter\..*"
-    r"|lemur\.data\.read\.(readers|chat_reader|notebooks|streams|chat)"
+    r"|lemur\.data\.read\.(readers|chat_reader|notebooks|compressed|checkouts|chat)"
     r"|lemur\.data\.dedup\.(sketch|rows|merge|buckets|cluster|runs)"
     r"|lemur\.data\.tokenize\.(chat|offsets|template_chat)"
     r"|lemur\.lazy_exports|lemur\.data\.demo"

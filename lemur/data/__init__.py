@@ -2,15 +2,21 @@
 
 | module / package | what it holds |
 |---|---|
-| `build` | `build`, the driver of every stage, and `BuildError` |
-| `recipe`, `load` | every stage's config (`Recipe`); `load_recipe` reads and validates one |
-| `read/` | listing inputs, compressed streams, the sources reader, notebooks |
+| `build` | `build`, the driver of every stage |
+| `context` | `BuildContext`: recipe, corpus, tokenizer opened once, stage runner; `BuildError` |
+| `recipe`, `recipe_*`, `load` | every stage's config (`Recipe`); `load_recipe` reads one |
+| `corpus` | the kind of corpus: every way a chat build differs, asked by the stages |
+| `runs/` | the run between stages: token runs, document records, dedup removals (their bytes) |
+| `read/` | listing inputs, compressed file streams, checkouts, the sources reader, notebooks |
 | `filter/` | base, code and text rules, language tagging, decontamination, PII |
 | `dedup/` | signatures (content hash, MinHash) and clusters (LSH) |
-| `tokenize/` | SentencePiece training and loading, the tokenize step |
-| `pack/` | records, mix plan, external shuffle, shard writing |
+| `tokenize/` | the build's tokenizer (trained or given), chat rendering, the tokenize step |
+| `fim/` | the FIM stage: one document's cut, the tasks that rewrite a run |
+| `repos/` | repository documents: file order, the repository format, the group stage |
+| `pack/` | mix plan, external shuffle, shard writing, the manifest's sections |
 | `run/` | datatrove executors, quiet logs, the output lock |
-| `counts`, `stats`, `demo`, `cli` | stat labels, corpus statistics, the demo recipe, the command |
+| `labels`, `counts` | stat labels (made and parsed), the manifest's counts assembled from them |
+| `stats`, `demo`, `cli` | corpus statistics, the demo recipe, the command |
 
 The names below are importable from `lemur.data` directly; each loads its module on first
 use, so importing one stage does not import the whole build.
@@ -21,7 +27,7 @@ from __future__ import annotations
 from lemur.lazy_exports import lazy_exports
 
 _EXPORTS = {
-    "BuildError": "build",
+    "BuildError": "context",
     "build": "build",
     "Recipe": "recipe",
     "RecipeError": "recipe",
