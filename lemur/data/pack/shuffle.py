@@ -27,6 +27,7 @@ from lemur.data.runs.format import task_records
 from lemur.shards.format import (
     INDEX_DTYPE,
     MASK_DTYPE,
+    ShardInfo,
     atomic_write_bytes,
     atomic_write_json,
     open_array,
@@ -276,10 +277,23 @@ def _shuffled(
     return shuffled
 
 
+# The final writer, a seam: (root, rel, tokens, document ends, dtype, split, domain, mask or
+# None) -> the shard's manifest entry. lemur's shards are one writer (`write_shard`); an
+# export format is another, handed the same shuffled documents.
+ShardWriter = Callable[..., ShardInfo]
+
+
 def gather_task(
-    b: int, work: Path, n_tasks: int, out: Path, shard: tuple[str, str, str], settings: PackSettings
+    b: int,
+    work: Path,
+    n_tasks: int,
+    out: Path,
+    shard: tuple[str, str, str],
+    settings: PackSettings,
+    writer: ShardWriter = write_shard,
 ) -> None:
-    """Write shard `b` (`shard`: path without extension, split, domain) from every scatter task.
+    """Write shard `b` (`shard`: path without extension, split, domain) from every scatter task
+    with `writer` (default: lemur's shards).
 
     Holds the shard twice (as read, then in shuffled order) plus ~100 bytes per document:
     every task's part is read straight into one buffer, and the shuffled copy is filled
@@ -316,7 +330,7 @@ def gather_task(
     layers = [("bin", dtype)] + ([("mask", np.dtype(MASK_DTYPE))] if masks else [])
     ordered = [_shuffled(work, parts, ext, dt, total, src, size) for ext, dt in layers]
     rel, split, domain = shard
-    info = write_shard(
+    info = writer(
         out,
         rel,
         ordered[0],

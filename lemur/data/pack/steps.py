@@ -14,10 +14,10 @@ from pathlib import Path
 
 from lemur.data.pack.select import Groups, task_histogram
 from lemur.data.pack.settings import PackSettings
-from lemur.data.pack.shuffle import gather_task, scatter_task
+from lemur.data.pack.shuffle import ShardWriter, gather_task, scatter_task
 from lemur.data.run.task import TaskStep
 from lemur.data.runs.format import TaskRecords, removals, task_records
-from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array
+from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array, write_shard
 
 
 @dataclass(frozen=True)
@@ -168,6 +168,7 @@ class PackGather(_PackTask):
         out: str | Path,
         shards: list[tuple[str, str, str]],
         settings: PackSettings,
+        writer: ShardWriter = write_shard,
     ) -> None:
         super().__init__()
         self.work = Path(work)
@@ -175,7 +176,9 @@ class PackGather(_PackTask):
         self.out = Path(out)
         self.shards = shards  # (path without extension, split, domain) of each gather task
         self.settings = settings
+        self.writer = writer  # the final writer (shuffle.ShardWriter): lemur's shards or another
 
     def task(self, rank: int) -> None:
-        """Write shard `rank`."""
-        gather_task(rank, self.work, self.n_tasks, self.out, self.shards[rank], self.settings)
+        """Write shard `rank` with the step's writer."""
+        shard = self.shards[rank]
+        gather_task(rank, self.work, self.n_tasks, self.out, shard, self.settings, self.writer)

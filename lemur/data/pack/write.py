@@ -21,6 +21,7 @@ from lemur.data.pack.settings import PackSettings
 from lemur.data.pack.shuffle import (
     DONE,
     ScatterTotals,
+    ShardWriter,
     ShuffleError,
     check_scatter,
     read_summaries,
@@ -30,7 +31,7 @@ from lemur.data.pack.steps import Duplicates, PackGather, PackPrep, PackScatter
 from lemur.data.recipe import Recipe
 from lemur.data.run.task import StageRunner, run_here
 from lemur.data.work import shuffle_folder
-from lemur.shards.format import ShardInfo
+from lemur.shards.format import ShardInfo, write_shard
 
 __all__ = ["PackError", "PackPlan", "PackStages"]
 
@@ -89,8 +90,11 @@ class PackStages:
         masks = corpus_of(self.recipe).loss_masks
         return PackSettings.of(plan, Groups.of(self.recipe), self.dtype, masks)
 
-    def shuffle(self, plan: PackPlan, out_dir: Path) -> list[ShardInfo]:
-        """Scatter tasks, then gather tasks writing the shards under `out_dir/prefix`."""
+    def shuffle(
+        self, plan: PackPlan, out_dir: Path, writer: ShardWriter = write_shard
+    ) -> list[ShardInfo]:
+        """Scatter tasks, then gather tasks writing the shards under `out_dir/prefix` with
+        `writer`, the final writer (default: lemur's shards)."""
         settings, shuffle_dir = self.settings(plan), self.shuffle_dir
         scatter = PackScatter(self.tok_dir, self.dedup_dir, shuffle_dir, settings)
         self.run_stage([scatter], shuffle_dir / "scatter", self.n_tasks, "shuffle: scatter")
@@ -106,7 +110,7 @@ class PackStages:
                 f"damaged disk: rerun the build to redo {len(bad)} scatter task(s)"
             )
         shards = [(self._rel(rel), split, d) for rel, split, d in plan.buckets()]
-        gather = PackGather(shuffle_dir, self.n_tasks, out_dir, shards, settings)
+        gather = PackGather(shuffle_dir, self.n_tasks, out_dir, shards, settings, writer)
         self.run_stage([gather], shuffle_dir / "gather", len(shards), "shuffle: write")
         infos = []
         for b in range(len(shards)):
