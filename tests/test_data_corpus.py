@@ -13,7 +13,7 @@ import pytest
 from lemur.chatml import CHAT_PIECES
 from lemur.data.corpus import ChatCorpus, Corpus, corpus_of
 from lemur.data.load import recipe_from_dict
-from lemur.data.pack.mix import MixInfeasible
+from lemur.data.mix import MixInfeasible
 from lemur.data.recipe import ChatConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ def test_only_the_recipe_and_the_corpus_ask_whether_a_build_is_chat():
 
 
 def test_the_corpus_module_imports_first_in_a_fresh_process():
-    """lemur/data/corpus.py plans with pack/mix.py, and pack/ plans with the corpus: the
+    """lemur/data/corpus.py plans with mix.py, and pack/ plans with the corpus: the
     pack package's __init__ must not import its modules (a cycle Python would hit)."""
     done = subprocess.run(
         [sys.executable, "-c", "import lemur.data.corpus, lemur.data.pack.plan"],

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import NO_FILTERS, base_recipe, real_python_files, real_text_docs, write_jsonl
 
-from lemur.data.pack.mix import (
+from lemur.data.mix import (
     LEMUR_CODE_TOKENS,
     MIX_PRESETS,
     MixInfeasible,
@@ -277,7 +277,7 @@ def test_histogram_plan_meets_budgets_and_shares_within_one_percent(tmp_path):
 
 
 def test_histogram_selection_is_the_document_first_fit_with_one_document_per_bin(tmp_path):
-    from lemur.data.pack.mix import seeded_hash
+    from lemur.data.mix import seeded_hash
     from lemur.data.pack.select import BIN_SHIFT
 
     rng = np.random.default_rng(2)
@@ -306,7 +306,7 @@ def test_val_cut_holds_out_a_fraction_at_least_one_never_all(tmp_path):
     fake_tasks(small, [1, 1], np.random.default_rng(4))
     import json
 
-    from lemur.data.pack.mix import seeded_hash
+    from lemur.data.mix import seeded_hash
     from lemur.data.runs.format import DOC_RECORD
 
     # two ids whose val hashes fall below 0.45: a plain threshold would hold out both

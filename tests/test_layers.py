@@ -490,8 +490,9 @@ DATA_FLOORS: tuple[tuple[str, ...], ...] = (
     ("runs",),  # the run between stages: token runs, records, removals
     ("dedup", "read", "fim"),
     ("filter",),
-    ("pack",),
+    ("mix",),  # the mix planner's arithmetic
     ("corpus",),  # every way a chat build differs, asked by the stages
+    ("pack",),
     ("tokenize",),
     ("context",),  # BuildContext: made once per build, handed to the stages above
     ("repos",),
@@ -502,11 +503,7 @@ DATA_FLOORS: tuple[tuple[str, ...], ...] = (
 )
 # lemur/data's upward imports left when the floors came (issue #45), (importer part,
 # imported part) -> why it is still there; never add one, delete one once it is gone.
-KNOWN_DATA_UPWARD: dict[tuple[str, str], str] = {
-    ("pack", "corpus"): "Groups.of(recipe) and make_plan(recipe, ...) ask corpus_of(recipe) "
-    "for the mix groups, the mix plan and the loss masks; they go when the pack stage takes "
-    "the BuildContext's corpus (#45 item 1)",
-}
+KNOWN_DATA_UPWARD: dict[tuple[str, str], str] = {}
 
 
 def data_part(module: str) -> str | None:

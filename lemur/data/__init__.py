@@ -5,7 +5,7 @@
 | `build` | `build`, the driver of every stage |
 | `context` | `BuildContext`: recipe, corpus, tokenizer opened once, stage runner; `BuildError` |
 | `recipe`, `recipe_*`, `load` | every stage's config (`Recipe`); `load_recipe` reads one |
-| `corpus` | the kind of corpus: every way a chat build differs, asked by the stages |
+| `corpus`, `mix` | the kind of corpus (every way a chat build differs); the mix planner |
 | `runs/` | the run between stages: token runs, document records, dedup removals (their bytes) |
 | `read/` | listing inputs, compressed file streams, checkouts, the sources reader, notebooks |
 | `filter/` | base, code and text rules, language tagging, decontamination, PII |

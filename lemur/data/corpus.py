@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from lemur.chatml import CHAT_PIECES
-from lemur.data.pack.mix import MixInfeasible, MixPlan, plan_all, plan_mix
+from lemur.data.mix import MixInfeasible, MixPlan, plan_all, plan_mix
 from lemur.data.recipe import Recipe
 
 

@@ -131,7 +131,7 @@ def _apply_presets(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _apply_mix_preset(raw: dict[str, Any]) -> dict[str, Any]:
-    from lemur.data.pack.mix import MIX_PRESETS
+    from lemur.data.mix import MIX_PRESETS
 
     mix = raw.get("mix")
     if not isinstance(mix, dict) or mix.get("preset") is None:

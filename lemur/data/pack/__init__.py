@@ -5,6 +5,6 @@ No process holds per-document arrays of the whole corpus: a task holds one token
 records or one shard, the plan one histogram per mix unit.
 
 Import the modules themselves (`lemur.data.pack.write.PackStages`): the package imports
-none of them, so a module below them (lemur/data/corpus.py, which plans with `mix`) can
-import one without the rest.
+none of them. The mix planner's arithmetic lies below the package and the corpus
+(lemur/data/mix.py): the corpus plans with it, and the pack stage asks the corpus.
 """

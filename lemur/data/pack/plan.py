@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from lemur.data.corpus import corpus_of
-from lemur.data.pack.mix import MixInfeasible, MixPlan, fill_to_budget
+from lemur.data.mix import MixInfeasible, MixPlan, fill_to_budget
 from lemur.data.pack.select import HIST, N_BINS, Groups, Unit
 from lemur.data.recipe import Recipe
 from lemur.shards.format import open_array

@@ -20,7 +20,7 @@ import numpy as np
 
 from lemur.data.corpus import corpus_of
 from lemur.data.dedup.signer import GOLDEN64
-from lemur.data.pack.mix import seeded_hash
+from lemur.data.mix import seeded_hash
 from lemur.data.recipe import Recipe
 from lemur.data.runs.format import TaskRecords
 

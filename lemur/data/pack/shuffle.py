@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from lemur.atomic_files import atomic_open
-from lemur.data.pack.mix import seeded_hash
+from lemur.data.mix import seeded_hash
 from lemur.data.pack.select import bucket_of, keys_of, shuffle_keys, task_fates
 from lemur.data.pack.settings import PackSettings
 from lemur.data.runs.format import task_records
