@@ -27,7 +27,7 @@ from loguru import logger
 
 from lemur.atomic_files import remove_stale_temporaries
 from lemur.data import work as work_folders
-from lemur.data.budget import is_enabled, read_sources
+from lemur.data.budget import read_sources
 from lemur.data.classifier_stage import (
     classifier_filters,
     classifier_keys,
@@ -422,7 +422,7 @@ def prepared_tokenizer(ctx: BuildContext, inputs: list[InputFile]) -> BuildToken
     ctx.report("tokenizer", 0, 1)
     tok_path = prepare_tokenizer(recipe, inputs, ctx.work_root)
     opened = open_build_tokenizer(recipe, tok_path)
-    tok_info = build_tokenizer_info(recipe, tok_path, opened)
+    tok_info = build_tokenizer_info(ctx.corpus, tok_path, opened)
     markers = build_markers(recipe, tok_path, opened) if recipe.fim is not None else None
     check_repo_format(recipe, tok_path, opened)  # a recipe mistake, found before any read
     ctx.report("tokenizer", 1, 1)
@@ -498,7 +498,7 @@ def _build_locked(ctx: BuildContext, force, plan_only, on_plan) -> dict[str, Any
     shards = stages.shuffle(pack_plan, out)  # scatter tasks, then gather tasks
     sections = _sections(recipe, stages, grouped, pack_plan, dd, n_tasks, out)
     # What was read of each source, when budgeted reading chose (a full read's counts stay).
-    units = read["sources"] if is_enabled(recipe) else None
+    units = read["sources"] if ctx.corpus.budgeted_reading() else None
     counts = collect_counts(run_dir, recipe, n_tasks, listing, sections.dedup(), units)
     counts |= grouped.manifest_counts(recipe) if grouped is not None else {}
     tok_file = copy_tokenizer_files(ctx.tok.path, out / prefix)

@@ -16,7 +16,7 @@ from lemur.atomic_files import temp_name
 from lemur.chat_template import ChatTemplate, template_source
 from lemur.chat_template.template import TEMPLATE_FILE
 from lemur.data import work as work_folders
-from lemur.data.corpus import corpus_of
+from lemur.data.corpus import Corpus, corpus_of
 from lemur.data.read.listing import InputFile
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe import Recipe, RecipeError
@@ -287,16 +287,16 @@ def _open_hf(recipe: Recipe, path: Path, engine: str) -> Tokenizer:
 
 
 def build_tokenizer_info(
-    recipe: Recipe, path: Path, tok: Tokenizer | None = None
+    corpus: Corpus, path: Path, tok: Tokenizer | None = None
 ) -> dict[str, Any]:
     """The manifest's tokenizer entry (without the file) of the prepared tokenizer (`tok`,
-    if open already).
+    if open already) of a build of `corpus`.
 
     A tokenizer.json's entry also names its kind and the engine that encodes it (tiktoken
     or tokenizers, and why not tiktoken), which the build logs, and for a chat build the
     sha256 of the chat template its documents are rendered with.
     """
-    corpus = corpus_of(recipe)
+    recipe = corpus.recipe
     if not is_tokenizer_json(path):
         pieces = (*corpus.tokenizer_pieces(), *_fim_pieces(appends_fim_pieces(recipe)))
         return tokenizer_info(path, pieces)
