@@ -104,10 +104,13 @@ class StorageOptions(Mapping[str, Any]):
     use fails saying so (give such nodes their credentials the standard way).
     """
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
+    def __init__(self, options: Mapping[str, Any], *, export: bool = True) -> None:
         self._options = dict(options)
         self.missing: list[str] = []
-        map_redacted(self._options, self.public(), _export_secret)
+        # A recipe's options go to the tasks and jobs; options made inside a task (a client's,
+        # with our timeouts added) only need the redacted repr: nothing of them is exported.
+        if export:
+            map_redacted(self._options, self.public(), _export_secret)
 
     def __getitem__(self, key: str) -> Any:
         return self._options[key]

@@ -153,7 +153,9 @@ def _client_options(protocol: str, options: Mapping[str, Any], timeout: float) -
         config.setdefault("connect_timeout", timeout)
         config.setdefault("read_timeout", timeout)
         opts["config_kwargs"] = config
-    return StorageOptions(opts)
+    # Not exported: our settings (a retry count of 1) are no secrets to put in the
+    # environment of every job this process submits.
+    return StorageOptions(opts, export=False)
 
 
 class ClientError(RemoteError):
@@ -222,7 +224,7 @@ class Remote:
         count: Count | None = None,
     ) -> None:
         if options is not None and not isinstance(options, StorageOptions):
-            options = StorageOptions(options)  # shown redacted wherever it is printed
+            options = StorageOptions(options, export=False)  # printed redacted, never exported
         self.options = options
         self.settings = settings
         self.count = count or (lambda kind, n: None)
