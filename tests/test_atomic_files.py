@@ -206,8 +206,9 @@ KILLED_SCATTER = textwrap.dedent(
 )
 
 
-def one_tokenize_task(tok_dir: Path, n: int = 40):
-    """Tokenize-stage files of one task of `n` code documents; pack settings that take all."""
+def one_tokenize_task(tok_dir: Path, n: int = 40, train_shards: int = 2):
+    """Tokenize-stage files of one task of `n` code documents; pack settings that take all
+    into `train_shards` shards (tests/test_data_runs.py uses it too)."""
     import json
 
     from lemur.data.pack.select import N_BINS, Groups
@@ -225,7 +226,8 @@ def one_tokenize_task(tok_dir: Path, n: int = 40):
     rng.integers(3, 800, int(rec["end"][-1]), dtype=np.uint16).tofile(tok_dir / "00000.bin")
     none = np.packbits(np.zeros(N_BINS, bool)).tobytes()  # one whole pass, no partial one
     groups = Groups(seed=1, val_fraction=0.0, domains=("code",), groups=("code",))
-    return PackSettings(groups, {"code": 0}, (("code", "Python", 1, none),), 2, {}, "<u2", False)
+    units = (("code", "Python", 1, none),)
+    return PackSettings(groups, {"code": 0}, units, train_shards, {}, "<u2", False)
 
 
 def test_the_pack_stage_does_not_trust_a_killed_scatter_tasks_temp(tmp_path):

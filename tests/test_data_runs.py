@@ -4,32 +4,20 @@ the very documents `write_shard` would have written."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
+from test_atomic_files import one_tokenize_task
 
-from lemur.data.pack.select import N_BINS, Groups
 from lemur.data.pack.settings import PackSettings
 from lemur.data.pack.shuffle import gather_task, scatter_task
-from lemur.data.runs.format import DOC_RECORD, task_records
+from lemur.data.runs.format import task_records
 from lemur.shards.format import write_shard
 
 
 def _one_task(tok_dir: Path, n: int = 30) -> PackSettings:
     """A token run of one task of `n` code documents; pack settings that take all, one shard."""
-    rng = np.random.default_rng(0)
-    tok_dir.mkdir(parents=True)
-    rec = np.zeros(n, DOC_RECORD)
-    rec["tokens"] = rng.integers(3, 50, n)
-    rec["id_hash"] = rng.integers(0, 2**63, n, dtype=np.uint64)
-    rec["end"] = np.cumsum(rec["tokens"])
-    np.save(tok_dir / "00000.docs.npy", rec)
-    (tok_dir / "00000.json").write_text(json.dumps({"languages": ["Python"]}))
-    rng.integers(3, 800, int(rec["end"][-1]), dtype=np.uint16).tofile(tok_dir / "00000.bin")
-    none = np.packbits(np.zeros(N_BINS, bool)).tobytes()  # one whole pass, no partial one
-    groups = Groups(seed=1, val_fraction=0.0, domains=("code",), groups=("code",))
-    return PackSettings(groups, {"code": 0}, (("code", "Python", 1, none),), 1, {}, "<u2", False)
+    return one_tokenize_task(tok_dir, n, train_shards=1)
 
 
 def test_task_records_read_back_the_run_as_written(tmp_path):
