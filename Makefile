@@ -20,6 +20,9 @@ $(VENV)/.installed-dev: $(BIN)/python pyproject.toml
 	# fasttext-predict and the training wheel both install the module `fasttext`: put the
 	# one that also trains last (both predict alike; see pyproject's `classifier` extra).
 	$(BIN)/pip install -q --force-reinstall --no-deps 'fasttext-numpy2-wheel==0.9.2'
+	# The interop extra's two loaders whose declared requirements (numpy<2.2, transformers<5,
+	# torchvision) this environment cannot meet; their token readers need none of them.
+	$(BIN)/pip install -q --no-deps 'litdata==0.2.76' 'mosaicml-streaming==0.13.0'
 	touch $@ $(VENV)/.installed
 
 demo: $(VENV)/.installed
