@@ -38,6 +38,7 @@ RANKS = {
     "shards": 1,
     "tokenizer": 2,
     "chat_template": 3,
+    "export": 3,  # other trainers' formats: below data, whose build exports last
     "model": 4,
     "data": 4,
     "train": 5,
