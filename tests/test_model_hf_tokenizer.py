@@ -15,16 +15,17 @@ from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from lemur.chatml import CHAT_PIECES, IM_END, IM_START, render_chatml
 from lemur.convert import cli as convert
+from lemur.data.encode.chat import TOKENS_KEY, ChatEncoder
+from lemur.data.encode.tokenizer import extend_tokenizer
 from lemur.data.read.chat import MESSAGES_KEY
-from lemur.data.tokenize.chat import TOKENS_KEY, ChatEncoder
-from lemur.data.tokenize.tokenizer import extend_tokenizer
 from lemur.eval.chat_prompt import chat_prompt_ids
-from lemur.model import checkpoint, hf_tokenizer
+from lemur.model import checkpoint
 from lemur.model.config import config_from_preset
 from lemur.model.grow import grow_vocab
-from lemur.model.hf_tokenizer import write_hf_tokenizer
 from lemur.model.llama import init_params
 from lemur.tokenizer import SentencePieceTokenizer, TokenizerError
+from lemur.tokenizer import hf_writer as hf_tokenizer
+from lemur.tokenizer.hf_writer import write_hf_tokenizer
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,7 +11,7 @@ plus one output shard, never two full copies of the model. No torch needed.
 
 A lemur checkpoint carries the SentencePiece model (`tokenizer.model`) when there is one:
 to-lemur copies it from HF_DIR, from-run takes the run's data tokenizer, and to-hf writes
-it as HF tokenizer files (lemur.model.hf_tokenizer: a ChatML tokenizer gets its chat
+it as HF tokenizer files (lemur.tokenizer.hf_writer: a ChatML tokenizer gets its chat
 template). It also carries HF_DIR's own tokenizer files unchanged (tokenizer.json, its
 config and chat template; lemur.model.pretrained), which to-hf copies back out instead:
 from-run keeps those of the run's `model.init_from` when the run's data was built with
@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from lemur.cli_common import add_debug_option, debug_wanted, run_main, writing
-from lemur.model import checkpoint, export_dir, hf, hf_tokenizer, pretrained
+from lemur.model import checkpoint, export_dir, hf, pretrained
 from lemur.model.config import DTYPES, param_count
+from lemur.tokenizer import hf_writer
 
 # What each command reads, and the command that reads each other kind of folder.
 WANTS = {"to-lemur": "hf", "to-hf": "lemur", "from-run": "run"}
@@ -158,7 +159,7 @@ def _tokenizer_to_export(lemur_dir: str, tokenizer: str | None, vocab_size: int)
     path = Path(tokenizer) if tokenizer is not None else checkpoint.tokenizer_path(lemur_dir)
     if path is None:
         return None
-    pieces = len(hf_tokenizer.read_model_proto(path).pieces)
+    pieces = len(hf_writer.read_model_proto(path).pieces)
     if pieces > vocab_size:
         raise ValueError(f"{path}: {pieces} tokenizer pieces, the model has {vocab_size} ids")
     return path
@@ -207,7 +208,7 @@ def to_hf(
         for name, src in carried.items():
             shutil.copyfile(src, Path(partial) / name)
         if tok_path is not None:
-            hf_tokenizer.write_hf_tokenizer(tok_path, partial, model_max_length=config.max_seq_len)
+            hf_writer.write_hf_tokenizer(tok_path, partial, model_max_length=config.max_seq_len)
     said = (
         f" and its tokenizer files ({', '.join(carried)})"
         if carried

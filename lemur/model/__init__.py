@@ -12,7 +12,6 @@
 | `preset` | `ModelConfig`: a config's `model:` section (a preset with overrides), `ConfigError` |
 | `pretrained` | a lemur checkpoint or an HF folder, read either way (`model.init_from`) |
 | `grow` | `grow_vocab`: new embedding rows / head columns for appended pieces (ChatML) |
-| `hf_tokenizer` | `write_hf_tokenizer`: HF tokenizer files (chat template) of a SP model |
 | `export_dir` | `replacing`: an export written beside DST, renamed into place when complete |
 
 The names below are importable from `lemur.model` directly; each loads its module on first
@@ -46,6 +45,5 @@ _EXPORTS = {
     "save_params": "checkpoint",
     "load_params": "checkpoint",
     "grow_vocab": "grow",
-    "write_hf_tokenizer": "hf_tokenizer",
 }
 __getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

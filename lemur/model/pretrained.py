@@ -9,7 +9,7 @@ Tokenizers travel with the weights: an HF folder's tokenizer files (`HF_TOKENIZE
 are copied unchanged into a lemur checkpoint's `hf_tokenizer/`, and back out on export,
 so a continued pre-training round trip hands back the tokenizer and chat template it
 was given. A lemur checkpoint may also carry a SentencePiece `tokenizer.model` of its own
-(a lemur-built tokenizer, exported through lemur.model.hf_tokenizer).
+(a lemur-built tokenizer, exported through lemur.tokenizer.hf_writer).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from typing import Any
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from lemur.chatml import IM_END, IM_START
-from lemur.tokenizer import TokenizerError
+from lemur.tokenizer.base import TokenizerError
 from lemur.tokenizer.sentencepiece import read_model
 
 CHATML_TEMPLATE = (
