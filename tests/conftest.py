@@ -120,8 +120,8 @@ def corpus_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tokenizer_model(tmp_path_factory) -> Path:
     """A small SentencePiece model trained with lemur's settings on real code and text."""
-    from lemur.data.recipe import TokenizerTrainConfig
-    from lemur.data.tokenize.tokenizer import train_tokenizer
+    from lemur.data.encode.tokenizer import train_tokenizer
+    from lemur.data.recipe.tokenizer import TokenizerTrainConfig
 
     texts = [p.read_text() for p in real_python_files(30)] + [d["text"] for d in real_text_docs(40)]
     out = tmp_path_factory.mktemp("tok") / "tokenizer.model"

@@ -22,8 +22,8 @@ from test_data_chat_build import shard_documents
 
 from lemur.convert import cli as convert
 from lemur.data.build import build
-from lemur.data.load import recipe_from_dict
-from lemur.data.tokenize.chat import CONTROL_TEXT
+from lemur.data.encode.chat import CONTROL_TEXT
+from lemur.data.recipe_loader import recipe_from_dict
 from lemur.eval import cli as eval_cli
 from lemur.eval.chat_prompt import chat_prompt_ids
 from lemur.model import checkpoint

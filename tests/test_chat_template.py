@@ -29,9 +29,9 @@ from lemur.chat_template import (
     TemplateDrop,
 )
 from lemur.chatml import render_chatml
+from lemur.data.encode.chat import MASK_KEY, TOKENS_KEY
+from lemur.data.encode.template_chat import TemplateChatEncoder
 from lemur.data.read.chat import MESSAGES_KEY
-from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY
-from lemur.data.tokenize.template_chat import TemplateChatEncoder
 from lemur.eval.chat_prompt import chat_prompt_ids
 from lemur.eval.decoding import GenerationConfig
 from lemur.eval.generate import generate, generate_ids

@@ -21,8 +21,8 @@ from test_data_chat_build import shard_documents
 
 from lemur.chat_template import CONTROL_TEXT
 from lemur.data.build import build
-from lemur.data.load import recipe_from_dict
-from lemur.data.tokenize.prepare import prepare_tokenizer
+from lemur.data.encode.prepare import prepare_tokenizer
+from lemur.data.recipe_loader import recipe_from_dict
 from lemur.shards.verify import verify
 from lemur.tokenizer import TokenizerError
 

@@ -23,11 +23,11 @@ from bytelevel_fixtures import llama3_folder
 from conftest import write_jsonl
 
 from lemur.chat_template import CONTROL_TEXT, ChatTemplate, TemplateDrop
-from lemur.data.load import recipe_from_dict
+from lemur.data.encode.chat import MASK_KEY, TOKENS_KEY
+from lemur.data.encode.template_chat import TemplateChatEncoder
 from lemur.data.read.listing import list_inputs
 from lemur.data.read.sources import SourcesReader
-from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY
-from lemur.data.tokenize.template_chat import TemplateChatEncoder
+from lemur.data.recipe_loader import recipe_from_dict
 from lemur.tokenizer import open_tokenizer
 
 transformers = pytest.importorskip("transformers")

@@ -48,7 +48,7 @@ def _summary(tmp_path: Path) -> Path:
 
 def _mistakes(tmp_path: Path) -> dict[str, tuple[Callable, list[str], type[BaseException]]]:
     """Per command: its main, a command line with a user mistake, the error it raises."""
-    from lemur.data.recipe import RecipeError
+    from lemur.data.recipe.errors import RecipeError
     from lemur.eval.load import LoadError
 
     missing = str(tmp_path / "missing")

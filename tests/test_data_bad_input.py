@@ -16,9 +16,9 @@ import yaml
 from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.cli import main
-from lemur.data.load import recipe_from_dict
-from lemur.data.recipe import RecipeError
-from lemur.data.tokenize.tokenizer import BOS_ID, EOS_ID
+from lemur.data.encode.tokenizer import BOS_ID, EOS_ID
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe_loader import recipe_from_dict
 from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, sha256_file
 
 

@@ -10,9 +10,9 @@ from conftest import NO_FILTERS, STDLIB, base_recipe, write_jsonl
 
 from lemur.data.budget import seeded_order
 from lemur.data.build import build
-from lemur.data.load import recipe_from_dict
 from lemur.data.read.listing import InputFile
-from lemur.data.recipe import RecipeError
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe_loader import recipe_from_dict
 from lemur.data.stats import compute_stats, print_stats
 
 N_FILES = 100

@@ -17,7 +17,7 @@ from conftest import NO_FILTERS, base_recipe, real_text_docs, write_jsonl
 
 from lemur.data.build import build
 from lemur.data.demo import DEMO_TEXT_FILTERS
-from lemur.data.load import recipe_from_dict
+from lemur.data.recipe_loader import recipe_from_dict
 from lemur.data.stats import compute_stats
 from lemur.shards.verify import verify
 

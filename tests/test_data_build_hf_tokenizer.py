@@ -18,7 +18,8 @@ from bytelevel_fixtures import (
 from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.build import build
-from lemur.data.load import RecipeError, recipe_from_dict
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe_loader import recipe_from_dict
 from lemur.shards.verify import verify
 from lemur.tokenizer import TokenizerError
 
@@ -154,8 +155,8 @@ def test_recipe_framing_overrides_and_errors(tmp_path, llama3):
 
 
 def test_trained_byte_bpe_is_tiktoken_exact_and_deterministic(tmp_path):
-    from lemur.data.recipe import TokenizerTrainConfig
-    from lemur.data.tokenize.byte_bpe import train_byte_bpe
+    from lemur.data.encode.byte_bpe import train_byte_bpe
+    from lemur.data.recipe.tokenizer import TokenizerTrainConfig
     from lemur.tokenizer import open_tokenizer
 
     texts = [p.read_text(encoding="utf-8") for p in real_python_files(20)]

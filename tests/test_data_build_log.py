@@ -95,7 +95,7 @@ def test_a_val_split_too_small_for_one_window_is_warned(
     """A small text side: its val split cannot hold one window at the recipe's seq_len, and
     the build says so (the trainer would refuse it later) (#44 item 8)."""
     from lemur.data.build import build
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
 
     raw = base_recipe(
         tmp_path,

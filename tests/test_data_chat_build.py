@@ -14,9 +14,7 @@ from conftest import real_python_files, real_text_docs
 from datatrove.data import Document
 
 from lemur.chatml import CHAT_PIECES, IM_END, IM_START, render_chatml
-from lemur.data.read.chat import MARKER_IN_CONTENT, MESSAGES_KEY
-from lemur.data.recipe import TokenizerTrainConfig
-from lemur.data.tokenize.chat import (
+from lemur.data.encode.chat import (
     BAD_MESSAGES,
     CONTROL_TEXT,
     MASK_KEY,
@@ -26,13 +24,15 @@ from lemur.data.tokenize.chat import (
     ChatEncoder,
     loss_mask,
 )
-from lemur.data.tokenize.tokenizer import (
+from lemur.data.encode.tokenizer import (
     TokenizerError,
     extend_tokenizer,
     load_llama2_processor,
     tokenizer_info,
     train_tokenizer,
 )
+from lemur.data.read.chat import MARKER_IN_CONTENT, MESSAGES_KEY
+from lemur.data.recipe.tokenizer import TokenizerTrainConfig
 from lemur.shards.format import FORMAT, ShardWriter, atomic_write_json, open_mask, token_dtype
 from lemur.shards.verify import verify
 
@@ -393,7 +393,7 @@ def test_non_chat_build_writes_no_masks(tmp_path, corpus_dir):
     from conftest import base_recipe
 
     from lemur.data.build import build
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
 
     manifest = build(
         recipe_from_dict(base_recipe(tmp_path, corpus_dir / "code", [corpus_dir / "a.jsonl"]))
@@ -475,7 +475,7 @@ def shard_documents(directory: Path):
 @pytest.mark.parametrize("given", [False, True], ids=["trained", "extended"])
 def test_built_shards_mask_exactly_the_assistant_replies(tmp_path, given, tokenizer_model):
     from lemur.data.build import build
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
 
     paths, targets = chat_corpus(tmp_path / "data")
     tok = (
@@ -521,7 +521,7 @@ def spans_of(text: str) -> list[list[int]]:
 
 def test_chat_builds_are_deterministic(tmp_path):
     from lemur.data.build import build
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
 
     paths, _ = chat_corpus(tmp_path / "data")
     tok = {"train": {"vocab_size": 800, "sample_bytes": 300_000}}
@@ -542,7 +542,7 @@ def test_chat_builds_are_deterministic(tmp_path):
 
 def test_weights_share_tokens_between_chat_sources(tmp_path):
     from lemur.data.build import build
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
 
     paths, _ = chat_corpus(tmp_path / "data")
     tok = {"train": {"vocab_size": 800, "sample_bytes": 300_000}}
@@ -586,8 +586,8 @@ def test_weights_share_tokens_between_chat_sources(tmp_path):
     ],
 )
 def test_chat_recipe_mistakes_are_one_line(tmp_path, corpus_dir, change, message):
-    from lemur.data.load import recipe_from_dict
-    from lemur.data.recipe import RecipeError
+    from lemur.data.recipe.errors import RecipeError
+    from lemur.data.recipe_loader import recipe_from_dict
 
     paths, _ = chat_corpus(tmp_path / "data")
     raw = chat_recipe(tmp_path, paths, {"train": {"vocab_size": 800}})
@@ -610,8 +610,8 @@ def test_chat_recipe_mistakes_are_one_line(tmp_path, corpus_dir, change, message
 def test_mix_weights_and_chat_options_need_a_chat_build(tmp_path, corpus_dir):
     from conftest import base_recipe
 
-    from lemur.data.load import recipe_from_dict
-    from lemur.data.recipe import RecipeError
+    from lemur.data.recipe.errors import RecipeError
+    from lemur.data.recipe_loader import recipe_from_dict
 
     raw = base_recipe(tmp_path, corpus_dir / "code", [corpus_dir / "a.jsonl"])
     with pytest.raises(RecipeError, match=r"^recipe: mix.weights is for chat builds"):
@@ -694,7 +694,7 @@ def llama_style_model(path: Path, normalization: str = "identity") -> Path:
 
 @pytest.mark.parametrize("kind", ["trained", "extended", "llama-style", "nfkc"])
 def test_piece_offsets_agree_with_sentencepiece_offset_mapping(kind, request, tmp_path):
-    from lemur.data.tokenize.offsets import TokenOffsets, byte_offsets
+    from lemur.data.encode.offsets import TokenOffsets, byte_offsets
 
     path = {
         "trained": lambda: request.getfixturevalue("chat_trained_model"),

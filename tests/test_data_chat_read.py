@@ -18,7 +18,6 @@ from conftest import write_jsonl
 
 from lemur.chatml import render_chatml
 from lemur.data.chat_demo import conversations, write_chat_demo
-from lemur.data.load import load_recipe, recipe_from_dict
 from lemur.data.read.chat import (
     DELETED,
     EMPTY_ASSISTANT,
@@ -42,7 +41,8 @@ from lemur.data.read.chat import (
 )
 from lemur.data.read.listing import list_inputs
 from lemur.data.read.sources import SourcesReader
-from lemur.data.recipe import RecipeError
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe_loader import load_recipe, recipe_from_dict
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},

@@ -17,8 +17,8 @@ from datatrove.data import Document
 from lemur.data.build import build
 from lemur.data.filter.classifier import ClassifierFilter, normalise
 from lemur.data.filter.classifier_train import TrainSettings, auc, evaluate, fit, split
-from lemur.data.load import recipe_from_dict
-from lemur.data.recipe import ClassifierConfig
+from lemur.data.recipe.classifier import ClassifierConfig
+from lemur.data.recipe_loader import recipe_from_dict
 
 # Small and quick: tiny vectors and hash table; enough epochs to separate prose from code.
 SETTINGS = TrainSettings(dim=16, epoch=10, bucket=20_000, lr=0.2)
@@ -292,7 +292,7 @@ def test_classifier_train_command_writes_the_model_and_its_card(tmp_path, capsys
     ],
 )
 def test_classifier_settings_are_checked_naming_the_key(tmp_path, classifiers, message):
-    from lemur.data.recipe import RecipeError
+    from lemur.data.recipe.errors import RecipeError
 
     raw = recipe(tmp_path, "out", {"model": "m.bin"})
     raw["filters"]["classifier"] = [{"name": "prose", "model": "m.bin", **c} for c in classifiers]

@@ -37,7 +37,7 @@ PAUSER = """
 import sys
 from lemur.data import build as build_module
 from lemur.data.cli import main
-from lemur.data.tokenize.step import TokenizeWriter
+from lemur.data.encode.step import TokenizeWriter
 
 class PausingWriter(TokenizeWriter):
     pause, at = sys.argv[2], int(sys.argv[3])

@@ -53,7 +53,7 @@ def test_a_build_opens_its_tokenizer_once_in_its_process(qwen_coder, tmp_path, m
     """A FIM build of repository documents with a tokenizer.json: the prepared copy under
     `.work/` is opened once here (its tasks run in worker processes of their own)."""
     from lemur.data.build import build
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
 
     rows = [
         {"repo_name": f"o/r{i % 3}", "path": p.name, "text": p.read_text()}

@@ -12,9 +12,9 @@ import pytest
 
 from lemur.chatml import CHAT_PIECES
 from lemur.data.corpus import ChatCorpus, Corpus, corpus_of
-from lemur.data.load import recipe_from_dict
 from lemur.data.mix import MixInfeasible
-from lemur.data.recipe import ChatConfig
+from lemur.data.recipe.recipe import ChatConfig
+from lemur.data.recipe_loader import recipe_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,7 +104,7 @@ def test_only_the_recipe_and_the_corpus_ask_whether_a_build_is_chat():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "is_chat":
                 askers.append(str(path.relative_to(ROOT)))
-    assert sorted(set(askers)) == ["lemur/data/corpus.py", "lemur/data/recipe.py"]
+    assert sorted(set(askers)) == ["lemur/data/corpus.py", "lemur/data/recipe/recipe.py"]
 
 
 def test_the_corpus_module_imports_first_in_a_fresh_process():

@@ -24,8 +24,9 @@ from lemur.data.filter.decontaminate import (
     DecontaminationFilter,
     build_indexes,
 )
-from lemur.data.load import recipe_from_dict
-from lemur.data.recipe import BenchmarkConfig, DecontaminateConfig, RecipeError
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe.filters import BenchmarkConfig, DecontaminateConfig
+from lemur.data.recipe_loader import recipe_from_dict
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 INCLUDE = Path("/usr/include")

@@ -21,8 +21,8 @@ from lemur.data.dedup.runs import GOLDEN64, RUN
 from lemur.data.dedup.signer import DedupSigner, normalized_hash, shingles
 from lemur.data.dedup.sketch import NONE, bottom_k, sketch_jaccard
 from lemur.data.dedup.stage import dedup_result, dedup_stages
-from lemur.data.load import recipe_from_dict
-from lemur.data.recipe import DedupConfig
+from lemur.data.recipe.recipe import DedupConfig
+from lemur.data.recipe_loader import recipe_from_dict
 from lemur.data.run.task import run_here
 from lemur.data.runs.format import DOC_RECORD
 from lemur.shards.format import open_array

@@ -16,8 +16,10 @@ from conftest import real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.build import build
 from lemur.data.dedup.stage import bucket_tasks, dedup_stages
-from lemur.data.load import recipe_from_dict
-from lemur.data.recipe import DedupConfig, ExecutorConfig, RecipeError
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe.executor import ExecutorConfig
+from lemur.data.recipe.recipe import DedupConfig
+from lemur.data.recipe_loader import recipe_from_dict
 from lemur.data.run.executors import make_executor
 
 
@@ -406,6 +408,6 @@ def test_bad_executor_settings_are_named(tmp_path, executor, message):
     [("30", 1800), ("10:05", 605), ("04:00:00", 14400), ("1-2", 93600), ("1-02:30:05", 95405)],
 )
 def test_slurm_time_formats(text, seconds):
-    from lemur.data.run.settings import time_seconds
+    from lemur.data.recipe.executor import time_seconds
 
     assert time_seconds(text) == seconds

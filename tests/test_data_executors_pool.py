@@ -18,8 +18,8 @@ import pytest
 from test_data_executors import recipe
 
 from lemur.data.build import build
-from lemur.data.load import recipe_from_dict
-from lemur.data.recipe import ExecutorConfig
+from lemur.data.recipe.executor import ExecutorConfig
+from lemur.data.recipe_loader import recipe_from_dict
 from lemur.data.run.stage import executor_session, run_tasks
 from lemur.data.run.task import StageError
 

@@ -29,7 +29,12 @@ from datatrove.utils.word_tokenizers import WordTokenizer
 
 from lemur.data import demo
 from lemur.data.filter import text as lf
-from lemur.data.recipe import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
+from lemur.data.recipe.filters import (
+    C4Config,
+    FineWebConfig,
+    GopherQualityConfig,
+    GopherRepetitionConfig,
+)
 
 # Sizes keep the test near 10 s: rendering a man page and parsing a module are the costs.
 MAN_PAGES = 40

@@ -34,7 +34,7 @@ from lemur.data.filter.text import (
     count_sentences,
     sentence_spans,
 )
-from lemur.data.recipe import (
+from lemur.data.recipe.filters import (
     C4Config,
     CodeFilterConfig,
     FineWebConfig,

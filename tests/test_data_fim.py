@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lemur.data.fim.cut import fim_split, fim_transform
-from lemur.data.recipe import RecipeError
-from lemur.data.recipe_fim import FimConfig
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe.fim import FimConfig
 from lemur.tokenizer.fim import CodeMarkers, Leading
 
 MARKERS = CodeMarkers(style="qwen2.5-coder", prefix=10, middle=11, suffix=12)

@@ -13,7 +13,8 @@ from bytelevel_fixtures import llama3_folder
 from conftest import NO_FILTERS, base_recipe, real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.build import build
-from lemur.data.load import RecipeError, recipe_from_dict
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe_loader import recipe_from_dict
 from lemur.shards.verify import verify
 from lemur.tokenizer import open_tokenizer
 from lemur.tokenizer.fim import MARKER_STYLES, encode_parts, fim_parts, find_code_markers

@@ -174,8 +174,8 @@ def test_a_sentencepiece_model_given_as_hf_is_named(run, tmp_path, tokenizer_mod
 
 def test_a_recipe_made_in_code_is_checked_when_the_build_starts(tmp_path, unigram):
     from lemur.data.build import build
-    from lemur.data.load import load_recipe
-    from lemur.data.recipe import RecipeError
+    from lemur.data.recipe.errors import RecipeError
+    from lemur.data.recipe_loader import load_recipe
     from lemur.tokenizer import TokenizerError
 
     recipe = load_recipe(write_recipe(tmp_path, {"hf": str(unigram)}), check_paths=False)

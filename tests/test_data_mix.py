@@ -131,7 +131,7 @@ def test_sql_dialects_count_as_sql_in_the_mix(tmp_path):
     import enry
 
     from lemur.data.build import build
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
 
     code = tmp_path / "code"
     code.mkdir()
@@ -206,7 +206,7 @@ def fake_tasks(tok_dir: Path, docs_per_task: list[int], rng, languages=("Python"
 
 
 def hist_recipe(tmp_path: Path, **kw):
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
 
     (tmp_path / "c").mkdir(exist_ok=True)
     raw = {

@@ -25,8 +25,9 @@ from lemur.data.filter.pii import (
     replacement_ip,
 )
 from lemur.data.filter.secrets import about_hashes, secret_settings
-from lemur.data.load import recipe_from_dict
-from lemur.data.recipe import PiiConfig, RecipeError
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe.filters import PiiConfig
+from lemur.data.recipe_loader import recipe_from_dict
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 B64 = string.ascii_letters + string.digits + "+/"

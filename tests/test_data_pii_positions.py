@@ -16,7 +16,7 @@ from datatrove.data import Document
 
 from lemur.data.filter.pii import PiiRedactor, redact
 from lemur.data.filter.secrets import about_hashes, secret_settings
-from lemur.data.recipe import PiiConfig
+from lemur.data.recipe.filters import PiiConfig
 
 B64 = string.ascii_letters + string.digits + "+/"
 ALNUM = string.ascii_letters + string.digits

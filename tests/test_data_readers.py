@@ -15,10 +15,10 @@ import pytest
 from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.build import BuildError, build
-from lemur.data.load import recipe_from_dict
 from lemur.data.read.listing import list_inputs
 from lemur.data.read.notebooks import NotebookError, notebook_to_script
 from lemur.data.read.sources import SourcesReader
+from lemur.data.recipe_loader import recipe_from_dict
 
 NOTEBOOK = {
     "nbformat": 4,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lemur.data.load import apply_overrides, load_recipe, recipe_from_dict
-from lemur.data.recipe import RecipeError
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe_loader import apply_overrides, load_recipe, recipe_from_dict
 
 
 def _recipe(tmp_path: Path, **changes) -> dict:
@@ -289,7 +289,8 @@ def test_replace_runs_the_checks_loading_runs(tmp_path, override, change):
 def test_recipe_made_directly_runs_the_checks_loading_runs(tmp_path):
     """`Recipe(...)` checks the rules spanning sections: sources, the ratio's domains,
     the training vocabulary, each naming the key as loading does."""
-    from lemur.data.recipe import MixConfig, Recipe, TokenizerConfig, TokenizerTrainConfig
+    from lemur.data.recipe.recipe import MixConfig, Recipe
+    from lemur.data.recipe.tokenizer import TokenizerConfig, TokenizerTrainConfig
 
     r = recipe_from_dict(_recipe(tmp_path))
     cases = [

@@ -24,8 +24,8 @@ from conftest import NO_FILTERS, base_recipe, real_python_files, real_text_docs,
 from test_data_resume import KILLER
 
 from lemur.data.build import BuildError, build
-from lemur.data.load import recipe_from_dict
 from lemur.data.pack.shuffle import KEYREC
+from lemur.data.recipe_loader import recipe_from_dict
 from lemur.data.run.lock import DirectoryLock
 from lemur.shards.check import check_compatible
 from lemur.shards.verify import verify

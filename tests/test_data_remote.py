@@ -29,11 +29,11 @@ pytest.importorskip("s3fs", reason="s3fs (the base install) reads s3:// paths")
 from s3_local import KEY, SECRET, FaultProxy, moto_s3, options, upload_tree  # noqa: E402
 
 from lemur.data.build import BuildError, build  # noqa: E402
-from lemur.data.load import recipe_from_dict  # noqa: E402
 from lemur.data.read.listing import list_inputs  # noqa: E402
 from lemur.data.read.sources import SourcesReader  # noqa: E402
-from lemur.data.recipe import RecipeError  # noqa: E402
-from lemur.data.recipe_sources import SECRET_ENV_PREFIX, SECRET_REF  # noqa: E402
+from lemur.data.recipe.errors import RecipeError  # noqa: E402
+from lemur.data.recipe.sources import SECRET_ENV_PREFIX, SECRET_REF  # noqa: E402
+from lemur.data.recipe_loader import recipe_from_dict  # noqa: E402
 
 BUCKET = "corpus"
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,7 +204,7 @@ def test_no_credential_in_any_output_file(s3, tokenizer_model, tmp_path):
 BUILD_SCRIPT = """
 import json, sys
 from lemur.data.build import build
-from lemur.data.load import recipe_from_dict
+from lemur.data.recipe_loader import recipe_from_dict
 build(recipe_from_dict(json.loads(open(sys.argv[1]).read())))
 """
 

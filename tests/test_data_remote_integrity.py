@@ -29,13 +29,13 @@ pytest.importorskip("s3fs", reason="s3fs (the base install) reads s3:// paths")
 from s3_local import FaultProxy, moto_s3, options, upload  # noqa: E402
 
 from lemur.data.build import BuildError, build  # noqa: E402
-from lemur.data.load import recipe_from_dict  # noqa: E402
 from lemur.data.read.listing import list_inputs  # noqa: E402
 from lemur.data.read.remote import Remote  # noqa: E402
 from lemur.data.read.sources import SourcesReader  # noqa: E402
 from lemur.data.read.stack_v2 import decode_blob  # noqa: E402
-from lemur.data.recipe import RecipeError  # noqa: E402
-from lemur.data.recipe_sources import RemoteSettings, StorageOptions  # noqa: E402
+from lemur.data.recipe.errors import RecipeError  # noqa: E402
+from lemur.data.recipe.sources import RemoteSettings, StorageOptions  # noqa: E402
+from lemur.data.recipe_loader import recipe_from_dict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "integrity"

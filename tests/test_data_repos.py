@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from lemur.data.read.checkouts import checkout_fields
-from lemur.data.recipe import RecipeError
-from lemur.data.recipe_repos import ReposConfig
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe.repos import ReposConfig
 from lemur.data.repos.imports import dependencies, import_order
 from lemur.data.repos.order import RepoFile, order_files
 from lemur.data.repos.render import PLAIN_FILE, RepoFormat, join_text, split_repository
@@ -258,7 +258,7 @@ def test_recipe_section_checks():
 
 
 def _recipe(**repos_and_more):
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
 
     raw = {
         "output": "/tmp/out",

@@ -16,7 +16,7 @@ from bytelevel_fixtures import qwen_like_folder
 from conftest import real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.fim.cut import fim_split
-from lemur.data.recipe_fim import FimConfig
+from lemur.data.recipe.fim import FimConfig
 from lemur.data.repos.group import GroupSettings, RepoEncoder
 from lemur.data.repos.order import RepoFile
 from lemur.data.repos.render import RepoFormat
@@ -256,7 +256,7 @@ def test_trained_tokenizers_repository_markers_are_known_before_training(
     """`repos.format: markers` with a tokenizer to train: only a FIM build's byte-level BPE
     gets repository markers; the others are refused before anything is made or trained."""
     from lemur.data.build import build
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
     from lemur.data.repos.stage import RepoFormatError, check_repo_format
 
     write_jsonl(tmp_path / "table.jsonl", [{"repo_name": "a/b", "path": "x.py", "text": "x"}])

@@ -17,16 +17,16 @@ from lemur.data.build import build
 from lemur.data.dedup.cluster import SUMMARY
 from lemur.data.dedup.stage import bucket_tasks
 from lemur.data.demo import DEMO_TEXT_FILTERS
-from lemur.data.load import recipe_from_dict
-from lemur.data.recipe import DedupConfig
+from lemur.data.recipe.recipe import DedupConfig
+from lemur.data.recipe_loader import recipe_from_dict
 
 # Runs a build in a child process that SIGKILLs itself when the build reports `stage`
 # at progress >= `at`: a real kill at a precise point, with no hook in lemur itself.
 KILLER = """
 import os, signal, sys
-from lemur.data.tokenize import step as tokenizer
+from lemur.data.encode import step as tokenizer
 from lemur.data.build import build
-from lemur.data.load import load_recipe
+from lemur.data.recipe_loader import load_recipe
 stage, at = sys.argv[2], int(sys.argv[3])
 def report(s, done, total):
     if s == stage and done >= at:

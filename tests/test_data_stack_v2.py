@@ -18,11 +18,11 @@ pytest.importorskip("s3fs", reason="s3fs (the base install) reads s3:// paths")
 from s3_local import FaultProxy, moto_s3, options, upload  # noqa: E402
 
 from lemur.data.build import build  # noqa: E402
-from lemur.data.load import recipe_from_dict  # noqa: E402
 from lemur.data.read.listing import list_inputs  # noqa: E402
 from lemur.data.read.sources import SourcesReader  # noqa: E402
 from lemur.data.read.stack_v2 import skip_reason  # noqa: E402
-from lemur.data.recipe import RecipeError  # noqa: E402
+from lemur.data.recipe.errors import RecipeError  # noqa: E402
+from lemur.data.recipe_loader import recipe_from_dict  # noqa: E402
 
 BUCKET = "swh"
 LATIN1 = "# caf\u00e9 cr\u00e8me\nprint('na\u00efve')\n"

@@ -17,9 +17,9 @@ from lemur.data.filter.tagging import (
     content_language,
     normalize_code_language,
 )
-from lemur.data.load import recipe_from_dict
 from lemur.data.read.listing import list_inputs
 from lemur.data.read.sources import SourcesReader
+from lemur.data.recipe_loader import recipe_from_dict
 
 # C headers of glibc's development files (pure C, unlike some others in /usr/include).
 C_HEADERS = ["stdio.h", "stdlib.h", "string.h", "unistd.h", "signal.h"]

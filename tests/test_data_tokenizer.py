@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lemur.data.tokenize.tokenizer import TokenizerError, load_llama2_processor, tokenizer_info
+from lemur.data.encode.tokenizer import TokenizerError, load_llama2_processor, tokenizer_info
 
 TRICKY = [
     "def f(x):\n\treturn x  \n\n\n",
@@ -56,7 +56,7 @@ def test_bad_model_file(tmp_path):
 def test_a_failed_tokenize_task_leaves_no_file(tmp_path, tokenizer_model):
     from datatrove.data import Document
 
-    from lemur.data.tokenize.step import TokenizeWriter
+    from lemur.data.encode.step import TokenizeWriter
 
     def failing():
         for n in range(3):  # one batch each: their tokens are written before the failure

@@ -94,7 +94,7 @@ def test_yaml_blocks_are_valid_recipe_fragments(
     where: str, line: int, code: str, tmp_path: Path
 ) -> None:
     from lemur.data.demo import demo_recipe
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
 
     fragment = yaml.safe_load(code)
     raw = {**demo_recipe(str(tmp_path / "out")), **fragment}

@@ -15,8 +15,8 @@ from test_eval_generate import random_params
 
 from lemur.chatml import CHAT_PIECES
 from lemur.convert import cli as convert
-from lemur.data.recipe import TokenizerTrainConfig
-from lemur.data.tokenize.tokenizer import train_tokenizer
+from lemur.data.encode.tokenizer import train_tokenizer
+from lemur.data.recipe.tokenizer import TokenizerTrainConfig
 from lemur.eval import cli as eval_cli
 from lemur.eval.agent_tasks import load_agent_tasks
 from lemur.model import checkpoint

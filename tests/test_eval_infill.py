@@ -202,7 +202,7 @@ def spm_checkpoint(request, tmp_path_factory) -> tuple[Path, Path]:
     """A tiny random lemur checkpoint and its SentencePiece model with CodeLlama's four FIM
     pieces appended (as the build appends them): lemur's trained model (no dummy prefix) or
     Llama-2's conventions (dummy prefix; mistral-common's v1 model)."""
-    from lemur.data.tokenize.tokenizer import extend_tokenizer
+    from lemur.data.encode.tokenizer import extend_tokenizer
     from lemur.tokenizer.fim import FIM_PIECES
 
     base = request.getfixturevalue(

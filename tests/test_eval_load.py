@@ -160,8 +160,8 @@ def test_bpb_checks_a_run_without_its_data_directory(
     moved: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Shards of another tokenizer are refused by the hash the run recorded."""
-    from lemur.data.recipe import TokenizerTrainConfig
-    from lemur.data.tokenize.tokenizer import train_tokenizer
+    from lemur.data.encode.tokenizer import train_tokenizer
+    from lemur.data.recipe.tokenizer import TokenizerTrainConfig
 
     run, _ = moved
     texts = [p.read_text() for p in real_python_files(12)]
@@ -189,8 +189,8 @@ def test_tokenizer_given_as_a_directory(
 def test_a_tokenizer_the_run_did_not_train_with_is_refused(
     moved: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    from lemur.data.recipe import TokenizerTrainConfig
-    from lemur.data.tokenize.tokenizer import train_tokenizer
+    from lemur.data.encode.tokenizer import train_tokenizer
+    from lemur.data.recipe.tokenizer import TokenizerTrainConfig
 
     run, _ = moved
     texts = [p.read_text() for p in real_python_files(12)]

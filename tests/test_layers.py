@@ -483,21 +483,19 @@ def test_the_private_check_sees_a_planted_use() -> None:
 # lemur/data's parts (its sub-packages and top-level modules), lowest floor first: a part
 # imports its own modules and parts of lower floors only, never one beside or above it.
 DATA_FLOORS: tuple[tuple[str, ...], ...] = (
-    ("work", "labels", "recipe_errors"),  # folder names, stat labels, the recipe's error
-    ("run", "recipe_sources"),  # the executor section and its tasks; the sources section
-    ("recipe_classifier",),
-    ("recipe_filters", "recipe_tokenizer", "recipe_fim", "recipe_repos"),
-    ("recipe",),  # every section, and the Recipe
+    ("work", "labels"),  # folder names, stat labels
+    ("recipe",),  # every section of the recipe, and the Recipe
+    ("run",),  # executors and their tasks
     ("runs",),  # the run between stages: token runs, records, removals
     ("dedup", "read", "fim"),
     ("filter",),
     ("mix",),  # the mix planner's arithmetic
     ("corpus",),  # every way a chat build differs, asked by the stages
     ("pack",),
-    ("tokenize",),
+    ("encode",),  # the build's tokenizer, made ready; documents into token runs
     ("context",),  # BuildContext: made once per build, handed to the stages above
     ("repos",),
-    ("load",),  # YAML, presets, overrides; checks that ask the stages
+    ("recipe_loader",),  # a recipe read from YAML: presets, overrides, checks that ask the stages
     ("counts", "budget", "classifier_stage"),
     ("build", "demo", "chat_demo", "stats"),
     ("cli",),

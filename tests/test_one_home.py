@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # A literal (a string, or a tuple of strings) and the one file that may write it.
 LITERAL_HOMES: dict[object, str] = {
-    ("truncate", "drop"): "lemur/data/recipe.py",  # chat.long's values (CHAT_LONG)
+    ("truncate", "drop"): "lemur/data/recipe/recipe.py",  # chat.long's values (CHAT_LONG)
     "<|im_start|>": "lemur/chatml.py",  # the ChatML markers (IM_START, IM_END)
     "<|im_end|>": "lemur/chatml.py",
     ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"): "lemur/model/config.py",

@@ -18,7 +18,7 @@ from test_train_data import assert_record, reference
 
 from lemur.data import cli as data_cli
 from lemur.data.build import build
-from lemur.data.load import recipe_from_dict
+from lemur.data.recipe_loader import recipe_from_dict
 from lemur.shards.format import open_index, open_tokens
 from lemur.shards.windows import ShardSource
 

@@ -10,9 +10,9 @@ import pytest
 from bytelevel_fixtures import QWEN_CODER_TOKENS, add_tokens, llama3_folder, qwen_like_folder
 from conftest import real_python_files, real_text_docs
 
+from lemur.data.encode.tokenizer import extend_tokenizer
 from lemur.data.fim.cut import fim_split
-from lemur.data.recipe_fim import FimConfig
-from lemur.data.tokenize.tokenizer import extend_tokenizer
+from lemur.data.recipe.fim import FimConfig
 from lemur.tokenizer import TokenizerError, open_tokenizer
 from lemur.tokenizer.fim import (
     FIM_PIECES,

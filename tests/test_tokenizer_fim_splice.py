@@ -23,7 +23,7 @@ from bytelevel_fixtures import (
 )
 from conftest import real_python_files, real_text_docs
 
-from lemur.data.tokenize.tokenizer import extend_tokenizer
+from lemur.data.encode.tokenizer import extend_tokenizer
 from lemur.tokenizer import open_tokenizer
 from lemur.tokenizer.fim import (
     FIM_PIECES,

@@ -19,9 +19,9 @@ from datatrove.data import Document
 
 from lemur.chatml import CHAT_PIECES, render_chatml
 from lemur.data.chat_demo import conversations
+from lemur.data.encode.chat import MASK_KEY, TOKENS_KEY, ChatEncoder
+from lemur.data.encode.tokenizer import extend_tokenizer, load_llama2_processor, tokenizer_info
 from lemur.data.read.chat import MESSAGES_KEY
-from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY, ChatEncoder
-from lemur.data.tokenize.tokenizer import extend_tokenizer, load_llama2_processor, tokenizer_info
 from lemur.model import checkpoint as model_checkpoint
 from lemur.model import llama
 from lemur.model.config import config_from_preset
@@ -378,8 +378,8 @@ def test_init_from_trained_with_another_tokenizer_is_refused(
 ) -> None:
     """#23.6: a checkpoint carrying one 800-piece tokenizer, shards of another 800-piece one
     (the same vocab size, so no shape check notices): refused, one line naming both."""
-    from lemur.data.recipe import TokenizerTrainConfig
-    from lemur.data.tokenize.tokenizer import train_tokenizer
+    from lemur.data.encode.tokenizer import train_tokenizer
+    from lemur.data.recipe.tokenizer import TokenizerTrainConfig
 
     texts = [d["text"] for d in real_text_docs(60)][20:]  # other text: other merges
     other = train_tokenizer(texts, TokenizerTrainConfig(vocab_size=800), tmp_path / "other.model")

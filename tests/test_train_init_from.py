@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 from conftest import real_text_docs  # noqa: E402
 
 from lemur.convert import cli as convert  # noqa: E402
-from lemur.data.tokenize.tokenizer import load_llama2_processor, tokenizer_info  # noqa: E402
+from lemur.data.encode.tokenizer import load_llama2_processor, tokenizer_info  # noqa: E402
 from lemur.shards.format import (  # noqa: E402
     FORMAT,
     ShardWriter,

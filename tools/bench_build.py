@@ -89,10 +89,10 @@ def prepare_tokenizer(data: Path) -> tuple[Path, Path]:
     from transformers import LlamaTokenizerFast
 
     from lemur.data.build import sample_texts
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.encode.tokenizer import train_tokenizer
     from lemur.data.read.listing import list_inputs
-    from lemur.data.recipe import TokenizerTrainConfig
-    from lemur.data.tokenize.tokenizer import train_tokenizer
+    from lemur.data.recipe.tokenizer import TokenizerTrainConfig
+    from lemur.data.recipe_loader import recipe_from_dict
 
     model = WORK / "tokenizer.model"
     hf = WORK / "hf-tokenizer"

@@ -29,12 +29,12 @@ from datatrove.data import Document
 
 from lemur.chatml import CHAT_PIECES, render_chatml
 from lemur.data.chat_demo import conversations as demo_conversations
+from lemur.data.encode import offsets as offsets_module
+from lemur.data.encode.chat import ChatEncoder
+from lemur.data.encode.step import TokenizeWriter
+from lemur.data.encode.tokenizer import extend_tokenizer, load_llama2_processor, train_tokenizer
 from lemur.data.read.chat import MESSAGES_KEY, Message
-from lemur.data.recipe import TokenizerTrainConfig
-from lemur.data.tokenize import offsets as offsets_module
-from lemur.data.tokenize.chat import ChatEncoder
-from lemur.data.tokenize.step import TokenizeWriter
-from lemur.data.tokenize.tokenizer import extend_tokenizer, load_llama2_processor, train_tokenizer
+from lemur.data.recipe.tokenizer import TokenizerTrainConfig
 
 
 def conversations(max_bytes: int) -> list[tuple[str, list[Message]]]:

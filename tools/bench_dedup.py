@@ -98,7 +98,7 @@ def run_lemur(docs) -> dict:
 
     from lemur.data.dedup.signer import DedupSigner
     from lemur.data.dedup.stage import dedup_result, dedup_stages
-    from lemur.data.recipe import DedupConfig
+    from lemur.data.recipe.recipe import DedupConfig
     from lemur.data.run.task import run_here
     from lemur.data.runs.format import DOC_RECORD
 
@@ -184,7 +184,7 @@ def child(side: str, n: int) -> None:
 
 def curve() -> None:
     """Share of planted copies removed, by share of words edited, on 2,000 real windows."""
-    from lemur.data.recipe import DedupConfig
+    from lemur.data.recipe.recipe import DedupConfig
 
     rng = random.Random(3)
     base = make_docs(20000)[:2000]

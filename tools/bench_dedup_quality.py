@@ -184,7 +184,7 @@ def main() -> int:
     ap.add_argument("--no-datatrove", action="store_true")
     args = ap.parse_args()
     from lemur.data.dedup.signer import shingles
-    from lemur.data.recipe import DedupConfig
+    from lemur.data.recipe.recipe import DedupConfig
 
     rng = random.Random(0)
     base = base_docs(args.docs)

@@ -39,7 +39,7 @@ DRIVER = """
 import json, sys
 from lemur import process_setup
 from lemur.data.build import build
-from lemur.data.load import load_recipe
+from lemur.data.recipe_loader import load_recipe
 process_setup.install("lemur-data")  # the console of `lemur-data build`
 TASK_STAGES = ("tokenize", "dedup", "pack: histograms", "shuffle: scatter", "shuffle: write")
 stages = {}

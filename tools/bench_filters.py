@@ -37,7 +37,12 @@ from lemur.data.filter.text import (
     GopherQualityFilter,
     GopherRepetitionFilter,
 )
-from lemur.data.recipe import C4Config, FineWebConfig, GopherQualityConfig, GopherRepetitionConfig
+from lemur.data.recipe.filters import (
+    C4Config,
+    FineWebConfig,
+    GopherQualityConfig,
+    GopherRepetitionConfig,
+)
 
 KINDS = ("man", "doc", "pydoc")
 
@@ -96,7 +101,7 @@ def compare_classifiers(docs: list[Document], model: Path, rounds: int) -> bool:
     from datatrove.pipeline.filters import FastTextClassifierFilter
 
     from lemur.data.filter.classifier import ClassifierFilter, open_model
-    from lemur.data.recipe import ClassifierConfig
+    from lemur.data.recipe.classifier import ClassifierConfig
 
     config = ClassifierConfig(name="hq", model=str(model), label="hq", min_score=0.5)
     mb = sum(len(d.text.encode()) for d in docs) / 1e6

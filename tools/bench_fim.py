@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from bench_tokenize import stdlib_code
 from benchlib import best_of
 
+from lemur.data.encode.tokenizer import extend_tokenizer
 from lemur.data.fim.cut import fim_chosen, fim_split
-from lemur.data.recipe_fim import FimConfig
-from lemur.data.tokenize.tokenizer import extend_tokenizer
+from lemur.data.recipe.fim import FimConfig
 from lemur.tokenizer import Tokenizer, open_tokenizer
 from lemur.tokenizer.fim import FIM_PIECES, encode_parts, fim_layout, fim_parts, find_code_markers
 from lemur.tokenizer.fim_splice import WordSplicer

@@ -270,7 +270,7 @@ def run_decontam(docs: list[Document], contaminated: set[int]) -> dict:
     from datatrove.utils.text import TextNormConfig
 
     from lemur.data.filter.decontaminate import DecontaminationFilter, build_indexes
-    from lemur.data.recipe import BenchmarkConfig, DecontaminateConfig
+    from lemur.data.recipe.filters import BenchmarkConfig, DecontaminateConfig
 
     index = Path(tempfile.mkdtemp(prefix="lemur-bench-decont-"))
     build_indexes(DecontaminateConfig([BenchmarkConfig("humaneval")]), index)

@@ -83,7 +83,7 @@ def upload(endpoint: str, files: list[Path]) -> None:
 
 def recipe(paths: list[str], opts: dict | None, concurrency: int, block_mb: int):
     """A recipe of three sources (code jsonl, text jsonl, code parquet) over `paths`."""
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
 
     extra = (
         {

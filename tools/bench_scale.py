@@ -40,7 +40,7 @@ LANGUAGES = ["Python", "C", "SQL", "en"]
 
 def make_recipe(out: Path):
     """A two-domain recipe (10:1, SQL share) over no real files (paths are not read)."""
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
 
     raw = {
         "output": str(out),

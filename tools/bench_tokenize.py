@@ -20,9 +20,9 @@ from benchlib import best_of, tokenizer_bench_args
 from datatrove.data import Document
 
 from lemur.data.demo import doc_files, pydoc_topics
-from lemur.data.recipe import TokenizerTrainConfig
-from lemur.data.tokenize.step import TokenizeWriter
-from lemur.data.tokenize.tokenizer import load_llama2_processor, train_tokenizer
+from lemur.data.encode.step import TokenizeWriter
+from lemur.data.encode.tokenizer import load_llama2_processor, train_tokenizer
+from lemur.data.recipe.tokenizer import TokenizerTrainConfig
 
 
 def real_documents(max_bytes: int) -> list[str]:

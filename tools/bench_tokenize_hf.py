@@ -26,7 +26,7 @@ from bench_tokenize import real_documents
 from benchlib import best_of, tokenizer_bench_args
 from datatrove.data import Document
 
-from lemur.data.tokenize.step import TokenizeWriter
+from lemur.data.encode.step import TokenizeWriter
 from lemur.tokenizer import open_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

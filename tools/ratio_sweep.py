@@ -104,7 +104,7 @@ def recipe_for(
     sweep: Sweep, ratio: tuple[float, float], total: float | None, check_paths: bool = True
 ) -> Any:
     """The validated recipe of one ratio: its own output, the shared work_dir."""
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
 
     raw = copy.deepcopy(sweep.recipe)
     raw["output"] = str(sweep.out / f"corpus-{ratio[0]:g}-{ratio[1]:g}")
@@ -374,8 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from lemur import process_setup
     from lemur.data.build import BuildError
-    from lemur.data.load import apply_overrides, load_recipe
-    from lemur.data.recipe import RecipeError
+    from lemur.data.recipe.errors import RecipeError
+    from lemur.data.recipe_loader import apply_overrides, load_recipe
     from lemur.train.config import ConfigError
 
     process_setup.install("lemur-data")  # builds in this process: lemur-data's console

@@ -4,13 +4,13 @@
 |---|---|
 | `build` | `build`, the driver of every stage |
 | `context` | `BuildContext`: recipe, corpus, tokenizer opened once, stage runner; `BuildError` |
-| `recipe`, `recipe_*`, `load` | every stage's config (`Recipe`); `load_recipe` reads one |
+| `recipe/`, `recipe_loader` | the config of every stage (`Recipe`); `load_recipe` |
 | `corpus`, `mix` | the kind of corpus (every way a chat build differs); the mix planner |
 | `runs/` | the run between stages: token runs, document records, dedup removals (their bytes) |
 | `read/` | listing inputs, compressed file streams, checkouts, the sources reader, notebooks |
 | `filter/` | base, code and text rules, language tagging, decontamination, PII |
 | `dedup/` | signatures (content hash, MinHash) and clusters (LSH) |
-| `tokenize/` | the build's tokenizer (trained or given), chat rendering, the tokenize step |
+| `encode/` | the build's tokenizer (trained or given), chat rendering, the tokenize step |
 | `fim/` | the FIM stage: one document's cut, the tasks that rewrite a run |
 | `repos/` | repository documents: file order, the repository format, the group stage |
 | `pack/` | mix plan, external shuffle, shard writing, the manifest's sections |
@@ -29,10 +29,10 @@ from lemur.lazy_exports import lazy_exports
 _EXPORTS = {
     "BuildError": "context",
     "build": "build",
-    "Recipe": "recipe",
-    "RecipeError": "recipe",
-    "load_recipe": "load",
-    "recipe_from_dict": "load",
+    "Recipe": "recipe.recipe",
+    "RecipeError": "recipe.errors",
+    "load_recipe": "recipe_loader",
+    "recipe_from_dict": "recipe_loader",
     "demo_recipe": "demo",
 }
 __getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -26,7 +26,7 @@ from lemur.data import work as work_folders
 from lemur.data.corpus import corpus_of
 from lemur.data.read.listing import InputFile, Listing
 from lemur.data.read.split import ROW_GROUPS
-from lemur.data.recipe import Recipe
+from lemur.data.recipe.recipe import Recipe
 from lemur.data.runs.format import task_records
 
 DEFAULT_MARGIN = 1.3

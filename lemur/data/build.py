@@ -38,6 +38,17 @@ from lemur.data.context import BuildContext, BuildError, BuildTokenizer
 from lemur.data.counts import collect_counts, drops
 from lemur.data.dedup.signer import DedupSigner
 from lemur.data.dedup.stage import expected_memory, run_dedup
+from lemur.data.encode.prepare import (
+    build_markers,
+    build_tokenizer_info,
+    check_given_tokenizer,
+    copy_tokenizer_files,
+    open_build_tokenizer,
+    prepare_tokenizer,
+    sample_texts,
+)
+from lemur.data.encode.step import TokenizeWriter
+from lemur.data.encode.template_chat import conversation_steps
 from lemur.data.filter.base import EmptyDocumentFilter, LanguageFilter, LemurFilter
 from lemur.data.filter.code import code_filters
 from lemur.data.filter.decontaminate import decontamination_filter
@@ -58,7 +69,7 @@ from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.remote_outcome import unfinished_reads
 from lemur.data.read.sources import SourcesReader
 from lemur.data.read.stack_v2 import check_content_clients
-from lemur.data.recipe import Recipe
+from lemur.data.recipe.recipe import Recipe
 from lemur.data.repos.stage import (
     Grouped,
     check_repo_format,
@@ -70,17 +81,6 @@ from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.run.stage import executor_session
 from lemur.data.run.task import Reporter
 from lemur.data.runs.format import TokenRun
-from lemur.data.tokenize.prepare import (
-    build_markers,
-    build_tokenizer_info,
-    check_given_tokenizer,
-    copy_tokenizer_files,
-    open_build_tokenizer,
-    prepare_tokenizer,
-    sample_texts,
-)
-from lemur.data.tokenize.step import TokenizeWriter
-from lemur.data.tokenize.template_chat import conversation_steps
 from lemur.progress import format_duration
 from lemur.shards.check import check_structure
 from lemur.shards.commit import commit

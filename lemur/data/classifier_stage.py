@@ -36,7 +36,9 @@ from lemur.data.filter.classifier import (
 from lemur.data.filter.tagging import LanguageTagger
 from lemur.data.read.listing import InputFile, list_inputs
 from lemur.data.read.sources import SourcesReader
-from lemur.data.recipe import ClassifierConfig, Recipe, RecipeError
+from lemur.data.recipe.classifier import ClassifierConfig
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe.recipe import Recipe
 
 if TYPE_CHECKING:  # training imports fastText's trainer: only `lemur-data classifier train`
     from lemur.data.filter.classifier_train import TrainSettings
@@ -222,7 +224,7 @@ def source_texts(recipe: Recipe, inputs: list[InputFile], name: str) -> tuple[li
 
 def training_recipe(positive: list[str], negative: list[str], text_key: str) -> Recipe:
     """A recipe of two JSONL sources, `positive` and `negative`, to read training texts."""
-    from lemur.data.load import recipe_from_dict
+    from lemur.data.recipe_loader import recipe_from_dict
 
     def source(name: str, paths: list[str]) -> dict[str, Any]:
         return {"name": name, "domain": "text", "format": "jsonl", "paths": paths}

@@ -26,7 +26,12 @@ from lemur.data.work import demo_sources
 def _load(args: argparse.Namespace, check_paths: bool = True, write: bool = True):
     """The recipe of the command line, or the demo's; `write=False` creates no file."""
     from lemur.data import demo
-    from lemur.data.load import apply_overrides, check_recipe_paths, load_recipe, recipe_from_dict
+    from lemur.data.recipe_loader import (
+        apply_overrides,
+        check_recipe_paths,
+        load_recipe,
+        recipe_from_dict,
+    )
 
     if args.recipe:
         # Read once; its paths are checked after the demo conversations it names are written.
@@ -166,8 +171,8 @@ def print_summary(manifest: dict[str, Any]) -> None:
 def cmd_build(args: argparse.Namespace) -> int:
     """Build a corpus from a recipe (or the demo)."""
     from lemur.data.build import UP_TO_DATE, BuildError, build
+    from lemur.data.encode.tokenizer import TokenizerError, TokenizerSettingsError
     from lemur.data.pack.write import PackError
-    from lemur.data.tokenize.tokenizer import TokenizerError, TokenizerSettingsError
     from lemur.progress import Progress
 
     recipe = _load(args, check_paths=True, write=not args.dry_run)
@@ -220,7 +225,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def _tokenizer_out(out: str) -> Path:
     """The model file `--out` names: `DIR/tokenizer.model` for a directory; checked up front."""
-    from lemur.data.load import output_problem
+    from lemur.data.recipe_loader import output_problem
 
     path = Path(out).expanduser()
     if path.is_dir():
@@ -236,15 +241,14 @@ def _tokenizer_out(out: str) -> Path:
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     """Train only the tokenizer of a recipe and write it to --out."""
     from lemur.data.build import sample_texts
-    from lemur.data.read.listing import list_inputs
-    from lemur.data.recipe import TokenizerTrainConfig
-    from lemur.data.recipe_tokenizer import VocabSizeError
-    from lemur.data.tokenize.tokenizer import (
+    from lemur.data.encode.tokenizer import (
         TokenizerError,
         TokenizerSettingsError,
         tokenizer_info,
         train_tokenizer,
     )
+    from lemur.data.read.listing import list_inputs
+    from lemur.data.recipe.tokenizer import TokenizerTrainConfig, VocabSizeError
 
     recipe = _load(args)
     config = recipe.tokenizer.train or TokenizerTrainConfig()
@@ -259,7 +263,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     try:
         texts = sample_texts(recipe, inputs, config.sample_bytes)
         if byte_bpe:
-            from lemur.data.tokenize.byte_bpe import train_byte_bpe
+            from lemur.data.encode.byte_bpe import train_byte_bpe
             from lemur.tokenizer import open_tokenizer
 
             out = train_byte_bpe(texts, config, target)
@@ -281,7 +285,7 @@ def cmd_classifier_train(args: argparse.Namespace) -> int:
     """Train a fastText quality classifier on positive and negative documents."""
     from lemur.data.classifier_stage import card_path, train_classifier, training_recipe
     from lemur.data.filter.classifier_train import TrainSettings
-    from lemur.data.load import load_recipe
+    from lemur.data.recipe_loader import load_recipe
 
     if args.recipe:
         recipe = load_recipe(args.recipe, args.set, check_paths=False)
@@ -455,7 +459,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `lemur-data`: a mistake exits 2 with one line (SystemExit, as argparse's)."""
     from lemur import process_setup
-    from lemur.data.recipe import RecipeError
+    from lemur.data.recipe.errors import RecipeError
 
     process_setup.install("lemur-data")  # every process-wide change: see lemur.process_setup
     args = parser().parse_args(argv)

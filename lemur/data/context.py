@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from lemur.data.corpus import Corpus, corpus_of
-from lemur.data.recipe import Recipe
+from lemur.data.encode.prepare import tokenizer_key
+from lemur.data.recipe.recipe import Recipe
 from lemur.data.run.stage import run_tasks
 from lemur.data.run.task import Reporter, StageError
-from lemur.data.tokenize.prepare import tokenizer_key
 from lemur.tokenizer import Tokenizer
 from lemur.tokenizer.fim import CodeMarkers
 

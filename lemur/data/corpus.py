@@ -6,7 +6,7 @@ for chat themselves. A pre-training corpus (`Corpus`) is code and text judged by
 filters, mixed to `mix.ratio`, framed `BOS doc EOS`. A chat corpus (`ChatCorpus`) is
 conversations: rendered in the model's chat format by the tokenize stage (ChatML with its two
 markers as pieces of a SentencePiece model, or a tokenizer.json folder's own chat template:
-lemur/data/tokenize/chat.py, template_chat.py), cut or dropped over `seq_len` (counted as
+lemur/data/encode/chat.py, template_chat.py), cut or dropped over `seq_len` (counted as
 `truncated`), with a loss mask beside the tokens of every shard, taken whole or weighted per
 source (`mix.weights`).
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from lemur.chatml import CHAT_PIECES
 from lemur.data.mix import MixInfeasible, MixPlan, plan_all, plan_mix
-from lemur.data.recipe import Recipe
+from lemur.data.recipe.recipe import Recipe
 
 
 class Corpus:

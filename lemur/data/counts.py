@@ -16,7 +16,7 @@ from lemur.data.labels import DOCUMENTS, REMOTE_COUNTERS, per_source, run_labels
 
 if TYPE_CHECKING:  # annotations only
     from lemur.data.read.listing import Listing
-    from lemur.data.recipe import Recipe
+    from lemur.data.recipe.recipe import Recipe
 
 MAX_MANIFEST_ERRORS = 1000
 

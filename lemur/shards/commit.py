@@ -20,9 +20,8 @@ def _referenced(manifest_path: Path) -> set[str]:
         m = json.loads(manifest_path.read_text())
         files = {str(m["tokenizer"]["file"]), str(m.get("stats", "stats.json"))}
         for s in m["shards"]:
-            files |= {str(s["file"]), str(s["index"])} | (
-                {str(s["mask"])} if "mask" in s else set()
-            )
+            files |= {str(s["file"]), str(s["index"])}
+            files |= {str(s[k]) for k in ("mask", "provenance") if k in s}
         return files
     except (OSError, ValueError, KeyError, TypeError):
         return set()

@@ -26,6 +26,8 @@ FORMAT = "lemur-shards/1"
 MANIFEST = "manifest.json"
 INDEX_DTYPE = np.dtype("<u8")
 MASK_DTYPE = np.dtype("u1")
+# A shard's provenance file beside its `.bin` (`{rel}.documents.parquet`): optional.
+PROVENANCE_SUFFIX = ".documents.parquet"
 
 
 class ShardFormatError(ValueError):
@@ -69,6 +71,10 @@ class ShardInfo:
     sha256: str
     mask: str | None = None  # chat builds: the loss mask file and its sha256
     mask_sha256: str | None = None
+    # Builds with `output.provenance`: the shard's documents.parquet (one row per document,
+    # in the order of the index) and its sha256.
+    provenance: str | None = None
+    provenance_sha256: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The manifest dict of this shard (`mask` keys only when it has a mask)."""
@@ -83,6 +89,9 @@ class ShardInfo:
         }
         if self.mask is not None:
             out["mask"], out["mask_sha256"] = self.mask, self.mask_sha256
+        if self.provenance is not None:
+            out["provenance"] = self.provenance
+            out["provenance_sha256"] = self.provenance_sha256
         return out
 
 

@@ -157,7 +157,25 @@ def verify_shard(root: Path, shard: dict[str, Any], manifest: dict[str, Any]) ->
         del tokens
     if "mask" in shard and (bad_mask := _check_mask(root, shard, ends, framed)):
         problems.append(bad_mask)
+    if "provenance" in shard and (bad_docs := _check_provenance(root, shard)):
+        problems.append(bad_docs)
     return problems
+
+
+def _check_provenance(root: Path, shard: dict[str, Any]) -> str | None:
+    """A shard's documents.parquet (`output.provenance`): present, its sha256, and one row
+    per document of the index."""
+    path = root / shard["provenance"]
+    if not path.is_file():
+        return f"{path}: missing"
+    if sha256_file(path) != shard.get("provenance_sha256"):
+        return f"{path}: sha256 mismatch (corrupted or modified)"
+    import pyarrow.parquet as pq  # only builds with provenance pay for it
+
+    rows = pq.ParquetFile(path).metadata.num_rows
+    if rows != shard["documents"]:
+        return f"{path}: {rows} rows for the shard's {shard['documents']} documents"
+    return None
 
 
 def verify(directory: str | Path, progress: Callable[[int, int], None] | None = None) -> list[str]:

@@ -27,7 +27,7 @@ from lemur.data.dedup.merge import (
 from lemur.data.dedup.rows import RowFile, raise_open_files_limit
 from lemur.data.dedup.runs import EXACT, channel_name, open_run
 from lemur.data.dedup.sketch import Sketches
-from lemur.data.recipe import DedupConfig
+from lemur.data.recipe.recipe import DedupConfig
 from lemur.shards.format import atomic_write_bytes
 
 # One verified pair: (kept-side task, local) -> (other task, local); kept side first in order.

@@ -13,7 +13,7 @@ import numpy as np
 
 from lemur.atomic_files import atomic_open
 from lemur.data.dedup.rows import RowFile
-from lemur.data.recipe import DedupConfig
+from lemur.data.recipe.recipe import DedupConfig
 from lemur.shards.format import release_pages
 
 # 2^64 / golden ratio: the odd multiplier of every multiplicative hash mix in the build.

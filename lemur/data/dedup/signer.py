@@ -14,7 +14,7 @@ from datatrove.pipeline.base import PipelineStep
 from lemur.atomic_files import atomic_open, scratch_path
 from lemur.data.dedup.runs import GOLDEN64, write_runs
 from lemur.data.dedup.sketch import bottom_k
-from lemur.data.recipe import DedupConfig
+from lemur.data.recipe.recipe import DedupConfig
 from lemur.shards.format import open_array
 
 _WORD = re.compile(r"\w+")

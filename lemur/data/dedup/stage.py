@@ -17,7 +17,7 @@ from lemur.data import work as work_folders
 from lemur.data.dedup.buckets import Priorities, bucket_task
 from lemur.data.dedup.cluster import SUMMARY, DedupResult, cluster_task, load_result
 from lemur.data.dedup.runs import channels
-from lemur.data.recipe import DedupConfig
+from lemur.data.recipe.recipe import DedupConfig
 from lemur.data.run.task import StageRunner, TaskStep
 from lemur.data.runs.format import CLUSTER
 

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lemur.data.recipe import BenchmarkConfig, RecipeError
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe.filters import BenchmarkConfig
 
 
 def humaneval_texts() -> Iterator[str]:

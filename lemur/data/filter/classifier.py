@@ -32,7 +32,7 @@ from datatrove.data import Document, DocumentsPipeline
 from lemur.atomic_files import atomic_write_bytes, atomic_write_text
 from lemur.cli_common import UserError
 from lemur.data.filter.base import LemurFilter
-from lemur.data.recipe_classifier import ClassifierConfig
+from lemur.data.recipe.classifier import ClassifierConfig
 
 FASTTEXT_MAGIC = 793712314  # fastText's FASTTEXT_FILEFORMAT_MAGIC_INT32
 FASTTEXT_VERSION = 12  # the newest format fastText 0.9 writes

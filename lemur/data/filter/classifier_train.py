@@ -31,7 +31,7 @@ import numpy as np
 from lemur.atomic_files import atomic_path, scratch_path
 from lemur.cli_common import UserError
 from lemur.data.filter.classifier import FastTextModel, normalise
-from lemur.data.recipe_classifier import LABEL_PREFIX
+from lemur.data.recipe.classifier import LABEL_PREFIX
 
 CARD_FORMAT = "lemur-classifier-card/1"
 

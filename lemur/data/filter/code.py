@@ -18,7 +18,7 @@ import numpy as np
 from datatrove.data import Document
 
 from lemur.data.filter.base import DomainFilter
-from lemur.data.recipe import CodeFilterConfig
+from lemur.data.recipe.filters import CodeFilterConfig
 
 CODE = ("code",)
 

@@ -28,7 +28,7 @@ from lemur.data import work as work_folders
 from lemur.data.filter.base import LemurFilter
 from lemur.data.filter.benchmarks import benchmark_texts
 from lemur.data.filter.ngrams import Ngrams, text_ngrams
-from lemur.data.recipe import BenchmarkConfig, DecontaminateConfig
+from lemur.data.recipe.filters import BenchmarkConfig, DecontaminateConfig
 from lemur.shards.format import atomic_write_bytes, open_array
 
 INDEX_SUFFIX = ".index.hashes"

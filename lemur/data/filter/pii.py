@@ -40,7 +40,7 @@ from datatrove.pipeline.base import PipelineStep
 from lemur.atomic_files import atomic_open
 from lemur.data.filter.secrets import find_secrets, line_number, secret_settings
 from lemur.data.labels import pii_label
-from lemur.data.recipe import PiiConfig
+from lemur.data.recipe.filters import PiiConfig
 
 EMAIL, IP, KEY = "email", "ip", "key"
 PRIVATE_IPV4 = ("10.0.42.17", "172.16.31.10", "192.168.88.14", "10.128.5.203")

@@ -29,7 +29,7 @@ from datatrove.utils.text import PUNCTUATION_SET, TERMINAL_PUNCTUATION
 
 from lemur.data.dedup.signer import combine_ngrams
 from lemur.data.filter.base import DomainFilter
-from lemur.data.recipe import FineWebConfig
+from lemur.data.recipe.filters import FineWebConfig
 
 STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
 GOPHER_BULLETS = ("•", "-")

@@ -6,5 +6,5 @@
 
 The tokenizer-level part (the markers of known code models, the PSM/SPM layouts, splicing
 ids at a cut) is lemur/tokenizer/fim.py and fim_splice.py; the recipe's `fim:` section is
-lemur/data/recipe_fim.py.
+lemur/data/recipe/fim.py.
 """

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from lemur.data.recipe_fim import FimConfig
+from lemur.data.recipe.fim import FimConfig
 from lemur.tokenizer.fim import CodeMarkers, Leading, Part, fim_parts
 
 _SCALE = float(1 << 64)

@@ -30,7 +30,7 @@ import numpy as np
 
 from lemur.atomic_files import atomic_open
 from lemur.data.fim.cut import fim_chosen, fim_split
-from lemur.data.recipe_fim import FimConfig
+from lemur.data.recipe.fim import FimConfig
 from lemur.data.run.task import TaskStep
 from lemur.data.runs.format import removals
 from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array

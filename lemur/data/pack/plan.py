@@ -19,7 +19,7 @@ import numpy as np
 from lemur.data.corpus import corpus_of
 from lemur.data.mix import MixInfeasible, MixPlan, fill_to_budget
 from lemur.data.pack.select import HIST, N_BINS, Groups, Unit
-from lemur.data.recipe import Recipe
+from lemur.data.recipe.recipe import Recipe
 from lemur.shards.format import open_array
 
 # Peak bytes per document of a histogram / scatter task (records, hashes, copies, keys,

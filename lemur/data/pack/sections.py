@@ -16,7 +16,7 @@ from lemur.data.corpus import corpus_of
 from lemur.data.pack.plan import PackPlan
 from lemur.data.pack.select import Groups
 from lemur.data.pack.shuffle import GROUP_FIELDS, ScatterTotals
-from lemur.data.recipe import Recipe
+from lemur.data.recipe.recipe import Recipe
 from lemur.data.runs.format import removals, removals_dir
 
 __all__ = ["ManifestSections"]

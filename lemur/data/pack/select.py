@@ -21,7 +21,7 @@ import numpy as np
 from lemur.data.corpus import corpus_of
 from lemur.data.dedup.signer import GOLDEN64
 from lemur.data.mix import seeded_hash
-from lemur.data.recipe import Recipe
+from lemur.data.recipe.recipe import Recipe
 from lemur.data.runs.format import TaskRecords
 
 HIST_BITS = 16  # histogram bins: the top bits of the mix hash

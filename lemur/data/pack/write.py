@@ -28,7 +28,7 @@ from lemur.data.pack.shuffle import (
     summary_path,
 )
 from lemur.data.pack.steps import Duplicates, PackGather, PackPrep, PackScatter
-from lemur.data.recipe import Recipe
+from lemur.data.recipe.recipe import Recipe
 from lemur.data.run.task import StageRunner, run_here
 from lemur.data.work import shuffle_folder
 from lemur.shards.format import ShardInfo, write_shard

@@ -4,7 +4,7 @@ Every chat schema (a conversation per row: `ROW_SCHEMAS`; oasst1's message trees
 `oasst1_messages`) becomes a list of `{"role": "system|user|assistant|tool", "content": str}`
 messages, checked by `check_messages`. The chat reader keeps them as they are in a
 document's metadata (MESSAGES_KEY), for the tokenize stage to render once in the model's
-format (lemur/data/tokenize/chat.py); the document's text is `render_chatml`'s
+format (lemur/data/encode/chat.py); the document's text is `render_chatml`'s
 `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, what the tagger and filters read
 and, for a ChatML model, also what it is trained on. The loss is taken on each assistant
 message's content and its `<|im_end|>` (not on the role header, not on the newline after

@@ -43,7 +43,7 @@ from lemur.data.read.readers import (
     RepairedRow,
     Row,
 )
-from lemur.data.recipe import SourceConfig
+from lemur.data.recipe.sources import SourceConfig
 
 # The fields each schema reads (parquet reads only these columns, plus id and metadata).
 SCHEMA_FIELDS: dict[str, tuple[str, ...]] = {

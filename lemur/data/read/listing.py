@@ -19,8 +19,9 @@ from lemur.data.read import remote_listing
 from lemur.data.read.compressed import Opener, open_local
 from lemur.data.read.remote import Remote, display_url
 from lemur.data.read.split import plan_parts
-from lemur.data.recipe import Recipe, RecipeError, SourceConfig
-from lemur.data.recipe_sources import expand_paths, is_remote
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe.recipe import Recipe
+from lemur.data.recipe.sources import SourceConfig, expand_paths, is_remote
 
 LISTING_BLOCK_BYTES = 1 << 16  # a remote read while listing: a jsonl head, a parquet footer
 # Directories that hold vendored, generated or tool data rather than authored source.

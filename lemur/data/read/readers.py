@@ -38,7 +38,7 @@ from lemur.data.read.notebooks import NotebookError, looks_like_notebook, notebo
 from lemur.data.read.remote import RemoteError
 from lemur.data.read.remote_inputs import RemoteInputs
 from lemur.data.read.split import BYTES, part_lines
-from lemur.data.recipe import SourceConfig
+from lemur.data.recipe.sources import SourceConfig
 from lemur.shards.format import atomic_write_bytes
 
 MAX_ERRORS_PER_TASK = 1000

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from loguru import logger  # datatrove's logger: a task's lines land in its log file
 
-from lemur.data.recipe_sources import REDACTED, RemoteSettings, StorageOptions, is_remote
+from lemur.data.recipe.sources import REDACTED, RemoteSettings, StorageOptions, is_remote
 
 # HTTP statuses and S3 error codes that mean "try again later", not "this will never work".
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})

@@ -8,7 +8,7 @@ from typing import Any, BinaryIO
 
 from lemur.data.labels import remote_label
 from lemur.data.read.remote import Remote
-from lemur.data.recipe_sources import is_remote
+from lemur.data.recipe.sources import is_remote
 
 
 class SourceCounter:

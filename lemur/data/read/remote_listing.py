@@ -24,8 +24,8 @@ from typing import Any
 
 from lemur.data import work as work_folders
 from lemur.data.read.remote import Remote, object_version
-from lemur.data.recipe import Recipe
-from lemur.data.recipe_sources import SourceConfig, public_options
+from lemur.data.recipe.recipe import Recipe
+from lemur.data.recipe.sources import SourceConfig, public_options
 from lemur.shards.format import atomic_write_bytes
 
 RECORD_VERSION = 1

@@ -18,8 +18,8 @@ from lemur.data import work as work_folders
 from lemur.data.labels import error_labels, task_labels
 from lemur.data.read.readers import REMOTE_FAILED
 from lemur.data.read.remote_listing import forget_record
-from lemur.data.recipe import Recipe
-from lemur.data.recipe_sources import is_remote
+from lemur.data.recipe.recipe import Recipe
+from lemur.data.recipe.sources import is_remote
 
 
 def _first(counts: dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ from lemur.data.read.readers import (
     ReadLog,
 )
 from lemur.data.read.stack_v2 import StackV2Reader
-from lemur.data.recipe import SourceConfig
+from lemur.data.recipe.sources import SourceConfig
 
 __all__ = ["MAX_ERRORS_PER_TASK", "SourcesReader"]
 READERS: dict[str, type[BaseReader]] = {

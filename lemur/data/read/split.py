@@ -27,7 +27,7 @@ from lemur.data.read.compressed import (
     is_parquet,
     open_local,
 )
-from lemur.data.recipe import SourceConfig
+from lemur.data.recipe.sources import SourceConfig
 
 BYTES = "bytes"  # a jsonl part: bytes [start, end) of the file
 ROW_GROUPS = "row_groups"  # a parquet part: row groups [start, end)

@@ -29,8 +29,8 @@ from lemur.data.labels import dropped_label, read_label
 from lemur.data.read.listing import InputFile
 from lemur.data.read.readers import REMOTE_FAILED, ParquetReader, Row
 from lemur.data.read.remote import ClientError, Remote, RemoteError, display_url
-from lemur.data.recipe import RecipeError, SourceConfig
-from lemur.data.recipe_sources import DEFAULT_CONTENT_URL, content_url
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe.sources import DEFAULT_CONTENT_URL, SourceConfig, content_url
 
 # Metadata columns read besides the id: what the filters, the decoding and the document need.
 COLUMNS = (

@@ -23,14 +23,14 @@ import numpy as np
 from datatrove.data import Document
 
 from lemur.atomic_files import atomic_open
+from lemur.data.encode.step import TokenizeWriter
 from lemur.data.fim.cut import fim_transform
-from lemur.data.recipe_fim import FimConfig
+from lemur.data.recipe.fim import FimConfig
 from lemur.data.repos.order import RepoFile, order_files
 from lemur.data.repos.render import RepoFormat, join_text, split_repository
 from lemur.data.repos.spill import bucket_rows, spilled_locals
 from lemur.data.run.task import TaskStep
 from lemur.data.runs.format import removals, task_records
-from lemur.data.tokenize.step import TokenizeWriter
 from lemur.shards.format import atomic_write_json, open_array
 from lemur.tokenizer import Tokenizer, open_tokenizer
 from lemur.tokenizer.fim import CodeMarkers, Leading, Part, encode_parts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from lemur.data.recipe_repos import ORDERS
+from lemur.data.recipe.repos import ORDERS
 from lemur.data.repos.imports import dependencies, import_order
 
 

@@ -13,13 +13,14 @@ from typing import Any
 
 from lemur.data import work as work_folders
 from lemur.data.context import BuildContext
+from lemur.data.encode.prepare import given_model, open_build_tokenizer
 from lemur.data.pack.shuffle import ScatterTotals
-from lemur.data.recipe import Recipe, RecipeError
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe.recipe import Recipe
 from lemur.data.repos.group import GroupCounts, GroupSettings, RepoGroups, read_counts
 from lemur.data.repos.render import RepoFormat
 from lemur.data.repos.spill import RepoSpill
 from lemur.data.runs.format import TokenRun
-from lemur.data.tokenize.prepare import given_model, open_build_tokenizer
 from lemur.tokenizer import Tokenizer, TokenizerError, is_tokenizer_json
 from lemur.tokenizer.fim import CodeMarkers, find_code_markers
 from lemur.tokenizer.hf_files import tokenizer_json_path

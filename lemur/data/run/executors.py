@@ -34,8 +34,8 @@ from typing import Any
 
 from datatrove.executor import LocalPipelineExecutor
 
+from lemur.data.recipe.executor import ExecutorConfig
 from lemur.data.run.datatrove_private import LemurExecutor
-from lemur.data.run.settings import ExecutorConfig
 from lemur.process_guard import die_with_parent
 
 

@@ -27,8 +27,8 @@ from typing import Any
 from datatrove.executor.base import DistributedEnvVars, PipelineExecutor
 from loguru import logger
 
+from lemur.data.recipe.executor import ExecutorConfig, time_seconds
 from lemur.data.run.datatrove_private import LemurExecutor
-from lemur.data.run.settings import ExecutorConfig, time_seconds
 
 # Ray's errors for a task whose process, node or result was lost (not one that raised)
 LOST = ("WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "LocalRayletDiedError")

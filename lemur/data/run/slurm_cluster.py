@@ -30,8 +30,8 @@ from pathlib import Path
 
 from datatrove.executor import SlurmPipelineExecutor
 
+from lemur.data.recipe.executor import ExecutorConfig
 from lemur.data.run.datatrove_private import LemurExecutor
-from lemur.data.run.settings import ExecutorConfig
 from lemur.data.run.task import Reporter, StageError, tasks_done
 
 MARKERS_EVERY = 0.25  # s between looks at the completion markers (a directory listing)

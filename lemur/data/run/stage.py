@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lemur.data.recipe.executor import ExecutorConfig
 from lemur.data.run.executors import build_pool, make_executor
-from lemur.data.run.settings import ExecutorConfig
 from lemur.data.run.task import Reporter, StageError, tasks_done
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)

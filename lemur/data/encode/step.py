@@ -15,10 +15,10 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
 from lemur.atomic_files import atomic_open
+from lemur.data.encode.chat import MASK_KEY, TOKENS_KEY
 from lemur.data.filter.tagging import mix_language
 from lemur.data.labels import DOCUMENTS, TOKENS
 from lemur.data.runs.format import DOC_RECORD
-from lemur.data.tokenize.chat import MASK_KEY, TOKENS_KEY
 from lemur.shards.format import atomic_write_bytes, token_dtype
 from lemur.tokenizer import Tokenizer, open_tokenizer
 

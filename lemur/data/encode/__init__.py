@@ -1,7 +1,7 @@
 """Tokenizing: train or load the SentencePiece model, and the step that writes token runs."""
 
-from lemur.data.tokenize.step import TokenizeWriter
-from lemur.data.tokenize.tokenizer import (
+from lemur.data.encode.step import TokenizeWriter
+from lemur.data.encode.tokenizer import (
     TokenizerError,
     TokenizerSettingsError,
     load_llama2_processor,

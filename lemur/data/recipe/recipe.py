@@ -3,7 +3,8 @@
 Each section checks its values in its own `__post_init__` (so `Recipe(...)` and
 `dataclasses.replace` check them too), and `Recipe` the rules that span sections; every
 mistake raises `RecipeError` with a one-line message naming the key, which the CLI prints
-before exiting with code 2. `lemur.data.load` reads a recipe from YAML and checks its paths.
+before exiting with code 2. `lemur.data.recipe_loader` reads a recipe from YAML and
+checks its paths.
 """
 
 from __future__ import annotations
@@ -17,30 +18,30 @@ from pathlib import Path
 from typing import Any
 
 # Re-exported: the recipe's sections are imported from here.
-from lemur.data.recipe_classifier import ClassifierConfig as ClassifierConfig
-from lemur.data.recipe_classifier import check_classifiers
-from lemur.data.recipe_errors import RecipeError as RecipeError
-from lemur.data.recipe_filters import BUILTIN_BENCHMARKS as BUILTIN_BENCHMARKS
-from lemur.data.recipe_filters import PII_KINDS as PII_KINDS
-from lemur.data.recipe_filters import BenchmarkConfig as BenchmarkConfig
-from lemur.data.recipe_filters import C4Config as C4Config
-from lemur.data.recipe_filters import CodeFilterConfig as CodeFilterConfig
-from lemur.data.recipe_filters import DecontaminateConfig, FiltersConfig, PiiConfig
-from lemur.data.recipe_filters import FineWebConfig as FineWebConfig
-from lemur.data.recipe_filters import GopherQualityConfig as GopherQualityConfig
-from lemur.data.recipe_filters import GopherRepetitionConfig as GopherRepetitionConfig
-from lemur.data.recipe_filters import TextFiltersConfig as TextFiltersConfig
-from lemur.data.recipe_fim import FimConfig
-from lemur.data.recipe_repos import ReposConfig
-from lemur.data.recipe_sources import CHAT_DOMAIN as CHAT_DOMAIN
-from lemur.data.recipe_sources import CHAT_SCHEMAS as CHAT_SCHEMAS
-from lemur.data.recipe_sources import FORMATS as FORMATS
-from lemur.data.recipe_sources import SOURCE_PRESETS as SOURCE_PRESETS
-from lemur.data.recipe_sources import SourceConfig, StorageOptions, check_sources
-from lemur.data.recipe_tokenizer import TOKENIZER_ENGINES as TOKENIZER_ENGINES
-from lemur.data.recipe_tokenizer import TokenizerConfig
-from lemur.data.recipe_tokenizer import TokenizerTrainConfig as TokenizerTrainConfig
-from lemur.data.run.settings import ExecutorConfig
+from lemur.data.recipe.classifier import ClassifierConfig as ClassifierConfig
+from lemur.data.recipe.classifier import check_classifiers
+from lemur.data.recipe.errors import RecipeError as RecipeError
+from lemur.data.recipe.executor import ExecutorConfig
+from lemur.data.recipe.filters import BUILTIN_BENCHMARKS as BUILTIN_BENCHMARKS
+from lemur.data.recipe.filters import PII_KINDS as PII_KINDS
+from lemur.data.recipe.filters import BenchmarkConfig as BenchmarkConfig
+from lemur.data.recipe.filters import C4Config as C4Config
+from lemur.data.recipe.filters import CodeFilterConfig as CodeFilterConfig
+from lemur.data.recipe.filters import DecontaminateConfig, FiltersConfig, PiiConfig
+from lemur.data.recipe.filters import FineWebConfig as FineWebConfig
+from lemur.data.recipe.filters import GopherQualityConfig as GopherQualityConfig
+from lemur.data.recipe.filters import GopherRepetitionConfig as GopherRepetitionConfig
+from lemur.data.recipe.filters import TextFiltersConfig as TextFiltersConfig
+from lemur.data.recipe.fim import FimConfig
+from lemur.data.recipe.repos import ReposConfig
+from lemur.data.recipe.sources import CHAT_DOMAIN as CHAT_DOMAIN
+from lemur.data.recipe.sources import CHAT_SCHEMAS as CHAT_SCHEMAS
+from lemur.data.recipe.sources import FORMATS as FORMATS
+from lemur.data.recipe.sources import SOURCE_PRESETS as SOURCE_PRESETS
+from lemur.data.recipe.sources import SourceConfig, StorageOptions, check_sources
+from lemur.data.recipe.tokenizer import TOKENIZER_ENGINES as TOKENIZER_ENGINES
+from lemur.data.recipe.tokenizer import TokenizerConfig
+from lemur.data.recipe.tokenizer import TokenizerTrainConfig as TokenizerTrainConfig
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ class Recipe:
     tokenize_batch_docs: int = 256
     # Repository documents (lemur/data/repos/); None: one document per file.
     repos: ReposConfig | None = None
-    # Fill-in-the-middle documents of code sources (recipe_fim.py); None: none.
+    # Fill-in-the-middle documents of code sources (recipe/fim.py); None: none.
     fim: FimConfig | None = None
 
     def __post_init__(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from lemur.data.recipe_errors import RecipeError
+from lemur.data.recipe.errors import RecipeError
 
 EXECUTORS = ("local", "ray", "slurm")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import sentencepiece as spm
 
-from lemur.data.recipe import TokenizerTrainConfig
+from lemur.data.recipe.tokenizer import TokenizerTrainConfig
 from lemur.shards.format import atomic_write_bytes
 from lemur.tokenizer.base import TokenizerError  # one error type for every tokenizer
 from lemur.tokenizer.sentencepiece import load_processor, parse_model

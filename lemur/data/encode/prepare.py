@@ -17,17 +17,18 @@ from lemur.chat_template import ChatTemplate, template_source
 from lemur.chat_template.template import TEMPLATE_FILE
 from lemur.data import work as work_folders
 from lemur.data.corpus import Corpus, corpus_of
-from lemur.data.read.listing import InputFile
-from lemur.data.read.sources import SourcesReader
-from lemur.data.recipe import Recipe, RecipeError
-from lemur.data.tokenize.byte_bpe import train_byte_bpe
-from lemur.data.tokenize.tokenizer import (
+from lemur.data.encode.byte_bpe import train_byte_bpe
+from lemur.data.encode.tokenizer import (
     TokenizerError,
     extend_tokenizer,
     load_llama2_processor,
     tokenizer_info,
     train_tokenizer,
 )
+from lemur.data.read.listing import InputFile
+from lemur.data.read.sources import SourcesReader
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe.recipe import Recipe
 from lemur.shards.format import ShardFormatError, atomic_write_bytes, read_manifest
 from lemur.tokenizer import (
     SentencePieceTokenizer,

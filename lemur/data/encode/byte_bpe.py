@@ -18,7 +18,7 @@ from pathlib import Path
 from loguru import logger
 
 from lemur.atomic_files import temp_name
-from lemur.data.recipe import TokenizerTrainConfig
+from lemur.data.recipe.tokenizer import TokenizerTrainConfig
 from lemur.tokenizer.bytelevel import clean_text
 from lemur.tokenizer.long_pieces import MAX_RUN, has_long_run
 

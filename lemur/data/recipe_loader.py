@@ -10,8 +10,9 @@ from typing import Any
 import yaml
 
 from lemur import typed_yaml
-from lemur.data.recipe import CHAT_DOMAIN, SOURCE_PRESETS, Recipe, RecipeError
-from lemur.data.recipe_sources import expand_paths
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe.recipe import Recipe
+from lemur.data.recipe.sources import CHAT_DOMAIN, SOURCE_PRESETS, expand_paths
 from lemur.typed_yaml import TypedLoader
 
 _LOADER = TypedLoader(RecipeError, "recipe")
@@ -90,8 +91,8 @@ def _check_given_tokenizer(recipe: Recipe) -> None:
     """Load the tokenizer `tokenizer.model` or `tokenizer.hf` names and check it (framing,
     round trip: `check_given_tokenizer`), so that an unusable one is a recipe mistake found
     before any input is read or the output is made (exit 2)."""
-    from lemur.data.tokenize.prepare import check_given_tokenizer
-    from lemur.data.tokenize.tokenizer import TokenizerError
+    from lemur.data.encode.prepare import check_given_tokenizer
+    from lemur.data.encode.tokenizer import TokenizerError
 
     key = "model" if recipe.tokenizer.model is not None else "hf"
     try:

@@ -1,6 +1,6 @@
 """Chat documents of a `tokenizer.json` build: encoded with the model's own chat template.
 
-A chat document's messages (in its metadata: lemur/data/tokenize/chat.py) are rendered by the
+A chat document's messages (in its metadata: lemur/data/encode/chat.py) are rendered by the
 folder's template (lemur/chat_template) and nothing else, so a document's ids are exactly
 `apply_chat_template(messages, tokenize=True)`'s and nothing is added around them: the
 template writes its own BOS (Llama-3) or none (ChatML), and its own end of turn. The loss
@@ -20,8 +20,8 @@ from datatrove.utils.batching import batched
 
 from lemur.chat_template import ChatTemplate, TemplateChat, TemplateDrop
 from lemur.data.corpus import Corpus
+from lemur.data.encode.chat import NO_LOSS, TOO_LONG, ChatEncoder, ChatStep
 from lemur.data.read.chat import Message
-from lemur.data.tokenize.chat import NO_LOSS, TOO_LONG, ChatEncoder, ChatStep
 from lemur.tokenizer import open_tokenizer
 
 # What `strftime_now` reads in a build (Llama-3.1's template writes "Today Date: ..."):

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
-from lemur.data.tokenize.tokenizer import model_proto
+from lemur.data.encode.tokenizer import model_proto
 
 SPACE = "\u2581"  # SentencePiece's whitespace marker
 NOT_TEXT = -(1 << 40)  # the length of a piece that stands for no text: forces the fallback

@@ -32,6 +32,8 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
 
 from lemur.chatml import chat_processor, control_pattern, render_chatml
+from lemur.data.encode.offsets import TokenOffsets, byte_offsets
+from lemur.data.encode.tokenizer import load_llama2_processor
 from lemur.data.labels import dropped_label, truncated_label
 from lemur.data.read.chat import (
     MARKER_IN_CONTENT,
@@ -39,9 +41,7 @@ from lemur.data.read.chat import (
     Message,
     marker_in_content,
 )
-from lemur.data.recipe import CHAT_LONG
-from lemur.data.tokenize.offsets import TokenOffsets, byte_offsets
-from lemur.data.tokenize.tokenizer import load_llama2_processor
+from lemur.data.recipe.recipe import CHAT_LONG
 
 # Where a chat step leaves a document's ids and mask for TokenizeWriter (never serialized).
 TOKENS_KEY, MASK_KEY = "lemur_chat_ids", "lemur_chat_mask"
