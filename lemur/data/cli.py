@@ -402,6 +402,46 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a shard folder in another trainer's format; print its TRAINING.md."""
+    from lemur.export.formats import ExportError
+    from lemur.export.run import export
+    from lemur.progress import Progress
+    from lemur.shards.format import ShardFormatError
+
+    try:
+        with Progress("lemur-data", unit="shards") as progress:
+            result = export(
+                args.directory,
+                args.format,
+                args.out,
+                split=args.split,
+                force=args.force,
+                report=progress,
+            )
+    except (ExportError, ShardFormatError) as e:
+        die(str(e))
+    except OSError as e:
+        die(f"{e.filename or args.out}: {e.strerror or e}")
+    print(result.training_md)
+    print(f"wrote {result.out} ({result.files} files)", file=sys.stderr)
+    return 0
+
+
+def export_parser(sub: Any) -> argparse.ArgumentParser:
+    """`lemur-data export DIR --format F --out OUT [--split S] [--force]`."""
+    from lemur.export.formats import FORMAT_MODULES
+
+    e = sub.add_parser("export", help="write a shard folder in another trainer's format")
+    e.add_argument("directory", help="the lemur shard folder (a build's output)")
+    e.add_argument("--format", required=True, choices=list(FORMAT_MODULES))
+    e.add_argument("--out", required=True, help="the folder to write (renamed in when complete)")
+    e.add_argument("--split", default="all", choices=["train", "val", "all"])
+    e.add_argument("--force", action="store_true", help="replace an existing export at --out")
+    e.set_defaults(func=cmd_export)
+    return e
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of `lemur-data`."""
     p = OneLineParser(prog="lemur-data", description=__doc__)
@@ -451,7 +491,8 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check checksums and invariants of a shard directory")
     v.add_argument("directory")
     v.set_defaults(func=cmd_verify)
-    for q in (p, b, tt, c, s, v, ct):
+    ex = export_parser(sub)
+    for q in (p, b, tt, c, s, v, ct, ex):
         add_debug_option(q)
     return p
 
