@@ -21,6 +21,7 @@ from test_data_chat_build import shard_documents
 
 from lemur.chat_template import CONTROL_TEXT
 from lemur.data.build import build
+from lemur.data.corpus import corpus_of
 from lemur.data.encode.prepare import prepare_tokenizer
 from lemur.data.recipe_loader import recipe_from_dict
 from lemur.shards.verify import verify
@@ -101,4 +102,4 @@ def test_a_folder_without_a_chat_template_is_refused(tmp_path):
     folder = llama3_folder(tmp_path / "base")  # the base model's folder: no template
     r = recipe_from_dict(recipe(tmp_path, folder))
     with pytest.raises(TokenizerError, match="no chat template"):
-        prepare_tokenizer(r, [], tmp_path / "work")
+        prepare_tokenizer(r, corpus_of(r), [], tmp_path / "work")

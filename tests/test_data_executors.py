@@ -15,6 +15,7 @@ import pytest
 from conftest import real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.build import build
+from lemur.data.corpus import corpus_of
 from lemur.data.dedup.stage import bucket_tasks, dedup_stages
 from lemur.data.recipe.errors import RecipeError
 from lemur.data.recipe.executor import ExecutorConfig
@@ -170,7 +171,7 @@ def test_slurm_runs_every_global_stage_as_array_jobs(tmp_path, monkeypatch):
 
     stand_in_sbatch(tmp_path, monkeypatch)
     r = recipe_from_dict(recipe(tmp_path, "slurm", SLURM))
-    groups = Groups.of(r)
+    groups = Groups.of(r, corpus_of(r))
     cfg = PackSettings(groups, {"code": 5}, (("code", "Python", 1, b"\x80"),), 3, {}, "<u2", False)
     # the dedup stages as the build makes them: near on, bucket tasks per channel and range
     stages = {

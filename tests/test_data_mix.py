@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from conftest import NO_FILTERS, base_recipe, real_python_files, real_text_docs, write_jsonl
 
+from lemur.data.corpus import corpus_of
 from lemur.data.mix import (
     LEMUR_CODE_TOKENS,
     MIX_PRESETS,
@@ -232,10 +233,10 @@ def run_plan(recipe, tok_dir: Path, n_tasks: int):
     from lemur.data.pack.steps import prep_task
     from lemur.data.runs.format import task_records
 
-    g = Groups.of(recipe)
+    g = Groups.of(recipe, corpus_of(recipe))
     for rank in range(n_tasks):
         prep_task(rank, tok_dir, None, tok_dir / "hist", g)
-    plan = make_plan(recipe, tok_dir / "hist", n_tasks, 2)
+    plan = make_plan(recipe, corpus_of(recipe), tok_dir / "hist", n_tasks, 2)
     got: dict[str, int] = {}
     pool: dict[str, int] = {}
     val = {"docs": 0, "by_domain": {}}

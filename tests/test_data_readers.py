@@ -15,6 +15,7 @@ import pytest
 from conftest import NO_FILTERS, real_python_files, real_text_docs, write_jsonl
 
 from lemur.data.build import BuildError, build
+from lemur.data.corpus import corpus_of
 from lemur.data.read.listing import list_inputs
 from lemur.data.read.notebooks import NotebookError, notebook_to_script
 from lemur.data.read.sources import SourcesReader
@@ -547,6 +548,6 @@ def test_per_file_error_totals_survive_the_error_list_cap(tmp_path):
     assert len(list(reader.run())) == 1
     (work / "logs" / "stats").mkdir(parents=True)
     (work / "logs" / "stats" / "00000.json").write_text("[]")
-    counts = collect_counts(work, r, 1, listing)
+    counts = collect_counts(work, r, corpus_of(r), 1, listing)
     assert len(counts["errors"]) == MAX_ERRORS_PER_TASK  # b.jsonl's errors are past the cap
     assert counts["errors_by_file"] == {str(tmp_path / "a.jsonl"): n, str(tmp_path / "b.jsonl"): 2}

@@ -95,6 +95,7 @@ def generate(root: Path, n_docs: int, n_tasks: int) -> None:
 
 def run_stage(root: Path, stage: str, n_tasks: int) -> None:
     """Run every task of one stage in this process (the child of `measure`)."""
+    from lemur.data.corpus import corpus_of
     from lemur.data.dedup.stage import dedup_dir, dedup_stages
     from lemur.data.pack.plan import make_plan
     from lemur.data.pack.select import Groups
@@ -107,13 +108,18 @@ def run_stage(root: Path, stage: str, n_tasks: int) -> None:
         steps = list(dedup_stages(recipe.dedup, tok, n_tasks, ddir))
         _, step, tasks = steps[0 if stage == "dedup buckets" else 1]
         return _run(step, tasks)
-    stages = PackStages(recipe, tok, n_tasks, token_dtype(32000), dedup_dir=ddir, prefix="b")
+    stages = PackStages(
+        recipe, corpus_of(recipe), tok, n_tasks, token_dtype(32000), dedup_dir=ddir, prefix="b"
+    )
     if stage == "pack histograms":
         from lemur.data.pack.steps import PackPrep
 
-        return _run(PackPrep(tok, ddir, stages.shuffle_dir / "hist", Groups.of(recipe)), n_tasks)
+        return _run(
+            PackPrep(tok, ddir, stages.shuffle_dir / "hist", Groups.of(recipe, corpus_of(recipe))),
+            n_tasks,
+        )
     if stage == "plan":
-        plan = make_plan(recipe, stages.shuffle_dir / "hist", n_tasks, 2)
+        plan = make_plan(recipe, corpus_of(recipe), stages.shuffle_dir / "hist", n_tasks, 2)
         (root / "plan.pkl").write_bytes(pickle.dumps(plan))
         return None
     plan = pickle.loads((root / "plan.pkl").read_bytes())

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from lemur.data import work as work_folders
-from lemur.data.corpus import corpus_of
+from lemur.data.corpus import Corpus
 from lemur.data.read.listing import InputFile, Listing
 from lemur.data.read.split import ROW_GROUPS
 from lemur.data.recipe.recipe import Recipe
@@ -68,11 +68,6 @@ def seeded_order(seed: int, files: list[InputFile]) -> dict[int, list[int]]:
     for i, f in enumerate(files):
         order.setdefault(f.source, []).append(i)
     return {s: sorted(ix, key=lambda i: (key(i), i)) for s, ix in order.items()}
-
-
-def is_enabled(recipe: Recipe) -> bool:
-    """Whether the recipe asks for budgeted reading (chat builds take every conversation)."""
-    return corpus_of(recipe).budgeted_reading()
 
 
 @dataclass
@@ -243,10 +238,11 @@ def top_up(recipe: Recipe, reading: Reading, run_dir: Path, n_tasks: int, dd: Pa
 
 
 def read_sources(
-    recipe: Recipe, listing: Listing, run: ReadRound
+    recipe: Recipe, corpus: Corpus, listing: Listing, run: ReadRound
 ) -> tuple[Reading, Path, int, Path | None]:
-    """Read what the recipe needs: everything, or budgeted rounds; the last round's work."""
-    if not is_enabled(recipe):
+    """Read what the recipe needs: everything, or budgeted rounds (when the corpus reads on
+    a budget: chat builds take every conversation); the last round's work."""
+    if not corpus.budgeted_reading():
         reading = full_reading(recipe, listing)
         return reading, *run(listing.files, "read")
     reading = plan_reading(recipe, listing, run)

@@ -67,6 +67,7 @@ from lemur.data.pack.shuffle import ShuffleError
 from lemur.data.pack.write import PackStages
 from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.remote_outcome import unfinished_reads
+from lemur.data.read.exclude import exclusions_of
 from lemur.data.read.sources import SourcesReader
 from lemur.data.read.stack_v2 import check_content_clients
 from lemur.data.recipe.recipe import Recipe
@@ -81,6 +82,7 @@ from lemur.data.run.lock import DirectoryLock, LockedError
 from lemur.data.run.stage import executor_session
 from lemur.data.run.task import Reporter
 from lemur.data.runs.format import TokenRun
+from lemur.data.runs.provenance import provenance_key
 from lemur.progress import format_duration
 from lemur.shards.check import check_structure
 from lemur.shards.commit import commit
@@ -163,8 +165,11 @@ def tokenize_writer(ctx: BuildContext, tokens_dir: Path) -> TokenizeWriter:
     recipe (a SentencePiece model's are its own); a chat template frames its documents."""
     corpus, tok_path, tokenizer = ctx.corpus, ctx.tok.path, ctx.tok.opened
     masks, batch = corpus.loss_masks, ctx.recipe.tokenize_batch_docs
+    provenance = provenance_key(ctx.recipe)  # None: no provenance rows
     if not is_tokenizer_json(tok_path):
-        return TokenizeWriter(str(tok_path), str(tokens_dir), batch_docs=batch, masks=masks)
+        return TokenizeWriter(
+            str(tok_path), str(tokens_dir), batch_docs=batch, masks=masks, provenance=provenance
+        )
     return TokenizeWriter(
         str(tok_path),
         str(tokens_dir),
@@ -173,6 +178,7 @@ def tokenize_writer(ctx: BuildContext, tokens_dir: Path) -> TokenizeWriter:
         framing=(tokenizer.bos_id, tokenizer.eos_id),
         engine=tokenizer.engine,
         template=corpus.chat_format == "template",
+        provenance=provenance,
     )
 
 
@@ -181,7 +187,12 @@ def tokenize_stage(ctx: BuildContext, inputs: list[InputFile], run_dir: Path) ->
     recipe, corpus, tok_path = ctx.recipe, ctx.corpus, ctx.tok.path
     n_tasks = max(1, min(recipe.executor.tasks, len(inputs)))
     pipeline = [
-        SourcesReader(inputs, recipe.sources, errors_dir=str(work_folders.errors_dir(run_dir))),
+        SourcesReader(
+            inputs,
+            recipe.sources,
+            errors_dir=str(work_folders.errors_dir(run_dir)),
+            exclusions=exclusions_of(recipe),  # `exclude:` lists: dropped as they are read
+        ),
         LanguageTagger(),
         *make_filters(recipe, inputs, run_dir, corpus.judged_as_text),
         # PII redaction rewrites text, not a conversation's messages (what chat trains on).
@@ -274,6 +285,9 @@ def _work_key(ctx: BuildContext, inputs_sha: str) -> str:
             # Chat tokens depend on the cut (seq_len, long policy); other builds' keys stay.
             **ctx.corpus.work_key(),
             **({"repos": recipe.repos.spill_settings()} if recipe.repos else {}),
+            # Provenance rows and the exclude lists' entries (unset: older keys stay).
+            **({"provenance": provenance_key(recipe)} if recipe.provenance else {}),
+            **({"exclude": exclusions_of(recipe).key()} if recipe.exclude else {}),
         }
     )[:16]
 
@@ -302,7 +316,7 @@ def read_round(
     n = tokenize_stage(ctx, units, run_dir)
     if kind != "read":
         return run_dir, n, None
-    counts = collect_counts(run_dir, recipe, n, listing)
+    counts = collect_counts(run_dir, recipe, ctx.corpus, n, listing)
     unfinished = unfinished_reads(recipe, run_dir, n, counts)  # a rerun redoes those tasks
     if unfinished:
         raise BuildError(unfinished)
@@ -405,6 +419,7 @@ def pack_stages(ctx: BuildContext, run: TokenRun, recipe: Recipe | None = None) 
     settings = {k: v for k, v in recipe.to_dict().items() if k not in ("output", "work_dir")}
     return PackStages(
         recipe,
+        ctx.corpus,
         run.token_dir,
         run.tasks,
         token_dtype(ctx.tok.info["vocab_size"]),
@@ -420,7 +435,7 @@ def prepared_tokenizer(ctx: BuildContext, inputs: list[InputFile]) -> BuildToken
     tokenizer opened once, which every later check and stage of this process uses."""
     recipe = ctx.recipe
     ctx.report("tokenizer", 0, 1)
-    tok_path = prepare_tokenizer(recipe, inputs, ctx.work_root)
+    tok_path = prepare_tokenizer(recipe, ctx.corpus, inputs, ctx.work_root)
     opened = open_build_tokenizer(recipe, tok_path)
     tok_info = build_tokenizer_info(ctx.corpus, tok_path, opened)
     markers = build_markers(recipe, tok_path, opened) if recipe.fim is not None else None
@@ -455,7 +470,7 @@ def _sections(
     totals = stages.totals()
     if grouped is not None:
         grouped.add_removals(totals)
-    return ManifestSections(recipe, plan, totals, dd, n_tasks, dups)
+    return ManifestSections(recipe, stages.corpus, plan, totals, dd, n_tasks, dups)
 
 
 def _listed(ctx: BuildContext) -> tuple[Listing, str]:
@@ -479,7 +494,7 @@ def _build_locked(ctx: BuildContext, force, plan_only, on_plan) -> dict[str, Any
         return json.loads((out / MANIFEST).read_text())
     ctx = ctx.with_tokenizer(prepared_tokenizer(ctx, listing.files))
     reading, run_dir, n_tasks, dd = read_sources(
-        recipe, listing, lambda units, kind: read_round(ctx, listing, units, kind)
+        recipe, ctx.corpus, listing, lambda units, kind: read_round(ctx, listing, units, kind)
     )
     run, fim = fim_stage(ctx, TokenRun(run_dir, n_tasks, dd))
     stages, grouped = _pack_input(ctx, run)
@@ -487,7 +502,7 @@ def _build_locked(ctx: BuildContext, force, plan_only, on_plan) -> dict[str, Any
     try:
         pack_plan = stages.plan()  # histogram tasks, then the plan in this process
     except PackError as e:  # e.g. nothing left to pack: say what the documents became
-        became = drops(collect_counts(run_dir, recipe, n_tasks, listing))
+        became = drops(collect_counts(run_dir, recipe, ctx.corpus, n_tasks, listing))
         raise PackError(f"{e}; {became}") from None
     read = reading.summary(recipe)
     if on_plan:
@@ -499,7 +514,7 @@ def _build_locked(ctx: BuildContext, force, plan_only, on_plan) -> dict[str, Any
     sections = _sections(recipe, stages, grouped, pack_plan, dd, n_tasks, out)
     # What was read of each source, when budgeted reading chose (a full read's counts stay).
     units = read["sources"] if ctx.corpus.budgeted_reading() else None
-    counts = collect_counts(run_dir, recipe, n_tasks, listing, sections.dedup(), units)
+    counts = collect_counts(run_dir, recipe, ctx.corpus, n_tasks, listing, sections.dedup(), units)
     counts |= grouped.manifest_counts(recipe) if grouped is not None else {}
     tok_file = copy_tokenizer_files(ctx.tok.path, out / prefix)
     atomic_write_json(out / prefix / "stats.json", sections.stats())

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemur.data import work as work_folders
-from lemur.data.corpus import corpus_of
+from lemur.data.corpus import Corpus
 from lemur.data.labels import DOCUMENTS, REMOTE_COUNTERS, per_source, run_labels
 
 if TYPE_CHECKING:  # annotations only
@@ -53,6 +53,7 @@ def _remote_totals(remote: Counter[str]) -> dict[str, Any]:
 def collect_counts(
     run_dir: Path,
     recipe: Recipe,
+    corpus: Corpus,
     n_tasks: int,
     listing: Listing,
     dedup: dict[str, Any] | None = None,
@@ -83,7 +84,7 @@ def collect_counts(
         s["kept"] = s["read"] - sum(s["dropped"].values())
     read = sum(s["read"] for s in sources.values())
     # Only chat builds cut documents; other manifests stay as they were.
-    truncated = corpus_of(recipe).counts(sum(totals["truncated"].values()))
+    truncated = corpus.counts(sum(totals["truncated"].values()))
     return {
         "read": read,
         "dropped": dict(sorted(dropped.items())),

@@ -16,7 +16,7 @@ from lemur.atomic_files import temp_name
 from lemur.chat_template import ChatTemplate, template_source
 from lemur.chat_template.template import TEMPLATE_FILE
 from lemur.data import work as work_folders
-from lemur.data.corpus import Corpus, corpus_of
+from lemur.data.corpus import Corpus
 from lemur.data.encode.byte_bpe import train_byte_bpe
 from lemur.data.encode.tokenizer import (
     TokenizerError,
@@ -200,7 +200,7 @@ def copy_hf_tokenizer(src: str, work: Path, chat: bool = False) -> Path:
     return target / "tokenizer.json"
 
 
-def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Path:
+def prepare_tokenizer(recipe: Recipe, corpus: Corpus, inputs: list[InputFile], work: Path) -> Path:
     """The recipe's tokenizer as a checked file under `<output>/.work/` (copied or trained).
 
     A given model is checked first (`check_given_tokenizer`, which `build` runs before it
@@ -210,7 +210,6 @@ def prepare_tokenizer(recipe: Recipe, inputs: list[InputFile], work: Path) -> Pa
     (every other id unchanged); a tokenizer.json's chat build renders with the folder's
     own chat template instead.
     """
-    corpus = corpus_of(recipe)
     pieces = corpus.tokenizer_pieces()  # ChatML's markers for a ChatML chat build
     if recipe.tokenizer.hf is not None:
         return copy_hf_tokenizer(recipe.tokenizer.hf, work, corpus.chat_format == "template")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from lemur.data.corpus import corpus_of
+from lemur.data.corpus import Corpus
 from lemur.data.mix import MixInfeasible, MixPlan, fill_to_budget
 from lemur.data.pack.select import HIST, N_BINS, Groups, Unit
 from lemur.data.recipe.recipe import Recipe
@@ -143,21 +143,23 @@ def read_prep(prep_dir: Path, rank: int) -> tuple[np.ndarray, dict[str, Any]]:
     return np.array(open_array(prep_dir / f"{rank:05d}.hist", HIST)), meta
 
 
-def make_plan(recipe: Recipe, prep_dir: Path, n_tasks: int, itemsize: int) -> PackPlan:
+def make_plan(
+    recipe: Recipe, corpus: Corpus, prep_dir: Path, n_tasks: int, itemsize: int
+) -> PackPlan:
     """Sum the prep tasks' outputs and plan the mix, the val split and the shuffle."""
-    g = Groups.of(recipe)
+    g = Groups.of(recipe, corpus)
     sums = _Sums(g)
     for rank in range(n_tasks):
         sums.add_task(*read_prep(prep_dir, rank))
     val_cut, val_tokens = sums.val_cuts()
     available = {u: int(sums.tokens[u].sum()) for u, docs in sums.docs.items() if docs.sum() > 0}
-    mix = _plan_mix(recipe, available)
+    mix = _plan_mix(corpus, available)
     units = {u: unit_bins(sums.tokens[u], unit.budget) for u, unit in mix.units.items()}
     st = max(1, recipe.shard_tokens)
     planned = sum(u.budget for u in mix.units.values())
     val_shards = {d: math.ceil(val_tokens.get(d, 0) / st) for d in recipe.domains()}
     plan = PackPlan(mix, val_cut, units, max(1, math.ceil(planned / st)), val_shards)
-    mask = 1 if corpus_of(recipe).loss_masks else 0  # a byte per token beside it
+    mask = 1 if corpus.loss_masks else 0  # a byte per token beside it
     shard = int(max(1, planned // plan.train_shards) * 1.05)  # buckets vary around the mean
     shard_docs = int(shard * sum(sums.task_docs) / max(1, sum(sums.task_tokens)))
     docs, tokens = max(sums.task_docs, default=0), max(sums.task_tokens, default=0)
@@ -171,8 +173,8 @@ def make_plan(recipe: Recipe, prep_dir: Path, n_tasks: int, itemsize: int) -> Pa
     return plan
 
 
-def _plan_mix(recipe: Recipe, available: dict[tuple[str, str], int]) -> MixPlan:
+def _plan_mix(corpus: Corpus, available: dict[tuple[str, str], int]) -> MixPlan:
     try:
-        return corpus_of(recipe).plan_mix(available)
+        return corpus.plan_mix(available)
     except MixInfeasible as e:
         raise PackError(str(e)) from None

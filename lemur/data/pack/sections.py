@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from lemur.data.corpus import corpus_of
+from lemur.data.corpus import Corpus
 from lemur.data.pack.plan import PackPlan
 from lemur.data.pack.select import Groups
 from lemur.data.pack.shuffle import GROUP_FIELDS, ScatterTotals
@@ -32,6 +32,7 @@ class ManifestSections:
     def __init__(
         self,
         recipe: Recipe,
+        corpus: Corpus,
         plan: PackPlan,
         totals: ScatterTotals,
         dedup_dir: Path | None,
@@ -39,6 +40,7 @@ class ManifestSections:
         duplicates: str | None = None,
     ) -> None:
         self.recipe = recipe
+        self.corpus = corpus
         self.plan = plan
         self.totals = totals
         self.dedup_dir = dedup_dir
@@ -47,7 +49,7 @@ class ManifestSections:
 
     def mix(self) -> dict[str, Any]:
         """The manifest's `mix`: target, tokens by domain, languages, sources, notes."""
-        recipe, g, total = self.recipe, Groups.of(self.recipe), self.totals.total
+        recipe, g, total = self.recipe, Groups.of(self.recipe, self.corpus), self.totals.total
         domains = recipe.domains()
         tokens = {d: total("selected_tokens", lambda s, _, d=d: g.domains[s] == d) for d in domains}
         available = {d: total("pool_tokens", lambda s, _, d=d: g.domains[s] == d) for d in domains}
@@ -71,7 +73,7 @@ class ManifestSections:
             languages.setdefault(d, {})[lang] = {**unit.to_json(), "tokens": got}
         all_tokens = sum(tokens.values()) or 1
         return {
-            "target": corpus_of(self.recipe).mix_target(available),
+            "target": self.corpus.mix_target(available),
             "tokens": tokens,
             "available": available,
             "achieved": {d: round(t / all_tokens, 6) for d, t in tokens.items()},

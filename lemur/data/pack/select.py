@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lemur.data.corpus import corpus_of
+from lemur.data.corpus import Corpus
 from lemur.data.dedup.signer import GOLDEN64
 from lemur.data.mix import seeded_hash
 from lemur.data.recipe.recipe import Recipe
@@ -42,10 +42,10 @@ class Groups:
     groups: tuple[str, ...]  # the mix group of each source: its domain, or its name
 
     @classmethod
-    def of(cls, recipe: Recipe) -> Groups:
+    def of(cls, recipe: Recipe, corpus: Corpus) -> Groups:
         """The groups of a recipe: per domain, or per source in weighted chat builds."""
         domains = tuple(s.domain for s in recipe.sources)
-        return cls(recipe.seed, recipe.val_fraction, domains, corpus_of(recipe).mix_groups())
+        return cls(recipe.seed, recipe.val_fraction, domains, corpus.mix_groups())
 
     def val_threshold(self) -> int:
         """The val hash below which a document is held out (before small-domain fixes)."""

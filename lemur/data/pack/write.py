@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from lemur.atomic_files import atomic_open
-from lemur.data.corpus import corpus_of
+from lemur.data.corpus import Corpus
 from lemur.data.pack.plan import PackError, PackPlan, make_plan
 from lemur.data.pack.select import Groups
 from lemur.data.pack.settings import PackSettings
@@ -47,6 +47,7 @@ class PackStages:
     def __init__(
         self,
         recipe: Recipe,
+        corpus: Corpus,
         tok_dir: Path,
         n_tasks: int,
         dtype: np.dtype,
@@ -57,6 +58,7 @@ class PackStages:
         run_stage: StageRunner = run_here,
     ) -> None:
         self.recipe = recipe
+        self.corpus = corpus
         self.tok_dir = tok_dir
         self.n_tasks = n_tasks
         self.dtype = np.dtype(dtype)
@@ -80,15 +82,15 @@ class PackStages:
         if (cfg.exact or cfg.near) and self.dedup_dir is None:
             raise ValueError("PackStages: dedup is on but no dedup stage folder was given")
         hist = self.shuffle_dir / "hist"
-        groups = Groups.of(self.recipe)
+        groups = Groups.of(self.recipe, self.corpus)
         step = PackPrep(self.tok_dir, self.dedup_dir, hist, groups, self.duplicates)
         self.run_stage([step], self.shuffle_dir / "prep", self.n_tasks, "pack: histograms")
-        return make_plan(self.recipe, hist, self.n_tasks, self.dtype.itemsize)
+        return make_plan(self.recipe, self.corpus, hist, self.n_tasks, self.dtype.itemsize)
 
     def settings(self, plan: PackPlan) -> PackSettings:
         """What the scatter and gather tasks of `plan` are configured with."""
-        masks = corpus_of(self.recipe).loss_masks
-        return PackSettings.of(plan, Groups.of(self.recipe), self.dtype, masks)
+        masks = self.corpus.loss_masks
+        return PackSettings.of(plan, Groups.of(self.recipe, self.corpus), self.dtype, masks)
 
     def shuffle(
         self, plan: PackPlan, out_dir: Path, writer: ShardWriter = write_shard
