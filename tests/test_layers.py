@@ -484,6 +484,7 @@ def test_the_private_check_sees_a_planted_use() -> None:
 # imports its own modules and parts of lower floors only, never one beside or above it.
 DATA_FLOORS: tuple[tuple[str, ...], ...] = (
     ("work", "labels"),  # folder names, stat labels
+    ("samples",),  # the build's samples: format, per-task collectors, merge
     ("recipe",),  # every section of the recipe, and the Recipe
     ("run",),  # executors and their tasks
     ("runs",),  # the run between stages: token runs, records, removals
@@ -496,8 +497,9 @@ DATA_FLOORS: tuple[tuple[str, ...], ...] = (
     ("context",),  # BuildContext: made once per build, handed to the stages above
     ("repos",),
     ("recipe_loader",),  # a recipe read from YAML: presets, overrides, checks that ask the stages
-    ("counts", "budget", "classifier_stage"),
+    ("counts", "budget", "classifier_stage", "sample_stage"),
     ("build", "demo", "chat_demo", "stats"),
+    ("inspect",),  # the inspect page: reads a finished build through stats
     ("cli",),
 )
 # lemur/data's upward imports left when the floors came (issue #45), (importer part,

@@ -442,6 +442,61 @@ def export_parser(sub: Any) -> argparse.ArgumentParser:
     return e
 
 
+def _port(text: str) -> int:
+    """A TCP port for `--serve` (0: any free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port is a number from 0 to 65535")
+    return port
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Write the build's inspect page (one offline HTML file); print its path; --serve it."""
+    from lemur.cli_common import writing
+    from lemur.data.inspect.page import InspectError, gather
+    from lemur.data.inspect.render import render, write_page
+
+    out = Path(args.out or Path(args.directory) / "inspect.html").expanduser()
+    if out.is_dir():
+        die(f"--out {out}: is a directory (name the HTML file to write)")
+    try:
+        data = gather(args.directory)
+    except InspectError as e:
+        die(str(e))
+    page = render(data)
+    with writing(out):
+        write_page(out, page)
+    print(out, flush=True)
+    if args.serve is None:
+        return 0
+    from lemur.data.inspect.serve import serve
+
+    try:
+        return serve(page, args.serve, say=lambda line: print(line, flush=True))
+    except OSError as e:  # the port is taken, or not ours to bind
+        die(f"--serve {args.serve}: {e.strerror or e}")
+
+
+def inspect_parser(sub: Any) -> argparse.ArgumentParser:
+    """`lemur-data inspect DIR [--out PAGE.html] [--serve [PORT]]`."""
+    i = sub.add_parser("inspect", help="write one offline web page showing what a build kept")
+    i.add_argument("directory", help="the build's output folder")
+    i.add_argument("--out", help="the HTML file to write (default: DIRECTORY/inspect.html)")
+    i.add_argument(
+        "--serve",
+        nargs="?",
+        const=8000,
+        type=_port,
+        metavar="PORT",
+        help="also serve the page on 127.0.0.1:PORT (default 8000) until Ctrl-C",
+    )
+    i.set_defaults(func=cmd_inspect)
+    return i
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of `lemur-data`."""
     p = OneLineParser(prog="lemur-data", description=__doc__)
@@ -492,7 +547,8 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("directory")
     v.set_defaults(func=cmd_verify)
     ex = export_parser(sub)
-    for q in (p, b, tt, c, s, v, ct, ex):
+    ins = inspect_parser(sub)
+    for q in (p, b, tt, c, s, v, ct, ex, ins):
         add_debug_option(q)
     return p
 

@@ -1,0 +1,316 @@
+"""What the inspect page shows, gathered as plain data: the build's numbers (read once from
+the manifest and stats.json through `lemur.data.stats`, the one home of those figures), the
+samples the build kept (`samples/`, docs/inspect.md), and a bounded shard browser (a few
+documents per shard, each token's decoded piece computed here with the build's tokenizer,
+since a page cannot run one).
+
+Everything embedded is bounded whatever the build's size: samples are capped by the build
+(K per reason, bytes per text) and again here on reading; the shard browser takes at most
+`max_shards` shards per split, `docs_per_shard` documents and `max_doc_tokens` tokens each.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lemur.data.stats import compute_stats, document_lengths, framing
+from lemur.shards.format import MANIFEST, ShardFormatError, open_index, open_mask, open_tokens
+from lemur.tokenizer import Tokenizer, TokenizerError, open_tokenizer
+from lemur.tokenizer.fim import MARKER_ROLES
+
+PAGE_FORMAT = "lemur-inspect/1"
+SAMPLES_DIR = "samples"
+SAMPLE_FILES = (
+    "drops",
+    "near_duplicates",
+    "exact_duplicates",
+    "decontamination",
+    "pii",
+    "kept",
+)
+# A samples file past these is not one the build wrote (the build caps K per reason and
+# each text at `max_bytes`); reading stops there so that the page stays small.
+MAX_SAMPLE_RECORDS = 5000
+MAX_SAMPLE_BYTES = 4 << 20
+# How far back a token's piece is decoded from: enough for a byte-level model's longest
+# UTF-8 sequence and SentencePiece's leading-space rule, short enough to stay linear.
+PIECE_CONTEXT = 8
+
+
+class InspectError(ValueError):
+    """A folder that is no build, or a build file the page cannot read: one line."""
+
+
+@dataclass(frozen=True)
+class BrowserLimits:
+    """How much of the shards the page embeds (its size does not grow with the build)."""
+
+    max_shards: int = 6  # per split
+    docs_per_shard: int = 6  # the first half of them, then a seeded sample of the rest
+    max_doc_tokens: int = 1500  # a document's tokens past this are cut (marked)
+    seed: int = 0
+
+
+def gather(directory: str | Path, limits: BrowserLimits = BrowserLimits()) -> dict[str, Any]:
+    """Everything the page shows, as JSON-ready data; InspectError for a folder that is no
+    build (or whose files are damaged)."""
+    root = Path(directory)
+    if not (root / MANIFEST).is_file():
+        raise InspectError(f"{root}: no {MANIFEST}: not a lemur-data build folder")
+    try:
+        stats = compute_stats(root)
+    except (ShardFormatError, OSError) as e:
+        raise InspectError(str(e)) from None
+    manifest = json.loads((root / MANIFEST).read_text())
+    return {
+        "format": PAGE_FORMAT,
+        "name": root.resolve().name,
+        "build": _build_facts(stats, manifest),
+        "funnel": funnel(manifest),
+        "drops": stats["drops"],
+        "counts": _count_facts(stats["counts"]),
+        "mix": {"ratio": stats["ratio"], "sources": stats["sources"]},
+        "languages": stats["languages"],
+        "groups": stats["groups"],
+        "lengths": stats["lengths"],
+        "length_histograms": length_histograms(root, manifest),
+        "splits": stats["splits"],
+        "classifiers": _classifier_facts(stats.get("classifiers") or {}),
+        "samples": read_samples(root),
+        "browser": shard_browser(root, manifest, limits),
+    }
+
+
+def length_histograms(root: Path, manifest: dict[str, Any], bins: int = 30) -> dict[str, Any]:
+    """Tokens per document per `split/domain` (the shard indexes, as `stats` reads them), in
+    log-spaced bins: a bounded picture of any number of documents."""
+    out = {}
+    for key, lengths in sorted(document_lengths(root, manifest).items()):
+        if not len(lengths):
+            continue
+        top = max(float(lengths.max()), 2.0)
+        edges = np.unique(np.round(np.geomspace(1, top + 1, bins + 1)))
+        counts, _ = np.histogram(lengths, bins=edges)
+        out[key] = {"edges": [int(e) for e in edges], "counts": [int(c) for c in counts]}
+    return out
+
+
+def _build_facts(stats: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
+    """The heading: dtype, seq_len, vocabulary, framing, kind of corpus."""
+    return {
+        "dtype": stats["dtype"],
+        "seq_len": stats["seq_len"],
+        "vocab_size": stats["vocab_size"],
+        "framing": framing(stats.get("tokenizer", {})),
+        "chat": any(s.get("mask") for s in manifest["shards"]),
+        "fim": stats.get("fim", {}).get("counts"),
+        "repositories": bool((manifest.get("counts") or {}).get("repositories")),
+        "recipe_sha256": manifest.get("recipe_sha256"),
+    }
+
+
+def _count_facts(counts: dict[str, Any]) -> dict[str, Any]:
+    """The manifest counts the page shows (not its error list, which can be long)."""
+    keys = ("read", "kept", "tokenized", "duplicates", "dropped", "pii", "decontaminated")
+    out = {k: counts[k] for k in keys if k in counts}
+    dedup = counts.get("dedup") or {}
+    out["dedup"] = {k: dedup[k] for k in ("exact", "near", "by_source") if k in dedup}
+    out["errors_total"] = counts.get("errors_total", 0)
+    return out
+
+
+def _classifier_facts(classifiers: dict[str, Any]) -> dict[str, Any]:
+    """Each classifier's rule, counts and examples around its cut, as the manifest has them."""
+    keep = ("label", "model", "min_score", "keep_top", "thresholds", "keep_rate")
+    out = {}
+    for name, c in classifiers.items():
+        facts = {k: c[k] for k in keep if k in c}
+        facts |= {k: c.get(k, 0) for k in ("kept", "dropped", "scored")}
+        facts["examples"] = c.get("examples", {})
+        out[name] = facts
+    return out
+
+
+def funnel(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per source: documents read -> kept by the filters -> left after dedup -> selected
+    by the mix (train documents, repeats counted, and tokens), the manifest's numbers."""
+    counts = manifest.get("counts") or {}
+    removed = (counts.get("dedup") or {}).get("by_source") or {}
+    mixed = (manifest.get("mix") or {}).get("sources") or {}
+    domains = {
+        s.get("name"): s.get("domain", "?")
+        for s in (manifest.get("recipe") or {}).get("sources", [])
+        if isinstance(s, dict)
+    }
+    rows = []
+    for name, s in (counts.get("sources") or {}).items():
+        gone = removed.get(name) or {}
+        kept = s.get("kept", 0)
+        m = mixed.get(name) or {}
+        rows.append(
+            {
+                "source": name,
+                "domain": domains.get(name, m.get("domain", "?")),
+                "read": s.get("read", 0),
+                "kept": kept,
+                "deduplicated": kept - gone.get("exact", 0) - gone.get("near", 0),
+                "mixed": m.get("documents", 0),
+                "available_tokens": m.get("available_tokens", 0),
+                "tokens": m.get("tokens", 0),
+            }
+        )
+    return rows
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """A samples file's records (bounded), each a JSON object, else InspectError naming
+    the file and line."""
+    records: list[dict[str, Any]] = []
+    size = 0
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for n, line in enumerate(fh, 1):
+            size += len(line)
+            if len(records) >= MAX_SAMPLE_RECORDS or size > MAX_SAMPLE_BYTES:
+                break
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise InspectError(f"{path}:{n}: not a JSON line ({e})") from None
+            if not isinstance(record, dict):
+                raise InspectError(f"{path}:{n}: a record must be a JSON object")
+            records.append(record)
+    return records
+
+
+def read_samples(root: Path) -> dict[str, Any] | None:
+    """The build's `samples/` folder (docs/inspect.md), or None when it wrote none."""
+    folder = root / SAMPLES_DIR
+    if not folder.is_dir():
+        return None
+    out: dict[str, Any] = {}
+    for name in SAMPLE_FILES:
+        path = folder / f"{name}.jsonl"
+        out[name] = _read_jsonl(path) if path.is_file() else []
+    summary = folder / "summary.json"
+    try:
+        out["summary"] = json.loads(summary.read_text()) if summary.is_file() else {}
+    except (OSError, ValueError) as e:
+        raise InspectError(f"{summary}: not readable JSON ({e})") from None
+    if not isinstance(out["summary"], dict):
+        raise InspectError(f"{summary}: must be a JSON object")
+    return out
+
+
+def token_pieces(tok: Tokenizer, ids: list[int]) -> list[str]:
+    """Each token's decoded text, so that the pieces joined are `tok.decode(ids)` of the
+    text tokens: a piece is what decoding it adds after the few tokens before it (a token
+    that ends inside a UTF-8 character gets "" and the next one the whole character)."""
+    pieces = [""] * len(ids)
+    start = 0  # the first token whose text is not out yet
+    for i in range(len(ids)):
+        s = max(0, start - PIECE_CONTEXT)
+        cur = tok.decode(ids[s : i + 1])
+        if cur.endswith("\ufffd") and i + 1 < len(ids) and i - start < 4:
+            continue  # an incomplete character: wait for the token that completes it
+        base = tok.decode(ids[s:start])
+        pieces[i] = cur[len(base) :] if cur.startswith(base) else tok.decode(ids[start : i + 1])
+        start = i + 1
+    return pieces
+
+
+def _marker_roles(tok: Tokenizer, manifest: dict[str, Any]) -> dict[int, str]:
+    """FIM and repository marker ids -> role: the manifest's `fim.markers`, else the
+    model's own markers when the build wrote repository documents with them."""
+    markers = (manifest.get("fim") or {}).get("markers") or {}
+    roles = {int(v): r for r, v in markers.items() if r in MARKER_ROLES and isinstance(v, int)}
+    repos = (manifest.get("counts") or {}).get("repositories") or {}
+    if repos.get("format") == "markers" and "file_sep" not in roles.values():
+        from lemur.tokenizer.fim import MARKER_STYLES
+
+        for style in MARKER_STYLES.values():
+            for role in ("repo_name", "file_sep"):
+                i = tok.piece_id(style[role]) if role in style else None
+                if i is not None:
+                    roles.setdefault(i, role)
+    return roles
+
+
+def _pick_docs(n: int, limits: BrowserLimits, key: str) -> list[int]:
+    """The documents of a shard shown: the first few, then a seeded sample of the rest."""
+    first = list(range(min(n, (limits.docs_per_shard + 1) // 2)))
+    rest = range(len(first), n)
+    k = min(len(rest), limits.docs_per_shard - len(first))
+    rng = random.Random(f"{limits.seed}:{key}")
+    return first + sorted(rng.sample(rest, k))
+
+
+def _document(
+    tok: Tokenizer, tokens: np.ndarray, mask: np.ndarray | None, a: int, b: int, cap: int
+) -> dict[str, Any]:
+    """One document of a shard: ids, pieces, which are control tokens, its mask."""
+    ids = [int(x) for x in tokens[a : min(b, a + cap)]]
+    control = [i for i, t in enumerate(ids) if tok.is_control(t)]
+    text_at = [i for i in range(len(ids)) if i not in set(control)]
+    pieces = [""] * len(ids)
+    for i, p in zip(text_at, token_pieces(tok, [ids[i] for i in text_at]), strict=True):
+        pieces[i] = p
+    doc: dict[str, Any] = {"offset": a, "length": b - a, "ids": ids, "pieces": pieces}
+    doc["cut"] = b - a > cap
+    if mask is not None:
+        doc["mask"] = "".join("1" if m else "0" for m in mask[a : a + len(ids)])
+    return doc
+
+
+def shard_browser(
+    root: Path, manifest: dict[str, Any], limits: BrowserLimits = BrowserLimits()
+) -> dict[str, Any]:
+    """The shard browser's data: per split, a few shards with a few decoded documents, the
+    names of control ids and the marker roles."""
+    try:
+        tok = open_tokenizer(root / manifest["tokenizer"]["file"])
+    except (TokenizerError, OSError) as e:
+        raise InspectError(f"{root / manifest['tokenizer']['file']}: {e}") from None
+    shards, seen = [], set()
+    per_split: dict[str, int] = {}
+    for s in manifest["shards"]:
+        per_split[s["split"]] = per_split.get(s["split"], 0) + 1
+        if per_split[s["split"]] > limits.max_shards:
+            continue
+        tokens = open_tokens(root, s, manifest["dtype"])
+        ends = np.asarray(open_index(root, s), dtype=np.int64)
+        mask = open_mask(root, s)
+        docs = []
+        for d in _pick_docs(len(ends), limits, s["file"]):
+            a = int(ends[d - 1]) if d else 0
+            doc = _document(tok, tokens, mask, a, int(ends[d]), limits.max_doc_tokens)
+            docs.append({"index": d, **doc})
+            seen.update(doc["ids"])
+        keep = ("file", "split", "domain", "tokens", "documents")
+        shards.append({k: s[k] for k in keep} | {"docs": docs})
+    control = sorted(i for i in seen if tok.is_control(i))
+    return {
+        "shards": shards,
+        "shards_per_split": per_split,
+        "limits": {"docs_per_shard": limits.docs_per_shard, "max_tokens": limits.max_doc_tokens},
+        "control": {str(i): _control_name(tok, i) for i in control},
+        "roles": {str(i): r for i, r in _marker_roles(tok, manifest).items()},
+        "bos_id": tok.bos_id,
+        "eos_id": tok.eos_id,
+    }
+
+
+def _control_name(tok: Tokenizer, i: int) -> str:
+    """How a control token is labelled: BOS, EOS, or its spelling (`<|im_start|>`)."""
+    if i == tok.bos_id:
+        return "BOS"
+    if i == tok.eos_id:
+        return "EOS"
+    return tok.decode([i]) or f"#{i}"
