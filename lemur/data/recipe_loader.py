@@ -73,6 +73,20 @@ def check_recipe_paths(recipe: Recipe) -> None:
                 f"recipe: decontaminate.benchmarks[{i}].path '{b.path}' is not a file"
             )
     _check_classifier_models(recipe)
+    _check_exclude_files(recipe)
+
+
+def _check_exclude_files(recipe: Recipe) -> None:
+    """Each `exclude:` file reads as lines of text: a missing or unreadable list is a recipe
+    mistake found before any input is read (exit 2), named with its key."""
+    from lemur.data.read.exclude import ExcludeFileError, read_entries
+
+    for kind, path in (recipe.exclude.files() if recipe.exclude else {}).items():
+        if path is not None:
+            try:
+                read_entries(path, kind)
+            except ExcludeFileError as e:
+                raise RecipeError(str(e)) from None
 
 
 def _check_classifier_models(recipe: Recipe) -> None:
@@ -145,12 +159,42 @@ def _apply_mix_preset(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "mix": {**preset, **mix}}
 
 
+def _apply_output(raw: dict[str, Any]) -> dict[str, Any]:
+    """`output: {path: DIR, provenance: true}` is `output: DIR` with the recipe's
+    `provenance` on (the form `to_dict` writes); off, the key is left out, so the recipe's
+    hash stays that of a plain `output: DIR`."""
+    output, provenance = raw.get("output"), raw.get("provenance")
+    if isinstance(output, dict):
+        unknown = sorted(set(output) - {"path", "provenance"})
+        if unknown:
+            raise RecipeError(
+                f"recipe: output.{unknown[0]}: unknown key (output takes path, provenance)"
+            )
+        if "path" not in output:
+            raise RecipeError("recipe: output: missing key 'path' (the shard directory)")
+        output, provenance = output["path"], output.get("provenance", provenance)
+    out = {k: v for k, v in raw.items() if k != "provenance"}
+    if "output" in raw:
+        out["output"] = output
+    if provenance is not None and provenance is not False:
+        out["provenance"] = provenance  # typed: a value that is not a bool is refused
+    return out
+
+
+def _output_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`--set output.provenance=true` on a recipe whose `output` is a path: the path
+    becomes `output.path` first."""
+    if isinstance(raw.get("output"), str) and any(o.startswith("output.") for o in overrides):
+        return {**raw, "output": {"path": raw["output"]}}
+    return raw
+
+
 def recipe_from_dict(raw: dict[str, Any], check_paths: bool = True) -> Recipe:
     """Build a Recipe from plain data (RecipeError naming the key on any mistake); with
     `check_paths`, also check the files and directories it names."""
     if not isinstance(raw, dict):
         raise RecipeError("recipe: top level must be a mapping")
-    raw = _apply_benchmark_names(_apply_mix_preset(_apply_presets(raw)))
+    raw = _apply_benchmark_names(_apply_mix_preset(_apply_presets(_apply_output(raw))))
     recipe = _LOADER.build(Recipe, raw)  # each section checks its values as it is made
     if check_paths:
         check_recipe_paths(recipe)
@@ -170,5 +214,6 @@ def load_recipe(
         line = getattr(getattr(e, "problem_mark", None), "line", None)
         where = f" (line {line + 1})" if line is not None else ""
         raise RecipeError(f"{p}: not valid YAML{where}") from None
-    raw = apply_overrides(raw or {}, overrides or [])
+    raw = _output_overrides(raw or {}, overrides or [])
+    raw = apply_overrides(raw, overrides or [])
     return recipe_from_dict(raw, check_paths)

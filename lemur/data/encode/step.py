@@ -19,6 +19,7 @@ from lemur.data.encode.chat import MASK_KEY, TOKENS_KEY
 from lemur.data.filter.tagging import mix_language
 from lemur.data.labels import DOCUMENTS, TOKENS
 from lemur.data.runs.format import DOC_RECORD
+from lemur.data.runs.provenance import Rows, document_row, write_task
 from lemur.shards.format import atomic_write_bytes, token_dtype
 from lemur.tokenizer import Tokenizer, open_tokenizer
 
@@ -50,6 +51,7 @@ class TokenizeWriter(PipelineStep):
         framing: tuple[int | None, int] | None = None,
         engine: str = "auto",
         template: bool = False,
+        provenance: str | None = None,
     ) -> None:
         super().__init__()
         self.tokenizer_path = tokenizer_path
@@ -59,6 +61,9 @@ class TokenizeWriter(PipelineStep):
         self.framing = framing
         self.engine = engine
         self.template = template
+        # With `output.provenance`: the metadata key naming a row's repository (`repos.key`);
+        # the task then writes its documents' provenance rows (lemur/data/runs/provenance.py).
+        self.provenance = provenance
 
     def _encode(
         self, tok: Tokenizer, batch: list[Document], dtype: np.dtype
@@ -96,6 +101,7 @@ class TokenizeWriter(PipelineStep):
         languages: dict[str, int] = {}
         records: list[tuple[int, int, int, int, int]] = []
         ids: list[str] = []
+        rows = Rows()  # provenance rows, with `output.provenance` only
         end = 0
         # The token file is renamed last (its block is the outer one): its presence marks
         # the task's output complete; the records and the mask appear before it.
@@ -113,12 +119,16 @@ class TokenizeWriter(PipelineStep):
                     end += n
                     records.append(self.record(doc, n, end, languages))
                     ids.append(doc.id)
+                    if self.provenance is not None:
+                        rows.add(document_row(doc, self.provenance))
                     self.stat_update(DOCUMENTS)
                     self.stat_update(TOKENS, value=n)
             framing = (
                 "template" if self.template else list(self.framing or (tok.bos_id, tok.eos_id))
             )
             table = {"languages": list(languages), "framing": framing}
+            if self.provenance is not None:  # before the token file, as the records are
+                write_task(out, rank, rows.table())
             self.finish(out, rank, records, ids, table, dtype)
         yield from ()  # a generator step that forwards nothing
 

@@ -32,6 +32,7 @@ from lemur.atomic_files import atomic_open
 from lemur.data.fim.cut import fim_chosen, fim_split
 from lemur.data.recipe.fim import FimConfig
 from lemur.data.run.task import TaskStep
+from lemur.data.runs import provenance
 from lemur.data.runs.format import removals
 from lemur.shards.format import atomic_write_bytes, atomic_write_json, open_array
 from lemur.tokenizer import open_tokenizer
@@ -115,6 +116,7 @@ def fim_task(rank: int, src: Path, dedup_dir: Path | None, out: Path, job: FimJo
     tok = open_tokenizer(job.tokenizer, engine=job.engine)
     coder = _Coder(tok, WordSplicer.for_tokenizer(tok))
     done = 0  # the run's tokens written so far
+    rewritten = np.zeros(len(rec), bool)  # provenance's `fim` column
     with atomic_open(out / f"{rank:05d}.bin") as fh:
         for i in np.flatnonzero(eligible).tolist():
             if i in gone or not fim_chosen(job.settings, ids[i], job.seed):
@@ -126,10 +128,14 @@ def fim_task(rank: int, src: Path, dedup_dir: Path | None, out: Path, job: FimJo
             fh.write(run[done : s + head].tobytes())
             fh.write(new.tobytes())
             done = e - 1
+            rewritten[i] = True
             counts["tokens_before"] += e - s
             lengths[i] = len(new) + head + 1
             counts["tokens_after"] += int(lengths[i])
         fh.write(run[done:].tobytes())
+        if provenance.task_file(src, rank).is_file():  # a run with `output.provenance`
+            rows = provenance.read_task(src, rank, len(rec))
+            provenance.write_task(out, rank, provenance.with_fim(rows, rewritten))
         _finish(src, out, rank, rec, lengths, counts)
 
 

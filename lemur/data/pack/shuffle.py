@@ -12,6 +12,7 @@ shard's `done/{b}.json` are never rewritten, so a killed task reruns alone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from lemur.atomic_files import atomic_open
 from lemur.data.mix import seeded_hash
 from lemur.data.pack.select import bucket_of, keys_of, shuffle_keys, task_fates
 from lemur.data.pack.settings import PackSettings
+from lemur.data.runs import provenance
 from lemur.data.runs.format import task_records
 from lemur.shards.format import (
     INDEX_DTYPE,
@@ -111,6 +113,10 @@ def scatter_task(
     keys = np.zeros(len(entry), KEYREC)
     keys["key"], keys["length"] = key, end - start
     atomic_write_bytes(work / _name(rank, "keys"), keys.tobytes())
+    if provenance.run_has_rows(tok_dir):  # a build with `output.provenance`
+        rows = provenance.read_task(tok_dir, rank, len(rec))
+        sizes = provenance.cluster_sizes(dedup_dir, rank, len(rec))
+        provenance.write_scatter(work / _name(rank, provenance.SCATTER_SUFFIX), rows, entry, sizes)
     edges = np.searchsorted(bucket, np.arange(first + 1), side="left")
     tok_edges = np.concatenate(([0], np.cumsum(end - start)))[edges]
     atomic_write_bytes(work / _name(rank, "offsets"), np.stack([edges, tok_edges], 1).tobytes())
@@ -340,4 +346,24 @@ def gather_task(
         domain,
         ordered[1] if masks else None,
     )
-    atomic_write_json(info_path, info.to_json())
+    atomic_write_json(info_path, _documents(info, work, parts, order, out, rel).to_json())
+
+
+def _documents(
+    info: ShardInfo, work: Path, parts: list[BucketPart], order: np.ndarray, out: Path, rel: str
+) -> ShardInfo:
+    """With `output.provenance` (the scatter tasks wrote rows), write the shard's
+    documents.parquet, its rows in the shard's document order, and name it in `info`."""
+    paths = [work / _name(p.task, provenance.SCATTER_SUFFIX) for p in parts]
+    if not any(p.is_file() for p in paths):
+        return info
+    try:
+        rows = [
+            provenance.read_scatter(path, p.first_copy, p.end_copy, p.copies)
+            for path, p in zip(paths, parts, strict=True)
+        ]
+    except ValueError as e:
+        raise ShuffleError(f"{e}; rerun the build to redo the shuffle") from None
+    table = provenance.concat(rows).take(order)
+    name, sha = provenance.write_shard_rows(out, rel, table)
+    return dataclasses.replace(info, provenance=name, provenance_sha256=sha)

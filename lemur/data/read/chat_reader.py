@@ -85,10 +85,18 @@ class ChatReader(BaseReader):
         self.log.stat_update(dropped_label(name, reason))
 
     def chat_doc(
-        self, f: InputFile, messages: list[Message], doc_id: str, extra: dict[str, Any]
-    ) -> Document:
-        """The document of checked messages: their ChatML text, the messages in metadata."""
-        meta = self.metadata(f, {**extra, MESSAGES_KEY: messages})
+        self,
+        f: InputFile,
+        messages: list[Message],
+        doc_id: str,
+        extra: dict[str, Any],
+        line: int | None = None,
+    ) -> Document | None:
+        """The document of checked messages: their ChatML text, the messages in metadata
+        (None, counted, when the recipe's `exclude:` lists name it)."""
+        meta = self.metadata(f, {**extra, MESSAGES_KEY: messages}, line)
+        if self.excluded(f, doc_id, meta):
+            return None
         return self.emit(f, render_chatml(messages)[0], doc_id, meta)
 
     def read(self, f: InputFile) -> Iterator[Document]:
@@ -105,9 +113,11 @@ class ChatReader(BaseReader):
                 continue
             if isinstance(row, RepairedRow):  # counted once it makes a conversation
                 self.log.stat_update(repaired_label(source.name, row.kind))
-            yield self.chat_doc(
-                f, messages, self.row_id(f, row, line), self.row_metadata(row, source)
+            doc = self.chat_doc(
+                f, messages, self.row_id(f, row, line), self.row_metadata(row, source), line
             )
+            if doc is not None:
+                yield doc
 
     def _read_oasst1(self, f: InputFile, source: SourceConfig) -> Iterator[Document]:
         """One document per tree root of the file (trees are grouped within the file)."""
@@ -128,7 +138,9 @@ class ChatReader(BaseReader):
                 self.drop(f, e.reason)
                 continue
             meta = self.row_metadata(root, source)
-            yield self.chat_doc(f, messages, str(root["message_id"]), meta)
+            doc = self.chat_doc(f, messages, str(root["message_id"]), meta)
+            if doc is not None:
+                yield doc
         # Each group of replies no root here reaches: one conversation read and dropped.
         for _ in oasst1_orphans(rows, replies):
             self.drop(f, orphan_reason(f.rel))

@@ -25,7 +25,7 @@ import orjson
 import zstandard
 from datatrove.data import Document
 
-from lemur.data.labels import error_labels, read_label, repaired_label
+from lemur.data.labels import dropped_label, error_labels, read_label, repaired_label
 from lemur.data.read.checkouts import checkout_fields
 from lemur.data.read.compressed import (
     Opener,
@@ -33,12 +33,14 @@ from lemur.data.read.compressed import (
     check_encoding,
     open_maybe_compressed,
 )
+from lemur.data.read.exclude import EXCLUDED, Exclusions
 from lemur.data.read.listing import InputFile
 from lemur.data.read.notebooks import NotebookError, looks_like_notebook, notebook_to_script
 from lemur.data.read.remote import RemoteError
 from lemur.data.read.remote_inputs import RemoteInputs
 from lemur.data.read.split import BYTES, part_lines
 from lemur.data.recipe.sources import SourceConfig
+from lemur.data.runs.provenance import INPUT_BYTE, INPUT_FILE, INPUT_LINE, repository_of
 from lemur.shards.format import atomic_write_bytes
 
 MAX_ERRORS_PER_TASK = 1000
@@ -75,9 +77,15 @@ class ReadLog:
     """One task's bad input: stats (`error_<kind>`), the first errors with file and line,
     and every file's error total."""
 
-    def __init__(self, sources: list[SourceConfig], stat_update: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        sources: list[SourceConfig],
+        stat_update: Callable[..., None],
+        exclusions: Exclusions | None = None,
+    ) -> None:
         self.sources = sources
         self.stat_update = stat_update
+        self.exclusions = exclusions or Exclusions()  # the recipe's `exclude:` lists
         self.errors: list[dict[str, Any]] = []
         self.by_file: Counter[str] = Counter()
         self.remote = RemoteInputs(sources, stat_update)  # this task's remote clients
@@ -141,8 +149,12 @@ class BaseReader(ABC):
         ahead = f.end if f.unit == BYTES else -1
         return self.log.remote.opener(f.source, f.size, ahead, f.version)
 
-    def metadata(self, f: InputFile, extra: dict[str, Any]) -> dict[str, Any]:
-        """A document's metadata: source, domain, path, then `extra`, then the language."""
+    def metadata(
+        self, f: InputFile, extra: dict[str, Any], line: int | None = None
+    ) -> dict[str, Any]:
+        """A document's metadata: source, domain, path, then `extra`, then the language and
+        where it was read (the input file; its line or row, or in a byte-range part of a
+        jsonl file the line's byte offset: what provenance records)."""
         source = self.sources[f.source]
         meta: dict[str, Any] = {
             "source": source.name,
@@ -153,7 +165,26 @@ class BaseReader(ABC):
         meta.update(extra)
         if source.language and "language" not in meta:
             meta["language"] = source.language
+        meta[INPUT_FILE] = f.path
+        if line is not None:
+            meta[INPUT_BYTE if f.unit == BYTES else INPUT_LINE] = line
         return meta
+
+    def excluded(self, f: InputFile, doc_id: str, meta: dict[str, Any]) -> bool:
+        """Whether the recipe's `exclude:` lists name a document about to be made: then it
+        is counted read and dropped (`excluded`), before any later step sees it."""
+        ex = self.log.exclusions
+        if not ex:
+            return False
+        name = self.sources[f.source].name
+        path = None if meta.get("path_is_container") else meta.get("path")
+        paths = (str(path) if path is not None else None, f.rel, f.path)
+        repository = repository_of(meta, ex.repo_key)
+        if not ex.excluded(f"{name}/{doc_id}", doc_id, paths, repository):
+            return False
+        self.log.stat_update(read_label(name))
+        self.log.stat_update(dropped_label(name, EXCLUDED))
+        return True
 
     def emit(self, f: InputFile, text: str, doc_id: str, meta: dict[str, Any]) -> Document:
         """A document read (counted `read:<source>`)."""
@@ -165,7 +196,9 @@ class BaseReader(ABC):
         self, f: InputFile, text: str, doc_id: str, extra: dict[str, Any], line: int | None = None
     ) -> Document | None:
         """A document of text or code; a code notebook becomes a script (None if invalid)."""
-        meta = self.metadata(f, extra)
+        meta = self.metadata(f, extra, line)
+        if self.excluded(f, doc_id, meta):
+            return None
         path = str(meta["path"])
         if meta["domain"] == "code" and (path.endswith(".ipynb") or looks_like_notebook(text)):
             try:

@@ -13,6 +13,7 @@ from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
 from lemur.data.read.chat_reader import ChatReader
+from lemur.data.read.exclude import Exclusions
 from lemur.data.read.listing import InputFile
 from lemur.data.read.readers import (
     MAX_ERRORS_PER_TASK,
@@ -46,12 +47,19 @@ class SourcesReader(PipelineStep):
     name = "📖 lemur sources"
     type = "📖 - READER"
 
-    def __init__(self, inputs: list[InputFile], sources: list[SourceConfig], errors_dir: str):
+    def __init__(
+        self,
+        inputs: list[InputFile],
+        sources: list[SourceConfig],
+        errors_dir: str,
+        exclusions: Exclusions | None = None,
+    ):
         super().__init__()
         self.inputs = inputs
         self.sources = sources
         self.errors_dir = errors_dir
-        self.log = ReadLog(sources, self.stat_update)
+        # The recipe's `exclude:` lists: documents dropped as they are read (exclude.py).
+        self.log = ReadLog(sources, self.stat_update, exclusions)
         self.readers = {fmt: cls(sources, self.log) for fmt, cls in READERS.items()}
 
     def read(self, f: InputFile) -> Iterator[Document]:

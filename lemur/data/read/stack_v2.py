@@ -143,6 +143,17 @@ class StackV2Reader(ParquetReader):
         self.log.stat_update(read_label(name))
         self.log.stat_update(dropped_label(name, reason))
 
+    def blob_fields(self, f: InputFile, row: Row) -> tuple[str, dict[str, Any]]:
+        """(document id, metadata fields) of a metadata row: the blob id by default."""
+        source = self.sources[f.source]
+        extra: dict[str, Any] = self.row_metadata(row, source)
+        extra.update({k: row[k] for k in KEPT if row.get(k) is not None})
+        path = row.get(source.path_key or "path")
+        if isinstance(path, str) and path:  # the file's path in its repository
+            extra["path"] = path
+            extra.pop("path_is_container", None)
+        return str(row.get(source.id_key) or row["blob_id"]), extra
+
     def content_url(self, f: InputFile, row: Row) -> str:
         """The URL of a row's blob."""
         return content_url(self.sources[f.source].content_url, row["blob_id"])
@@ -164,6 +175,9 @@ class StackV2Reader(ParquetReader):
             if reason is not None:
                 self.drop(f, reason)
                 continue
+            doc_id, extra = self.blob_fields(f, row)
+            if self.excluded(f, doc_id, self.metadata(f, extra, number)):
+                continue  # an opt-out: never fetched (counted `excluded`)
             url = self.content_url(f, row)
             pending.append((number, row, url, remote.pool.submit(remote.cat, url)))
             if len(pending) >= window:
@@ -196,13 +210,7 @@ class StackV2Reader(ParquetReader):
             encoding = row.get("src_encoding")
             self.error(UNDECODABLE, f, f"{shown}: not {encoding} text ({e})", number)
             return
-        extra: dict[str, Any] = self.row_metadata(row, source)
-        extra.update({k: row[k] for k in KEPT if row.get(k) is not None})
-        path = row.get(source.path_key or "path")
-        if isinstance(path, str) and path:  # the file's path in its repository
-            extra["path"] = path
-            extra.pop("path_is_container", None)
-        doc_id = str(row.get(source.id_key) or row["blob_id"])  # the blob id by default
+        doc_id, extra = self.blob_fields(f, row)
         doc = self.document(f, text, doc_id, extra, number)
         if doc is not None:
             yield doc

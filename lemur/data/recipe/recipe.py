@@ -38,7 +38,12 @@ from lemur.data.recipe.sources import CHAT_DOMAIN as CHAT_DOMAIN
 from lemur.data.recipe.sources import CHAT_SCHEMAS as CHAT_SCHEMAS
 from lemur.data.recipe.sources import FORMATS as FORMATS
 from lemur.data.recipe.sources import SOURCE_PRESETS as SOURCE_PRESETS
-from lemur.data.recipe.sources import SourceConfig, StorageOptions, check_sources
+from lemur.data.recipe.sources import (
+    ExcludeConfig,
+    SourceConfig,
+    StorageOptions,
+    check_sources,
+)
 from lemur.data.recipe.tokenizer import TOKENIZER_ENGINES as TOKENIZER_ENGINES
 from lemur.data.recipe.tokenizer import TokenizerConfig
 from lemur.data.recipe.tokenizer import TokenizerTrainConfig as TokenizerTrainConfig
@@ -206,6 +211,11 @@ class Recipe:
     repos: ReposConfig | None = None
     # Fill-in-the-middle documents of code sources (recipe/fim.py); None: none.
     fim: FimConfig | None = None
+    # `output.provenance`: a documents.parquet per shard (lemur/data/runs/provenance.py);
+    # unset is off (and keeps older recipes' hashes). In YAML, `output: {path, provenance}`.
+    provenance: bool | None = None
+    # Repositories, paths and document ids dropped at read (recipe/sources.py ExcludeConfig).
+    exclude: ExcludeConfig | None = None
 
     def __post_init__(self) -> None:
         # The sections checked themselves; these checks span several of them.

@@ -359,3 +359,23 @@ def _check_content_url(url: str, key: str) -> None:
         content_url(url, "0" * 40)
     except (ValueError, KeyError, IndexError) as e:
         raise RecipeError(f"recipe: {key} {url!r} is not a template ({e!r})") from None
+
+
+@dataclass(frozen=True)
+class ExcludeConfig:
+    """The recipe's `exclude:` lists (lemur/data/read/exclude.py): files of one entry per
+    line naming the repositories, paths (globs allowed) and document ids a build drops as
+    it reads them (reason `excluded`): how a build honours opt-out requests."""
+
+    repositories: str | None = None
+    paths: str | None = None
+    ids: str | None = None
+
+    def __post_init__(self) -> None:
+        for kind, path in self.files().items():
+            if path is not None and not path.strip():
+                raise RecipeError(f"recipe: exclude.{kind} is empty")
+
+    def files(self) -> dict[str, str | None]:
+        """{kind: file or None} of every kind of list."""
+        return {"repositories": self.repositories, "paths": self.paths, "ids": self.ids}
