@@ -21,16 +21,16 @@ from typing import Any, ClassVar
 import numpy as np
 
 from lemur.atomic_files import atomic_open, atomic_write_text
+from lemur.export.files import document_ends, document_lengths
 from lemur.export.formats import FORMAT_MODULES, ExportError, ExportInfo, ShardPart, exporter
 from lemur.export.rechunk import (
     UINT32_LIMIT,
     by_folder,
     capped_groups,
     dataset_folder,
-    document_lengths,
     part_arrays,
 )
-from lemur.shards.format import INDEX_DTYPE, open_array, release_pages
+from lemur.shards.format import release_pages
 
 # litdata's `_NUMPY_DTYPES_MAPPING` (litdata/constants.py): the K of "no_header_numpy:K".
 NUMPY_DTYPE_CODES = {"uint16": 5, "uint32": 6}
@@ -65,7 +65,7 @@ class LitdataExporter:
 
     def groups(self, part: ShardPart, itemsize: int) -> list[tuple[int, int]]:
         """The documents `[a, b)` of each chunk of a part (a pure function of its `.idx`)."""
-        lengths = document_lengths(open_array(part.index, INDEX_DTYPE))
+        lengths = document_lengths(document_ends(part))
         # each document costs its bytes and one uint32 offset; a chunk adds N and one offset
         groups = capped_groups(lengths * itemsize + 4, 8, self.chunk_bytes)
         for a, b in groups:
@@ -78,7 +78,7 @@ class LitdataExporter:
         tokens, ends, _ = part_arrays(part)
         itemsize = tokens.dtype.itemsize
         folder, written = out / dataset_folder(part), []
-        starts = np.concatenate([[0], np.asarray(ends, np.int64)])
+        starts = np.concatenate([[0], ends])
         for i, (a, b) in enumerate(self.groups(part, itemsize)):
             header = 4 * (b - a + 2)
             offsets = header + (starts[a : b + 1] - starts[a]) * itemsize
@@ -94,7 +94,7 @@ class LitdataExporter:
     def chunk_entries(self, part: ShardPart, out: Path) -> list[dict[str, Any]]:
         """index.json's `chunks` entries of a part, checked against the files written."""
         itemsize = np.dtype(part.token_dtype).itemsize
-        lengths = document_lengths(open_array(part.index, INDEX_DTYPE))
+        lengths = document_lengths(document_ends(part))
         entries = []
         for i, (a, b) in enumerate(self.groups(part, itemsize)):
             dim = int(lengths[a:b].sum())

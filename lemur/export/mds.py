@@ -25,17 +25,16 @@ from typing import Any, ClassVar
 import numpy as np
 
 from lemur.atomic_files import atomic_open, atomic_write_text
+from lemur.export.files import document_ends, document_lengths
 from lemur.export.formats import ExportError, ExportInfo, ShardPart
 from lemur.export.rechunk import (
     UINT32_LIMIT,
     by_folder,
     capped_groups,
     dataset_folder,
-    document_lengths,
-    document_starts,
     part_arrays,
 )
-from lemur.shards.format import INDEX_DTYPE, open_array, release_pages
+from lemur.shards.format import release_pages
 
 # streaming's NDArray encoding: shape dtype -> its code in the (ndim << 2) | code byte.
 SHAPE_CODES = {1: 0, 2: 1, 4: 2, 8: 3}
@@ -89,7 +88,7 @@ class MdsExporter:
 
     def groups(self, part: ShardPart, info: ExportInfo) -> tuple[list[tuple[int, int]], int]:
         """The documents `[a, b)` of each MDS shard of a part, and the config's byte length."""
-        lengths = document_lengths(open_array(part.index, INDEX_DTYPE))
+        lengths = document_lengths(document_ends(part))
         config = len(json.dumps(self.shard_config(info), sort_keys=True).encode())
         # MDSWriter: extra_bytes_per_shard = 4 + 4 + config, and 4 per sample (its offset)
         groups = capped_groups(self.sample_sizes(lengths, info) + 4, 8 + config, self.size_limit)
@@ -99,7 +98,8 @@ class MdsExporter:
         """Write one lemur shard as MDS shards under `out/<folder>/<NNNNN>/`; their paths."""
         tokens, ends, mask = part_arrays(part)
         config = json.dumps(self.shard_config(info), sort_keys=True).encode()
-        lengths, starts = document_lengths(ends), document_starts(ends)
+        lengths = document_lengths(ends)
+        starts = ends - lengths
         sizes = self.sample_sizes(lengths, info)
         written = []
         for j, (a, b) in enumerate(self.groups(part, info)[0]):
@@ -138,7 +138,7 @@ class MdsExporter:
     def index_entries(self, part: ShardPart, info: ExportInfo, out: Path) -> list[dict]:
         """index.json's entries of a part's shards, checked against the files written."""
         groups, config = self.groups(part, info)
-        sizes = self.sample_sizes(document_lengths(open_array(part.index, INDEX_DTYPE)), info)
+        sizes = self.sample_sizes(document_lengths(document_ends(part)), info)
         entries = []
         for j, (a, b) in enumerate(groups):
             size = 4 * (b - a + 2) + config + int(sizes[a:b].sum())

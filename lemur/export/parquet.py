@@ -17,8 +17,9 @@ from typing import ClassVar
 import numpy as np
 
 from lemur.atomic_files import atomic_path
+from lemur.export.files import document_lengths
 from lemur.export.formats import ExportError, ExportInfo, ShardPart
-from lemur.export.rechunk import capped_groups, document_lengths, part_arrays
+from lemur.export.rechunk import capped_groups, part_arrays
 from lemur.shards.format import release_pages
 
 IDS_DTYPE = np.dtype("<i4")

@@ -15,17 +15,18 @@ from pathlib import PurePosixPath
 
 import numpy as np
 
+from lemur.export.files import document_ends
 from lemur.export.formats import ExportError, ShardPart
-from lemur.shards.format import INDEX_DTYPE, MASK_DTYPE, open_array
+from lemur.shards.format import MASK_DTYPE, open_array
 
 # The offsets of litdata chunks and MDS shards are uint32 byte positions.
 UINT32_LIMIT = 1 << 32
 
 
 def part_arrays(part: ShardPart) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Memory maps of a shard's tokens, exclusive document ends and mask (None without)."""
+    """Memory maps of a shard's tokens and mask (None without), its document ends (int64)."""
     tokens = open_array(part.tokens, np.dtype(part.token_dtype).newbyteorder("<"))
-    ends = open_array(part.index, INDEX_DTYPE)
+    ends = document_ends(part)
     mask = open_array(part.mask, MASK_DTYPE) if part.mask is not None else None
     total = int(ends[-1]) if len(ends) else 0
     if total != len(tokens):
@@ -33,18 +34,6 @@ def part_arrays(part: ShardPart) -> tuple[np.ndarray, np.ndarray, np.ndarray | N
     if mask is not None and len(mask) != len(tokens):
         raise ExportError(f"{part.mask}: {len(mask)} mask values for {len(tokens)} tokens")
     return tokens, ends, mask
-
-
-def document_starts(ends: np.ndarray) -> np.ndarray:
-    """The inclusive start of each document, from the exclusive ends (int64)."""
-    starts = np.zeros(len(ends), np.int64)
-    starts[1:] = ends[:-1]
-    return starts
-
-
-def document_lengths(ends: np.ndarray) -> np.ndarray:
-    """Tokens per document (int64)."""
-    return np.asarray(ends, np.int64) - document_starts(ends)
 
 
 def dataset_folder(part: ShardPart) -> str:
