@@ -34,10 +34,14 @@ SAMPLE_FILES = (
     "pii",
     "kept",
 )
-# A samples file past these is not one the build wrote (the build caps K per reason and
-# each text at `max_bytes`); reading stops there so that the page stays small.
-MAX_SAMPLE_RECORDS = 5000
-MAX_SAMPLE_BYTES = 4 << 20
+# Reading a samples file stops past these (a file the build wrote is far smaller: K per
+# reason, each text at most `max_bytes`), so that a stray file cannot swell the process.
+MAX_SAMPLE_RECORDS = 20_000
+MAX_SAMPLE_BYTES = 32 << 20
+# The samples' texts on the page, all together: a recipe of many sources and reasons can
+# sample more than a page should hold (20 sources x 20 reasons x 20 x 8 KB = 64 MB), so
+# every text is cut to one common length that fits (marked cut, as the build marks its own).
+SAMPLE_TEXT_BUDGET = 6 << 20
 # How far back a token's piece is decoded from: enough for a byte-level model's longest
 # UTF-8 sequence and SentencePiece's leading-space rule, short enough to stay linear.
 PIECE_CONTEXT = 8
@@ -206,7 +210,56 @@ def read_samples(root: Path) -> dict[str, Any] | None:
         raise InspectError(f"{summary}: not readable JSON ({e})") from None
     if not isinstance(out["summary"], dict):
         raise InspectError(f"{summary}: must be a JSON object")
+    fit_texts(out, SAMPLE_TEXT_BUDGET)
     return out
+
+
+def _text_fields(samples: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """Every (record, key) of the samples holding a document's text."""
+    found: list[tuple[dict[str, Any], str]] = []
+
+    def add(record: Any, key: str) -> None:
+        if isinstance(record, dict) and isinstance(record.get(key), str):
+            found.append((record, key))
+
+    for name in ("drops", "kept", "pii"):
+        for r in samples.get(name, []):
+            add(r, "text")
+    for r in samples.get("decontamination", []):
+        add(r, "excerpt")
+    for r in samples.get("exact_duplicates", []):
+        add(r.get("kept"), "text")
+    for r in samples.get("near_duplicates", []):
+        add(r.get("kept"), "text")
+        for m in r.get("removed") or []:
+            add(m, "text")
+    borderline = (samples.get("summary") or {}).get("classifier_borderline") or {}
+    for docs in borderline.values() if isinstance(borderline, dict) else []:
+        for d in docs if isinstance(docs, list) else []:
+            add(d, "text")
+    return found
+
+
+def fit_texts(samples: dict[str, Any], budget: int) -> int | None:
+    """Cut every sample text longer than one common length (characters) so that all of them
+    together fit `budget` characters; the length, or None when all fit as they are."""
+    fields = _text_fields(samples)
+    sizes = sorted(len(r[k]) for r, k in fields)
+    if sum(sizes) <= budget:
+        return None
+    lo, hi = 0, sizes[-1]  # the longest cap whose total fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(min(n, mid) for n in sizes) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    for record, key in fields:
+        text = record[key]
+        if len(text) > lo:
+            record.setdefault("bytes", len(text.encode("utf-8", "surrogatepass")))
+            record[key], record["cut"] = text[:lo], True
+    return lo
 
 
 def token_pieces(tok: Tokenizer, ids: list[int]) -> list[str]:
