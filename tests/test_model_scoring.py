@@ -35,7 +35,7 @@ def _reference(config, params, seq: list[int]) -> tuple[np.ndarray, np.ndarray]:
 def test_matches_unpadded_forward_in_order(model):
     config, params = model
     rng = np.random.default_rng(1)
-    lengths = [1, 2, 5, 17, 33, 64, 3, 40, 0, 16, 25]
+    lengths = [1, 2, 5, 17, 33, 64, 65, 3, 40, 0, 16, 25]
     seqs = [rng.integers(0, config.vocab_size, n).tolist() for n in lengths]
     got = scoring.token_logprobs(config, params, seqs, batch_size=4)
     assert [len(s.logprobs) for s in got] == [max(0, n - 1) for n in lengths]
@@ -63,8 +63,9 @@ def test_greedy_flags_the_argmax(model):
 
 def test_too_long_and_bad_batch(model):
     config, params = model
-    with pytest.raises(ValueError, match="sequence 1 has 65 tokens"):
-        scoring.token_logprobs(config, params, [[1, 2], [1] * 65])
+    assert len(scoring.token_logprobs(config, params, [[1] * 65])[0].logprobs) == 64
+    with pytest.raises(ValueError, match="sequence 1 has 66 tokens"):
+        scoring.token_logprobs(config, params, [[1, 2], [1] * 66])
     with pytest.raises(ValueError, match="batch_size"):
         scoring.token_logprobs(config, params, [[1, 2]], batch_size=0)
 

@@ -12,6 +12,11 @@ in batches whose row count is a power of two, so XLA compiles a handful of shape
 many lengths come in. Only the B x L gathered log-probabilities and greedy flags leave the
 device, never the B x L x V logits; a batch's rows are capped so its logits stay within
 `TOKEN_BUDGET` tokens' worth.
+
+`top_tokens(config, params, sequences, k, batch_size)` scores the same way and also gives
+the k most likely next tokens after every token, the last included (what the sequence
+would continue with): `lemur-eval serve`'s `top_logprobs`, and its greedy next token for
+an `echo` request, read off the one forward pass that scores the prompt.
 """
 
 from __future__ import annotations
@@ -40,6 +45,15 @@ class TokenScores(NamedTuple):
     greedy: np.ndarray
 
 
+class TopTokens(NamedTuple):
+    """One sequence's most likely next tokens: ids[i] and logprobs[i] (fp32) the k most
+    likely tokens after tokens[: i + 1], most likely first (n rows of k; the last row
+    continues the whole sequence)."""
+
+    ids: np.ndarray
+    logprobs: np.ndarray
+
+
 def bucket_length(n: int, minimum: int = 16) -> int:
     """The smallest of minimum * (1, 1.5, 2, 3, 4, 6, ...) that is >= n (at most a third
     of a batch is length padding)."""
@@ -60,15 +74,63 @@ def _rows_for(length: int, batch_size: int, count: int) -> int:
 
 @functools.partial(jax.jit, static_argnames="config")
 def _score_batch(
-    params: Params, tokens_BxL: jax.Array, *, config: LlamaConfig
+    params: Params, inputs_BxL: jax.Array, targets_BxL: jax.Array, *, config: LlamaConfig
 ) -> tuple[jax.Array, jax.Array]:
-    """Log-probability (fp32) and greedy flag of each token 1 .. L-1 given the ones before."""
-    logits_BxLxV = llama.forward(params, tokens_BxL, config)[:, :-1]
-    target_BxL = tokens_BxL[:, 1:]
+    """Log-probability (fp32) and greedy flag of each target given the inputs up to it."""
+    logits_BxLxV = llama.forward(params, inputs_BxL, config)
     logp_BxLxV = jax.nn.log_softmax(logits_BxLxV.astype(jnp.float32), axis=-1)
-    logp_BxL = jnp.take_along_axis(logp_BxLxV, target_BxL[..., None], axis=-1)[..., 0]
-    greedy_BxL = jnp.argmax(logits_BxLxV, axis=-1) == target_BxL
+    logp_BxL = jnp.take_along_axis(logp_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
+    greedy_BxL = jnp.argmax(logits_BxLxV, axis=-1) == targets_BxL
     return logp_BxL, greedy_BxL
+
+
+@functools.partial(jax.jit, static_argnames=("config", "k"))
+def _top_batch(
+    params: Params, tokens_BxL: jax.Array, *, config: LlamaConfig, k: int
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """`_score_batch`'s scores, and the k most likely next tokens after every position
+    (B x L x k logprobs and ids) from the same forward pass."""
+    logits_BxLxV = llama.forward(params, tokens_BxL, config)
+    logp_BxLxV = jax.nn.log_softmax(logits_BxLxV.astype(jnp.float32), axis=-1)
+    target_BxL = tokens_BxL[:, 1:]
+    logp_BxL = jnp.take_along_axis(logp_BxLxV[:, :-1], target_BxL[..., None], axis=-1)[..., 0]
+    greedy_BxL = jnp.argmax(logits_BxLxV[:, :-1], axis=-1) == target_BxL
+    top_logp_BxLxk, top_ids_BxLxk = jax.lax.top_k(logp_BxLxV, k)
+    return logp_BxL, greedy_BxL, top_logp_BxLxk, top_ids_BxLxk
+
+
+def top_tokens(
+    config: LlamaConfig,
+    params: Params,
+    sequences: Sequence[Sequence[int]],
+    k: int,
+    batch_size: int = 16,
+) -> list[tuple[TokenScores, TopTokens]]:
+    """`token_logprobs` of each sequence (of one token or more) with its `TopTokens`: the k
+    most likely tokens after each of its tokens, the last included. Longest first in
+    buckets, as `token_logprobs`; results in the given order."""
+    if not 1 <= k <= config.vocab_size:
+        raise ValueError(f"k must be in 1 .. {config.vocab_size}, not {k}")
+    if batch_size < 1 or any(len(s) == 0 for s in sequences):
+        raise ValueError("batch_size must be >= 1 and every sequence hold a token")
+    check_lengths(config, sequences)
+    order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
+    out: list[tuple[TokenScores, TopTokens]] = [None] * len(sequences)  # type: ignore[list-item]
+    start = 0
+    while start < len(order):
+        length = bucket_length(len(sequences[order[start]]))
+        rows = _rows_for(length, batch_size, len(order) - start)
+        chunk = order[start : start + rows]
+        tokens = np.zeros((rows, length), np.int32)
+        for r, i in enumerate(chunk):
+            tokens[r, : len(sequences[i])] = sequences[i]
+        got = [np.asarray(a) for a in _top_batch(params, tokens, config=config, k=k)]
+        for r, i in enumerate(chunk):
+            n = len(sequences[i])
+            scores = TokenScores(got[0][r, : n - 1].copy(), got[1][r, : n - 1].copy())
+            out[i] = (scores, TopTokens(got[3][r, :n].copy(), got[2][r, :n].copy()))
+        start += len(chunk)
+    return out
 
 
 def check_lengths(config: LlamaConfig, sequences: Sequence[Sequence[int]]) -> None:
@@ -89,26 +151,32 @@ def token_logprobs(
 ) -> list[TokenScores]:
     """Per-token log-probabilities and greedy flags of each sequence (in the given order).
 
-    A sequence of n tokens gets n - 1 scores (an empty or one-token one gets none); every
-    sequence must fit the context (ValueError otherwise: the caller truncates, as it
-    sees fit). Batches are dispatched before any result is read back, so the host's
-    padding overlaps the device's work.
+    A sequence of n tokens gets n - 1 scores (an empty or one-token one gets none); its
+    last token is only a target, never an input, so it may hold max_seq_len + 1 tokens
+    (ValueError beyond: the caller truncates, as it sees fit). Batches are dispatched
+    before any result is read back, so the host's padding overlaps the device's work.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, not {batch_size}")
-    check_lengths(config, sequences)
+    for i, seq in enumerate(sequences):
+        if len(seq) > config.max_seq_len + 1:
+            raise ValueError(
+                f"sequence {i} has {len(seq)} tokens, more than the model's context "
+                f"(max_seq_len {config.max_seq_len}) plus the last, predicted one"
+            )
     order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
     order = [i for i in order if len(sequences[i]) >= 2]
     pending: list[tuple[list[int], jax.Array, jax.Array]] = []
     start = 0
     while start < len(order):
-        length = bucket_length(len(sequences[order[start]]))
+        length = bucket_length(len(sequences[order[start]]) - 1)  # the inputs: all but the last
         rows = _rows_for(length, batch_size, len(order) - start)
         chunk = order[start : start + rows]
-        tokens = np.zeros((rows, length), np.int32)
+        inputs, targets = np.zeros((rows, length), np.int32), np.zeros((rows, length), np.int32)
         for r, i in enumerate(chunk):
-            tokens[r, : len(sequences[i])] = sequences[i]
-        logp, greedy = _score_batch(params, tokens, config=config)
+            seq = np.asarray(sequences[i], np.int32)
+            inputs[r, : len(seq) - 1], targets[r, : len(seq) - 1] = seq[:-1], seq[1:]
+        logp, greedy = _score_batch(params, inputs, targets, config=config)
         pending.append((chunk, logp, greedy))
         start += len(chunk)
     empty = TokenScores(np.zeros(0, np.float32), np.zeros(0, bool))
