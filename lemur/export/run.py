@@ -259,6 +259,29 @@ def export(
     tmp = temp_name(out)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        text, files = write_all(fmt, info, shard_dir, manifest, parts, tmp, split, report)
+    except BaseException:
+        # A refusal or an error: nothing half-written stays (a SIGKILL cannot get here;
+        # its temporary is removed by the next export to OUT).
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace(tmp, out)
+    return ExportResult(out, text, files)
+
+
+def write_all(
+    fmt: Exporter,
+    info: ExportInfo,
+    shard_dir: ShardDir,
+    manifest: dict[str, Any],
+    parts: list[ShardPart],
+    tmp: Path,
+    split: str,
+    report: Reporter | None,
+) -> tuple[str, int]:
+    """Everything of an export into `tmp`: tokenizer, parts, TRAINING.md, export.json last;
+    the TRAINING.md text and the number of files."""
     write_tokenizer(shard_dir, tmp / TOKENIZER_DIR, info.seq_len)
     for i, part in enumerate(parts):
         if report:
@@ -269,10 +292,9 @@ def export(
     fmt.finish(parts, info, tmp)
     text = training_md(fmt, info, parts)
     atomic_write_text(tmp / TRAINING_MD, text)
-    files = file_listing(tmp, linked_hashes(source, manifest))
+    files = file_listing(tmp, linked_hashes(shard_dir.path, manifest))
     atomic_write_json(tmp / EXPORT_JSON, export_json(fmt, info, split, files))
-    replace(tmp, out)
-    return ExportResult(out, text, len(files) + 1)
+    return text, len(files) + 1
 
 
 def replace(tmp: Path, out: Path) -> None:
