@@ -19,6 +19,7 @@ from lemur.cli_common import (
     debug_wanted,
     die,
     run_main,
+    user_input,
 )
 from lemur.data.work import demo_sources
 
@@ -356,10 +357,12 @@ def classifier_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    """Print what a shard directory holds."""
+    """Print what a shard directory holds (with `--doc`, where one document came from)."""
     from lemur.data.stats import compute_stats, print_stats, write_plots
     from lemur.shards.format import ShardFormatError
 
+    if args.doc is not None:
+        return _stats_doc(args)
     try:
         stats = compute_stats(args.directory)
     except (ShardFormatError, OSError) as e:
@@ -380,6 +383,20 @@ def cmd_stats(args: argparse.Namespace) -> int:
             die(f"--plots {args.plots}: {e.strerror or e}")
         for p in written:
             print(f"wrote {p}", file=sys.stderr)
+    return 0
+
+
+def _stats_doc(args: argparse.Namespace) -> int:
+    """`stats DIR --doc SHARD:N`: the document's provenance row and first line."""
+    from lemur.data.stats import DocumentQueryError, document_info, print_document
+    from lemur.shards.format import ShardFormatError
+
+    with user_input(DocumentQueryError, ShardFormatError, OSError):
+        info = document_info(args.directory, args.doc)
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True, default=str))
+    else:
+        print_document(info)
     return 0
 
 
@@ -541,6 +558,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("directory")
     s.add_argument("--json", action="store_true", help="print JSON instead of tables")
     s.add_argument("--plots", metavar="DIR", help="also write PNG histograms to DIR")
+    s.add_argument(
+        "--doc",
+        metavar="SHARD:N",
+        help="where document N of SHARD (train/00003, val/code/00000 or its file's name) "
+        "came from: a build with output.provenance",
+    )
     s.set_defaults(func=cmd_stats)
 
     v = sub.add_parser("verify", help="check checksums and invariants of a shard directory")

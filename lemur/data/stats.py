@@ -14,7 +14,13 @@ from lemur.data.counts import drop_reasons, remote_summary
 from lemur.data.labels import REMOTE_COUNTERS
 from lemur.plots import pyplot, save_figure
 from lemur.shards.check import structure_problem
-from lemur.shards.format import MANIFEST, ShardFormatError, open_index, read_manifest
+from lemur.shards.format import (
+    MANIFEST,
+    PROVENANCE_SUFFIX,
+    ShardFormatError,
+    open_index,
+    read_manifest,
+)
 from lemur.shards.verify import manifest_problems
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
@@ -465,3 +471,90 @@ def write_plots(stats: dict[str, Any], directory: str | Path, shard_dir: str | P
         fig.tight_layout()
         written.append(save_figure(fig, out / "tokens_per_source.png", dpi=100))
     return written
+
+
+class DocumentQueryError(ValueError):
+    """A `--doc SHARD:N` that names no document, or a build without provenance (one line)."""
+
+
+NO_PROVENANCE = (
+    "{root}: built without provenance: set `output: {{path: ..., provenance: true}}` in the "
+    "recipe (or `--set output.provenance=true`) and rebuild to get each shard's "
+    "documents.parquet"
+)
+
+
+def _shard_named(manifest: dict[str, Any], name: str) -> dict[str, Any]:
+    """The shard `name` names: `train/00003`, `val/code/00000`, or its file's name (any of its
+    files, with or without the build folder)."""
+    want = name.strip("/")
+    for suffix in (".bin", ".idx", ".mask", PROVENANCE_SUFFIX):
+        want = want.removesuffix(suffix)
+    found = []
+    for s in manifest["shards"]:
+        stem = str(s["file"]).removesuffix(".bin")
+        if stem == want or stem.endswith("/" + want):
+            found.append(s)
+    if not found:
+        first = str(manifest["shards"][0]["file"]).removesuffix(".bin").split("/", 1)[-1]
+        raise DocumentQueryError(f"--doc: no shard {name!r} (shards are named like {first!r})")
+    if len(found) > 1:
+        names = ", ".join(str(s["file"]) for s in found[:3])
+        raise DocumentQueryError(f"--doc: {name!r} names {len(found)} shards ({names}): say which")
+    return found[0]
+
+
+def _first_line(root: Path, manifest: dict[str, Any], shard: dict[str, Any], n: int) -> str:
+    """The first line of document `n` of a shard that is not blank, decoded."""
+    from lemur.shards.format import open_tokens
+    from lemur.tokenizer import open_tokenizer
+
+    tok_info = manifest["tokenizer"]
+    tok = open_tokenizer(root / tok_info["file"], engine=tok_info.get("engine", "auto"))
+    ends = np.asarray(open_index(root, shard), np.int64)
+    start = int(ends[n - 1]) if n else 0
+    ids = np.asarray(open_tokens(root, shard, manifest["dtype"])[start : int(ends[n])])
+    if manifest.get("framing") != "template":  # our framing: BOS (if any) ... EOS
+        ids = ids[(1 if tok_info.get("bos_id") is not None else 0) : -1]
+    text = tok.decode(ids.tolist())
+    return next((line for line in text.splitlines() if line.strip()), "")
+
+
+def document_info(directory: str | Path, spec: str) -> dict[str, Any]:
+    """Where document `N` of shard `SHARD` came from (`--doc SHARD:N`): its row of the
+    shard's documents.parquet, its place and its first line."""
+    from lemur.data.runs.provenance import read_shard_row
+
+    root = Path(directory)
+    manifest = check_readable(root)
+    name, sep, number = spec.rpartition(":")
+    if not sep or not name or not number.isdigit():
+        raise DocumentQueryError(f"--doc {spec!r}: expected SHARD:N, e.g. train/00003:17")
+    shard, n = _shard_named(manifest, name), int(number)
+    if n >= shard["documents"]:
+        raise DocumentQueryError(
+            f"--doc {spec}: {shard['file']} holds {shard['documents']} documents (0 to "
+            f"{shard['documents'] - 1})"
+        )
+    if "provenance" not in shard:
+        raise DocumentQueryError(NO_PROVENANCE.format(root=root))
+    row = read_shard_row(root / shard["provenance"], n)
+    ends = np.asarray(open_index(root, shard), np.int64)
+    tokens = int(ends[n] - (ends[n - 1] if n else 0))
+    place = {"shard": shard["file"], "document": n, "split": shard["split"], "tokens": tokens}
+    return {**place, **row, "first_line": _first_line(root, manifest, shard, n)}
+
+
+def print_document(info: dict[str, Any]) -> None:
+    """`--doc`'s lines: one field a line, the first line last."""
+    quality = info.get("quality") or []
+    shown = {
+        **{k: v for k, v in info.items() if k not in ("quality", "files", "first_line")},
+        "quality": ", ".join(f"{k}={v:.4g}" for k, v in quality) or None,
+        "files": ", ".join(info.get("files") or []) or None,
+    }
+    width = max(len(k) for k in (*shown, "first line"))
+    for key, value in shown.items():
+        if value is not None:
+            print(f"{key:<{width}}  {value}")
+    print(f"{'first line':<{width}}  {info['first_line'][:200]}")

@@ -1,0 +1,280 @@
+"""Provenance per document (`output.provenance`) and the recipe's `exclude:` lists, on real
+builds: every document of a shard maps, through its shard's documents.parquet, to the source
+file and line it was read from (the text there is the document's text, decoded from the
+shard's tokens); a build without provenance writes the same shards byte for byte; a killed
+build's rerun writes the same rows; `stats --doc` shows them; an `exclude:` rebuild drops
+exactly the listed documents."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+import zstandard
+from conftest import NO_FILTERS, base_recipe
+
+from lemur.data.build import build
+from lemur.data.read.exclude import EXCLUDED, Exclusions, read_entries
+from lemur.data.recipe.errors import RecipeError
+from lemur.data.recipe_loader import recipe_from_dict
+from lemur.shards.verify import verify
+from lemur.tokenizer import open_tokenizer
+
+# A killed build (module docstring of test_data_resume.py): the gather task `at` dies once
+# it has written its shard and documents.parquet, before its completion marker.
+KILLER = """
+import os, signal, sys
+from lemur.data.build import build
+from lemur.data.pack import steps
+from lemur.data.recipe_loader import load_recipe
+stage, at = sys.argv[2], int(sys.argv[3])
+original = getattr(steps, f"{stage}_task")
+def task(rank, *args):
+    original(rank, *args)
+    if rank == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+setattr(steps, f"{stage}_task", task)
+build(load_recipe(sys.argv[1]))
+"""
+
+
+def recipe(corpus: Path, out: Path, tokenizer: Path, provenance: bool = True, **extra) -> dict:
+    """The two-domain recipe of conftest over real files, with nothing that rewrites text
+    (no text filters, no PII redaction), so each document's text is its source's."""
+    texts = [corpus / "a.jsonl", corpus / "b.jsonl.gz", corpus / "c.jsonl.zst"]
+    raw = base_recipe(out.parent, corpus / "code", texts, **extra)
+    raw["output"] = {"path": str(out), "provenance": provenance}
+    raw["tokenizer"] = {"model": str(tokenizer)}
+    raw.setdefault("filters", NO_FILTERS)
+    raw.setdefault("pii", {"enabled": False})
+    raw["mix"] = {"ratio": {"code": 3, "text": 1}}
+    return raw
+
+
+@pytest.fixture(scope="module")
+def built(corpus_dir, tokenizer_model, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("prov") / "out"
+    build(recipe_from_dict(recipe(corpus_dir, out, tokenizer_model)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain(corpus_dir, tokenizer_model, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("plain") / "out"
+    build(recipe_from_dict(recipe(corpus_dir, out, tokenizer_model, provenance=False)))
+    return out
+
+
+def manifest_of(out: Path) -> dict:
+    return json.loads((out / "manifest.json").read_text())
+
+
+def source_record(row: dict) -> dict:
+    """What lies at the row's file and line, read straight from the file: the JSON object
+    of that line, or a whole file's text as `{"text": ...}`."""
+    path = Path(row["file"])
+    if row["line"] is None:  # a whole file
+        return {"text": path.read_text(encoding="utf-8")}
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
+    elif path.suffix == ".zst":
+        data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    return json.loads(data.decode().splitlines()[row["line"] - 1])
+
+
+def documents(out: Path):
+    """(shard, index, decoded text, provenance row) of every document, in shard order."""
+    manifest = manifest_of(out)
+    tok = open_tokenizer(out / manifest["tokenizer"]["file"])
+    for shard in manifest["shards"]:
+        tokens = np.fromfile(out / shard["file"], np.dtype(manifest["dtype"]))
+        ends = np.fromfile(out / shard["index"], "<u8").astype(np.int64)
+        rows = pq.read_table(out / shard["provenance"]).to_pylist()
+        assert len(rows) == len(ends) == shard["documents"]
+        starts = np.concatenate(([0], ends[:-1]))
+        for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+            yield shard, i, tok.decode(tokens[s + 1 : e - 1].tolist()), rows[i]
+
+
+def test_every_document_maps_to_its_source_file_and_line(built):
+    seen = 0
+    for shard, i, text, row in documents(built):
+        found = source_record(row)
+        assert text == found["text"], f"{shard['file']} document {i}: {row}"
+        name = row["id"].split("/", 1)[1]
+        if row["source"] == "docs":  # jsonl rows: their own id, their line
+            assert row["line"] >= 1 and row["path"] is None and row["domain"] == "text"
+            assert found["id"] == name
+        else:  # a file of the tree: its path, no line, its checkout's repository
+            assert row["line"] is None and row["path"] == name == Path(row["file"]).name
+            assert row["repository"] == "code" and row["language"] == "Python"
+        assert row["fim"] is False and row["cluster_size"] >= 1
+        seen += 1
+    assert seen == sum(s["documents"] for s in manifest_of(built)["shards"])
+
+
+def test_rows_follow_the_global_shuffle(built):
+    """The shuffle interleaves files and lines; the rows follow it, shard by shard."""
+    order = [(row["file"], row["line"] or 0) for _, _, _, row in documents(built)]
+    assert order != sorted(order)
+    train = [s for s in manifest_of(built)["shards"] if s["split"] == "train"]
+    assert len(train) > 1  # several shards, each with its own rows
+    files = {row["file"] for _, _, _, row in documents(built)}
+    assert {Path(f).name for f in files} >= {"a.jsonl", "b.jsonl.gz", "c.jsonl.zst"}
+
+
+def test_provenance_off_writes_the_same_shards_byte_for_byte(built, plain):
+    with_rows, without = manifest_of(built), manifest_of(plain)
+    assert "provenance" not in json.dumps(without["shards"])
+    assert len(with_rows["shards"]) == len(without["shards"])
+    for a, b in zip(with_rows["shards"], without["shards"], strict=True):
+        for key in ("file", "index"):
+            da, db = (built / a[key]).read_bytes(), (plain / b[key]).read_bytes()
+            assert hashlib.sha256(da).hexdigest() == hashlib.sha256(db).hexdigest()
+        assert {
+            k: v for k, v in a.items() if not k.startswith(("provenance", "file", "index"))
+        } == {k: v for k, v in b.items() if k not in ("file", "index")}
+        assert (
+            a["provenance_sha256"]
+            == hashlib.sha256((built / a["provenance"]).read_bytes()).hexdigest()
+        )
+    assert verify(built) == [] and verify(plain) == []
+    assert "provenance" not in without["recipe"]
+
+
+def test_verify_names_a_changed_documents_file(built, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns(".work"))
+    shard = manifest_of(copy)["shards"][0]
+    table = pq.read_table(copy / shard["provenance"])
+    pq.write_table(table.slice(1), copy / shard["provenance"])
+    assert verify(copy) == [
+        f"{copy / shard['provenance']}: sha256 mismatch (corrupted or modified)"
+    ]
+
+
+@pytest.mark.parametrize("stage, at", [("scatter", 1), ("gather", 1)])
+def test_a_killed_build_reruns_to_the_same_rows(
+    built, corpus_dir, tokenizer_model, tmp_path, stage, at
+):
+    out = tmp_path / "out"
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe(corpus_dir, out, tokenizer_model)))
+    res = subprocess.run([sys.executable, "-c", KILLER, str(path), stage, str(at)])
+    assert res.returncode == -9 and not (out / "manifest.json").exists()
+    build(recipe_from_dict(recipe(corpus_dir, out, tokenizer_model)))
+    for a, b in zip(manifest_of(built)["shards"], manifest_of(out)["shards"], strict=True):
+        assert (built / a["provenance"]).read_bytes() == (out / b["provenance"]).read_bytes()
+        assert a["provenance_sha256"] == b["provenance_sha256"]
+
+
+def stats_doc(out: Path, spec: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "lemur.data.cli", "stats", str(out), "--doc", spec, *extra],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_stats_doc_prints_where_a_document_came_from(built):
+    shard, i, text, row = list(documents(built))[5]
+    name = shard["file"].split("/", 1)[1].removesuffix(".bin")  # train/00000
+    res = stats_doc(built, f"{name}:{i}")
+    assert res.returncode == 0, res.stderr
+    lines = dict(line.split(None, 1) for line in res.stdout.splitlines() if " " in line.strip())
+    assert lines["id"] == row["id"] and lines["source"] == row["source"]
+    assert lines["file"] == row["file"] and lines["shard"] == shard["file"]
+    first = next(line for line in text.splitlines() if line.strip())
+    assert res.stdout.splitlines()[-1].split(None, 2)[-1] == first.strip()
+    as_json = json.loads(stats_doc(built, f"{shard['file']}:{i}", "--json").stdout)
+    assert as_json["line"] == row["line"] and as_json["document"] == i
+    bad = stats_doc(built, f"{name}:{shard['documents']}")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert f"holds {shard['documents']} documents" in bad.stderr
+
+
+def test_stats_doc_on_a_build_without_provenance_says_how_to_turn_it_on(plain):
+    res = stats_doc(plain, "train/00000:0")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert "built without provenance" in line and "provenance: true" in line
+
+
+def test_exclusions_match_ids_paths_globs_and_repositories(tmp_path):
+    (tmp_path / "ids.txt").write_text("# opt-outs\ndocs/calls\n\nblob123\n")
+    (tmp_path / "paths.txt").write_text("vendor/*\nsrc/exact.py\n")
+    (tmp_path / "repos.txt").write_text("octo/cat\n")
+    ex = Exclusions.load(
+        {
+            "ids": str(tmp_path / "ids.txt"),
+            "paths": str(tmp_path / "paths.txt"),
+            "repositories": str(tmp_path / "repos.txt"),
+        }
+    )
+    assert read_entries(str(tmp_path / "ids.txt"), "ids") == ["docs/calls", "blob123"]
+    assert ex.excluded("docs/calls", "calls", (), None)
+    assert ex.excluded("stack/blob123", "blob123", (), None)  # the id its source gave
+    assert ex.excluded("a/x", "x", ("vendor/lib/x.js",), None)
+    assert ex.excluded("a/x", "x", (None, "src/exact.py"), None)
+    assert ex.excluded("a/x", "x", ("src/y.py",), "octo/cat")
+    assert not ex.excluded("a/x", "x", ("src/exact.py.bak", "other/vendor/x"), "octo/dog")
+    assert not Exclusions() and ex.key() != Exclusions().key()
+
+
+def test_an_exclude_rebuild_drops_exactly_the_listed_documents(
+    built, corpus_dir, tokenizer_model, tmp_path
+):
+    rows = [row for _, _, _, row in documents(built)]
+    ids = sorted({r["id"] for r in rows if r["source"] == "docs"})[:3]
+    paths = sorted({r["path"] for r in rows if r["source"] == "py"})[:2]
+    (tmp_path / "ids.txt").write_text("".join(i + "\n" for i in ids) + "docs/no-such-doc\n")
+    (tmp_path / "paths.txt").write_text(f"{paths[0]}\n{paths[1][:3]}*\n")
+    globbed = {p.name for p in (corpus_dir / "code").glob(f"{paths[1][:3]}*.py")}
+    out = tmp_path / "out"
+    exclude = {"ids": str(tmp_path / "ids.txt"), "paths": str(tmp_path / "paths.txt")}
+    m = build(recipe_from_dict(recipe(corpus_dir, out, tokenizer_model, exclude=exclude)))
+    before = manifest_of(built)["counts"]
+    counts = m["counts"]
+    listed = len(ids) + len({paths[0]} | globbed)
+    assert counts["dropped"][EXCLUDED] == listed
+    assert counts["sources"]["docs"]["dropped"][EXCLUDED] == len(ids)
+    assert counts["sources"]["py"]["dropped"][EXCLUDED] == len({paths[0]} | globbed)
+    assert counts["read"] == before["read"]  # read = kept + dropped
+    assert counts["kept"] == before["kept"] - listed
+    assert counts["read"] == counts["kept"] + sum(counts["dropped"].values())
+    after = {row["id"] for _, _, _, row in documents(out)}
+    gone = set(ids) | {f"py/{p}" for p in {paths[0]} | globbed}
+    assert not after & gone
+    assert after  # the rest is still built
+
+
+def test_a_bad_exclude_file_is_one_line_naming_it(corpus_dir, tokenizer_model, tmp_path):
+    missing = tmp_path / "nope.txt"
+    raw = recipe(corpus_dir, tmp_path / "out", tokenizer_model, exclude={"ids": str(missing)})
+    with pytest.raises(RecipeError, match=f"{missing}: exclude.ids file not found"):
+        recipe_from_dict(raw)
+    binary = tmp_path / "ids.bin"
+    binary.write_bytes(b"ok\n\xff\xfe\n")
+    raw["exclude"] = {"repositories": str(binary)}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    res = subprocess.run(
+        [sys.executable, "-m", "lemur.data.cli", "build", str(path)], capture_output=True, text=True
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"lemur-data: error: {binary}: exclude.repositories is not UTF-8 text "
+        "(invalid byte at offset 3)"
+    ]
+    assert not (tmp_path / "out").exists()
