@@ -1,15 +1,19 @@
 """`lemur-data build`: sources -> documents -> tokens -> mixed, shuffled, packed shards.
 
-Stages:
-1. tokenizer: copy the given model, or train one on a sample of the sources;
-2. read, tag, filter, sign for dedup, tokenize: a datatrove pipeline over all input files,
-   one run of tokens per task under `<work>/tokens-<key>/` (`<work>` is `<output>/.work`, or
-   the recipe's `work_dir`, which builds into other outputs may share; datatrove's completion
-   markers make reruns skip finished tasks);
-3. dedup (dedup/stage.py): bucket tasks, then one cluster task, on the same executor;
-4. pack (pack/): histogram tasks, the mix and val plan, scatter tasks, gather tasks (one
-   per shard), on the same executor; then the manifest.
-"""
+`build` lists the inputs, stops when the output already holds this build, prepares the
+tokenizer into the one `BuildContext`, then runs `STAGES`, each a `Stage` from the
+`BuildState` the one before left to the next:
+1. read: read, tag, filter, sign for dedup, tokenize (a datatrove pipeline over all input
+   files, one run of tokens per task under `<work>/tokens-<key>/`; `<work>` is
+   `<output>/.work`, or the recipe's `work_dir`, which builds into other outputs may share;
+   datatrove's completion markers make reruns skip finished tasks), then dedup
+   (dedup/stage.py: bucket tasks, then one cluster task), in budgeted rounds when asked;
+2. fim: the FIM tasks rewrite the run's code documents (fim/rewrite.py);
+3. repos: the group tasks make repository documents (repos/stage.py);
+4. plan: the pack stage's histogram tasks, then the mix and val plan (pack/);
+5. shuffle: scatter tasks, then gather tasks (one per shard) writing the shards;
+6. commit: the manifest, and the output switched to the new build (shards/commit.py).
+Every stage's tasks run on the recipe's executor through the context (`ctx.stage`)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +32,7 @@ from loguru import logger
 
 from lemur.atomic_files import remove_stale_temporaries
 from lemur.data import work as work_folders
-from lemur.data.budget import read_sources
+from lemur.data.budget import Reading, read_sources
 from lemur.data.classifier_stage import (
     classifier_filters,
     classifier_keys,
@@ -61,13 +66,13 @@ from lemur.data.filter.text import (
     GopherRepetitionFilter,
 )
 from lemur.data.fim.rewrite import FimJob, FimRewrite, fim_counts
-from lemur.data.pack.plan import PackError
+from lemur.data.pack.plan import PackError, PackPlan
 from lemur.data.pack.sections import ManifestSections
 from lemur.data.pack.shuffle import ShuffleError
 from lemur.data.pack.write import PackStages
+from lemur.data.read.exclude import exclusions_of
 from lemur.data.read.listing import InputFile, Listing, list_inputs
 from lemur.data.read.remote_outcome import unfinished_reads
-from lemur.data.read.exclude import exclusions_of
 from lemur.data.read.sources import SourcesReader
 from lemur.data.read.stack_v2 import check_content_clients
 from lemur.data.recipe.recipe import Recipe
@@ -83,6 +88,15 @@ from lemur.data.run.stage import executor_session
 from lemur.data.run.task import Reporter
 from lemur.data.runs.format import TokenRun
 from lemur.data.runs.provenance import provenance_key
+from lemur.data.sample_stage import (
+    SAMPLES_DIR,
+    attach_drop_samples,
+    build_samples,
+    filter_slug,
+    kept_steps,
+    pii_samples,
+    rerun_notice,
+)
 from lemur.progress import format_duration
 from lemur.shards.check import check_structure
 from lemur.shards.commit import commit
@@ -90,6 +104,7 @@ from lemur.shards.format import (
     FORMAT,
     MANIFEST,
     ShardFormatError,
+    ShardInfo,
     atomic_write_json,
     dtype_name,
     read_manifest,
@@ -153,10 +168,12 @@ def make_filters(
         from datatrove.pipeline.writers import JsonlWriter
 
         for f in filters:
-            slug = getattr(f, "rejects_slug", type(f).__name__.removesuffix("Filter").lower())
             f.exclusion_writer = JsonlWriter(
-                str(Path(recipe.rejects).expanduser() / slug), output_filename="${rank}.jsonl.gz"
+                str(Path(recipe.rejects).expanduser() / filter_slug(f)),
+                output_filename="${rank}.jsonl.gz",
             )
+    if run_dir is not None:  # `inspect:`: each filter's drops, with what tripped the rule
+        attach_drop_samples(recipe, filters, run_dir)
     return filters
 
 
@@ -197,12 +214,13 @@ def tokenize_stage(ctx: BuildContext, inputs: list[InputFile], run_dir: Path) ->
         *make_filters(recipe, inputs, run_dir, corpus.judged_as_text),
         # PII redaction rewrites text, not a conversation's messages (what chat trains on).
         *(
-            [PiiRedactor(recipe.pii)]
+            [PiiRedactor(recipe.pii, pii_samples(recipe, run_dir))]
             if recipe.pii.enabled and recipe.pii.kinds and corpus.judged_as_text
             else []
         ),
         # Chat: render, encode, mask and cut before signing, so dedup sees what is trained on.
         *conversation_steps(corpus, str(tok_path), recipe.tokenize_batch_docs),
+        *kept_steps(recipe, run_dir),  # `inspect:`: kept documents, length and language counts
         *(
             [
                 DedupSigner(
@@ -273,6 +291,8 @@ def _work_key(ctx: BuildContext, inputs_sha: str) -> str:
             "filters": recipe.filters,
             "dedup": recipe.dedup.signer_settings(),
             "rejects": recipe.rejects,
+            # The samples' part files are the read tasks' (unset: older keys stay).
+            **({"inspect": recipe.inspect.settings(recipe.seed)} if recipe.inspect.enabled else {}),
             "decontaminate": (
                 recipe.decontaminate,
                 [_stat(b.path) for b in recipe.decontaminate.benchmarks if b.path],
@@ -359,8 +379,8 @@ def build(
             for said in (held.taken_over() for held in (lock, work_lock) if held is not None):
                 if said:
                     note(said)
-            ctx = BuildContext.of(recipe, out, report, note)
-            return _build_locked(ctx, force, plan_only, on_plan)
+            ctx = BuildContext.of(recipe, out, report, note, plan_only, on_plan)
+            return _build_locked(ctx, force)
     except (LockedError, ShuffleError) as e:
         raise BuildError(str(e)) from None
     except OSError as e:
@@ -381,15 +401,51 @@ def _work_lock(work_root: Path, out: Path) -> contextlib.AbstractContextManager:
     return DirectoryLock(work_root)
 
 
-def fim_stage(ctx: BuildContext, run: TokenRun) -> tuple[TokenRun, dict[str, Any] | None]:
-    """The FIM tasks over the tokenize run `run` (fim/rewrite.py): (the run with its
-    tokens rewritten, the manifest's `fim` section); (`run`, None) without FIM. They start
-    from the run's kept read, filter, dedup and tokenize work (a new rate re-runs only them
-    and packing)."""
-    recipe, tok = ctx.recipe, ctx.tok
+@dataclass(frozen=True)
+class BuildState:
+    """What one stage of a build hands the next: the token run so far (the read stage's,
+    rewritten by FIM, grouped into repositories) and what the manifest gathers on the way."""
+
+    listing: Listing
+    inputs_sha: str
+    read: TokenRun | None = None  # the read stage's run (its counts, its dedup)
+    run: TokenRun | None = None  # the run the next stage reads
+    reading: Reading | None = None  # which units of each source were read
+    fim: dict[str, Any] | None = None  # the manifest's `fim` section
+    grouped: Grouped | None = None  # the group stage, with `repos:`
+    pack: PackStages | None = None
+    plan: PackPlan | None = None
+    shards: tuple[ShardInfo, ...] = ()
+    result: dict[str, Any] | None = None  # set by the stage that ends the build
+
+
+# A stage of the build: the shared context and the state so far -> the state it leaves.
+Stage = Callable[[BuildContext, BuildState], BuildState]
+
+
+def read_stage(ctx: BuildContext, state: BuildState) -> BuildState:
+    """Read, filter, tokenize and deduplicate the inputs (in budgeted rounds when the mix
+    asks): the read run."""
+    listing = state.listing
+    reading, run_dir, n_tasks, dd = read_sources(
+        ctx.recipe,
+        ctx.corpus,
+        listing,
+        lambda units, kind: read_round(ctx, listing, units, kind),
+    )
+    run = TokenRun(run_dir, n_tasks, dd)
+    return dataclasses.replace(state, read=run, run=run, reading=reading)
+
+
+def fim_stage(ctx: BuildContext, state: BuildState) -> BuildState:
+    """The FIM tasks over the read run (fim/rewrite.py): the run with its tokens rewritten,
+    and the manifest's `fim` section; the state as it is without FIM. They start from the
+    run's kept read, filter, dedup and tokenize work (a new rate re-runs only them and
+    packing)."""
+    recipe, tok, run = ctx.recipe, ctx.tok, state.run
     fim, markers = recipe.fim, tok.markers
-    if fim is None or markers is None:
-        return run, None
+    if fim is None or markers is None or run is None:
+        return state
     sources = tuple(i for i, s in enumerate(recipe.sources) if s.domain in fim.domains)
     job = FimJob(str(tok.path), tok.info.get("engine", "auto"), fim, recipe.seed, markers, sources)
     folder = work_folders.fim_folder(run.folder, job.key(tok.key, run.dedup))
@@ -403,14 +459,22 @@ def fim_stage(ctx: BuildContext, run: TokenRun) -> tuple[TokenRun, dict[str, Any
         "markers": {"style": markers.style, **roles},
         "counts": fim_counts(out, run.tasks),
     }
-    return dataclasses.replace(run, tokens=out), section
+    return dataclasses.replace(state, run=dataclasses.replace(run, tokens=out), fim=section)
+
+
+def repos_stage(ctx: BuildContext, state: BuildState) -> BuildState:
+    """With `repos:`, the group tasks: repository documents and the other documents of the
+    run, duplicates already removed (repos/stage.py); the state as it is without."""
+    if ctx.recipe.repos is None or state.run is None:
+        return state
+    grouped = group_repositories(ctx, state.run)
+    return dataclasses.replace(state, run=TokenRun(grouped.run, grouped.tasks), grouped=grouped)
 
 
 def pack_stages(ctx: BuildContext, run: TokenRun, recipe: Recipe | None = None) -> PackStages:
-    """The build's pack stage over the tokenize run `run` (its token files, perhaps the FIM
-    stage's), tasks run through the context's runner, shards under the build's own directory
-    of the output (`PackStages.prefix`); `recipe`: the one the run is packed with (default:
-    the build's)."""
+    """The build's pack stage over the token run `run`, tasks run through the context's
+    runner, shards under the build's own directory of the output (`PackStages.prefix`);
+    `recipe`: the one the run is packed with (default: the build's)."""
     recipe = recipe or ctx.recipe
     key = work_folders.run_key(run.folder)
     # The build's own directory: no file of it shares a path with the previous build's, so
@@ -430,6 +494,95 @@ def pack_stages(ctx: BuildContext, run: TokenRun, recipe: Recipe | None = None) 
     )
 
 
+def plan_stage(ctx: BuildContext, state: BuildState) -> BuildState:
+    """The pack stage's histogram tasks, then the mix and val plan (in this process); with
+    `plan_only` the build ends here with the plan."""
+    recipe, read, run = ctx.recipe, state.read, state.run
+    assert read is not None and run is not None and state.reading is not None
+    # A group run has its duplicates removed already: it is packed without dedup.
+    stages = pack_stages(ctx, run, pack_recipe(recipe) if state.grouped else None)
+    try:
+        plan = stages.plan()
+    except PackError as e:  # e.g. nothing left to pack: say what the documents became
+        counts = collect_counts(read.folder, recipe, ctx.corpus, read.tasks, state.listing)
+        raise PackError(f"{e}; {drops(counts)}") from None
+    reading = state.reading.summary(recipe)
+    if ctx.on_plan:
+        memory = {**expected_memory(recipe.dedup, read.dedup), **plan.memory}
+        ctx.on_plan({**plan.mix.to_json(), "memory": memory, "reading": reading})
+    result = {"plan": plan.mix.to_json(), "reading": reading} if ctx.plan_only else None
+    return dataclasses.replace(state, pack=stages, plan=plan, result=result)
+
+
+def shuffle_stage(ctx: BuildContext, state: BuildState) -> BuildState:
+    """Scatter tasks, then gather tasks: the shards, under the build's own directory."""
+    assert state.pack is not None and state.plan is not None
+    return dataclasses.replace(state, shards=tuple(state.pack.shuffle(state.plan, ctx.out)))
+
+
+def commit_stage(ctx: BuildContext, state: BuildState) -> BuildState:
+    """The manifest and its sections (stats, mix, counts, dedup, FIM, classifiers), then
+    the output switched to the new build (shards/commit.py)."""
+    recipe, out, stages, read = ctx.recipe, ctx.out, state.pack, state.read
+    assert stages is not None and read is not None and state.reading is not None
+    dups = stages.write_duplicates(out)  # duplicates.jsonl, when the recipe asks
+    totals = stages.totals()
+    if state.grouped is not None:  # dedup's removals before grouping
+        state.grouped.add_removals(totals)
+    sections = ManifestSections(
+        recipe, ctx.corpus, state.plan, totals, read.dedup, read.tasks, dups
+    )
+    # What was read of each source, when budgeted reading chose (a full read's counts stay).
+    units = state.reading.summary(recipe)["sources"] if ctx.corpus.budgeted_reading() else None
+    counts = collect_counts(
+        read.folder, recipe, ctx.corpus, read.tasks, state.listing, sections.dedup(), units
+    )
+    counts |= state.grouped.manifest_counts(recipe) if state.grouped is not None else {}
+    prefix = stages.prefix
+    tok_file = copy_tokenizer_files(ctx.tok.path, out / prefix)
+    atomic_write_json(out / prefix / "stats.json", sections.stats())
+    samples = build_samples(
+        recipe,
+        (ctx.tok.opened, ctx.tok.markers),
+        read,
+        (state.run, state.grouped is not None),
+        out / prefix / SAMPLES_DIR,
+    )
+    manifest = {
+        "format": FORMAT,
+        "dtype": dtype_name(stages.dtype),
+        "seq_len": recipe.seq_len,
+        "tokenizer": {"file": f"{prefix}/{tok_file}", **ctx.tok.info},
+        **ctx.corpus.manifest_fields(),  # a chat template's framing: no BOS/EOS added
+        "stats": f"{prefix}/stats.json",
+        "shards": [s.to_json() for s in state.shards],
+        "mix": sections.mix(),
+        "counts": counts,
+        **classifier_section(recipe, read.folder, read.tasks),  # {} without classifiers
+        **({"fim": state.fim} if state.fim is not None else {}),
+        **({"samples": {**samples, "dir": f"{prefix}/{SAMPLES_DIR}"}} if samples else {}),
+        "recipe": recipe.to_dict(),
+        "recipe_sha256": recipe.sha256(),
+        "inputs_sha256": state.inputs_sha,
+    }
+    commit(out, prefix, manifest, work_folders.finished_shuffles(ctx.work_root))
+    for warning in val_window_warnings(recipe, manifest["shards"]):
+        ctx.note(f"warning: {warning}")
+    return dataclasses.replace(state, result=manifest)
+
+
+# The build, stage by stage, once its inputs are listed and its tokenizer prepared: each
+# reads the state the one before left (the token run, what the manifest gathers).
+STAGES: tuple[Stage, ...] = (
+    read_stage,
+    fim_stage,
+    repos_stage,
+    plan_stage,
+    shuffle_stage,
+    commit_stage,
+)
+
+
 def prepared_tokenizer(ctx: BuildContext, inputs: list[InputFile]) -> BuildTokenizer:
     """The build's prepared tokenizer: its file, manifest entry, FIM markers, and the
     tokenizer opened once, which every later check and stage of this process uses."""
@@ -444,33 +597,12 @@ def prepared_tokenizer(ctx: BuildContext, inputs: list[InputFile]) -> BuildToken
     return BuildTokenizer(tok_path, tok_info, markers, opened)
 
 
-def _pack_input(ctx: BuildContext, run: TokenRun) -> tuple[PackStages, Grouped | None]:
-    """The pack stage over the read run (perhaps the FIM stage's rewrite of it), or with
-    `repos:` over the group stage's run: the repository documents and the other documents
-    taken from that run, duplicates already removed; the group stage or None."""
-    if ctx.recipe.repos is None:
-        return pack_stages(ctx, run), None
-    grouped = group_repositories(ctx, run)
-    stages = pack_stages(ctx, TokenRun(grouped.run, grouped.tasks), pack_recipe(ctx.recipe))
-    return stages, grouped
-
-
-def _sections(
-    recipe: Recipe,
-    stages: PackStages,
-    grouped: Grouped | None,
-    plan: Any,
-    dd: Path | None,
-    n_tasks: int,
-    out: Path,
-) -> ManifestSections:
-    """The manifest's sections over the finished pack tasks (`duplicates.jsonl` written when
-    asked; dedup's removals before grouping counted with the pack stage's)."""
-    dups = stages.write_duplicates(out)
-    totals = stages.totals()
-    if grouped is not None:
-        grouped.add_removals(totals)
-    return ManifestSections(recipe, stages.corpus, plan, totals, dd, n_tasks, dups)
+def _previous_manifest(out: Path) -> dict[str, Any] | None:
+    """The manifest of the build the output holds (None: none, or unreadable)."""
+    try:
+        return read_manifest(out)
+    except (OSError, ShardFormatError):
+        return None
 
 
 def _listed(ctx: BuildContext) -> tuple[Listing, str]:
@@ -484,61 +616,32 @@ def _listed(ctx: BuildContext) -> tuple[Listing, str]:
     return listing, inputs_sha256(listing.files)
 
 
-def _build_locked(ctx: BuildContext, force, plan_only, on_plan) -> dict[str, Any]:
-    """`build` while holding the output directory's lock."""
-    recipe, out, note = ctx.recipe, ctx.out, ctx.note
+def _build_locked(ctx: BuildContext, force: bool) -> dict[str, Any]:
+    """`build` while holding the output directory's lock: the inputs listed, nothing done
+    when the output is up to date, the tokenizer prepared, then `STAGES` in order."""
     started = time.time()
     listing, inputs_sha = _listed(ctx)
-    if not force and not plan_only and is_up_to_date(out, recipe, inputs_sha):
+    if not force and not ctx.plan_only and is_up_to_date(ctx.out, ctx.recipe, inputs_sha):
         ctx.report(UP_TO_DATE, 1, 1)
-        return json.loads((out / MANIFEST).read_text())
+        return json.loads((ctx.out / MANIFEST).read_text())
     ctx = ctx.with_tokenizer(prepared_tokenizer(ctx, listing.files))
-    reading, run_dir, n_tasks, dd = read_sources(
-        recipe, ctx.corpus, listing, lambda units, kind: read_round(ctx, listing, units, kind)
-    )
-    run, fim = fim_stage(ctx, TokenRun(run_dir, n_tasks, dd))
-    stages, grouped = _pack_input(ctx, run)
-    prefix = stages.prefix
-    try:
-        pack_plan = stages.plan()  # histogram tasks, then the plan in this process
-    except PackError as e:  # e.g. nothing left to pack: say what the documents became
-        became = drops(collect_counts(run_dir, recipe, ctx.corpus, n_tasks, listing))
-        raise PackError(f"{e}; {became}") from None
-    read = reading.summary(recipe)
-    if on_plan:
-        memory = {**expected_memory(recipe.dedup, dd), **pack_plan.memory}
-        on_plan({**pack_plan.mix.to_json(), "memory": memory, "reading": read})
-    if plan_only:
-        return {"plan": pack_plan.mix.to_json(), "reading": read}
-    shards = stages.shuffle(pack_plan, out)  # scatter tasks, then gather tasks
-    sections = _sections(recipe, stages, grouped, pack_plan, dd, n_tasks, out)
-    # What was read of each source, when budgeted reading chose (a full read's counts stay).
-    units = read["sources"] if ctx.corpus.budgeted_reading() else None
-    counts = collect_counts(run_dir, recipe, ctx.corpus, n_tasks, listing, sections.dedup(), units)
-    counts |= grouped.manifest_counts(recipe) if grouped is not None else {}
-    tok_file = copy_tokenizer_files(ctx.tok.path, out / prefix)
-    atomic_write_json(out / prefix / "stats.json", sections.stats())
-    manifest = {
-        "format": FORMAT,
-        "dtype": dtype_name(stages.dtype),
-        "seq_len": recipe.seq_len,
-        "tokenizer": {"file": f"{prefix}/{tok_file}", **ctx.tok.info},
-        **ctx.corpus.manifest_fields(),  # a chat template's framing: no BOS/EOS added
-        "stats": f"{prefix}/stats.json",
-        "shards": [s.to_json() for s in shards],
-        "mix": sections.mix(),
-        "counts": counts,
-        **classifier_section(recipe, run_dir, n_tasks),  # {} without classifiers
-        **({"fim": fim} if fim is not None else {}),
-        "recipe": recipe.to_dict(),
-        "recipe_sha256": recipe.sha256(),
-        "inputs_sha256": inputs_sha,
-    }
-    commit(out, prefix, manifest, work_folders.finished_shuffles(ctx.work_root))
-    for warning in val_window_warnings(recipe, manifest["shards"]):
-        note(f"warning: {warning}")
-    note(f"build done in {format_duration(time.time() - started)}")
-    return manifest
+    said = rerun_notice(ctx.recipe, _previous_manifest(ctx.out))
+    if (
+        said
+        and not work_folders.tokenize_run(
+            ctx.work_root, "read", _work_key(ctx, inputs_sha)
+        ).is_dir()
+    ):
+        ctx.note(said)  # `rejects:`/`inspect:` alone made the read run again: say so first
+    state = BuildState(listing, inputs_sha)
+    for stage in STAGES:
+        state = stage(ctx, state)
+        if state.result is not None:
+            break
+    assert state.result is not None, "the build's last stage sets its result"
+    if not ctx.plan_only:
+        ctx.note(f"build done in {format_duration(time.time() - started)}")
+    return state.result
 
 
 def val_window_warnings(recipe: Recipe, shards: list[dict[str, Any]]) -> list[str]:

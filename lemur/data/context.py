@@ -3,8 +3,8 @@
 The recipe, the kind of corpus it makes (`Corpus`, asked once), the build's prepared
 tokenizer (opened once in this process: `BuildTokenizer`), the work folders and the stage
 runner. A stage takes the context and the run it reads (`TokenRun`, lemur/data/runs/) and
-returns the run it makes; nothing is passed down by position, and no stage rebuilds what
-the context holds.
+returns the run it makes (lemur.data.build's `STAGES`, each a `Stage`); nothing is passed
+down by position, and no stage rebuilds what the context holds.
 """
 
 from __future__ import annotations
@@ -53,14 +53,22 @@ class BuildContext:
     out: Path
     report: Reporter
     note: Callable[[str], None]
+    plan_only: bool = False  # end the build with the mix plan, no shards written
+    on_plan: Callable[[dict[str, Any]], None] | None = None  # told the plan before packing
     tokenizer: BuildTokenizer | None = None  # set once the tokenizer is prepared
 
     @classmethod
     def of(
-        cls, recipe: Recipe, out: Path, report: Reporter, note: Callable[[str], None]
+        cls,
+        recipe: Recipe,
+        out: Path,
+        report: Reporter,
+        note: Callable[[str], None],
+        plan_only: bool = False,
+        on_plan: Callable[[dict[str, Any]], None] | None = None,
     ) -> BuildContext:
         """The context of a build of `recipe` into `out` (the one place the corpus is made)."""
-        return cls(recipe, corpus_of(recipe), out, report, note)
+        return cls(recipe, corpus_of(recipe), out, report, note, plan_only, on_plan)
 
     @property
     def work_root(self) -> Path:
