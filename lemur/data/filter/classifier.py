@@ -33,6 +33,7 @@ from lemur.atomic_files import atomic_write_bytes, atomic_write_text
 from lemur.cli_common import UserError
 from lemur.data.filter.base import LemurFilter
 from lemur.data.recipe.classifier import ClassifierConfig
+from lemur.data.samples.records import Dropped
 
 FASTTEXT_MAGIC = 793712314  # fastText's FASTTEXT_FILEFORMAT_MAGIC_INT32
 FASTTEXT_VERSION = 12  # the newest format fastText 0.9 writes
@@ -330,7 +331,11 @@ class ClassifierFilter(LemurFilter):
         cut = self.cut(source)
         keep = cut is None or score >= cut
         self._summary.add(doc, score, keep)
-        return True if keep else (False, f"quality:{self.config.name}")
+        if self.samples is not None:
+            self.samples.score(self.config.name, doc, score, cut)
+        if keep:
+            return True
+        return Dropped(f"quality:{self.config.name}", "quality score", score, "<", cut)
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1):
         """Filter a task's documents with its score cache; save the cache and a summary."""

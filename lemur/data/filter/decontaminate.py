@@ -29,6 +29,7 @@ from lemur.data.filter.base import LemurFilter
 from lemur.data.filter.benchmarks import benchmark_texts
 from lemur.data.filter.ngrams import Ngrams, text_ngrams
 from lemur.data.recipe.filters import BenchmarkConfig, DecontaminateConfig
+from lemur.data.samples.records import Dropped
 from lemur.shards.format import atomic_write_bytes, open_array
 
 INDEX_SUFFIX = ".index.hashes"
@@ -89,7 +90,7 @@ def text_keys(text: str, n: int) -> tuple[np.ndarray, np.ndarray]:
 def build_index(bench: BenchmarkConfig, n: int, directory: Path) -> int:
     """Write a benchmark's two hash files (sorted, unique, deterministic); return n-grams."""
     exact, fast = [np.zeros(0, np.uint64)], [np.zeros(0, np.uint64)]
-    for text in benchmark_texts(bench):
+    for _, text in benchmark_texts(bench):
         e, f = text_keys(text, n)
         exact.append(e)
         fast.append(f)
@@ -151,9 +152,17 @@ class DecontaminationFilter(LemurFilter):
 
     name = "🧪 decontaminate"
 
-    def __init__(self, directory: str, names: list[str], ngram: int, min_matches: int) -> None:
+    def __init__(
+        self,
+        directory: str,
+        names: list[str],
+        ngram: int,
+        min_matches: int,
+        benchmarks: tuple[BenchmarkConfig, ...] = (),
+    ) -> None:
         super().__init__()
         self.directory, self.names = directory, list(names)
+        self.benchmarks = {b.name: b for b in benchmarks}  # to name a hit's task (samples)
         self.ngram, self.min_matches = ngram, min_matches
         self._indexes: list[BenchmarkIndex] | None = None
 
@@ -198,13 +207,29 @@ class DecontaminationFilter(LemurFilter):
         if found is None:
             return True
         doc.metadata["contaminated_task"], doc.metadata["contaminated_ngram"] = found
-        return False, f"contaminated:{found[0]}"
+        bench, ngram = found
+        if self.samples is not None:
+            self.samples.hit(doc, bench, ngram, lambda: self.task_of(bench, ngram))
+        return Dropped(f"contaminated:{bench}", f"{self.ngram}-gram", ngram, "in", bench)
+
+    def task_of(self, name: str, ngram: str) -> str | None:
+        """The id of the benchmark task holding a matched n-gram (None: not known). Asked
+        only for the hits a sample keeps: it reads the benchmark again."""
+        bench = self.benchmarks.get(name)
+        if bench is None:
+            return None
+        key = np.uint64(xxhash.xxh64_intdigest(ngram))
+        for task, text in benchmark_texts(bench):
+            if key in text_keys(text, self.ngram)[0]:
+                return task
+        return None
 
 
 def decontamination_filter(config: DecontaminateConfig, work: Path) -> DecontaminationFilter:
     """Build the recipe's benchmark indexes under `work/decontam` and a filter reading them."""
     directory = work_folders.decontam(work)
     build_indexes(config, directory)
+    names = [b.name for b in config.benchmarks]
     return DecontaminationFilter(
-        str(directory), [b.name for b in config.benchmarks], config.ngram, config.min_matches
+        str(directory), names, config.ngram, config.min_matches, tuple(config.benchmarks)
     )

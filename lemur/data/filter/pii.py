@@ -41,6 +41,8 @@ from lemur.atomic_files import atomic_open
 from lemur.data.filter.secrets import find_secrets, line_number, secret_settings
 from lemur.data.labels import pii_label
 from lemur.data.recipe.filters import PiiConfig
+from lemur.data.samples.collect import TaskSamples
+from lemur.data.samples.records import PII, SampleSettings
 
 EMAIL, IP, KEY = "email", "ip", "key"
 PRIVATE_IPV4 = ("10.0.42.17", "172.16.31.10", "192.168.88.14", "10.128.5.203")
@@ -225,11 +227,14 @@ class PiiRedactor(PipelineStep):
     type = "🔒 - PII"
     name = "🔒 redact PII"
 
-    def __init__(self, config: PiiConfig) -> None:
+    def __init__(
+        self, config: PiiConfig, samples: tuple[SampleSettings, str] | None = None
+    ) -> None:
         super().__init__()
         self.domains = frozenset(config.domains)
         self.kinds = tuple(config.kinds)
         self.report = config.report
+        self.samples = samples  # (settings, part folder): the build's PII samples, or None
 
     def redact_doc(self, doc: Document) -> list[Redaction]:
         """Redact one document in place and count what was replaced."""
@@ -242,6 +247,7 @@ class PiiRedactor(PipelineStep):
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         """Pass every document on, redacted when its domain is configured."""
         opened = Report.open(self.report, rank) if self.report else nullcontext()
+        samples = TaskSamples(*self.samples) if self.samples else None
         with secret_settings(), opened as report:
             for doc in data:
                 if doc.metadata.get("domain") in self.domains:
@@ -250,7 +256,42 @@ class PiiRedactor(PipelineStep):
                         done = self.redact_doc(doc)
                     if report and done:
                         report.write(doc, original, done)
+                    if samples is not None and done:
+                        sample_redacted(samples, doc, done)
                 yield doc
+        if samples is not None:
+            samples.write(rank)
+
+
+def sample_redacted(samples: TaskSamples, doc: Document, done: list[Redaction]) -> None:
+    """Count a redacted document's redactions by kind; offer it, redacted, to its source's
+    sample (the text as the build wrote it: never a secret)."""
+    kinds: dict[str, int] = {}
+    for r in done:
+        kinds[r.kind] = kinds.get(r.kind, 0) + 1
+        samples.count(("pii_counts", r.kind))
+    source = str(doc.metadata.get("source", "?"))
+
+    def record() -> dict[str, Any]:
+        return {"source": source, "id": str(doc.id), "kinds": kinds, **samples.text(doc.text)}
+
+    samples.offer(PII, (source,), samples.seeded(PII, source, str(doc.id)), record)
+
+
+class PiiScrub:
+    """What the samples show of a document the build did not get to redact (dropped before
+    the PII step): the text redacted as the build would have, in PII's domains."""
+
+    def __init__(self, config: PiiConfig) -> None:
+        self.domains = frozenset(config.domains) if config.enabled else frozenset()
+        self.kinds = tuple(config.kinds)
+
+    def __call__(self, text: str, doc_id: str, domain: str) -> str:
+        """The text as the samples may show it."""
+        if domain not in self.domains or not self.kinds:
+            return text
+        with secret_settings():
+            return redact(text, doc_id, self.kinds)[0]
 
 
 class Report:

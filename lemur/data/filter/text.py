@@ -30,6 +30,7 @@ from datatrove.utils.text import PUNCTUATION_SET, TERMINAL_PUNCTUATION
 from lemur.data.dedup.signer import combine_ngrams
 from lemur.data.filter.base import DomainFilter
 from lemur.data.recipe.filters import FineWebConfig
+from lemur.data.samples.records import Dropped
 
 STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
 GOPHER_BULLETS = ("•", "-")
@@ -102,34 +103,43 @@ class GopherQualityFilter(TextRule):
         non_symbol = [w for w in words if w.strip(_PUNCT)]
         n = len(non_symbol)
         if config.min_doc_words and n < config.min_doc_words:
-            return False, "gopher_short_doc"
+            return Dropped("gopher_short_doc", "words", n, "<", config.min_doc_words)
         if config.max_doc_words and n > config.max_doc_words:
-            return False, "gopher_long_doc"
+            return Dropped("gopher_long_doc", "words", n, ">", config.max_doc_words)
         if n:
             avg = sum(map(len, non_symbol)) / n
             if config.min_avg_word_length and avg < config.min_avg_word_length:
-                return False, "gopher_below_avg_threshold"
+                low = config.min_avg_word_length
+                return Dropped("gopher_below_avg_threshold", "mean_word_length", avg, "<", low)
             if config.max_avg_word_length and avg > config.max_avg_word_length:
-                return False, "gopher_above_avg_threshold"
+                high = config.max_avg_word_length
+                return Dropped("gopher_above_avg_threshold", "mean_word_length", avg, ">", high)
         if words and config.max_symbol_word_ratio is not None:
-            if text.count("#") / len(words) > config.max_symbol_word_ratio:
-                return False, "gopher_too_many_hashes"
-            if (text.count("...") + text.count("…")) / len(words) > config.max_symbol_word_ratio:
-                return False, "gopher_too_many_ellipsis"
-        reason = self._line_rules(text)
-        if reason:
-            return False, reason
+            limit = config.max_symbol_word_ratio
+            hashes = text.count("#") / len(words)
+            if hashes > limit:
+                return Dropped("gopher_too_many_hashes", "hash_word_ratio", hashes, ">", limit)
+            ellipsis = (text.count("...") + text.count("…")) / len(words)
+            if ellipsis > limit:
+                reason = "gopher_too_many_ellipsis"
+                return Dropped(reason, "ellipsis_word_ratio", ellipsis, ">", limit)
+        verdict = self._line_rules(text)
+        if verdict:
+            return verdict
         if words and config.min_alpha_words_ratio is not None:
-            alpha = sum(any(map(str.isalpha, w)) for w in words)
-            if alpha / len(words) < config.min_alpha_words_ratio:
-                return False, "gopher_below_alpha_threshold"
+            alpha = sum(any(map(str.isalpha, w)) for w in words) / len(words)
+            if alpha < config.min_alpha_words_ratio:
+                low = config.min_alpha_words_ratio
+                return Dropped("gopher_below_alpha_threshold", "alpha_fraction", alpha, "<", low)
         if config.min_stop_words:
             found = {w.lower() for w in words} if config.stop_words_ignore_case else set(words)
-            if len(STOP_WORDS.intersection(found)) < config.min_stop_words:
-                return False, "gopher_enough_stop_words"
+            stops = len(STOP_WORDS.intersection(found))
+            if stops < config.min_stop_words:
+                least = config.min_stop_words
+                return Dropped("gopher_enough_stop_words", "stop_words", stops, "<", least)
         return True
 
-    def _line_rules(self, text: str) -> str | None:
+    def _line_rules(self, text: str) -> Dropped | None:
         """The bullet and end-ellipsis rules over lines (blank ones too, unless skipped)."""
         config = self.config
         lines = text.splitlines()
@@ -143,13 +153,16 @@ class GopherQualityFilter(TextRule):
                 if config.bullet_markers is not None
                 else GOPHER_BULLETS
             )
-            bullets = sum(line.lstrip().startswith(marks) for line in lines)
-            if bullets / len(lines) > config.max_bullet_lines_ratio:
-                return "gopher_too_many_bullets"
+            bullets = sum(line.lstrip().startswith(marks) for line in lines) / len(lines)
+            if bullets > config.max_bullet_lines_ratio:
+                limit = config.max_bullet_lines_ratio
+                return Dropped("gopher_too_many_bullets", "bullet_lines", bullets, ">", limit)
         if config.max_ellipsis_lines_ratio is not None:
-            ell = sum(line.rstrip().endswith(("...", "…")) for line in lines)
-            if ell / len(lines) > config.max_ellipsis_lines_ratio:
-                return "gopher_too_many_end_ellipsis"
+            ell = sum(line.rstrip().endswith(("...", "…")) for line in lines) / len(lines)
+            if ell > config.max_ellipsis_lines_ratio:
+                limit = config.max_ellipsis_lines_ratio
+                reason = "gopher_too_many_end_ellipsis"
+                return Dropped(reason, "end_ellipsis_lines", ell, ">", limit)
         return None
 
 
@@ -199,10 +212,10 @@ class GopherRepetitionFilter(TextRule):
         """Apply paragraph, line, top n-gram and duplicated n-gram rules in that order."""
         config, text = self.config, doc.text
         if not text:
-            return False, "empty"
-        reason = self._paragraph_and_line_rules(text)
-        if reason:
-            return False, reason
+            return Dropped("empty", "chars", 0, "==", 0)
+        verdict = self._paragraph_and_line_rules(text)
+        if verdict:
+            return verdict
         words = text.split()
         if not words:
             return True
@@ -217,31 +230,34 @@ class GopherRepetitionFilter(TextRule):
                 continue
             chars = _top_ngram_chars(combine_ngrams(ids, n), lengths, n, config.top_ngram_min_count)
             if chars / len(text) > limit:
-                return False, f"top_{n}_gram"
+                share = chars / len(text)
+                return Dropped(f"top_{n}_gram", f"top_{n}_gram_char_frac", share, ">", limit)
         cum = np.concatenate(([0], np.cumsum(lengths)))
         for n in range(5, 11):
             limit = getattr(config, f"dup_{n}_gram")
             if limit is None or len(words) < n:
                 continue
-            if _greedy_dup_chars(combine_ngrams(ids, n), cum, n) / len(text) > limit:
-                return False, f"duplicated_{n}_n_grams"
+            share = _greedy_dup_chars(combine_ngrams(ids, n), cum, n) / len(text)
+            if share > limit:
+                measure = f"dup_{n}_gram_char_frac"
+                return Dropped(f"duplicated_{n}_n_grams", measure, share, ">", limit)
         return True
 
-    def _paragraph_and_line_rules(self, text: str) -> str | None:
+    def _paragraph_and_line_rules(self, text: str) -> Dropped | None:
         """Duplicate paragraph and line fractions (by count and by characters)."""
         config, size = self.config, len(text)
-        paragraphs = _PARAGRAPHS.split(text.strip())
-        n_dup, chars = _duplicates(paragraphs)
-        if config.dup_para_frac is not None and n_dup / len(paragraphs) > config.dup_para_frac:
-            return "dup_para_frac"
-        if config.dup_para_char_frac is not None and chars / size > config.dup_para_char_frac:
-            return "dup_para_char_frac"
-        lines = _LINES.split(text)
-        n_dup, chars = _duplicates(lines)
-        if config.dup_line_frac is not None and n_dup / len(lines) > config.dup_line_frac:
-            return "dup_line_frac"
-        if config.dup_line_char_frac is not None and chars / size > config.dup_line_char_frac:
-            return "dup_line_char_frac"
+        for unit, pieces in (
+            ("para", _PARAGRAPHS.split(text.strip())),
+            ("line", _LINES.split(text)),
+        ):
+            n_dup, chars = _duplicates(pieces)
+            for name, value in (
+                (f"dup_{unit}_frac", n_dup / len(pieces)),
+                (f"dup_{unit}_char_frac", chars / size),
+            ):
+                limit = getattr(config, name)
+                if limit is not None and value > limit:
+                    return Dropped(name, name, value, ">", limit)
         return None
 
 
@@ -261,18 +277,19 @@ class C4Filter(TextRule):
                 continue
             lower = line.lower()
             if config.lorem_ipsum and "lorem ipsum" in lower:
-                return False, "lorem_ipsum"
+                return Dropped("lorem_ipsum", "phrase", "lorem ipsum", "in", "a line")
             if config.javascript and "javascript" in lower:
                 continue
             if config.curly_bracket and "{" in line:
-                return False, "curly_bracket"
+                return Dropped("curly_bracket", "character", "{", "in", "a kept line")
             if config.policy and any(p in lower for p in C4_POLICY):
                 continue
             if config.min_sentences:
                 sentences += count_sentences(line)
             kept.append(line)
         if config.min_sentences and sentences < config.min_sentences:
-            return False, "too_few_sentences"
+            least = config.min_sentences
+            return Dropped("too_few_sentences", "sentences", sentences, "<", least)
         if config.remove_lines:
             doc.text = "\n".join(kept).strip()
         return True
@@ -310,7 +327,7 @@ class FineWebFilter(TextRule):
         config, text = self.config, doc.text
         lines = [line for line in text.split("\n") if line.strip()]
         if not lines:
-            return False, "empty"
+            return Dropped("empty", "non_blank_lines", 0, "==", 0)
         if config.strip_lines:
             lines = [line.strip() for line in lines]
         if config.line_punct_thr is not None:
@@ -318,16 +335,22 @@ class FineWebFilter(TextRule):
             if ratio < config.line_punct_thr and not (
                 ratio == 0 and config.line_punct_exclude_zero
             ):
-                return False, "line_punct_ratio"
+                least = config.line_punct_thr
+                return Dropped("line_punct_ratio", "line_punct_ratio", ratio, "<", least)
         if config.short_line_thr is not None:
-            short = sum(len(line) <= config.short_line_length for line in lines)
-            if short / len(lines) > config.short_line_thr:
-                return False, "short_line_ratio"
+            short = sum(len(line) <= config.short_line_length for line in lines) / len(lines)
+            if short > config.short_line_thr:
+                limit = config.short_line_thr
+                return Dropped("short_line_ratio", "short_line_ratio", short, ">", limit)
         if config.char_duplicates_ratio is not None:
             _, chars = _duplicates(lines)
-            if chars / len(text.replace("\n", "")) > config.char_duplicates_ratio:
-                return False, "char_dup_ratio"
+            dup = chars / len(text.replace("\n", ""))
+            if dup > config.char_duplicates_ratio:
+                limit = config.char_duplicates_ratio
+                return Dropped("char_dup_ratio", "char_dup_ratio", dup, ">", limit)
         if config.new_line_ratio is not None:
-            if text.count("\n") / len(text.split()) > config.new_line_ratio:
-                return False, "list_ratio"
+            per_word = text.count("\n") / len(text.split())
+            if per_word > config.new_line_ratio:
+                limit = config.new_line_ratio
+                return Dropped("list_ratio", "newlines_per_word", per_word, ">", limit)
         return True

@@ -47,6 +47,7 @@ from lemur.data.recipe.sources import (
 from lemur.data.recipe.tokenizer import TOKENIZER_ENGINES as TOKENIZER_ENGINES
 from lemur.data.recipe.tokenizer import TokenizerConfig
 from lemur.data.recipe.tokenizer import TokenizerTrainConfig as TokenizerTrainConfig
+from lemur.data.samples.records import SampleSettings
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,27 @@ class ChatConfig:
 
 
 @dataclass(frozen=True)
+class InspectConfig:
+    """What the build keeps for `lemur-data inspect` (`<build>/samples/`): up to `per_reason`
+    documents per source and drop reason (and per source and language kept, per cluster
+    kind, ...), each text capped at `max_bytes` UTF-8 bytes; picked by the recipe's seed."""
+
+    enabled: bool = True
+    per_reason: int = 20
+    max_bytes: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.per_reason < 1:
+            raise RecipeError(f"recipe: inspect.per_reason must be >= 1, got {self.per_reason}")
+        if self.max_bytes < 64:
+            raise RecipeError(f"recipe: inspect.max_bytes must be >= 64, got {self.max_bytes}")
+
+    def settings(self, seed: int) -> SampleSettings:
+        """The samples' settings for a build of `seed`."""
+        return SampleSettings(self.per_reason, self.max_bytes, seed)
+
+
+@dataclass(frozen=True)
 class Recipe:
     """A whole `lemur-data build` recipe."""
 
@@ -199,6 +221,7 @@ class Recipe:
     decontaminate: DecontaminateConfig = field(default_factory=DecontaminateConfig)
     pii: PiiConfig = field(default_factory=PiiConfig)
     rejects: str | None = None
+    inspect: InspectConfig = field(default_factory=InspectConfig)
     # Where the build keeps its work (tokenizer, token runs, dedup, shuffle); default
     # `<output>/.work`. Builds of one recipe into different outputs that differ only in the
     # mix (or the pack settings) share the read/filter/dedup/tokenize work through it.
