@@ -25,6 +25,13 @@ HOSTILE = (
 HOSTILE_REASON = "hostile_markup"
 
 
+def planted_drop(build: Path) -> tuple[str, str]:
+    """The (source, reason) the hostile drops were planted under."""
+    first = (build / "samples" / "drops.jsonl").read_text().splitlines()[0]
+    record = json.loads(first)
+    return record["source"], record["reason"]
+
+
 def build_demo(out: Path) -> Path:
     """The demo build (`lemur-data build --set output=OUT`), as `make demo` runs it."""
     subprocess.run(
@@ -40,13 +47,13 @@ def _jsonl(path: Path, records: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
 
 
-def hostile_samples(source: str) -> dict[str, list[dict[str, Any]]]:
+def hostile_samples(source: str, reason: str) -> dict[str, list[dict[str, Any]]]:
     """A samples folder's records (docs/inspect.md) whose texts are the hostile documents."""
     doc = {"cut": False}
     drops = [
         {
             "source": source,
-            "reason": HOSTILE_REASON,
+            "reason": reason,
             "id": f"hostile-{i}",
             "text": text,
             "bytes": len(text.encode()),
@@ -104,11 +111,14 @@ def plant_samples(build: Path, out: Path) -> Path:
     """A copy of `build` whose samples/ folder holds the hostile documents."""
     shutil.copytree(build, out, ignore=shutil.ignore_patterns(".work", "inspect.html"))
     manifest = json.loads((out / "manifest.json").read_text())
-    source = next(iter(manifest["counts"]["sources"]))
+    # A reason the build counts (the page draws a bar per counted reason), else a made-up one.
+    counted = manifest["counts"]["sources"]
+    dropped = [(n, r) for n, s in counted.items() for r in sorted(s["dropped"])]
+    source, reason = dropped[0] if dropped else (next(iter(counted)), HOSTILE_REASON)
     folder = out / "samples"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
-    for name, records in hostile_samples(source).items():
+    for name, records in hostile_samples(source, reason).items():
         _jsonl(folder / f"{name}.jsonl", records)
     summary = {
         "format": "lemur-samples/1",
