@@ -278,3 +278,71 @@ def test_a_bad_exclude_file_is_one_line_naming_it(corpus_dir, tokenizer_model, t
         "(invalid byte at offset 3)"
     ]
     assert not (tmp_path / "out").exists()
+
+
+REPO_FILES = {
+    "alpha/.git/HEAD": "ref: refs/heads/main\n",
+    "alpha/app/db.py": "import sqlite3\nCONNECTION = sqlite3.connect(':memory:')\n",
+    "alpha/app/models.py": "from app import db\n\nclass User:\n    table = 'users'\n",
+    "beta/src/a.c": '#include "a.h"\nint a(void) { return 1; }\n',
+}
+ALONE = "def lonely():\n    return 'a row of the table with no repository'\n"
+
+
+def test_repository_documents_list_their_files(tokenizer_model, tmp_path):
+    """With `repos:`, a repository document's row names its repository and its files' ids;
+    a document copied as it was keeps its own row, with its duplicates counted."""
+    for rel, text in REPO_FILES.items():
+        (tmp_path / "tree" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tree" / rel).write_text(text)
+    rows = [
+        {"id": "r1", "repo_name": "delta", "path": "lib/p.py", "text": "def p():\n    pass\n"},
+        {"id": "alone", "path": "alone.py", "text": ALONE},
+        {"id": "again", "path": "again.py", "text": ALONE},  # an exact copy: one is kept
+    ]
+    (tmp_path / "table.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = {
+        "output": {"path": str(tmp_path / "out"), "provenance": True},
+        "seq_len": 256,
+        "tokenizer": {"model": str(tokenizer_model)},
+        "mix": {"ratio": {"code": 1}},
+        "executor": {"tasks": 2, "workers": 1},
+        "val_fraction": 0,
+        "dedup": {"near": False},
+        "filters": {"code": {"enabled": False}},
+        "pii": {"enabled": False},
+        "sources": [
+            {
+                "name": "tree",
+                "domain": "code",
+                "format": "files",
+                "paths": [str(tmp_path / "tree")],
+            },
+            {
+                "name": "table",
+                "domain": "code",
+                "format": "jsonl",
+                "paths": [str(tmp_path / "table.jsonl")],
+                "path_key": "path",
+                "metadata_keys": ["repo_name"],
+            },
+        ],
+        "repos": {"order": "path"},
+    }
+    out = tmp_path / "out"
+    build(recipe_from_dict(raw))
+    found = {row["id"]: (text, row) for _, _, text, row in documents(out)}
+    repos = {row["repository"]: row for _, row in found.values() if row["files"] is not None}
+    assert sorted(repos) == ["alpha", "beta", "delta"]
+    assert sorted(repos["alpha"]["files"]) == ["tree/alpha/app/db.py", "tree/alpha/app/models.py"]
+    assert repos["delta"]["files"] == ["table/r1"] and repos["delta"]["source"] == "table"
+    for row in repos.values():
+        text = found[row["id"]][0]
+        assert row["domain"] == "code" and row["file"] is None and row["cluster_size"] == 1
+        for rel, content in REPO_FILES.items():
+            if rel.split("/")[0] == row["repository"] and ".git" not in rel:
+                assert content in text
+    (kept,) = [i for i in ("table/alone", "table/again") if i in found]
+    text, row = found[kept]
+    assert text == ALONE and row["files"] is None and row["cluster_size"] == 2
+    assert row["line"] == (2 if kept == "table/alone" else 3) and row["path"] == kept[6:] + ".py"

@@ -30,6 +30,7 @@ from lemur.data.repos.order import RepoFile, order_files
 from lemur.data.repos.render import RepoFormat, join_text, split_repository
 from lemur.data.repos.spill import bucket_rows, spilled_locals
 from lemur.data.run.task import TaskStep
+from lemur.data.runs import provenance
 from lemur.data.runs.format import removals, task_records
 from lemur.shards.format import atomic_write_json, open_array
 from lemur.tokenizer import Tokenizer, open_tokenizer
@@ -57,6 +58,7 @@ class GroupSettings:
     seed: int
     fim: FimConfig | None = None  # fill-in-the-middle per file (needs `markers`)
     markers: CodeMarkers | None = None
+    domains: tuple[str, ...] = ()  # every source's domain, by index (provenance rows)
 
 
 @dataclass
@@ -139,8 +141,11 @@ class RunWriter:
         TokenizeWriter.finish(self.out, self.rank, self.records, self.ids, table, self.dtype)
 
 
-def _passthrough(s: GroupSettings, rank: int, writer: RunWriter, fh: Any, c: GroupCounts) -> None:
-    """Copy read task `rank`'s documents that are no repository's files and dedup kept."""
+def _passthrough(
+    s: GroupSettings, rank: int, writer: RunWriter, fh: Any, c: GroupCounts
+) -> np.ndarray:
+    """Copy read task `rank`'s documents that are no repository's files and dedup kept;
+    their indexes in the read task's run."""
     tok_dir = Path(s.tok_dir)
     dedup = Path(s.dedup_dir) if s.dedup_dir else None
     rec = task_records(tok_dir, rank, dedup)
@@ -150,7 +155,8 @@ def _passthrough(s: GroupSettings, rank: int, writer: RunWriter, fh: Any, c: Gro
     spilled[spilled_locals(Path(s.spill_dir), rank)] = True
     c.removed_exact.update(rec.source[rec.removed_exact].tolist())
     c.removed_near.update(rec.source[rec.removed & ~rec.removed_exact].tolist())
-    for i in np.flatnonzero(~rec.removed & ~spilled).tolist():
+    kept = np.flatnonzero(~rec.removed & ~spilled)
+    for i in kept.tolist():
         source = int(rec.source[i])
         language = rec.languages[rec.language[i]]
         doc = tokens[rec.start[i] : rec.end[i]]
@@ -158,6 +164,7 @@ def _passthrough(s: GroupSettings, rank: int, writer: RunWriter, fh: Any, c: Gro
         if source in s.grouped:  # a grouped source's file with no repository: kept alone
             c.without_repository += 1
             c.source(s.sources[source])["without_repository"] += 1
+    return kept
 
 
 def _bucket_files(s: GroupSettings, bucket: int, c: GroupCounts) -> dict[tuple, list[RepoFile]]:
@@ -261,8 +268,10 @@ def _group(
     writer: RunWriter,
     fh: Any,
     c: GroupCounts,
+    rows: list[dict] | None = None,
 ) -> None:
-    """Write the documents of every repository of a bucket, in the order of their keys."""
+    """Write the documents of every repository of a bucket, in the order of their keys
+    (with `rows`, a list, each document's provenance row appended to it)."""
     names = _document_names(list(repos))
     for key in sorted(repos):
         source, _, group = key
@@ -271,6 +280,8 @@ def _group(
         for ids, held in encoder.documents(names[key], files):
             doc_id = f"{s.sources[source]}/{names[key]}#{parts}"
             writer.add(fh, ids, source, _language(held), doc_id)
+            if rows is not None:
+                rows.append(_repo_row(s, encoder, doc_id, key, held))
             parts += 1
             c.files_over_budget += len(held) == 1 and len(ids) > s.budget
         c.repositories += 1
@@ -279,6 +290,37 @@ def _group(
         c.split_repositories += parts > 1
         per = c.source(s.sources[source])
         per.update({"repositories": 1, "documents": parts, "grouped": len(files)})
+
+
+def _repo_row(
+    s: GroupSettings, encoder: RepoEncoder, doc_id: str, key: tuple, held: list[RepoFile]
+) -> dict[str, Any]:
+    """The provenance row of a repository document: its repository and its files' ids."""
+    source, name, _ = key
+    return {
+        **dict.fromkeys(provenance.COLUMNS),
+        "id": doc_id,
+        "source": s.sources[source],
+        "domain": s.domains[source] if s.domains else None,
+        "language": _language(held),
+        "repository": name,
+        "files": [f.doc_id for f in held],
+        "fim": any(encoder.content(f) != [Leading(f.text)] for f in held),
+        "cluster_size": 1,  # its files' duplicates were removed before grouping
+    }
+
+
+def _rows(s: GroupSettings, rank: int, kept: np.ndarray, repo_rows: list[dict]) -> Any:
+    """Group task `rank`'s provenance rows: the copied documents' own (with their dedup
+    cluster sizes), then its repository documents'."""
+    tok_dir = Path(s.tok_dir)
+    read = provenance.read_task(tok_dir, rank, len(np.load(tok_dir / f"{rank:05d}.docs.npy")))
+    sizes = provenance.cluster_sizes(
+        Path(s.dedup_dir) if s.dedup_dir else None, rank, read.num_rows
+    )
+    if sizes is not None:
+        read = provenance.with_cluster_sizes(read, sizes)
+    return provenance.concat([read.take(kept), provenance.table_of(repo_rows)])
 
 
 def group_task(s: GroupSettings, rank: int) -> None:
@@ -290,9 +332,12 @@ def group_task(s: GroupSettings, rank: int) -> None:
     repos = _bucket_files(s, rank, c)
     encoder = RepoEncoder(s, open_tokenizer(s.tokenizer, engine=s.engine), table["framing"])
     # The token file is renamed last (the outer block): its presence marks the task done.
+    rows = [] if provenance.run_has_rows(tok_dir) else None  # `output.provenance`
     with atomic_open(out / f"{rank:05d}.bin") as fh:
-        _passthrough(s, rank, writer, fh, c)
-        _group(s, encoder, repos, writer, fh, c)
+        kept = _passthrough(s, rank, writer, fh, c)
+        _group(s, encoder, repos, writer, fh, c, rows)
+        if rows is not None:  # before the token file, as the records are
+            provenance.write_task(out, rank, _rows(s, rank, kept, rows))
         writer.finish()
     atomic_write_json(out / f"{rank:05d}{COUNTS_SUFFIX}", c.to_json())
 

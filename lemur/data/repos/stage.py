@@ -175,6 +175,7 @@ def group_repositories(ctx: BuildContext, read: TokenRun) -> Grouped:
         seed=recipe.seed,
         fim=fim,
         markers=markers,
+        domains=tuple(s.domain for s in recipe.sources),
     )
     ctx.stage([RepoGroups(settings)], run, tasks, "repos: group")
     counts = read_counts(work_folders.tokens_dir(run), tasks)

@@ -221,14 +221,21 @@ def cluster_sizes(dedup_dir: Path | None, rank: int, documents: int) -> np.ndarr
     return sizes
 
 
+def with_cluster_sizes(table: pa.Table, sizes: np.ndarray) -> pa.Table:
+    """The rows with their `cluster_size` column replaced (one size per row)."""
+    import pyarrow as pa
+
+    column = pa.array(np.asarray(sizes, np.int64), pa.int64())
+    return table.set_column(COLUMNS.index("cluster_size"), "cluster_size", column)
+
+
 def write_scatter(path: Path, table: pa.Table, entry: np.ndarray, sizes: np.ndarray | None) -> None:
     """A scatter task's rows: the task's row of every copy (`entry`, in bucket order)."""
     import pyarrow as pa
 
-    rows = table.take(pa.array(np.asarray(entry, np.int64)))
     if sizes is not None:
-        size = pa.array(np.asarray(sizes, np.int64)[entry], pa.int64())
-        rows = rows.set_column(COLUMNS.index("cluster_size"), "cluster_size", size)
+        table = with_cluster_sizes(table, sizes)
+    rows = table.take(pa.array(np.asarray(entry, np.int64)))
     with atomic_open(path) as fh, pa.ipc.new_file(fh, rows.schema) as writer:
         writer.write_table(rows)
 
