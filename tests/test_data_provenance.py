@@ -346,3 +346,18 @@ def test_repository_documents_list_their_files(tokenizer_model, tmp_path):
     text, row = found[kept]
     assert text == ALONE and row["files"] is None and row["cluster_size"] == 2
     assert row["line"] == (2 if kept == "table/alone" else 3) and row["path"] == kept[6:] + ".py"
+
+
+def test_fim_documents_are_marked(corpus_dir, tokenizer_model, tmp_path):
+    """The `fim` column is True exactly where the shard holds a FIM rewrite: there the text
+    differs from the source's (markers, the middle moved), elsewhere it is the source's."""
+    out = tmp_path / "out"
+    raw = recipe(corpus_dir, out, tokenizer_model, fim={"rate": 0.5, "spm_rate": 0.5})
+    m = build(recipe_from_dict(raw))
+    marked = 0
+    for _, _, text, row in documents(out):
+        same = text == source_record(row)["text"]
+        assert same != row["fim"], row
+        marked += row["fim"]
+        assert not row["fim"] or row["domain"] == "code"
+    assert 0 < marked <= m["fim"]["counts"]["fim"]
