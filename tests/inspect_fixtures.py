@@ -131,4 +131,7 @@ def plant_samples(build: Path, out: Path) -> Path:
         "classifier_borderline": {"quality": [{"id": "b0", "text": HOSTILE[6], "score": 0.31}]},
     }
     (folder / "summary.json").write_text(json.dumps(summary))
+    # The page reads the folder the manifest names (the build's own is under build-<id>/).
+    manifest["samples"] = {"format": "lemur-samples/1", "dir": "samples"}
+    (out / "manifest.json").write_text(json.dumps(manifest))
     return out

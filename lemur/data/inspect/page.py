@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from lemur.data.inspect.render import embed_json
 from lemur.data.stats import compute_stats, document_lengths, framing
 from lemur.shards.format import MANIFEST, ShardFormatError, open_index, open_mask, open_tokens
 from lemur.tokenizer import Tokenizer, TokenizerError, open_tokenizer
@@ -86,7 +87,7 @@ def gather(directory: str | Path, limits: BrowserLimits = BrowserLimits()) -> di
         "length_histograms": length_histograms(root, manifest),
         "splits": stats["splits"],
         "classifiers": _classifier_facts(stats.get("classifiers") or {}),
-        "samples": read_samples(root),
+        "samples": read_samples(root, manifest),
         "browser": shard_browser(root, manifest, limits),
     }
 
@@ -194,9 +195,11 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def read_samples(root: Path) -> dict[str, Any] | None:
-    """The build's `samples/` folder (docs/inspect.md), or None when it wrote none."""
-    folder = root / SAMPLES_DIR
+def read_samples(root: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The build's samples folder (the manifest's `samples.dir`, inside the build's own
+    directory; else `samples/`; docs/format.md#samples), or None when it wrote none."""
+    entry = manifest.get("samples")
+    folder = root / str(entry.get("dir", SAMPLES_DIR) if isinstance(entry, dict) else SAMPLES_DIR)
     if not folder.is_dir():
         return None
     out: dict[str, Any] = {}
@@ -240,17 +243,26 @@ def _text_fields(samples: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
     return found
 
 
+def _page_bytes(text: str) -> float:
+    """Bytes a text's characters take on the page, on average (escaped JSON in UTF-8: `<`
+    takes 6, `é` 2, most code 1)."""
+    if not text:
+        return 1.0
+    return len(embed_json(text).encode("utf-8")) / len(text)
+
+
 def fit_texts(samples: dict[str, Any], budget: int) -> int | None:
     """Cut every sample text longer than one common length (characters) so that all of them
-    together fit `budget` characters; the length, or None when all fit as they are."""
+    together take at most about `budget` bytes on the page; the length, or None when all
+    fit as they are."""
     fields = _text_fields(samples)
-    sizes = sorted(len(r[k]) for r, k in fields)
-    if sum(sizes) <= budget:
+    sizes = [(len(r[k]), _page_bytes(r[k])) for r, k in fields]
+    if sum(n * w for n, w in sizes) <= budget:
         return None
-    lo, hi = 0, sizes[-1]  # the longest cap whose total fits
+    lo, hi = 0, max(n for n, _ in sizes)  # the longest cap whose total fits
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if sum(min(n, mid) for n in sizes) <= budget:
+        if sum(min(n, mid) * w for n, w in sizes) <= budget:
             lo = mid
         else:
             hi = mid - 1
