@@ -168,11 +168,11 @@ def test_samples_over_the_budget_are_cut_to_one_length_and_marked() -> None:
 
 
 def test_the_page_stays_under_10_mb_with_oversized_samples(planted: Path, tmp_path: Path) -> None:
-    """A samples folder far past the page's size (12 MB of drops) still gives a page under
-    10 MB, each text marked cut."""
+    """A samples folder far past the page's size (12 MB of drops, half of them `<`, which
+    takes 6 bytes escaped) still gives a page under 10 MB, each text marked cut."""
     folder = planted / "samples"
     big = [
-        {"source": "s", "reason": f"r{i % 40}", "id": str(i), "text": f"{i} " + "w" * 8000}
+        {"source": "s", "reason": f"r{i % 40}", "id": str(i), "text": f"{i} " + "w<"[i % 2] * 8000}
         for i in range(1500)
     ]
     saved = (folder / "drops.jsonl").read_text()
