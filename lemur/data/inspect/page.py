@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lemur.data.inspect.render import embed_json
 from lemur.data.stats import compute_stats, document_lengths, framing
 from lemur.shards.format import MANIFEST, ShardFormatError, open_index, open_mask, open_tokens
 from lemur.tokenizer import Tokenizer, TokenizerError, open_tokenizer
@@ -46,6 +46,8 @@ SAMPLE_TEXT_BUDGET = 6 << 20
 # How far back a token's piece is decoded from: enough for a byte-level model's longest
 # UTF-8 sequence and SentencePiece's leading-space rule, short enough to stay linear.
 PIECE_CONTEXT = 8
+# Characters JSON writes as \u00XX (six bytes).
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
 
 
 class InspectError(ValueError):
@@ -244,11 +246,15 @@ def _text_fields(samples: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
 
 
 def _page_bytes(text: str) -> float:
-    """Bytes a text's characters take on the page, on average (escaped JSON in UTF-8: `<`
-    takes 6, `é` 2, most code 1)."""
+    """Bytes a text's characters take on the page, on average, as `embed_json` writes them
+    (`<`, `>`, `&` and control characters 6, a quote or newline 2, `é` 2, most code 1);
+    counted with str.count, as escaping every text took longer than the rest of the page."""
     if not text:
         return 1.0
-    return len(embed_json(text).encode("utf-8")) / len(text)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    size += 5 * sum(map(text.count, "<>&\u2028\u2029")) + sum(map(text.count, '"\\\n\t\r'))
+    size += 5 * len(_CONTROL.findall(text))
+    return size / len(text)
 
 
 def fit_texts(samples: dict[str, Any], budget: int) -> int | None:
