@@ -8,6 +8,8 @@
     lemur-eval infill CHECKPOINT --tasks single-line|multi-line|FILE [--mode psm|spm]
     lemur-eval agent CHECKPOINT --tasks humaneval|FILE --turns K --feedback exec|binary|none
     lemur-eval plot RUN_DIR... --out success.png   # agent runs' success rate by turn
+    lemur-eval serve CHECKPOINT [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+    lemur-eval harness CHECKPOINT --tasks T1,T2 [--include-path DIR] [--log-samples]
 
 CHECKPOINT is a lemur-train run directory (its latest checkpoint, or --step), one orbax
 step of a run, a lemur model checkpoint (config.json + params/) or a Hugging Face Llama
@@ -36,7 +38,7 @@ from lemur.cli_common import (
     user_input,
     writing,
 )
-from lemur.eval import agent_cli, infill_cli, long_prompts
+from lemur.eval import agent_cli, harness_cli, infill_cli, long_prompts, serve
 from lemur.eval.cli_args import (
     context_args,
     gen_args,
@@ -55,7 +57,10 @@ from lemur.eval.cli_args import (
 from lemur.eval.prompts_file import read_prompts
 from lemur.progress import Progress
 
-USAGE = "lemur-eval {bpb,generate,humaneval,infill,agent,plot} ... (lemur-eval COMMAND --help)"
+USAGE = (
+    "lemur-eval {bpb,generate,humaneval,infill,agent,plot,serve,harness} ... "
+    "(lemur-eval COMMAND --help)"
+)
 
 
 def _add_bpb(sub: Any) -> None:
@@ -125,6 +130,8 @@ def parser() -> argparse.ArgumentParser:
     gen_args(he, 512)
     infill_cli.add_parser(sub)
     agent_cli.add_parsers(sub)
+    serve.add_parser(sub)
+    harness_cli.add_parser(sub)
     for p in (top, *sub.choices.values()):
         add_debug_option(p)
     return top
@@ -339,6 +346,8 @@ COMMANDS = {
     "infill": infill_cli.cmd_infill,
     "agent": agent_cli.cmd_agent,
     "plot": agent_cli.cmd_plot,
+    "serve": serve.cmd_serve,
+    "harness": harness_cli.cmd_harness,
 }
 
 
