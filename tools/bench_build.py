@@ -31,6 +31,13 @@ two N times, so that a load that comes and goes weighs on both.
 
     git worktree add --detach /tmp/before HEAD~1
     python tools/bench_build.py --mb 80 --workers 2 --compare /tmp/before --repeat 2
+
+With `--inspect`, the lemur side builds with `inspect:` off and on (the build's samples,
+docs/format.md#samples-samples-recipe-inspect), side by side in one run, each into a
+fresh output, alternated `--repeat` times; it prints the cost of the samples (CPU and
+wall, on / off), the size of the samples folder, and checks that the shards are the same.
+
+    python tools/bench_build.py --mb 100 --workers 2 --skip-datatrove --inspect --repeat 2
 """
 
 from __future__ import annotations
@@ -249,6 +256,38 @@ def compared(data: Path, model: Path, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def inspect_pair(data: Path, model: Path, args: argparse.Namespace) -> list[dict]:
+    """`--inspect`: builds with `inspect:` off and on, alternated `--repeat` times."""
+    rows = []
+    for _ in range(args.repeat):
+        off = [*args.set, "inspect.enabled=false"]
+        rows.append(lemur_build(data, WORK / "lemur-inspect-off", model, args.workers, off))
+        rows.append(lemur_build(data, WORK / "lemur-out", model, args.workers, args.set))
+    return rows
+
+
+def shard_digests(out: Path) -> list[str]:
+    """The sha256 of every shard file of a build, in the manifest's order."""
+    return [s["sha256"] for s in json.loads((out / "manifest.json").read_text())["shards"]]
+
+
+def inspect_summary(rows: list[dict], n: int) -> str:
+    """The samples' cost: mean CPU and wall on / off, the samples folder's size."""
+    off = [r for r in rows[: 2 * n : 2]]
+    on = [r for r in rows[1 : 2 * n : 2]]
+    cpu = sum(r["cpu_s"] for r in on) / sum(r["cpu_s"] for r in off)
+    wall = sum(r["wall_s"] for r in on) / sum(r["wall_s"] for r in off)
+    manifest = json.loads((WORK / "lemur-out" / "manifest.json").read_text())
+    folder = WORK / "lemur-out" / manifest["samples"]["dir"]
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    same = shard_digests(WORK / "lemur-out") == shard_digests(WORK / "lemur-inspect-off")
+    return (
+        f"\ninspect on / off, mean CPU s: {cpu:.3f}x ({cpu - 1:+.1%}), wall: {wall:.3f}x "
+        f"({wall - 1:+.1%}); samples/ {size / 1e6:.2f} MB in {len(list(folder.iterdir()))} "
+        f"files; shards identical: {same}"
+    )
+
+
 def main() -> int:
     """Run both sides and print a markdown table."""
     ap = argparse.ArgumentParser(
@@ -267,7 +306,12 @@ def main() -> int:
         metavar="DIR",
         help="also build from the checkout DIR (e.g. a git worktree of the commit before)",
     )
-    ap.add_argument("--repeat", type=int, default=1, help="with --compare: runs of each")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="with --compare or --inspect: runs of each"
+    )
+    ap.add_argument(
+        "--inspect", action="store_true", help="build with inspect: off and on, side by side"
+    )
     ap.add_argument(
         "--set",
         action="append",
@@ -276,8 +320,8 @@ def main() -> int:
         help="a recipe override for the lemur side (e.g. pii.enabled=false), repeatable",
     )
     args = ap.parse_args()
-    if args.compare is not None and args.fim is not None:
-        ap.error("--compare and --fim: one comparison at a time")
+    if sum(x is not None and x is not False for x in (args.compare, args.fim, args.inspect)) > 1:
+        ap.error("--compare, --fim, --inspect: one comparison at a time")
     global WORK
     WORK = args.work or WORK
     data = build_data(args.mb)
@@ -292,6 +336,8 @@ def main() -> int:
         model, tokjson = prepare_tokenizer(data)
     if args.compare is not None:
         rows = compared(data, model, args)
+    elif args.inspect:
+        rows = inspect_pair(data, model, args)
     else:
         rows = [lemur_build(data, WORK / "lemur-out", model, args.workers, args.set)]
     if args.fim is not None:
@@ -348,6 +394,8 @@ def main() -> int:
                 f"lemur / plain datatrove throughput per core: before {dt / before:.1f}x, "
                 f"after {dt / after:.1f}x"
             )
+    elif args.inspect:
+        print(inspect_summary(rows, args.repeat))
     elif len(rows) == 2:
         print(
             f"\nlemur / plain datatrove throughput per core: {rows[1]['cpu_s'] / rows[0]['cpu_s']:.1f}x"
