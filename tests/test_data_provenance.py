@@ -361,3 +361,27 @@ def test_fim_documents_are_marked(corpus_dir, tokenizer_model, tmp_path):
         marked += row["fim"]
         assert not row["fim"] or row["domain"] == "code"
     assert 0 < marked <= m["fim"]["counts"]["fim"]
+
+
+def test_exports_carry_the_rows(built, tmp_path):
+    """Megatron's `PREFIX.meta.parquet` is the shard's rows by sequence index (one document,
+    one sequence); OLMo's `.csv.gz` names each document's own id and source file."""
+    import csv
+    import io
+
+    from lemur.export.megatron import read_index
+    from lemur.export.run import export
+
+    export(built, "megatron", tmp_path / "megatron")
+    export(built, "olmo", tmp_path / "olmo")
+    manifest = manifest_of(built)
+    for n, shard in enumerate(s for s in manifest["shards"] if s["split"] == "train"):
+        rows = pq.read_table(built / shard["provenance"]).to_pylist()
+        ends = np.fromfile(built / shard["index"], "<u8").astype(np.int64)
+        prefix = tmp_path / "megatron" / "train" / f"{n:05d}"
+        assert pq.read_table(f"{prefix}.meta.parquet").to_pylist() == rows
+        assert len(read_index(Path(f"{prefix}.idx")).lengths) == len(rows)
+        table = gzip.decompress((tmp_path / "olmo" / "train" / f"{n:05d}.csv.gz").read_bytes())
+        lines = list(csv.reader(io.StringIO(table.decode())))
+        assert [int(e) for _, e, _, _ in lines] == ends.tolist()
+        assert [(i, src) for _, _, i, src in lines] == [(r["id"], r["file"]) for r in rows]

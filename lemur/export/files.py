@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from lemur.export.formats import ExportError, ShardPart
-from lemur.shards.format import INDEX_DTYPE, open_array
+from lemur.shards.format import INDEX_DTYPE, PROVENANCE_SUFFIX, open_array
 
 # Errors of os.link that mean "not here", where a copy does: another filesystem, a
 # filesystem without hard links, a file we may read but not link (fs.protected_hardlinks).
@@ -36,6 +36,13 @@ def link_or_copy(src: Path, dst: Path) -> Path:
             raise
         shutil.copyfile(src, dst)
     return dst
+
+
+def documents_file(part: ShardPart) -> Path | None:
+    """The shard's documents.parquet beside its `.bin` (a build with `output.provenance`:
+    one provenance row per document, in the `.idx`'s order), else None."""
+    path = part.tokens.with_name(part.tokens.name.removesuffix(".bin") + PROVENANCE_SUFFIX)
+    return path if path.is_file() else None
 
 
 def document_ends(part: ShardPart) -> np.ndarray:

@@ -24,6 +24,7 @@ from lemur.export.files import (
     check_ids_below,
     document_ends,
     document_lengths,
+    documents_file,
     link_or_copy,
 )
 from lemur.export.formats import ExportError, ExportInfo, ShardPart
@@ -100,7 +101,11 @@ class MegatronExporter:
             atomic_write_bytes(idx_path, index_bytes(document_ends(part), dtype))
         except ExportError as e:
             raise ExportError(f"{part.index}: {e}") from None
-        return [bin_path, idx_path]
+        docs = documents_file(part)
+        if docs is None:
+            return [bin_path, idx_path]
+        # One document is one sequence: the shard's provenance rows are by sequence index.
+        return [bin_path, idx_path, link_or_copy(docs, out / f"{part.stem}.meta.parquet")]
 
     def finish(self, parts: list[ShardPart], info: ExportInfo, out: Path) -> list[Path]:
         """Nothing spans shards: each prefix stands alone."""

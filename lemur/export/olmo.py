@@ -12,6 +12,7 @@ bytes.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import io
 from pathlib import Path
@@ -19,17 +20,30 @@ from pathlib import Path
 import numpy as np
 
 from lemur.atomic_files import atomic_write_bytes
-from lemur.export.files import document_ends, link_or_copy
-from lemur.export.formats import ExportInfo, ShardPart
+from lemur.export.files import document_ends, documents_file, link_or_copy
+from lemur.export.formats import ExportError, ExportInfo, ShardPart
 
 
 def metadata_csv(part: ShardPart, ends: np.ndarray) -> bytes:
     """The gzipped `start,end,id,src` rows of one shard's documents (deterministic bytes):
-    `id` is `STEM:N` (the shard's stem, the document's number in it), `src` the lemur shard."""
+    `id` is `STEM:N` (the shard's stem, the document's number in it), `src` the lemur shard;
+    with the shard's provenance rows (`output.provenance`), the document's own id and its
+    source file or URL (its source's name where it has none: a repository document)."""
     starts = np.concatenate(([0], ends[:-1])) if len(ends) else ends
+    ids = [f"{part.stem}:{n}" for n in range(len(ends))]
+    srcs = [part.tokens.name] * len(ends)
+    docs = documents_file(part)
+    if docs is not None:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(docs, columns=["id", "file", "source"]).to_pylist()
+        if len(rows) != len(ends):
+            raise ExportError(f"{docs}: {len(rows)} rows for the shard's {len(ends)} documents")
+        ids = [r["id"] for r in rows]
+        srcs = [r["file"] or r["source"] for r in rows]
     text = io.StringIO()
-    for n, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
-        text.write(f"{a},{b},{part.stem}:{n},{part.tokens.name}\n")
+    out = csv.writer(text, lineterminator="\n")  # ids and paths may hold commas: quoted
+    out.writerows(zip(starts.tolist(), ends.tolist(), ids, srcs, strict=True))
     return gzip.compress(text.getvalue().encode(), compresslevel=6, mtime=0)
 
 
