@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +200,11 @@ class ShardDir:
     once, hashes the tokenizer copy at most once (lazily), and checks each shard's
     structure and contents once however many streams read it.
     """
+
+    # How a window source reads a shard's document ends: None for our `.idx` (mapped as it
+    # is); for another trainer's index (lemur.export.foreign: Megatron's lengths), a
+    # module-level function of the index path returning int64 ends (sources are pickled).
+    index_reader: Callable[[Path], np.ndarray] | None = None
 
     def __init__(
         self, directory: str | os.PathLike, manifest: dict[str, Any] | None = None

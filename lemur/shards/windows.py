@@ -147,8 +147,14 @@ def _content_id(shards: list[dict[str, Any]]) -> str:
     rebuilt into the same shards."""
     # A loss mask is part of the data; listed only when present, so the ids of directories
     # without masks (and so their shuffles) are what they were.
+    # `identity`: the lemur shard name another trainer's file stands for (lemur.export.foreign).
     listing = [
-        [_BUILD_FOLDER.sub("", s["file"]), s["tokens"], s["documents"], s.get("sha256")]
+        [
+            _BUILD_FOLDER.sub("", s.get("identity", s["file"])),
+            s["tokens"],
+            s["documents"],
+            s.get("sha256"),
+        ]
         + ([s.get("mask_sha256")] if "mask" in s else [])
         for s in shards
     ]
@@ -194,6 +200,7 @@ class ShardSource(grain.sources.RandomAccessDataSource):
         if not self.shards:
             raise ShardFormatError(f"{manifest_path}: no {what}")
         shard_dir.check_structure(self.shards)
+        self.index_reader = shard_dir.index_reader
         self.dtype = np.dtype(shard_dir.manifest["dtype"]).newbyteorder("<")
         # Upper bound of the pages one window read maps: the window rounded out to whole
         # folios on both ends, plus one folio of the index.
@@ -259,7 +266,11 @@ class ShardSource(grain.sources.RandomAccessDataSource):
                     tmm, tokens = _map_file(base / shard["file"], self.dtype)
                     # int64 view of the uint64 offsets, so searchsorted never promotes
                     # (uint64 vs int keys would compare as float64 on a converted copy).
-                    imm, ends = _map_file(base / shard["index"], np.dtype("<i8"))
+                    imm, ends = (
+                        _map_file(base / shard["index"], np.dtype("<i8"))
+                        if self.index_reader is None
+                        else (None, self.index_reader(base / shard["index"]))
+                    )
                     # Mapped like the tokens (not format.open_mask's memmap): its pages are
                     # released with theirs.
                     mmm, mask = (

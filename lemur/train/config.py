@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from lemur import typed_yaml
+from lemur.export.foreign import ForeignData, foreign_entry
 from lemur.model.preset import CONFIG_LOADER, ConfigError, ModelConfig, check_key
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -35,13 +36,40 @@ DEFAULT_STEPS = 1000
 DEFAULT_WARMUP_STEPS = 2000
 
 
+DataEntry = str | ForeignData
+
+
+def data_entries(entries: list[Any], key: str) -> list[DataEntry]:
+    """Each entry a shard folder's path or a `ForeignData` (ConfigError naming the entry)."""
+    out: list[DataEntry] = []
+    for i, entry in enumerate(entries):
+        where = f"{key}[{i}]"
+        if isinstance(entry, ForeignData):
+            out.append(entry)
+        elif isinstance(entry, dict):
+            try:
+                out.append(foreign_entry(entry, where))
+            except ValueError as e:
+                raise ConfigError(f"config: {e}") from None
+        else:
+            check_key(
+                isinstance(entry, str) and bool(entry),
+                where,
+                f"must be a shard directory or a mapping with format:, got {entry!r}",
+            )
+            out.append(entry)
+    return out
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Shard directories to train on (a weighted mixture) and where the val splits are."""
 
-    dirs: list[str] = field(default_factory=list)
+    # A shard folder's path, or a mapping naming another trainer's corpus (a Megatron prefix
+    # list, a datatrove .ds folder: `lemur.export.foreign`), made a `ForeignData` on load.
+    dirs: list[Any] = field(default_factory=list)
     weights: list[float] | None = None  # one per dir; None: equal weights
-    eval_dirs: list[str] | None = None  # val shards read from here; None: `dirs`
+    eval_dirs: list[Any] | None = None  # val shards read from here; None: `dirs`
     seed: int | None = None  # shuffle seed; None: the run's seed
     document_attention: bool = False  # mask attention to each packed document
     num_threads: int = 1
@@ -53,6 +81,9 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_key(bool(self.dirs), "data.dirs", "must list at least one shard directory")
+        object.__setattr__(self, "dirs", data_entries(self.dirs, "data.dirs"))
+        if self.eval_dirs is not None:
+            object.__setattr__(self, "eval_dirs", data_entries(self.eval_dirs, "data.eval_dirs"))
         if self.weights is not None:
             check_key(
                 len(self.weights) == len(self.dirs),
@@ -172,6 +203,29 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class HarnessEvalConfig:
+    """lm-evaluation-harness tasks run on the live params (lemur.train.harness_hook)."""
+
+    tasks: list[str]  # lm-eval task or group names
+    every: int = 1000  # steps between runs (and at the last step); 0: only at the end
+    limit: int | None = None  # documents per task; None: all
+    include_path: str | None = None  # a folder of task YAMLs added to lm-eval's
+    num_fewshot: int | None = None  # None: each task's own
+    batch_size: int = 16  # sequences per scoring call
+
+    def __post_init__(self) -> None:
+        check_key(bool(self.tasks) and all(self.tasks), "eval.harness.tasks", "must name tasks")
+        check_key(self.every >= 0, "eval.harness.every", "must be >= 0")
+        check_key(self.limit is None or self.limit >= 1, "eval.harness.limit", "must be >= 1")
+        check_key(
+            self.num_fewshot is None or self.num_fewshot >= 0,
+            "eval.harness.num_fewshot",
+            "must be >= 0",
+        )
+        check_key(self.batch_size >= 1, "eval.harness.batch_size", "must be >= 1")
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """Loss on each val domain (code, text) of the eval directories."""
 
@@ -179,6 +233,7 @@ class EvalConfig:
     batches: int | None = None  # at most this many batches per domain; None: all
     batch_size: int | None = None  # global; None: batch.size / batch.microbatches
     at_start: bool = False  # also evaluate the initial params
+    harness: HarnessEvalConfig | None = None  # lm-eval tasks too; None: none
 
     def __post_init__(self) -> None:
         check_key(self.every >= 0, "eval.every", "must be >= 0")
@@ -358,6 +413,11 @@ def absolute(path: str) -> str:
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
+def absolute_entry(entry: DataEntry) -> DataEntry:
+    """A data entry with its paths absolute (a shard folder's or a `ForeignData`'s)."""
+    return entry.absolute() if isinstance(entry, ForeignData) else absolute(entry)
+
+
 def with_absolute_paths(config: TrainConfig) -> TrainConfig:
     """The config with every path absolute: run_dir, compile_cache_dir, model.init_from,
     data.dirs, data.eval_dirs and checkpoint.dir.
@@ -374,8 +434,10 @@ def with_absolute_paths(config: TrainConfig) -> TrainConfig:
         model=dataclasses.replace(model, init_from=model.init_from and absolute(model.init_from)),
         data=dataclasses.replace(
             data,
-            dirs=[absolute(d) for d in data.dirs],
-            eval_dirs=None if data.eval_dirs is None else [absolute(d) for d in data.eval_dirs],
+            dirs=[absolute_entry(d) for d in data.dirs],
+            eval_dirs=None
+            if data.eval_dirs is None
+            else [absolute_entry(d) for d in data.eval_dirs],
         ),
         checkpoint=dataclasses.replace(ckpt, dir=ckpt.dir and absolute(ckpt.dir)),
     )

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 
 from lemur import machine
+from lemur.export.foreign import ForeignData, open_foreign
 from lemur.model import pretrained
 from lemur.model.config import PARAM_SHAPE_FIELDS, LlamaConfig
 from lemur.shards.check import ShardDir
@@ -27,7 +28,7 @@ from lemur.tokenizer.sentencepiece import read_model
 from lemur.train import interrupt
 from lemur.train.batch import HostSlice
 from lemur.train.checkpoint import Checkpointer
-from lemur.train.config import TrainConfig, with_steps
+from lemur.train.config import DataEntry, TrainConfig, with_steps
 from lemur.train.errors import RunError
 from lemur.train.loader import (
     EvalStream,
@@ -57,13 +58,18 @@ class DataDirs:
     tokenizer hash, checks run once) on first use, shared by the loader and the evals."""
 
     def __init__(self) -> None:
-        self._open: dict[str, ShardDir] = {}
+        self._open: dict[DataEntry, ShardDir] = {}
 
-    def __getitem__(self, directory: str) -> ShardDir:
-        """The opened directory; RunError (one line) when its manifest cannot be read."""
+    def __getitem__(self, directory: DataEntry) -> ShardDir:
+        """The opened directory, or another trainer's corpus (`ForeignData`) presented as one;
+        RunError (one line) when it cannot be read."""
         if directory not in self._open:
             try:
-                self._open[directory] = ShardDir(directory)
+                self._open[directory] = (
+                    open_foreign(directory)
+                    if isinstance(directory, ForeignData)
+                    else ShardDir(directory)
+                )
             except (ShardFormatError, OSError) as e:
                 raise RunError(str(e).splitlines()[0]) from None
         return self._open[directory]
