@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import json
 import random
+import re
 import string
 import subprocess
 import sys
@@ -20,6 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import real_python_files, real_text_docs, write_jsonl
+from test_data_classifier import model as model  # noqa: F401 (the trained classifier fixture)
+from test_data_classifier import recipe as classifier_recipe
+from test_data_classifier import write_source
 from test_data_resume import KILLER
 
 from lemur.data.build import build
@@ -398,3 +402,73 @@ def test_dropped_verdict_reads_as_datatrove_reads_a_reason():
     assert Dropped("x", "alpha_fraction", 0.1234, "<", 0.25).rule == "alpha_fraction 0.123 < 0.25"
     with pytest.raises(ValueError):
         Dropped("x", "m", 1, "=>", 2)
+
+
+def test_classifier_scores_histogram_cut_and_borderline_documents(tmp_path, model):
+    write_source(tmp_path, 400)
+    rule = {"model": str(model), "min_score": 0.3}
+    m = build(recipe_from_dict(classifier_recipe(tmp_path, "c", rule)))
+    out = tmp_path / "c"
+    summary = json.loads((samples_dir(out) / "summary.json").read_text())
+    hist = summary["histograms"]["classifier"]["prose"]
+    assert sum(hist["counts"]) == m["classifiers"]["prose"]["scored"] == 400
+    assert (hist["cut"], hist["cuts"]) == (0.3, {"mixed": 0.3})
+    near = summary["classifier_borderline"]["prose"]
+    assert len(near) == 20 and [d["score"] for d in near] == sorted(d["score"] for d in near)
+    drops = [r for r in jsonl(out, "drops.jsonl") if r["reason"] == "quality:prose"]
+    assert len(drops) == min(20, m["counts"]["dropped"]["quality:prose"])
+    assert all(r["value"] < 0.3 and r["rule"].startswith("quality score 0.") for r in drops)
+    assert all(r["rule"].endswith(" < 0.3") and r["threshold"] == 0.3 for r in drops)
+    # the borderline documents are the nearest the cut: none sampled elsewhere is nearer
+    shown = {d["id"] for d in near}
+    farthest = max(abs(d["score"] - 0.3) for d in near)
+    assert all(abs(r["value"] - 0.3) >= farthest - 1e-6 for r in drops if r["id"] not in shown)
+
+
+def test_fim_and_repository_documents_are_sampled_with_their_markers(tmp_path, llama2_tokenizer):
+    real = [p.read_text() for p in real_python_files(16)]
+    for repo, files in (("alpha", real[:3]), ("beta", real[3:5])):
+        (tmp_path / "tree" / repo / ".git").mkdir(parents=True)
+        for i, text in enumerate(files):
+            (tmp_path / "tree" / repo / f"m{i}.py").write_text(text)
+    (tmp_path / "loose").mkdir()
+    for i, text in enumerate(real[5:]):
+        (tmp_path / "loose" / f"f{i}.py").write_text(text)
+    raw = {
+        "output": str(tmp_path / "out"),
+        "seed": 5,
+        "seq_len": 512,
+        "tokenizer": {"model": str(llama2_tokenizer)},
+        "filters": {"code": {"enabled": False}},
+        "mix": {"ratio": {"code": 1}},
+        "executor": {"tasks": 2, "workers": 1},
+        "val_fraction": 0.0,
+        "inspect": {"per_reason": 4, "max_bytes": 1 << 20},  # whole documents: every marker
+        "sources": [
+            {
+                "name": "tree",
+                "domain": "code",
+                "format": "files",
+                "paths": [str(tmp_path / "tree")],
+            },
+            {
+                "name": "loose",
+                "domain": "code",
+                "format": "files",
+                "paths": [str(tmp_path / "loose")],
+            },
+        ],
+        "fim": {"rate": 0.9, "spm_rate": 0.5},
+        "repos": {"sources": ["tree"]},
+    }
+    build(recipe_from_dict(raw))
+    kept = jsonl(tmp_path / "out", "kept.jsonl")
+    fim = [r for r in kept if r["kind"] == "fim"]
+    repos = [r for r in kept if r["kind"] == "repository"]
+    # (a repository document holding a FIM-cut file is a FIM document too)
+    assert len(fim) == 4 and {r["source"] for r in fim} <= {"loose", "tree"}
+    for r in fim:
+        assert all(f"<{role}>" in r["text"] for role in ("prefix", "suffix", "middle"))
+    assert len(repos) == 4 and {r["source"] for r in repos} == {"tree"}
+    for r in repos:  # a repository's files (cut into documents of max_tokens), its name
+        assert re.fullmatch(r"tree/(alpha|beta)#\d+", r["id"]) and r["text"]
