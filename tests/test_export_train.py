@@ -186,3 +186,14 @@ def test_config_round_trip_and_one_line_errors(plain, tmp_path):
     }
     with pytest.raises(RunError, match=rf"^{idx}: not a Megatron index \(magic"):
         DataDirs()[DataConfig(dirs=[spec]).dirs[0]]
+
+
+def test_lemur_eval_finds_the_tokenizer_of_a_run_on_another_trainers_corpus(plain, tmp_path):
+    from lemur.eval.find_tokenizer import run_tokenizer
+
+    out = tmp_path / "n"
+    export(plain, "nanotron", out)
+    config = config_from_dict({"data": {"dirs": [entry(out, "nanotron")]}})
+    meta = {"config": yaml.safe_load(config.to_yaml())}  # as a run's checkpoint keeps it
+    found = run_tokenizer(meta, None)
+    assert found.path == out / "tokenizer" / "tokenizer.model" and found.problem is None

@@ -60,6 +60,12 @@ def run_tokenizer(meta: dict[str, Any], origin: Path | None) -> Found:
     dirs = (config.get("data") or {}).get("dirs") or []
     if not dirs:
         return Found(None, "the run's config names no data directory", sha)
+    if isinstance(dirs[0], dict):  # another trainer's corpus (lemur.export.foreign)
+        folder = run_path(str(dirs[0].get("tokenizer", "")), origin)
+        for name in (TOKENIZER_FILE, "tokenizer.json"):  # the order the trainer took it in
+            if (folder / name).is_file():
+                return Found(folder / name, None, sha)
+        return Found(None, f"its data's tokenizer folder {folder} holds no tokenizer", sha)
     directory = run_path(str(dirs[0]), origin)
     written = "" if Path(str(dirs[0])).is_absolute() else f" ('{dirs[0]}' in the run's config)"
     if not (directory / MANIFEST).is_file():
