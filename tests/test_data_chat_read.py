@@ -43,6 +43,7 @@ from lemur.data.read.listing import list_inputs
 from lemur.data.read.sources import SourcesReader
 from lemur.data.recipe.errors import RecipeError
 from lemur.data.recipe_loader import load_recipe, recipe_from_dict
+from lemur.data.runs.provenance import INPUT_FILE, INPUT_LINE
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
@@ -283,7 +284,10 @@ def test_messages_jsonl_bad_rows_dropped_by_reason_neighbours_kept(tmp_path):
         "path": "m.jsonl",
         "path_is_container": True,  # the row has no file name of its own
         MESSAGES_KEY: SYSTEM_HI,
+        INPUT_FILE: str(tmp_path / "m.jsonl"),  # where it was read (provenance)
+        INPUT_LINE: 1,
     }
+    assert docs[1].metadata[INPUT_LINE] == 10
     assert spans_text(docs[0]) == ["Yo<|im_end|>"]
     assert docs[1].text == RENDERED and render_chatml(docs[1].metadata[MESSAGES_KEY])[1] == [
         [91, 107],
