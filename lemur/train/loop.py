@@ -28,12 +28,14 @@ import numpy as np
 
 from lemur.model.config import flops_per_token, param_count
 from lemur.shards.format import ShardFormatError
+from lemur.tokenizer import open_tokenizer
 from lemur.tokenizer.token_bytes import TokenBytes, bits_per_byte
 from lemur.train import interrupt
 from lemur.train import step as step_lib
 from lemur.train.batch import Batch, BatchLayout
 from lemur.train.config import TrainConfig, with_absolute_paths
 from lemur.train.errors import RunError, TrainingDiverged
+from lemur.train.harness_hook import HarnessHook
 from lemur.train.loader import EvalStream
 from lemur.train.metrics import RunLog, StepWindow, TrainRecords, peak_tflops_per_device
 from lemur.train.setup import (
@@ -177,6 +179,7 @@ class Trainer:
             bar=config.log.progress,
             on_metrics=on_metrics,
         )
+        self.harness = self._harness_hook(first.tokenizer_path)  # tasks checked before step 1
         peak = peak_tflops_per_device(config.log.peak_tflops, self.model.compute_dtype)
         self.records = TrainRecords(
             self.log,
@@ -258,6 +261,9 @@ class Trainer:
         hooks = []
         if evaluator is not None:
             hooks.append(Hook(evaluator, self.config.eval.every, pauses_clock=True))
+        if self.harness is not None:
+            every = self.config.eval.harness.every  # type: ignore[union-attr]
+            hooks.append(Hook(self.harness, every, pauses_clock=True))
         hooks.append(Hook(self._save, self.config.checkpoint.every, on_stop=True))
         with StopSignal() as stop:
             interrupt.disarm()  # from here on a signal checkpoints and stops
@@ -343,6 +349,14 @@ class Trainer:
                 raise TrainingDiverged(f"step {step}: {name} is {m[name]}")
         self.records(step, m, window)
         return m["loss"]
+
+    def _harness_hook(self, tokenizer_path: Path) -> HarnessHook | None:
+        """The `eval.harness` hook over the run's tokenizer (None without the section)."""
+        settings = self.config.eval.harness
+        if settings is None:
+            return None
+        tokenizer = open_tokenizer(tokenizer_path)
+        return HarnessHook(settings, self.model, tokenizer, self.log.emit, self.config.seed)
 
     def _save(self, info: StepInfo) -> None:
         """The checkpoint hook: the state, the loader's position and the run's meta."""

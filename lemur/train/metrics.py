@@ -242,6 +242,13 @@ def format_record(record: dict[str, Any]) -> str:
             f"gnorm {record['grad_norm']:.3f}  {record['tokens_per_s']:,.0f} tok/s  "
             f"MFU {100 * record['mfu']:.1f}%"
         )
+    harness = [
+        f"{k.removeprefix('harness/')} {v:.4f}"
+        for k, v in record.items()
+        if k.startswith("harness/") and not k.endswith("_stderr")
+    ]
+    if harness:  # lemur.train.harness_hook's record: the task metrics
+        return f"{step}  harness  " + "  ".join(harness)
     evals = [
         f"{k.split('/')[1]} {v:.4f}"
         for k, v in record.items()
