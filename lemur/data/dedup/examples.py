@@ -47,7 +47,8 @@ class TokenRunReader:
     def records(self, task: int) -> np.ndarray:
         """Task `task`'s document records (cached: two bytes of source per document kept)."""
         if task not in self._records:
-            self._records[task] = np.load(self.tok_dir / f"{task:05d}.docs.npy")
+            # Mapped, not read: a sample touches a few documents of each task.
+            self._records[task] = np.load(self.tok_dir / f"{task:05d}.docs.npy", mmap_mode="r")
         return self._records[task]
 
     def doc_id(self, task: int, local: int) -> str:
@@ -130,18 +131,23 @@ def duplicate_samples(
     table = _removal_table(dedup_dir, n_tasks)
     reader = TokenRunReader(tok_dir, num_perm)
     cap = settings.max_bytes
+    # The removal rows grouped by the document kept in their place (a cluster: one range).
+    codes = table["kt"] * (1 << 32) + table["kl"]
+    by_kept = np.argsort(codes, kind="stable")
+    codes = codes[by_kept]
     out: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
     for exact in (False, True):
         sel = table["exact"] == exact
         for s, kt, kl in _picked(reader, table["kt"][sel], table["kl"][sel], settings):
-            in_cluster = (table["kt"] == kt) & (table["kl"] == kl)
+            code = kt * (1 << 32) + kl
+            rows = by_kept[np.searchsorted(codes, code) : np.searchsorted(codes, code, "right")]
             kept = _member(reader, decode, kt, kl, cap)
             record: dict[str, Any] = {"source": sources[s], "kept": kept}
             if exact:
-                record["copies"] = int((in_cluster & table["exact"]).sum()) + 1
+                record["copies"] = int(table["exact"][rows].sum()) + 1
                 out[True].append(record)
                 continue
-            members = np.flatnonzero(in_cluster & ~table["exact"])
+            members = np.sort(rows[~table["exact"][rows]])
             hashes = [
                 reader.records(int(table["task"][i]))[int(table["local"][i])]["id_hash"]
                 for i in members
@@ -152,7 +158,7 @@ def duplicate_samples(
                 task, local = int(table["task"][i]), int(table["local"][i])
                 member = _member(reader, decode, task, local, cap)
                 removed.append({**member, "jaccard": reader.jaccard((kt, kl), (task, local))})
-            size = int(in_cluster.sum()) + 1
+            size = len(rows) + 1
             out[False].append({"cluster": kept["id"], **record, "size": size, "removed": removed})
     return sorted(out[False], key=_by_kept), sorted(out[True], key=_by_kept)
 

@@ -80,9 +80,14 @@ class TaskSamples:
 
     def histogram(self, path: tuple[str, ...], edges: list[float], value: float) -> None:
         """Count `value` in the fixed-edge histogram at `path`."""
-        counts = [0] * (len(edges) - 1)
-        counts[bin_of(edges, value)] = 1
-        add_tally(self.tallies, path, counts)
+        *parents, leaf = path
+        node = self.tallies
+        for p in parents:
+            node = node.setdefault(p, {})
+        counts = node.get(leaf)
+        if counts is None:  # once per histogram: every document after counts in place
+            counts = node[leaf] = [0] * (len(edges) - 1)
+        counts[bin_of(edges, value)] += 1
 
     def note(self, name: str, key: str, value: Any) -> None:
         """State a fact the merge keeps as is (the same in every task), e.g. a cut."""
