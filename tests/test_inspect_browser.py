@@ -167,7 +167,8 @@ def test_clicking_a_drop_reason_lists_its_samples(driver: Any, planted_page: Pat
 def test_a_real_builds_drop_reason_opens_its_samples(driver: Any, demo: Path) -> None:
     """With the build's own samples (the samples writer, item 1), a bar of a reason the
     manifest counts lists that reason's sampled documents."""
-    folder = demo / "samples"
+    entry = json.loads((demo / "manifest.json").read_text()).get("samples") or {}
+    folder = demo / entry.get("dir", "samples")
     if not (folder / "drops.jsonl").is_file():
         pytest.skip("this build wrote no samples/ (the samples writer is not in yet)")
     from selenium.webdriver.common.by import By
@@ -242,18 +243,23 @@ def test_hostile_documents_never_run_anywhere(driver: Any, planted_page: Path) -
     assert console_errors(driver) == []
 
 
-def test_no_console_error_and_no_request_but_the_page(driver: Any, planted_page: Path) -> None:
+def test_no_console_error_and_no_request_but_the_page(
+    driver: Any, planted_page: Path, demo_page: Path
+) -> None:
     driver.get_log("performance")
     driver.get(planted_page.as_uri())
     for route in (*SECTIONS, "shards/0/0", "shards/4/1", "search/the"):
         go(driver, route)
-    if os.environ.get("LEMUR_SCREENSHOTS"):
-        for route in ("mix", "histograms", "classifiers"):
-            go(driver, route)
-            screenshot(driver, route)
     assert console_errors(driver) == []
     urls = requested_urls(driver)
     assert urls and all(u.split("#")[0] == planted_page.as_uri() for u in urls), urls
+    driver.get(demo_page.as_uri())
+    for route in (*SECTIONS, "shards/0/0", "search/the"):
+        go(driver, route)
+        if route in ("mix", "histograms", "kept", "search/the"):
+            screenshot(driver, route.split("/")[0])
+    urls = requested_urls(driver)
+    assert urls and all(u.split("#")[0] == demo_page.as_uri() for u in urls), urls
 
 
 def test_the_demo_page_opens_from_a_copy_elsewhere(

@@ -84,6 +84,13 @@
   }
   // A histogram as SVG bars; `cut`, a score where a line is drawn.
   function histogram(edges, counts, cut, width) {
+    // Empty bins at either end are left out (length bins run to 16 MiB): the range shown
+    // is where documents are, and the cut's bin.
+    let a = counts.findIndex((c) => c > 0), b = counts.length - 1 - [...counts].reverse().findIndex((c) => c > 0);
+    if (a < 0) { a = 0; b = counts.length - 1; }
+    if (cut != null) for (let i = 0; i < counts.length; i++) if (edges[i] <= cut && cut <= edges[i + 1]) { a = Math.min(a, i); b = Math.max(b, i); }
+    edges = edges.slice(a, b + 2);
+    counts = counts.slice(a, b + 1);
     const w = width || 380, h = 120, pad = 18;
     const s = svg("svg", { class: "hist", width: w, height: h + pad, viewBox: `0 0 ${w} ${h + pad}` });
     const max = Math.max(1, ...counts);
@@ -196,13 +203,15 @@
 
   function showHistograms(main) {
     const hist = SUMMARY.histograms || {};
-    main.appendChild(el("h2", {}, "Document length per domain"));
-    const lengths = hist.length || DATA.length_histograms || {};
-    if (!hist.length) main.appendChild(note("tokens per document in the shards (BOS/EOS included), from the shard indexes; log-spaced bins"));
-    else main.appendChild(note("every document the build read, from samples/summary.json"));
-    const cols = el("div", { className: "cols" });
-    for (const [d, h] of Object.entries(lengths)) cols.appendChild(el("div", {}, el("h3", {}, d), histogram(h.edges, h.counts, null)));
-    main.appendChild(cols);
+    const drawAll = (title, about, per) => {
+      main.appendChild(el("h2", {}, title));
+      main.appendChild(note(about));
+      const cols = el("div", { className: "cols" });
+      for (const [d, h] of Object.entries(per)) cols.appendChild(el("div", {}, el("h3", {}, d), histogram(h.edges, h.counts, null)));
+      main.appendChild(cols);
+    };
+    if (hist.length && !Array.isArray(hist.length)) drawAll("Document length per domain", "UTF-8 bytes per document, every document the filters kept (samples summary.json); bins of powers of two", hist.length);
+    drawAll("Tokens per document in the shards", "per split/domain, BOS/EOS included, from the shard indexes; log-spaced bins", DATA.length_histograms || {});
     main.appendChild(el("h2", {}, "Languages per domain"));
     let langs = hist.language;
     if (!langs) { // the train split's documents by language (stats.json's groups)
@@ -396,7 +405,7 @@
       if (at >= 0) snippet.append(t.slice(a, at), el("mark", { className: "hit" }, t.slice(at, at + q.length)), t.slice(at + q.length, at + q.length + 160));
       list.appendChild(item([meta([["kind", kind], ["where", where], ["id", id]]), snippet], open));
     }
-    main.appendChild(note(n ? `${Math.min(n, 200)} matches${n > 200 ? " (the first 200)" : ""}` : "no match"));
+    main.appendChild(note(n > 200 ? "more than 200 matches: the first 200" : n ? `${n} matches` : "no match"));
     main.appendChild(list);
   }
 
@@ -419,8 +428,9 @@
     const r = route();
     const s = SECTIONS.find((x) => x[0] === r.name) || SECTIONS[0];
     main.replaceChildren();
+    window.scrollTo(0, 0); // a new view starts at its top (a sampled list scrolls itself)
     for (const a of nav.children) a.classList.toggle("active", a.id === "nav-" + s[0]);
-    if (s[0] === "search" && document.activeElement !== search) search.value = r.args.join("/");
+    if (document.activeElement !== search) search.value = s[0] === "search" ? r.args.join("/") : "";
     s[2](main, r.args);
   }
   search.addEventListener("input", () => { history.replaceState(null, "", "#search/" + enc(search.value)); draw(); });

@@ -20,21 +20,31 @@ from typing import Any
 
 import numpy as np
 
+from lemur.data.sample_stage import SAMPLES_DIR
+from lemur.data.samples.records import (
+    DECONTAMINATION,
+    DROPS,
+    EXACT_DUPLICATES,
+    KEPT,
+    NEAR_DUPLICATES,
+    PII,
+    SUMMARY,
+)
 from lemur.data.stats import compute_stats, document_lengths, framing
 from lemur.shards.format import MANIFEST, ShardFormatError, open_index, open_mask, open_tokens
 from lemur.tokenizer import Tokenizer, TokenizerError, open_tokenizer
 from lemur.tokenizer.fim import MARKER_ROLES
 
 PAGE_FORMAT = "lemur-inspect/1"
-SAMPLES_DIR = "samples"
-SAMPLE_FILES = (
-    "drops",
-    "near_duplicates",
-    "exact_duplicates",
-    "decontamination",
-    "pii",
-    "kept",
-)
+# The page's name of each samples file (the format's own names: lemur/data/samples/records).
+SAMPLE_FILES = {
+    "drops": DROPS,
+    "near_duplicates": NEAR_DUPLICATES,
+    "exact_duplicates": EXACT_DUPLICATES,
+    "decontamination": DECONTAMINATION,
+    "pii": PII,
+    "kept": KEPT,
+}
 # Reading a samples file stops past these (a file the build wrote is far smaller: K per
 # reason, each text at most `max_bytes`), so that a stray file cannot swell the process.
 MAX_SAMPLE_RECORDS = 20_000
@@ -205,10 +215,10 @@ def read_samples(root: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
     if not folder.is_dir():
         return None
     out: dict[str, Any] = {}
-    for name in SAMPLE_FILES:
-        path = folder / f"{name}.jsonl"
+    for name, file in SAMPLE_FILES.items():
+        path = folder / file
         out[name] = _read_jsonl(path) if path.is_file() else []
-    summary = folder / "summary.json"
+    summary = folder / SUMMARY
     try:
         out["summary"] = json.loads(summary.read_text()) if summary.is_file() else {}
     except (OSError, ValueError) as e:
