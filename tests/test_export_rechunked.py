@@ -202,8 +202,9 @@ def check_mds(out: Path, expected: Docs) -> None:
         assert ds.num_samples == len(docs), folder
         for i, (tokens, mask) in enumerate(docs):
             sample = ds[i]
-            assert sample["input_ids"].dtype == tokens.dtype
-            np.testing.assert_array_equal(sample["input_ids"], tokens)
+            # `tokens`: the column LLM Foundry's StreamingTextDataset reads
+            assert sample["tokens"].dtype == tokens.dtype
+            np.testing.assert_array_equal(sample["tokens"], tokens)
             if mask is None:
                 assert "loss_mask" not in sample
             else:
@@ -249,7 +250,7 @@ def test_mds_shards_are_mdswriters_bytes(build, request, tmp_path):
     mask = open_array(part.mask, np.uint8) if part.mask else None
     with MDSWriter(out=str(tmp_path / "ref"), columns=columns, size_limit=5000) as writer:
         for a, b in zip([0, *ends[:-1]], ends, strict=True):
-            sample = {"input_ids": np.asarray(tokens[a:b])}
+            sample = {"tokens": np.asarray(tokens[a:b])}
             if mask is not None:
                 sample["loss_mask"] = np.asarray(mask[a:b])
             writer.write(sample)

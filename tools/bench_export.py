@@ -139,9 +139,9 @@ def run_writer(lib: str, src: Path, out: Path) -> None:
         sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
         from streaming import MDSWriter
 
-        columns = {"input_ids": "ndarray:uint16"}
+        columns = {"tokens": "ndarray:uint16"}
         with MDSWriter(out=str(out / "train"), columns=columns, size_limit=CHUNK) as w:
-            feed(src, lambda i, doc: w.write({"input_ids": doc}))
+            feed(src, lambda i, doc: w.write({"tokens": doc}))
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq

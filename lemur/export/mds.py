@@ -3,8 +3,11 @@
 The bytes are MDSWriter's (streaming/base/format/mds/{writer,encodings}.py): a shard is
 `uint32 N`, `uint32[N+1]` absolute sample offsets, the writer's config as sorted-key JSON,
 then the samples; a sample is one `uint32` size per variable-size column, then each
-column's bytes in sorted column order. `input_ids` is `ndarray:uint16|uint32` and a chat
-build's `loss_mask` is `ndarray:uint8`: a static dtype and a dynamic shape, stored as one
+column's bytes, columns in sorted name order. The token column is named `tokens`, the name
+LLM Foundry's pretraining loader reads (`StreamingTextDataset` in llmfoundry/data/
+text_data.py takes `sample['tokens']`, an ndarray of any integer type; a sample without
+`text` or `tokens` is refused), as `ndarray:uint16|uint32`; a chat build adds `loss_mask`,
+`ndarray:uint8`. Both have a static dtype and a dynamic shape, stored as one
 byte `(ndim << 2) | shape dtype code`, the length in the smallest unsigned int that holds
 it, then the values. Shards are closed by MDSWriter's `size_limit` rule, so a lemur shard's
 MDS shards are byte for byte what MDSWriter writes for its documents.
@@ -64,9 +67,11 @@ class MdsExporter:
 
     def shard_config(self, info: ExportInfo) -> dict[str, Any]:
         """MDSWriter's `get_config()`: stored in every shard and in each index entry."""
-        names = ["input_ids", "loss_mask"] if info.has_masks else ["input_ids"]
-        dtype = np.dtype(info.token_dtype).name
-        encodings = [f"ndarray:{dtype}", "ndarray:uint8"][: len(names)]
+        columns = {"tokens": f"ndarray:{np.dtype(info.token_dtype).name}"}
+        if info.has_masks:
+            columns["loss_mask"] = "ndarray:uint8"
+        names = sorted(columns)  # MDSWriter's order: loss_mask (if any) before tokens
+        encodings = [columns[n] for n in names]
         return {
             "version": 2,
             "format": "mds",
@@ -156,11 +161,17 @@ class MdsExporter:
         seq = info.seq_len or 2048
         vals = sorted(info.val_stems)
         val = f"val/{vals[0]}" if vals else "train"
-        mask = " and `loss_mask` (1 where the loss is taken)" if info.has_masks else ""
+        mask = (
+            " and `loss_mask` (uint8, 1 where the loss is taken: LLM Foundry's `text` loader"
+            " reads `tokens` only and trains on every token; a collator of your own applies"
+            " the mask)"
+            if info.has_masks
+            else ""
+        )
         return f"""## LLM Foundry / MosaicML streaming (MDS)
 
 `train/` and each `val/<domain>/` are MDS datasets (`index.json` version 2), one sample
-per document: `input_ids` ({np.dtype(info.token_dtype).name}){mask}, EOS id {info.eos_id}.
+per document: `tokens` ({np.dtype(info.token_dtype).name}){mask}, EOS id {info.eos_id}.
 LLM Foundry cuts a sample at `max_seq_len`: a longer document loses its tail, so set
 `max_seq_len` at least to the longest document you want whole (this corpus was packed
 for {seq}).
@@ -195,7 +206,8 @@ def fill_samples(
     starts: np.ndarray,
     lengths: np.ndarray,
 ) -> None:
-    """Encode the documents `starts`/`lengths` into `buf` from `pos`, as MDSWriter does."""
+    """Encode the documents `starts`/`lengths` into `buf` from `pos`, as MDSWriter does:
+    the size heads, then `loss_mask` (chat builds), then `tokens`."""
     view, itemsize = memoryview(buf), tokens.dtype.itemsize
     src = memoryview(tokens).cast("B")
     msrc = memoryview(mask).cast("B") if mask is not None else None
@@ -203,21 +215,20 @@ def fill_samples(
     for start, n, w in zip(starts.tolist(), lengths.tolist(), widths, strict=True):
         shape = struct.pack(f"<B{SHAPE_FORMATS[w]}", (1 << 2) | SHAPE_CODES[w], n)
         size = len(shape) + n * itemsize
-        if msrc is None:
-            view[pos : pos + 4] = struct.pack("<I", size)
-            pos += 4
-        else:
-            view[pos : pos + 8] = struct.pack("<II", size, len(shape) + n)
-            pos += 8
-        view[pos : pos + len(shape)] = shape
-        pos += len(shape)
-        view[pos : pos + n * itemsize] = src[start * itemsize : (start + n) * itemsize]
-        pos += n * itemsize
         if msrc is not None:
+            view[pos : pos + 8] = struct.pack("<II", len(shape) + n, size)
+            pos += 8
             view[pos : pos + len(shape)] = shape
             pos += len(shape)
             view[pos : pos + n] = msrc[start : start + n]
             pos += n
+        else:
+            view[pos : pos + 4] = struct.pack("<I", size)
+            pos += 4
+        view[pos : pos + len(shape)] = shape
+        pos += len(shape)
+        view[pos : pos + n * itemsize] = src[start * itemsize : (start + n) * itemsize]
+        pos += n * itemsize
 
 
 EXPORTER = MdsExporter()
