@@ -254,6 +254,15 @@ def text_prompt_ids(tokenizer: Tokenizer, text: str) -> list[int]:
     return ids + (tokenizer.encode(text[at:]) if at < len(text) else [])
 
 
+def chat_ends(tokenizer: Tokenizer) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Where a chat reply ends: (end ids, stop strings). A tokenizer.json model's template
+    names its end-of-turn ids; a ChatML model ends at its EOS or the text `<|im_end|>`."""
+    template = model_template(tokenizer)
+    if template is None:
+        return tokenizer.stop_ids, (CHATML_END,)
+    return template.stop_ids(), ()
+
+
 def generate(
     params: Params,
     config: LlamaConfig,
@@ -270,11 +279,8 @@ def generate(
     eos: tuple[int, ...] = tokenizer.stop_ids
     if chat:
         ids = [chat_prompt_ids(tokenizer, p) for p in prompts]
-        template = model_template(tokenizer)
-        if template is None:
-            gen = dataclasses.replace(gen, stop=(*gen.stop, CHATML_END))
-        else:
-            eos = template.stop_ids()
+        eos, stops = chat_ends(tokenizer)
+        gen = dataclasses.replace(gen, stop=(*gen.stop, *stops))
     else:
         ids = [text_prompt_ids(tokenizer, str(p)) for p in prompts]
     return generate_ids(
