@@ -385,3 +385,24 @@ def test_exports_carry_the_rows(built, tmp_path):
         lines = list(csv.reader(io.StringIO(table.decode())))
         assert [int(e) for _, e, _, _ in lines] == ends.tolist()
         assert [(i, src) for _, _, i, src in lines] == [(r["id"], r["file"]) for r in rows]
+
+
+def test_output_provenance_in_yaml_and_set(tmp_path):
+    """`output: {path, provenance}` and `--set output.provenance=true` (after `--set output=`
+    too) turn it on; off, the recipe and its hash are a plain `output: DIR`'s."""
+    from lemur.data.recipe_loader import load_recipe
+
+    source = {"name": "c", "domain": "code", "format": "files", "paths": [str(tmp_path)]}
+    raw = {"output": str(tmp_path / "o"), "tokenizer": {"train": {}}, "sources": [source]}
+    raw["mix"] = {"ratio": {"code": 1}}
+    path = tmp_path / "r.yaml"
+    (tmp_path / "f.py").write_text("x = 1\n")
+    path.write_text(yaml.safe_dump(raw))
+    plain = load_recipe(path, check_paths=False)
+    on = load_recipe(path, ["output=" + str(tmp_path / "p"), "output.provenance=true"], False)
+    assert plain.provenance is None and on.provenance is True and on.output == str(tmp_path / "p")
+    off = recipe_from_dict({**raw, "output": {"path": raw["output"], "provenance": False}})
+    assert off.sha256() == plain.sha256() and "provenance" not in off.to_dict()
+    assert recipe_from_dict(on.to_dict()).provenance is True  # the manifest's form reloads
+    with pytest.raises(RecipeError, match="output.paht: unknown key"):
+        recipe_from_dict({**raw, "output": {"paht": "x"}})

@@ -181,12 +181,16 @@ def _apply_output(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _output_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """`--set output.provenance=true` on a recipe whose `output` is a path: the path
-    becomes `output.path` first."""
-    if isinstance(raw.get("output"), str) and any(o.startswith("output.") for o in overrides):
-        return {**raw, "output": {"path": raw["output"]}}
-    return raw
+def _output_overrides(
+    raw: dict[str, Any], overrides: list[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """`--set output.provenance=true` on a recipe whose `output` is a path: the path becomes
+    `output.path` first (and `--set output=DIR` beside it sets `output.path`)."""
+    if not any(o.startswith("output.") for o in overrides):
+        return raw, overrides
+    if isinstance(raw.get("output"), str):
+        raw = {**raw, "output": {"path": raw["output"]}}
+    return raw, ["output.path=" + o[7:] if o.startswith("output=") else o for o in overrides]
 
 
 def recipe_from_dict(raw: dict[str, Any], check_paths: bool = True) -> Recipe:
@@ -214,6 +218,6 @@ def load_recipe(
         line = getattr(getattr(e, "problem_mark", None), "line", None)
         where = f" (line {line + 1})" if line is not None else ""
         raise RecipeError(f"{p}: not valid YAML{where}") from None
-    raw = _output_overrides(raw or {}, overrides or [])
-    raw = apply_overrides(raw, overrides or [])
+    raw, overrides = _output_overrides(raw or {}, overrides or [])
+    raw = apply_overrides(raw, overrides)
     return recipe_from_dict(raw, check_paths)

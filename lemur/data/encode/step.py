@@ -35,7 +35,9 @@ class TokenizeWriter(PipelineStep):
     writes `{rank}.mask`: one uint8 loss-mask value per token of `{rank}.bin` (0 at BOS and
     EOS). With `template` (a chat build rendered by a tokenizer.json's own chat template),
     documents are written as encoded, nothing added: the template frames them, and the
-    table's `framing` is "template". Files appear atomically when the task finishes; a
+    table's `framing` is "template". With `provenance` (`output.provenance`), the task also
+    writes `{rank}.prov.parquet`, one row per record of where the document came from (a side
+    record: the token bytes are the same). Files appear atomically when the task finishes; a
     killed task leaves nothing behind that the pack stage could mistake for output.
     """
 

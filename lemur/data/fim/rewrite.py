@@ -14,7 +14,8 @@ Qwen2.5) only the words at the cuts are encoded again, the rest taken from the d
 own ids (lemur/tokenizer/fim_splice.py): the same ids at a fraction of the cost; `spliced`
 counts those documents. The other documents, and those
 dedup removes, are copied as they are. Each task writes the four files of a tokenize task
-(tokens, records, ids, table; the tokens last) and `{rank}.fim.json`, its counts.
+(tokens, records, ids, table; the tokens last), its provenance rows with `fim` set where the
+run has them (`output.provenance`), and `{rank}.fim.json`, its counts.
 """
 
 from __future__ import annotations
