@@ -33,9 +33,10 @@ PAGE_LIMIT = 10 * 2**20  # issue #46 item 3: under 10 MB whatever the build
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Path:
-    """A small real two-domain build, made by the command."""
+    """A small real two-domain build with FIM documents, made by the command."""
     tmp = tmp_path_factory.mktemp("inspect-build")
     recipe = base_recipe(tmp, corpus_dir / "code", [corpus_dir / "a.jsonl"])
+    recipe["fim"] = {"rate": 0.5, "spm_rate": 0.5}
     path = tmp / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     subprocess.run(
@@ -49,6 +50,25 @@ def build(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Path:
 @pytest.fixture(scope="module")
 def planted(build: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return plant_samples(build, tmp_path_factory.mktemp("planted") / "build")
+
+
+@pytest.fixture(scope="module")
+def chat_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The chat demo recipe over 300 of its conversations: ChatML shards with loss masks."""
+    tmp = tmp_path_factory.mktemp("inspect-chat")
+    data = tmp / "messages.jsonl"
+    assert lemur_data(["chat-demo-data", str(data), "--limit", "300"]) == 0
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "chat-demo.yaml"
+    sets = [f"output={tmp / 'out'}", f"chat.demo_data={data}", f"sources.0.paths=[{data}]"]
+    sets.append("tokenizer.train.vocab_size=1000")
+    subprocess.run(
+        [sys.executable, "-m", "lemur.data.cli", "build", str(recipe)]
+        + [x for s in sets for x in ("--set", s)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return tmp / "out"
 
 
 def manifest_of(directory: Path) -> dict:
@@ -131,7 +151,32 @@ def test_shard_browser_documents_are_the_shards_tokens(build: Path) -> None:
             assert "".join(doc["pieces"]) == tok.decode(doc["ids"])
             checked += 1
     assert checked >= 6
-    assert data["browser"]["control"] == {str(tok.bos_id): "BOS", str(tok.eos_id): "EOS"}
+    control = data["browser"]["control"]
+    assert control[str(tok.bos_id)] == "BOS" and control[str(tok.eos_id)] == "EOS"
+
+
+def test_fim_markers_have_their_roles_and_split_the_document(build: Path) -> None:
+    """The FIM markers the manifest names are the browser's roles; a FIM document shown
+    holds each marker once, and its parts between them are the text of the parts."""
+    data, manifest = gather(build), manifest_of(build)
+    markers = manifest["fim"]["markers"]
+    roles = data["browser"]["roles"]
+    assert {roles[str(markers[r])] for r in ("prefix", "middle", "suffix")} == {
+        "prefix",
+        "middle",
+        "suffix",
+    }
+    fim_docs = [
+        d
+        for s in data["browser"]["shards"]
+        for d in s["docs"]
+        if str(markers["prefix"]) in map(str, d["ids"])
+    ]
+    assert fim_docs, "no FIM document among those shown"
+    for doc in fim_docs:
+        for r in ("prefix", "middle", "suffix"):
+            assert doc["ids"].count(markers[r]) == 1 or doc["cut"]
+            assert doc["pieces"][doc["ids"].index(markers[r])] == ""  # a chip, not text
 
 
 def test_token_pieces_join_to_the_decoded_text_on_a_byte_level_model(tmp_path: Path) -> None:
@@ -257,3 +302,17 @@ def test_serve_answers_the_page_alone_on_localhost_and_stops_on_sigterm(planted:
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert out.strip() == "stopped"
+
+
+def test_a_chat_builds_documents_carry_their_loss_mask_and_markers(chat_build: Path) -> None:
+    data, manifest = gather(chat_build), manifest_of(chat_build)
+    assert data["build"]["chat"]
+    added = {str(p["id"]): p["piece"] for p in manifest["tokenizer"]["added_pieces"]}
+    assert data["browser"]["added"] == added
+    shards = {s["file"]: s for s in manifest["shards"]}
+    for shown in data["browser"]["shards"]:
+        mask = np.fromfile(chat_build / shards[shown["file"]]["mask"], dtype=np.uint8)
+        for doc in shown["docs"]:
+            a = doc["offset"]
+            assert doc["mask"] == "".join(map(str, mask[a : a + len(doc["ids"])]))
+            assert "1" in doc["mask"] and "0" in doc["mask"]  # replies trained, prompts not

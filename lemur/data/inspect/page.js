@@ -333,7 +333,7 @@
     let section = null; // the FIM part the tokens belong to: the last marker's
     doc.ids.forEach((id, i) => {
       const role = B.roles[String(id)];
-      const control = B.control[String(id)];
+      const control = B.control[String(id)] ?? (B.added || {})[String(id)];
       let span;
       if (role || control != null) {
         span = el("span", { className: "tok ctl" + (role ? " marker" : ""), title: `id ${id}` + (role ? ` (${role})` : "") });

@@ -336,10 +336,10 @@ def _pick_docs(n: int, limits: BrowserLimits, key: str) -> list[int]:
 def _document(
     tok: Tokenizer, tokens: np.ndarray, mask: np.ndarray | None, a: int, b: int, cap: int
 ) -> dict[str, Any]:
-    """One document of a shard: ids, pieces, which are control tokens, its mask."""
+    """One document of a shard: ids, each text token's piece (a control or special token,
+    shown as a labelled chip, has none), its mask."""
     ids = [int(x) for x in tokens[a : min(b, a + cap)]]
-    control = [i for i, t in enumerate(ids) if tok.is_control(t)]
-    text_at = [i for i in range(len(ids)) if i not in set(control)]
+    text_at = [i for i, t in enumerate(ids) if not tok.is_control(t)]
     pieces = [""] * len(ids)
     for i, p in zip(text_at, token_pieces(tok, [ids[i] for i in text_at]), strict=True):
         pieces[i] = p
@@ -383,6 +383,12 @@ def shard_browser(
         "limits": {"docs_per_shard": limits.docs_per_shard, "max_tokens": limits.max_doc_tokens},
         "control": {str(i): _control_name(tok, i) for i in control},
         "roles": {str(i): r for i, r in _marker_roles(tok, manifest).items()},
+        # A chat build's markers (`<|im_start|>`): text never holds them, so they are chips.
+        "added": {
+            str(p["id"]): p["piece"]
+            for p in manifest["tokenizer"].get("added_pieces") or []
+            if isinstance(p, dict) and isinstance(p.get("id"), int)
+        },
         "bos_id": tok.bos_id,
         "eos_id": tok.eos_id,
     }
