@@ -18,6 +18,7 @@ pytest.importorskip("s3fs", reason="s3fs (the base install) reads s3:// paths")
 from s3_local import FaultProxy, moto_s3, options, upload  # noqa: E402
 
 from lemur.data.build import build  # noqa: E402
+from lemur.data.read.exclude import exclusions_of  # noqa: E402
 from lemur.data.read.listing import list_inputs  # noqa: E402
 from lemur.data.read.sources import SourcesReader  # noqa: E402
 from lemur.data.read.stack_v2 import skip_reason  # noqa: E402
@@ -118,7 +119,7 @@ def read_all(raw: dict) -> tuple[list, Counter, list]:
     r = recipe_from_dict(raw)
     files = [f for f in list_inputs(r).files if f.source == 0]
     stats: Counter[str] = Counter()
-    reader = SourcesReader(files, r.sources, errors_dir="")
+    reader = SourcesReader(files, r.sources, errors_dir="", exclusions=exclusions_of(r))
     reader.log.stat_update = lambda *labels, value=1: stats.update(dict.fromkeys(labels, value))
     reader.log.remote.stat_update = reader.log.stat_update
     docs = [d for f in files for d in reader.read(f)]
@@ -154,6 +155,25 @@ def test_blobs_fetched_decoded_and_filtered_before_any_fetch(stack, tmp_path):
         assert f"s3://{BUCKET}/content/" in e["error"] and e["file"] == str(meta)
     assert stats["remote_failures:stack"] == 1  # the missing object
     assert stats["remote_requests:stack"] == len(requested)
+
+
+def test_opted_out_rows_are_dropped_before_their_blob_is_fetched(stack, tmp_path):
+    """The recipe's `exclude:` lists (an opt-out): a listed repository's rows and a listed
+    blob id's are counted `excluded` and their blobs never requested."""
+    endpoint, meta, good = stack
+    blobs = list(good)[:8]  # rows i of repository org/repo{i % 2}
+    (tmp_path / "repos.txt").write_text("org/repo1\n")
+    (tmp_path / "ids.txt").write_text(blobs[0] + "\n")
+    gone = {blobs[0], *blobs[1::2]}
+    exclude = {"repositories": str(tmp_path / "repos.txt"), "ids": str(tmp_path / "ids.txt")}
+    with FaultProxy(endpoint) as proxy:
+        raw = recipe(tmp_path, source([str(meta)], options(proxy.endpoint)), exclude=exclude)
+        docs, stats, _ = read_all(raw)
+        requested = [p for m, p in proxy.requests if m == "GET"]
+    assert [d.text for d in docs] == [t for b, t in good.items() if b not in gone]
+    assert not any(b in p for b in gone for p in requested)  # never fetched
+    assert stats["dropped:stack:excluded"] == len(gone) == 5
+    assert stats["read:stack"] == len(good) + 3  # as without the lists: read, then dropped
 
 
 def test_remote_metadata_split_by_row_groups(stack, tmp_path):
