@@ -38,7 +38,7 @@ from lemur.cli_common import (
     user_input,
     writing,
 )
-from lemur.eval import agent_cli, harness_cli, infill_cli, long_prompts, serve
+from lemur.eval import agent_cli, harness_cli, infill_cli, long_prompts, sample_files, serve
 from lemur.eval.cli_args import (
     context_args,
     gen_args,
@@ -127,6 +127,7 @@ def parser() -> argparse.ArgumentParser:
     )
     sandbox_args(he, "check")
     he.add_argument("--out", default="humaneval-results", help="samples.jsonl + summary.json")
+    sample_files.add_options(he)
     gen_args(he, 512)
     infill_cli.add_parser(sub)
     agent_cli.add_parsers(sub)
@@ -303,12 +304,16 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
     if max(args.k or [1]) > samples_per_task:  # pass@k needs k samples of a task
         where = "--canonical checks one" if args.canonical else f"--n {args.n}"
         die(f"--k {max(args.k)}: more than the samples per task ({where})")
+    sample_files.check_options(args)
     with user_input(ValueError):  # the --tasks file
         tasks = humaneval.load_tasks(args.tasks) if args.tasks else humaneval.humaneval_tasks()
     tasks = tasks[: args.limit]  # None: every task
-    isolation = probe_sandbox(args)
+    isolation = None if args.no_check else probe_sandbox(args)
     with Progress("lemur-eval", unit="samples") as progress:
         samples, notes = _humaneval_samples(args, tasks, progress)
+        sample_files.emit(args, [sample_files.Frame(t.task_id, t.prompt) for t in tasks], samples)
+        if isolation is None:  # --no-check: the samples are for a scorer elsewhere
+            return 0
         checked: dict[int, dict[str, Any]] = {}
         with written_if_stopped(
             args.out, len(samples), notes, lambda: [checked[i] for i in sorted(checked)]

@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from lemur.cli_common import die, positive_int, user_input, writing
-from lemur.eval import cli_args, long_prompts
+from lemur.eval import cli_args, long_prompts, sample_files
 from lemur.progress import Progress
 
 
@@ -47,6 +47,7 @@ def add_parser(sub: Any) -> None:
     cli_args.sandbox_args(p, "check")
     cli_args.context_args(p, ("skip",))  # a FIM prompt cannot be cut: no truncate
     p.add_argument("--out", default="infill-results", help="samples.jsonl, summary.json, PNG")
+    sample_files.add_options(p)
     cli_args.gen_args(p, 256)
 
 
@@ -96,15 +97,20 @@ def cmd_infill(args: argparse.Namespace) -> int:
         die(f"--k {max(args.k)}: more than the samples per task ({where})")
     if not args.canonical and args.checkpoint is None:
         die("infill needs a CHECKPOINT (or --canonical)")
+    sample_files.check_options(args)
     with user_input(ValueError):  # the --tasks file
         tasks = infill_tasks.infill_tasks(args.tasks)[: args.limit]  # None: every task
-    isolation = cli_args.probe_sandbox(args)
+    isolation = None if args.no_check else cli_args.probe_sandbox(args)
     with Progress("lemur-eval", unit="samples") as progress:
         if args.canonical:
             with user_input(ValueError):  # a task file without reference middles
                 samples, notes = infill.canonical_samples(tasks), {"model": "canonical"}
         else:
             samples, notes = _model_samples(args, tasks, progress)
+        frames = [sample_files.Frame(t.task_id, t.prompt, t.suffix) for t in tasks]
+        sample_files.emit(args, frames, samples)
+        if isolation is None:  # --no-check: the samples are for a scorer elsewhere
+            return 0
         checked: dict[int, dict[str, Any]] = {}
         with cli_args.written_if_stopped(
             args.out, len(samples), notes, lambda: infill.annotate(tasks, samples, checked)
