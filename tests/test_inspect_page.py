@@ -37,6 +37,7 @@ def build(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Path:
     tmp = tmp_path_factory.mktemp("inspect-build")
     recipe = base_recipe(tmp, corpus_dir / "code", [corpus_dir / "a.jsonl"])
     recipe["fim"] = {"rate": 0.5, "spm_rate": 0.5}
+    recipe["rejects"] = str(tmp / "rejects")
     path = tmp / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     subprocess.run(
@@ -316,3 +317,21 @@ def test_a_chat_builds_documents_carry_their_loss_mask_and_markers(chat_build: P
             a = doc["offset"]
             assert doc["mask"] == "".join(map(str, mask[a : a + len(doc["ids"])]))
             assert "1" in doc["mask"] and "0" in doc["mask"]  # replies trained, prompts not
+
+
+def test_the_rejects_folder_is_read_a_page_per_reason(build: Path) -> None:
+    """The `rejects:` folder's first documents of each (source, reason) join the samples,
+    with the value and threshold that tripped the rule, as many as the manifest counts up
+    to 20 each."""
+    manifest = manifest_of(build)
+    rejects = gather(build)["samples"]["rejects"]
+    assert rejects
+    counted = manifest["counts"]["sources"]
+    seen: dict[tuple[str, str], int] = {}
+    for r in rejects:
+        seen[(r["source"], r["reason"])] = seen.get((r["source"], r["reason"]), 0) + 1
+        assert r["text"] and r["id"]
+    assert seen == {
+        (n, reason): min(20, k) for n, s in counted.items() for reason, k in s["dropped"].items()
+    }
+    assert any("rule" in r and "threshold" in r for r in rejects)

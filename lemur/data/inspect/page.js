@@ -165,8 +165,10 @@
     const list = el("div", { id: "drop-samples" }, el("h2", {}, `Sampled drops: ${source}, ${reason}`));
     const found = dropSamples(source, reason);
     if (!SAMPLES) list.appendChild(note("this build wrote no samples/ folder (inspect: off, or built before it): counts only"));
-    else if (!found.length) list.appendChild(note("no sampled document for this reason"));
-    for (const d of found) {
+    else if (!found.length && !(SAMPLES.rejects || []).length) list.appendChild(note("no sampled document for this reason"));
+    const rejected = ((SAMPLES && SAMPLES.rejects) || []).filter((d) => d.source === source && d.reason === reason);
+    for (const [i, d] of [...found, ...rejected].entries()) {
+      if (i === found.length) list.appendChild(el("h3", {}, "From the rejects: folder (the first of this reason)"));
       list.appendChild(item([
         el("div", { className: "rule" }, String(d.rule == null ? "" : d.rule)),
         meta([["id", d.id], ["value", d.value], ["op", d.op], ["threshold", d.threshold], ["bytes", d.bytes]]),
@@ -380,6 +382,7 @@
   function* sampleTexts() {
     if (!SAMPLES) return;
     for (const d of SAMPLES.drops || []) yield ["drop", `${d.source} / ${d.reason}`, d.id, d.text, () => go("drops", d.source, d.reason)];
+    for (const d of SAMPLES.rejects || []) yield ["rejected", `${d.source} / ${d.reason}`, d.id, d.text, () => go("drops", d.source, d.reason)];
     for (const k of SAMPLES.kept || []) yield ["kept", `${k.source} / ${k.language}`, k.id, k.text, () => go("kept")];
     for (const [i, c] of (SAMPLES.near_duplicates || []).entries()) {
       yield ["near duplicate", c.source, (c.kept || {}).id, (c.kept || {}).text, () => go("dedup", i, 0)];

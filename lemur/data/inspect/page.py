@@ -11,6 +11,7 @@ Everything embedded is bounded whatever the build's size: samples are capped by 
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import re
@@ -53,6 +54,10 @@ MAX_SAMPLE_BYTES = 32 << 20
 # sample more than a page should hold (20 sources x 20 reasons x 20 x 8 KB = 64 MB), so
 # every text is cut to one common length that fits (marked cut, as the build marks its own).
 SAMPLE_TEXT_BUDGET = 6 << 20
+# The `rejects:` folder holds every dropped document: it is read up to this many bytes
+# (decompressed), and each text kept to the samples' default cap.
+REJECT_READ = 64 << 20
+REJECT_CHARS = 8192
 # How far back a token's piece is decoded from: enough for a byte-level model's longest
 # UTF-8 sequence and SentencePiece's leading-space rule, short enough to stay linear.
 PIECE_CONTEXT = 8
@@ -99,9 +104,22 @@ def gather(directory: str | Path, limits: BrowserLimits = BrowserLimits()) -> di
         "length_histograms": length_histograms(root, manifest),
         "splits": stats["splits"],
         "classifiers": _classifier_facts(stats.get("classifiers") or {}),
-        "samples": read_samples(root, manifest),
+        "samples": _samples_and_rejects(root, manifest),
         "browser": shard_browser(root, manifest, limits),
     }
+
+
+def _samples_and_rejects(root: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The samples folder's records and the first of the `rejects:` folder's, their texts
+    fit to the page's budget together; None when the build wrote neither."""
+    samples = read_samples(root, manifest)
+    rejects = read_rejects(manifest)
+    if rejects:
+        samples = samples or {name: [] for name in SAMPLE_FILES} | {"summary": {}}
+        samples["rejects"] = rejects
+    if samples is not None:
+        fit_texts(samples, SAMPLE_TEXT_BUDGET)
+    return samples
 
 
 def length_histograms(root: Path, manifest: dict[str, Any], bins: int = 30) -> dict[str, Any]:
@@ -225,7 +243,58 @@ def read_samples(root: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
         raise InspectError(f"{summary}: not readable JSON ({e})") from None
     if not isinstance(out["summary"], dict):
         raise InspectError(f"{summary}: must be a JSON object")
-    fit_texts(out, SAMPLE_TEXT_BUDGET)
+    return out
+
+
+def _reject_record(line: str, path: Path, n: int) -> dict[str, Any]:
+    """One `rejects:` line (a datatrove Document: text, id, metadata with `filter_reason`
+    and, from our filters, `filter_value`, `filter_threshold`, `filter_op`, `filter_rule`)
+    as a drop sample."""
+    try:
+        doc = json.loads(line)
+    except ValueError as e:
+        raise InspectError(f"{path}:{n}: not a JSON line ({e})") from None
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    if not isinstance(meta, dict):
+        raise InspectError(f"{path}:{n}: not a rejected document (no metadata)")
+    text = str(doc.get("text", ""))
+    return {
+        "source": str(meta.get("source", "?")),
+        "reason": str(meta.get("filter_reason", path.parent.name)),
+        "id": str(doc.get("id", "")),
+        "text": text[:REJECT_CHARS],
+        "cut": len(text) > REJECT_CHARS,
+        "bytes": len(text.encode("utf-8", "surrogatepass")),
+        **{
+            k: meta[f"filter_{k}"]
+            for k in ("value", "threshold", "op", "rule")
+            if f"filter_{k}" in meta
+        },
+    }
+
+
+def read_rejects(manifest: dict[str, Any], per_reason: int = 20) -> list[dict[str, Any]]:
+    """The first `per_reason` documents of each (source, reason) in the build's `rejects:`
+    folder (one folder per filter of `RANK.jsonl.gz` files), read a page at a time and
+    never past REJECT_READ bytes in all: the folder holds every drop, and may be huge."""
+    folder = (manifest.get("recipe") or {}).get("rejects")
+    root = Path(str(folder)).expanduser() if folder else None
+    if root is None or not root.is_dir():
+        return []
+    taken: dict[tuple[str, str], int] = {}
+    out: list[dict[str, Any]] = []
+    read = 0
+    for path in sorted(root.glob("*/*.jsonl.gz")):
+        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as fh:
+            for n, line in enumerate(fh, 1):
+                read += len(line)
+                if read > REJECT_READ:
+                    return out
+                record = _reject_record(line, path, n)
+                key = (record["source"], record["reason"])
+                if taken.get(key, 0) < per_reason:
+                    taken[key] = taken.get(key, 0) + 1
+                    out.append(record)
     return out
 
 
@@ -237,7 +306,7 @@ def _text_fields(samples: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
         if isinstance(record, dict) and isinstance(record.get(key), str):
             found.append((record, key))
 
-    for name in ("drops", "kept", "pii"):
+    for name in ("drops", "kept", "pii", "rejects"):
         for r in samples.get(name, []):
             add(r, "text")
     for r in samples.get("decontamination", []):
