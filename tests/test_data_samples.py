@@ -415,6 +415,7 @@ def test_classifier_scores_histogram_cut_and_borderline_documents(tmp_path, mode
     assert (hist["cut"], hist["cuts"]) == (0.3, {"mixed": 0.3})
     near = summary["classifier_borderline"]["prose"]
     assert len(near) == 20 and [d["score"] for d in near] == sorted(d["score"] for d in near)
+    assert all(isinstance(d["cut"], bool) and d["bytes"] >= len(d["text"]) for d in near)
     drops = [r for r in jsonl(out, "drops.jsonl") if r["reason"] == "quality:prose"]
     assert len(drops) == min(20, m["counts"]["dropped"]["quality:prose"])
     assert all(r["value"] < 0.3 and r["rule"].startswith("quality score 0.") for r in drops)

@@ -99,7 +99,7 @@ class DropSamples:
 
         def record() -> dict[str, Any]:
             text = task.text(self.shown(doc))
-            return {"id": str(doc.id), "source": source, "score": score, "cut": cut, **text}
+            return {"id": str(doc.id), "source": source, "score": score, **text}
 
         rank = [round(abs(score - cut), 9), task.seeded(BORDERLINE, name, str(doc.id))]
         task.offer(BORDERLINE, (name,), rank, record)
