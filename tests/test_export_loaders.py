@@ -57,9 +57,8 @@ def lemur_parts(directory: Path) -> list[tuple[str, list[tuple[np.ndarray, np.nd
 @pytest.fixture(scope="module")
 def plain_build(tmp_path_factory, corpus_dir) -> Path:
     """A code + text build with several train shards and a val shard per domain."""
-    from lemur.data.recipe.yaml_file import recipe_from_dict
-
     from lemur.data.build import build
+    from lemur.data.recipe_loader import recipe_from_dict
 
     tmp = tmp_path_factory.mktemp("plain")
     text = [corpus_dir / "a.jsonl", corpus_dir / "b.jsonl.gz"]
@@ -76,10 +75,10 @@ def plain_build(tmp_path_factory, corpus_dir) -> Path:
 @pytest.fixture(scope="module")
 def chat_build(tmp_path_factory) -> Path:
     """A chat build (loss masks) over real conversations, several shards."""
-    from lemur.data.recipe.yaml_file import recipe_from_dict
     from test_data_chat_build import chat_corpus, chat_recipe
 
     from lemur.data.build import build
+    from lemur.data.recipe_loader import recipe_from_dict
 
     tmp = tmp_path_factory.mktemp("chat")
     paths, _ = chat_corpus(tmp / "data")

@@ -4,6 +4,7 @@ loss masks as the lemur shards it was exported from."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -28,9 +29,8 @@ SEQ, BATCH, STEPS = 32, 4, 6
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory, corpus_dir) -> Path:
     """A code + text build (several train shards, a val shard per domain)."""
-    from lemur.data.recipe.yaml_file import recipe_from_dict
-
     from lemur.data.build import build
+    from lemur.data.recipe_loader import recipe_from_dict
 
     tmp = tmp_path_factory.mktemp("plain")
     text = [corpus_dir / "a.jsonl"]
@@ -41,10 +41,10 @@ def plain(tmp_path_factory, corpus_dir) -> Path:
 @pytest.fixture(scope="module")
 def chat(tmp_path_factory) -> Path:
     """A chat build: every shard has a loss mask."""
-    from lemur.data.recipe.yaml_file import recipe_from_dict
     from test_data_chat_build import chat_corpus, chat_recipe
 
     from lemur.data.build import build
+    from lemur.data.recipe_loader import recipe_from_dict
 
     tmp = tmp_path_factory.mktemp("chat")
     paths, _ = chat_corpus(tmp / "data")
@@ -197,3 +197,29 @@ def test_lemur_eval_finds_the_tokenizer_of_a_run_on_another_trainers_corpus(plai
     meta = {"config": yaml.safe_load(config.to_yaml())}  # as a run's checkpoint keeps it
     found = run_tokenizer(meta, None)
     assert found.path == out / "tokenizer" / "tokenizer.model" and found.problem is None
+
+
+def test_lemur_train_off_megatron_and_ds_exports_matches_the_shards(tmp_path_factory):
+    """lemur-train's loop itself: a few steps off the lemur shards, off their Megatron
+    export and off their .ds export give the same train losses, step for step."""
+    from test_train_loop import build_corpus, compile_cache, tiny_config, train_losses
+
+    from lemur.train.loop import train
+
+    root = tmp_path_factory.mktemp("e2e")
+    corpus = build_corpus(root / "corpus")  # in a subprocess: JAX runs in this one
+    cache = compile_cache(tmp_path_factory)
+    losses = {}
+    for name in ("shards", "megatron", "nanotron"):
+        run = root / f"run-{name}"
+        config = tiny_config(
+            corpus, run, "steps=4", "eval.every=0", "eval.at_start=false", cache=cache
+        )
+        if name != "shards":
+            export(corpus, name, root / name)
+            data = DataConfig(dirs=[entry(root / name, name)])
+            config = dataclasses.replace(config, data=data)
+        train(config)
+        losses[name] = train_losses(run)
+    assert sorted(losses["shards"]) == [1, 2, 3, 4]
+    assert losses["megatron"] == losses["shards"] == losses["nanotron"]
