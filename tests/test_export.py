@@ -26,9 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def build_dir(tmp_path_factory, corpus_dir) -> Path:
     """A small code + text build: several train shards, a val shard per domain."""
-    from lemur.data.recipe.yaml_file import recipe_from_dict
-
     from lemur.data.build import build
+    from lemur.data.recipe_loader import recipe_from_dict
 
     tmp = tmp_path_factory.mktemp("build")
     text = [corpus_dir / "a.jsonl"]
