@@ -43,6 +43,19 @@ def build_demo(out: Path) -> Path:
     return out
 
 
+def build_chat(tmp: Path, conversations: int = 300) -> Path:
+    """The chat demo recipe over its first `conversations`: ChatML shards with loss masks."""
+    data = tmp / "messages.jsonl"
+    cli = [sys.executable, "-m", "lemur.data.cli"]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "check": True}
+    subprocess.run([*cli, "chat-demo-data", str(data), "--limit", str(conversations)], **quiet)
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "chat-demo.yaml"
+    sets = [f"output={tmp / 'out'}", f"chat.demo_data={data}", f"sources.0.paths=[{data}]"]
+    sets.append("tokenizer.train.vocab_size=1000")
+    subprocess.run([*cli, "build", str(recipe), *(x for s in sets for x in ("--set", s))], **quiet)
+    return tmp / "out"
+
+
 def _jsonl(path: Path, records: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
 

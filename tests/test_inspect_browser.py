@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from inspect_fixtures import HOSTILE, build_demo, plant_samples, planted_drop
+import yaml
+from conftest import base_recipe
+from inspect_fixtures import HOSTILE, build_chat, build_demo, plant_samples, planted_drop
 
 from lemur.data.cli import main as lemur_data
 from lemur.shards.format import open_index, open_tokens
@@ -274,4 +276,66 @@ def test_the_demo_page_opens_from_a_copy_elsewhere(
     assert driver.find_element(By.ID, "doc-text").get_property("textContent")
     go(driver, "funnel")
     assert driver.find_elements(By.CSS_SELECTOR, "#funnel tbody tr")
+    assert console_errors(driver) == []
+
+
+def test_a_chat_builds_loss_mask_is_shaded(
+    driver: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Exactly the tokens the loss is taken on are shaded; ChatML markers are chips."""
+    from selenium.webdriver.common.by import By
+
+    build = build_chat(tmp_path_factory.mktemp("chat"))
+    assert lemur_data(["inspect", str(build)]) == 0
+    manifest = json.loads((build / "manifest.json").read_text())
+    open_page(driver, build / "inspect.html", "shards/0/1")
+    label = driver.find_element(By.ID, "doc").get_property("selectedOptions")[0].text
+    index = int(label.split()[1].replace(",", ""))
+    entry = manifest["shards"][0]
+    ends = np.asarray(open_index(build, entry), dtype=np.int64)
+    mask = np.fromfile(build / entry["mask"], dtype=np.uint8)
+    want = mask[int(ends[index - 1]) if index else 0 : int(ends[index])]
+    tokens = driver.find_elements(By.CSS_SELECTOR, "#doc-text .tok")
+    shaded = ["loss" in t.get_attribute("class").split() for t in tokens]
+    assert shaded == [bool(m) for m in want[: len(tokens)]]
+    chips = {c.get_attribute("data-label") for c in driver.find_elements(By.CSS_SELECTOR, ".ctl")}
+    assert {"<|im_start|>", "<|im_end|>", "BOS", "EOS"} <= chips
+    screenshot(driver, "chat")
+    assert console_errors(driver) == []
+
+
+def test_a_fim_documents_parts_are_coloured(driver: Any, tmp_path: Path, corpus_dir: Path) -> None:
+    """In a FIM document, the tokens after each marker take that part's colour, and the
+    markers are chips named by their role."""
+    import subprocess
+    import sys
+
+    from selenium.webdriver.common.by import By
+
+    recipe = base_recipe(tmp_path, corpus_dir / "code", [corpus_dir / "a.jsonl"])
+    recipe["fim"] = {"rate": 1.0, "spm_rate": 0.0}
+    (tmp_path / "fim.yaml").write_text(yaml.safe_dump(recipe))
+    cli = [sys.executable, "-m", "lemur.data.cli"]
+    subprocess.run([*cli, "build", str(tmp_path / "fim.yaml")], check=True, capture_output=True)
+    build = Path(recipe["output"])
+    assert lemur_data(["inspect", str(build)]) == 0
+    manifest = json.loads((build / "manifest.json").read_text())
+    prefix = manifest["fim"]["markers"]["prefix"]
+    data_ids = json.loads(
+        (build / "inspect.html").read_text().split('id="lemur-data">')[1].split("</script>")[0]
+    )["browser"]["shards"]
+    si, di = next(
+        (si, di)
+        for si, s in enumerate(data_ids)
+        for di, d in enumerate(s["docs"])
+        if prefix in d["ids"] and not d["cut"]
+    )
+    open_page(driver, build / "inspect.html", f"shards/{si}/{di}")
+    labels = [
+        c.get_attribute("data-label") for c in driver.find_elements(By.CSS_SELECTOR, ".marker")
+    ]
+    assert labels[:3] == ["<prefix>", "<suffix>", "<middle>"]  # PSM (then CodeLlama's <EOT>)
+    for part in ("fim-prefix", "fim-middle", "fim-suffix"):
+        assert driver.find_elements(By.CSS_SELECTOR, f"#doc-text .tok.{part}"), part
+    screenshot(driver, "fim")
     assert console_errors(driver) == []

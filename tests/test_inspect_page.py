@@ -20,7 +20,7 @@ import pytest
 import yaml
 from bytelevel_fixtures import llama3_folder, pathological_texts
 from conftest import base_recipe
-from inspect_fixtures import HOSTILE, plant_samples
+from inspect_fixtures import HOSTILE, build_chat, plant_samples
 
 from lemur.data.cli import main as lemur_data
 from lemur.data.inspect.page import InspectError, fit_texts, gather, token_pieces
@@ -55,21 +55,7 @@ def planted(build: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def chat_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The chat demo recipe over 300 of its conversations: ChatML shards with loss masks."""
-    tmp = tmp_path_factory.mktemp("inspect-chat")
-    data = tmp / "messages.jsonl"
-    assert lemur_data(["chat-demo-data", str(data), "--limit", "300"]) == 0
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "chat-demo.yaml"
-    sets = [f"output={tmp / 'out'}", f"chat.demo_data={data}", f"sources.0.paths=[{data}]"]
-    sets.append("tokenizer.train.vocab_size=1000")
-    subprocess.run(
-        [sys.executable, "-m", "lemur.data.cli", "build", str(recipe)]
-        + [x for s in sets for x in ("--set", s)],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return tmp / "out"
+    return build_chat(tmp_path_factory.mktemp("inspect-chat"))
 
 
 def manifest_of(directory: Path) -> dict:
