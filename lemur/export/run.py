@@ -93,7 +93,9 @@ def shard_parts(directory: Path, manifest: dict[str, Any], split: str) -> list[S
     return parts
 
 
-def export_info(source: Path, out: Path, manifest: dict[str, Any], parts: list[ShardPart]):
+def export_info(
+    source: Path, out: Path, manifest: dict[str, Any], parts: list[ShardPart]
+) -> ExportInfo:
     """The `ExportInfo` of a corpus and the parts chosen from it."""
     tok = manifest["tokenizer"]
     val: dict[str, tuple[str, ...]] = {}
@@ -205,7 +207,9 @@ def training_md(fmt: Exporter, info: ExportInfo, parts: list[ShardPart]) -> str:
     return "\n".join(head) + "\n" + fmt.launch_fragment(info)
 
 
-def export_json(fmt: Exporter, info: ExportInfo, split: str, files: list[dict]) -> dict:
+def export_json(
+    fmt: Exporter, info: ExportInfo, split: str, files: list[dict[str, Any]]
+) -> dict[str, Any]:
     """OUT/export.json's content (no times: a rerun writes the same bytes)."""
     return {
         "format": fmt.name,
