@@ -321,3 +321,39 @@ def test_the_rejects_folder_is_read_a_page_per_reason(build: Path) -> None:
         (n, reason): min(20, k) for n, s in counted.items() for reason, k in s["dropped"].items()
     }
     assert any("rule" in r and "threshold" in r for r in rejects)
+
+
+def test_a_plain_repository_documents_file_separators_are_found(tmp_path: Path) -> None:
+    """A repository document in the plain-text format (a model without repository
+    markers) spells `<file_sep>` in text: the browser marks the token each begins in."""
+    code = tmp_path / "code"
+    code.mkdir()
+    for p in sorted(Path(json.__file__).parent.glob("*.py")):  # a real package: one repository
+        (code / p.name).write_bytes(p.read_bytes())
+    recipe = {
+        "output": str(tmp_path / "out"),
+        "seed": 3,
+        "seq_len": 256,
+        "tokenizer": {"train": {"vocab_size": 600, "sample_bytes": 400_000}},
+        "mix": {"ratio": {"code": 1}},
+        "executor": {"kind": "local", "tasks": 1, "workers": 1},
+        "val_fraction": 0,
+        "filters": {"code": {"enabled": False}},
+        "sources": [
+            {"name": "tree", "domain": "code", "format": "files", "paths": [str(code)]}
+            | {"include": ["*.py"], "language": "Python"}
+        ],
+        "repos": {"order": "imports", "max_tokens": 100_000},
+    }
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    cli = [sys.executable, "-m", "lemur.data.cli", "build", str(tmp_path / "r.yaml")]
+    subprocess.run(cli, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = tmp_path / "out"
+    assert manifest_of(out)["counts"]["repositories"]["format"] == "plain"
+    docs = [d for s in gather(out)["browser"]["shards"] for d in s["docs"]]
+    seps = [(d, k) for d in docs for k in d.get("file_seps", [])]
+    assert seps
+    for doc, k in seps:
+        assert "".join(doc["pieces"][k:]).find("<file_sep>") < len(doc["pieces"][k])
+    for doc in docs:
+        assert len(doc.get("file_seps", [])) == "".join(doc["pieces"]).count("<file_sep>")

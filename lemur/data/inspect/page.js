@@ -333,7 +333,9 @@
   function renderDoc(doc) {
     const box = el("div", { id: "doc-text" });
     let section = null; // the FIM part the tokens belong to: the last marker's
+    const plainSeps = new Set(doc.file_seps || []); // `<file_sep>` spelled in text
     doc.ids.forEach((id, i) => {
+      if (plainSeps.has(i)) box.appendChild(el("span", { className: "filesep" }));
       const role = B.roles[String(id)];
       const control = B.control[String(id)] ?? (B.added || {})[String(id)];
       let span;

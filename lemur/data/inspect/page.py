@@ -11,6 +11,7 @@ Everything embedded is bounded whatever the build's size: samples are capped by 
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import random
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from lemur.data.repos.render import PLAIN_FILE
 from lemur.data.sample_stage import SAMPLES_DIR
 from lemur.data.samples.records import (
     DECONTAMINATION,
@@ -402,6 +404,21 @@ def _pick_docs(n: int, limits: BrowserLimits, key: str) -> list[int]:
     return first + sorted(rng.sample(rest, k))
 
 
+def plain_file_seps(pieces: list[str]) -> list[int]:
+    """Where a plain-text repository document's files start: the tokens whose text begins
+    a `<file_sep>` (the format's spelling when the model has no marker of its own)."""
+    starts, at = [], 0
+    for p in pieces:
+        starts.append(at)
+        at += len(p)
+    text = "".join(pieces)
+    found, i = [], text.find(PLAIN_FILE)
+    while i >= 0:
+        found.append(bisect.bisect_right(starts, i) - 1)
+        i = text.find(PLAIN_FILE, i + 1)
+    return found
+
+
 def _document(
     tok: Tokenizer, tokens: np.ndarray, mask: np.ndarray | None, a: int, b: int, cap: int
 ) -> dict[str, Any]:
@@ -414,6 +431,8 @@ def _document(
         pieces[i] = p
     doc: dict[str, Any] = {"offset": a, "length": b - a, "ids": ids, "pieces": pieces}
     doc["cut"] = b - a > cap
+    if seps := plain_file_seps(pieces):
+        doc["file_seps"] = seps
     if mask is not None:
         doc["mask"] = "".join("1" if m else "0" for m in mask[a : a + len(ids)])
     return doc
