@@ -406,3 +406,21 @@ def test_output_provenance_in_yaml_and_set(tmp_path):
     assert recipe_from_dict(on.to_dict()).provenance is True  # the manifest's form reloads
     with pytest.raises(RecipeError, match="output.paht: unknown key"):
         recipe_from_dict({**raw, "output": {"paht": "x"}})
+
+
+def test_a_missing_documents_file_is_a_damaged_directory(built, tmp_path):
+    """Listed in the manifest, a documents.parquet is part of the structure: its absence is
+    found by the cheap start-up check (a rerun rebuilds) and by verify."""
+    import shutil
+
+    from lemur.shards.check import check_structure
+    from lemur.shards.format import ShardFormatError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns(".work"))
+    shard = manifest_of(copy)["shards"][-1]
+    (copy / shard["provenance"]).unlink()
+    missing = f"{copy / shard['provenance']}: shard file listed in the manifest is missing"
+    with pytest.raises(ShardFormatError, match="documents.parquet: shard file listed"):
+        check_structure(copy)
+    assert verify(copy) == [missing]

@@ -53,7 +53,8 @@ def structure_problem(
 ) -> str | None:
     """The first structural problem of one shard (no hashing), as one line naming the file.
 
-    Both files (and the `.mask` a chat shard lists) exist, the `.bin` holds `tokens *
+    Both files (and the `.mask` a chat shard lists, the documents.parquet a provenance
+    build's lists) exist, the `.bin` holds `tokens *
     itemsize` bytes, the `.idx` `documents * 8` bytes, the `.mask` `tokens` bytes, and the
     last end offset is `tokens`; with `whole_index`, every
     end offset also increases strictly (`index_problem`). The one statement of these
@@ -63,7 +64,9 @@ def structure_problem(
     bin_path, idx_path = directory / shard["file"], directory / shard["index"]
     tokens, documents = int(shard["tokens"]), int(shard["documents"])
     mask_path = directory / shard["mask"] if "mask" in shard else None  # chat builds
-    for path in (bin_path, idx_path, mask_path):
+    # `output.provenance`: its documents.parquet (its rows are verify's to count).
+    docs_path = directory / shard["provenance"] if "provenance" in shard else None
+    for path in (bin_path, idx_path, mask_path, docs_path):
         if path is not None and not path.is_file():
             return f"{path}: shard file listed in the manifest is missing"
     if (size := bin_path.stat().st_size) != tokens * itemsize:
