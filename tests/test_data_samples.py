@@ -344,6 +344,10 @@ def test_reading_again_only_for_rejects_or_inspect_is_said_first(built, sources,
     said.clear()
     build(recipe_from_dict(changed), note=note, force=True)  # the same: nothing to say
     assert not [s for s in said if "changed" in s]
+    off = recipe(sources, out, rejects=str(tmp_path / "rej"), inspect={"enabled": False})
+    said.clear()
+    build(recipe_from_dict(off), note=note)
+    assert said == ["inspect: changed: reading and tokenizing again (2 sources)", *said[1:]]
 
 
 def test_capped_text_cuts_at_a_character_boundary():
