@@ -365,15 +365,16 @@ def test_fim_documents_are_marked(corpus_dir, tokenizer_model, tmp_path):
 
 def test_exports_carry_the_rows(built, tmp_path):
     """Megatron's `PREFIX.meta.parquet` is the shard's rows by sequence index (one document,
-    one sequence); OLMo's `.csv.gz` names each document's own id and source file."""
+    one sequence); OLMo's `.csv.gz` names each document's own id and source file; parquet's
+    rows carry the provenance columns beside `input_ids`."""
     import csv
     import io
 
     from lemur.export.megatron import read_index
     from lemur.export.run import export
 
-    export(built, "megatron", tmp_path / "megatron")
-    export(built, "olmo", tmp_path / "olmo")
+    for fmt in ("megatron", "olmo", "parquet"):
+        export(built, fmt, tmp_path / fmt)
     manifest = manifest_of(built)
     for n, shard in enumerate(s for s in manifest["shards"] if s["split"] == "train"):
         rows = pq.read_table(built / shard["provenance"]).to_pylist()
@@ -385,6 +386,9 @@ def test_exports_carry_the_rows(built, tmp_path):
         lines = list(csv.reader(io.StringIO(table.decode())))
         assert [int(e) for _, e, _, _ in lines] == ends.tolist()
         assert [(i, src) for _, _, i, src in lines] == [(r["id"], r["file"]) for r in rows]
+        table = pq.read_table(tmp_path / "parquet" / "train" / f"{n:05d}.parquet")
+        assert table.drop(["input_ids"]).to_pylist() == rows  # beside each document's ids
+        assert [len(x) for x in table["input_ids"].to_pylist()] == np.diff(ends, prepend=0).tolist()
 
 
 def test_output_provenance_in_yaml_and_set(tmp_path):

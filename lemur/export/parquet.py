@@ -2,9 +2,10 @@
 
 `input_ids` is a list of int32 (what a tokenizer's `datasets.map` gives, and what torch and
 `datasets.with_format("torch")` take without a uint16/uint32 detour); a chat build adds
-`loss_mask`, a list of uint8. Each lemur shard becomes `NNNNN.parquet` in its dataset
-folder; row groups hold whole documents up to `row_group_tokens` tokens, built from memory
-maps one at a time, so memory stays flat. Nothing in the file depends on the time or the
+`loss_mask`, a list of uint8; a build with `output.provenance` adds its documents.parquet's
+columns (`id`, `source`, `file`, `line`, ...). Each lemur shard becomes `NNNNN.parquet` in
+its dataset folder; row groups hold whole documents up to `row_group_tokens` tokens, built
+from memory maps one at a time, so memory stays flat. Nothing in the file depends on the time or the
 machine (pyarrow writes no timestamps), so a rerun gives the same bytes.
 """
 
@@ -17,7 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from lemur.atomic_files import atomic_path
-from lemur.export.files import document_lengths
+from lemur.export.files import document_lengths, documents_file
 from lemur.export.formats import ExportError, ExportInfo, ShardPart
 from lemur.export.rechunk import capped_groups, part_arrays
 from lemur.shards.format import release_pages
@@ -59,6 +60,13 @@ class ParquetExporter:
         tokens, ends, mask = part_arrays(part)
         lengths = document_lengths(ends)
         schema, path = self.schema(info), out / f"{part.stem}.parquet"
+        # `output.provenance`: each row also carries its document's provenance columns.
+        docs = documents_file(part)
+        rows = pq.read_table(docs) if docs is not None else None
+        if rows is not None:
+            if rows.num_rows != len(lengths):
+                raise ExportError(f"{docs}: {rows.num_rows} rows for {len(lengths)} documents")
+            schema = pa.schema([*schema, *rows.schema])
         # the folder is renamed whole by the driver once complete: no fsync here
         with atomic_path(path, durable=False) as tmp:
             with pq.ParquetWriter(tmp, schema, compression=self.compression) as writer:
@@ -72,6 +80,8 @@ class ParquetExporter:
                     if mask is not None:
                         values = pa.array(np.asarray(mask[start:stop]))
                         columns.append(pa.ListArray.from_arrays(pa.array(offsets), values))
+                    if rows is not None:
+                        columns += rows.slice(a, b - a).combine_chunks().columns
                     table = pa.Table.from_arrays(columns, schema=schema)
                     writer.write_table(table, row_group_size=b - a)
                     release_pages(tokens)
