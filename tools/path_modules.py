@@ -17,6 +17,13 @@ a reader of one format, a dedup algorithm, chat encoding; `LEAVES`), the lazy ex
 the demo's data gathering: the modules a reader opens to follow a recipe to the shard
 bytes. It is the rule that reproduces issue #27's "29 modules (~5.5k lines)" on the tree
 the issue was filed against (4dcc95b: 29 modules, 5,560 lines).
+
+A third figure, the trip (`--trip N`), walks the path as a reader follows it: every function
+of the spine once, at its first call, in call order (its module is the room it stands in).
+A stay is a run of such steps in one module; a return is a stay in a module the walk had
+already left. It prints stays, rooms and returns over the first N steps and the whole walk
+(issue #45: fewer returns means a reader goes back less often to a module already read).
+Another checkout's figures, by the same rule: `PYTHONPATH=/tmp/before python tools/...`.
 """
 
 from __future__ import annotations
@@ -36,20 +43,22 @@ ROOT = Path(lemur.__file__).resolve().parent
 # Modules left out of the spine: one step's own work, not the way through the build.
 LEAVES = re.compile(
     r"lemur\.data\.filter\..*"
-    r"|lemur\.data\.read\.(readers|chat_reader|notebooks|compressed|checkouts|chat)"
+    r"|lemur\.data\.read\.(readers|chat_reader|notebooks|compressed|streams|checkouts|chat)"
     r"|lemur\.data\.dedup\.(sketch|rows|merge|buckets|cluster|runs)"
-    r"|lemur\.data\.tokenize\.(chat|offsets|template_chat)"
+    r"|lemur\.data\.(tokenize|encode)\.(chat|offsets|template_chat)"
     r"|lemur\.lazy_exports|lemur\.data\.demo"
 )
 
 
-def trace(run) -> list[str]:
-    """Modules of `lemur` (dotted names) with code run by `run()`, in first-call order.
+def trace(run) -> tuple[list[str], list[str]]:
+    """Modules of `lemur` (dotted names) with code run by `run()`, in first-call order, and
+    the module of each function of lemur at its first call, in call order (the trip).
 
     Code run while a module is imported does not count (a module body, the class bodies
     in it, the functions it calls at import time): only what the command itself calls.
     """
     seen: dict[str, None] = {}
+    steps: dict[object, str] = {}  # code object -> its file, at the function's first call
     local = threading.local()
 
     def hook(frame, event, arg) -> None:  # noqa: ANN001 - the profile hook's signature
@@ -66,8 +75,9 @@ def trace(run) -> list[str]:
         if not code.co_flags & inspect.CO_OPTIMIZED:
             return  # a class body run by a `class` statement, not a function call
         path = code.co_filename
-        if path.startswith(str(ROOT)) and path not in seen:
-            seen[path] = None
+        if path.startswith(str(ROOT)):
+            seen.setdefault(path, None)
+            steps.setdefault(code, path)
 
     threading.setprofile(hook)
     sys.setprofile(hook)
@@ -78,11 +88,20 @@ def trace(run) -> list[str]:
     finally:
         sys.setprofile(None)
         threading.setprofile(None)
-    names = []
-    for path in seen:
-        rel = Path(path).relative_to(ROOT.parent).with_suffix("")
-        names.append(".".join(rel.parts).removesuffix(".__init__"))
-    return names
+    return [_dotted(path) for path in seen], [_dotted(path) for path in steps.values()]
+
+
+def _dotted(path: str) -> str:
+    """The dotted module name of a file of lemur."""
+    rel = Path(path).relative_to(ROOT.parent).with_suffix("")
+    return ".".join(rel.parts).removesuffix(".__init__")
+
+
+def trip(rooms: list[str]) -> tuple[int, int, int]:
+    """(stays, rooms, returns) of a walk: runs of steps in one module, the modules, and the
+    stays in a module already left."""
+    stays = [m for i, m in enumerate(rooms) if i == 0 or rooms[i - 1] != m]
+    return len(stays), len(set(stays)), len(stays) - len(set(stays))
 
 
 def _lines(name: str) -> int:
@@ -97,6 +116,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", choices=["build", "train"])
     parser.add_argument("--set", action="append", default=[], dest="sets")
+    parser.add_argument(
+        "--trip", type=int, default=400, metavar="N", help="steps of the trip's first figure"
+    )
     args = parser.parse_args()
     sets = [x for s in args.sets for x in ("--set", s)]
     if args.path == "build":
@@ -108,7 +130,7 @@ def main() -> int:
 
         run_dir = tempfile.mkdtemp(prefix="pm-train-")
         argv = ["demo", "--set", f"run_dir={run_dir}", "--set", "steps=1", *sets]
-    names = trace(lambda: cli(argv))
+    names, steps = trace(lambda: cli(argv))
     lines = {n: _lines(n) for n in names}
     print(
         f"{len(names)} lemur modules ({sum(lines.values()):,} lines) run on the {args.path} path:"
@@ -117,6 +139,10 @@ def main() -> int:
         print(f"  {name} ({lines[name]})")
     spine = [n for n in names if not LEAVES.fullmatch(n)]
     print(f"spine: {len(spine)} modules ({sum(lines[n] for n in spine):,} lines)")
+    walk = [m for m in steps if not LEAVES.fullmatch(m)]
+    for label, part in ((f"first {args.trip} steps", walk[: args.trip]), ("whole", walk)):
+        stays, rooms, returns = trip(part)
+        print(f"trip, {label}: {stays} stays, {rooms} rooms, {returns} returns")
     return 0
 
 
