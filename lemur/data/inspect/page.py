@@ -1,8 +1,9 @@
 """What the inspect page shows, gathered as plain data: the build's numbers (read once from
 the manifest and stats.json through `lemur.data.stats`, the one home of those figures), the
-samples the build kept (`samples/`, docs/inspect.md), and a bounded shard browser (a few
-documents per shard, each token's decoded piece computed here with the build's tokenizer,
-since a page cannot run one).
+samples the build kept (the folder the manifest's `samples.dir` names) and the first of its
+`rejects:` folder, and a bounded shard browser (a few documents per shard, each token's
+decoded piece computed here with the build's tokenizer, since a page cannot run one).
+See docs/inspect.md.
 
 Everything embedded is bounded whatever the build's size: samples are capped by the build
 (K per reason, bytes per text) and again here on reading; the shard browser takes at most
@@ -34,7 +35,14 @@ from lemur.data.samples.records import (
     SUMMARY,
 )
 from lemur.data.stats import compute_stats, document_lengths, framing
-from lemur.shards.format import MANIFEST, ShardFormatError, open_index, open_mask, open_tokens
+from lemur.shards.format import (
+    MANIFEST,
+    ShardFormatError,
+    open_index,
+    open_mask,
+    open_tokens,
+    read_manifest,
+)
 from lemur.tokenizer import Tokenizer, TokenizerError, open_tokenizer
 from lemur.tokenizer.fim import MARKER_ROLES
 
@@ -91,7 +99,7 @@ def gather(directory: str | Path, limits: BrowserLimits = BrowserLimits()) -> di
         stats = compute_stats(root)
     except (ShardFormatError, OSError) as e:
         raise InspectError(str(e)) from None
-    manifest = json.loads((root / MANIFEST).read_text())
+    manifest = read_manifest(root)  # read again: compute_stats returns figures, not it
     return {
         "format": PAGE_FORMAT,
         "name": root.resolve().name,
