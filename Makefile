@@ -29,6 +29,7 @@ demo: $(VENV)/.installed
 	$(BIN)/lemur-data build --set output=$(DEMO_OUT)
 	$(BIN)/lemur-data stats $(DEMO_OUT)
 	$(BIN)/lemur-data verify $(DEMO_OUT)
+	$(BIN)/lemur-data inspect $(DEMO_OUT)
 	rm -rf $(DEMO_OUT)-train
 	$(BIN)/lemur-train demo --set data.dirs=$(DEMO_OUT) --set run_dir=$(DEMO_OUT)-train
 	$(BIN)/lemur-train plot $(DEMO_OUT)-train
