@@ -139,7 +139,11 @@ def plant_samples(build: Path, out: Path) -> Path:
         "max_bytes": 8192,
         "pii_counts": {"email": 1},
         "histograms": {
-            "classifier": {"quality": {"edges": [0, 0.5, 1], "counts": [3, 4], "cut": 0.3}}
+            "classifier": {
+                "quality": {"edges": [0, 0.5, 1], "counts": [3, 4], "cut": 0.3},
+                "keep-top": {"edges": [0, 0.5, 1], "counts": [2, 5], "cut": None}
+                | {"cuts": {source: 0.41, "other": 0.62}},
+            }
         },
         "classifier_borderline": {"quality": [{"id": "b0", "text": HOSTILE[6], "score": 0.31}]},
     }

@@ -243,10 +243,12 @@
     for (const name of names) {
       const facts = (DATA.classifiers || {})[name] || {};
       main.appendChild(el("h3", {}, name));
-      main.appendChild(note(`label ${facts.label || "?"}; kept ${num(facts.kept)}, dropped ${num(facts.dropped)}, scored ${num(facts.scored)}` +
+      if (facts.label) main.appendChild(note(`label ${facts.label}; kept ${num(facts.kept)}, dropped ${num(facts.dropped)}, scored ${num(facts.scored)}` +
         (facts.min_score != null ? `; min_score ${facts.min_score}` : "") + (facts.keep_top != null ? `; keep_top ${facts.keep_top}` : "")));
       const h = hist[name];
       if (h) main.appendChild(histogram(h.edges, h.counts, h.cut, 560));
+      if (h && h.cut == null && h.cuts && Object.keys(h.cuts).length) // keep_top: a cut per source
+        main.appendChild(note("cut per source: " + Object.entries(h.cuts).map(([s, c]) => `${s} ${(+c).toFixed(4)}`).join(", ")));
       const docs = border[name] || [];
       const ex = facts.examples || {};
       if (docs.length) main.appendChild(el("h3", {}, "documents around the cut"));
