@@ -62,7 +62,8 @@ class NanotronExporter:
     def launch_fragment(self, info: ExportInfo) -> str:
         """nanotron's `dataset_folder` and tokenizer, and datatrove's reader."""
         size = np.dtype(info.token_dtype).itemsize
-        train = info.out / "train"
+        # A val-only export: the folder datasets read are the val domains'.
+        train = info.out / ("train" if info.train_stems else f"val/{next(iter(info.val_stems))}")
         lines = [
             "## nanotron (Nanoset) / datatrove",
             "",

@@ -188,7 +188,7 @@ def linked_hashes(directory: Path, manifest: dict[str, Any]) -> dict[tuple[int, 
     return known
 
 
-def training_md(fmt: Exporter, info: ExportInfo, parts: list[ShardPart]) -> str:
+def training_md(fmt: Exporter, info: ExportInfo) -> str:
     """OUT/TRAINING.md: what was exported, then the format's launch fragment."""
     domains = ", ".join(f"`{d}` ({len(s)})" for d, s in info.val_stems.items()) or "none"
     head = [
@@ -294,7 +294,7 @@ def write_all(
     if report:
         report(f"export {fmt.name}", len(parts), len(parts))
     fmt.finish(parts, info, tmp)
-    text = training_md(fmt, info, parts)
+    text = training_md(fmt, info)
     atomic_write_text(tmp / TRAINING_MD, text)
     files = file_listing(tmp, linked_hashes(shard_dir.path, manifest))
     atomic_write_json(tmp / EXPORT_JSON, export_json(fmt, info, split, files))
