@@ -133,7 +133,9 @@ def test_local_completions_equals_the_hf_backend(server, model_dirs, monkeypatch
         f"base_url={url}/v1/completions,tokenizer_backend=huggingface,tokenizer={hf},"
         f"max_length={CONTEXT},batch_size=4,num_concurrent=4,max_retries=1"
     )
-    theirs = _evaluate("hf", f"pretrained={hf},dtype=float32,add_bos_token=False,device=cpu,batch_size=4", tasks)
+    theirs = _evaluate(
+        "hf", f"pretrained={hf},dtype=float32,add_bos_token=False,device=cpu,batch_size=4", tasks
+    )
     ours = _evaluate("local-completions", api_args, tasks)
     for task in tasks:
         a = sorted(ours["samples"][task], key=lambda s: s["doc_id"])
@@ -298,3 +300,38 @@ def test_a_network_host_without_a_key_is_refused_in_one_line(model_dirs) -> None
     assert done.stderr.strip().splitlines() == [
         "lemur-eval: --host 0.0.0.0: serving beyond this machine needs --api-key KEY"
     ]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_top_tokens_are_one_forward_pass_per_sequence(k: int) -> None:
+    """scoring.top_tokens (serve's echo/logprobs pass): each sequence's logprobs as
+    token_logprobs gives them, and after every token, the last included, the k most
+    likely next tokens and their logprobs, as one unpadded forward pass gives them."""
+    import jax
+
+    from lemur.model import llama
+
+    config = LlamaConfig(
+        vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64,
+        dtype="float32", init_std=0.2, max_seq_len=40,
+    )  # fmt: skip
+    params = llama.init_params(config, jax.random.key(1))
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, 97, n).tolist() for n in (1, 5, 17, 40, 9)]
+    got = scoring.top_tokens(config, params, seqs, k, batch_size=2)
+    plain = scoring.token_logprobs(config, params, seqs)
+    for seq, (scores, top), ref in zip(seqs, got, plain, strict=True):
+        logits = np.asarray(llama.forward(params, np.array([seq], np.int32), config))[0]
+        logp = (
+            logits
+            - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1))[:, None]
+            - logits.max(-1, keepdims=True)
+        )
+        want_ids = np.argsort(-logp, axis=-1, kind="stable")[:, :k]
+        assert top.ids.shape == (len(seq), k)
+        np.testing.assert_array_equal(top.ids, want_ids)
+        np.testing.assert_allclose(top.logprobs, np.take_along_axis(logp, want_ids, -1), atol=1e-5)
+        np.testing.assert_allclose(scores.logprobs, ref.logprobs, atol=1e-5)
+        np.testing.assert_array_equal(scores.greedy, ref.greedy)
+    with pytest.raises(ValueError, match="context"):
+        scoring.top_tokens(config, params, [[1] * 41], k)

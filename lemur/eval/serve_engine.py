@@ -171,7 +171,7 @@ class Engine:
             made = job.completions or [None] * len(job.rows)
             seqs += [r + (c.tokens if c else []) for r, c in zip(job.rows, made, strict=True)]
             spans.append((job, len(job.rows)))
-        top = api.MAX_LOGPROBS  # one k for every request: k is a compiled shape
+        top = max(j.top for j in jobs)  # k compiles: at most MAX_LOGPROBS variants
         m = self.model
         scores = scoring.top_tokens(m.config, m.params, seqs, top, self.batch_size)
         at = 0

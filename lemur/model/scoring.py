@@ -95,7 +95,11 @@ def _top_batch(
     target_BxL = tokens_BxL[:, 1:]
     logp_BxL = jnp.take_along_axis(logp_BxLxV[:, :-1], target_BxL[..., None], axis=-1)[..., 0]
     greedy_BxL = jnp.argmax(logits_BxLxV[:, :-1], axis=-1) == target_BxL
-    top_logp_BxLxk, top_ids_BxLxk = jax.lax.top_k(logp_BxLxV, k)
+    if k == 1:  # lm-eval's request: a max and an argmax, not XLA's CPU sort of top_k
+        top_ids_BxLxk = jnp.argmax(logp_BxLxV, axis=-1)[..., None].astype(jnp.int32)
+        top_logp_BxLxk = jnp.take_along_axis(logp_BxLxV, top_ids_BxLxk, axis=-1)
+    else:
+        top_logp_BxLxk, top_ids_BxLxk = jax.lax.top_k(logp_BxLxV, k)
     return logp_BxL, greedy_BxL, top_logp_BxLxk, top_ids_BxLxk
 
 
