@@ -428,3 +428,24 @@ def test_a_missing_documents_file_is_a_damaged_directory(built, tmp_path):
     with pytest.raises(ShardFormatError, match="documents.parquet: shard file listed"):
         check_structure(copy)
     assert verify(copy) == [missing]
+
+
+def test_a_split_jsonl_files_rows_give_the_byte_where_their_line_starts(
+    corpus_dir, tokenizer_model, tmp_path
+):
+    """A jsonl file read in byte-range parts cannot number its lines: a row gives the byte
+    offset where its document's line starts, and the line there is the document."""
+    out = tmp_path / "out"
+    raw = recipe(corpus_dir, out, tokenizer_model)
+    raw["executor"] = {**raw["executor"], "split_bytes": 8192}
+    build(recipe_from_dict(raw))
+    split = 0
+    for _, _, text, row in documents(out):
+        if not row["file"].endswith("a.jsonl"):
+            continue
+        assert row["line"] is None and row["byte"] is not None
+        with open(row["file"], "rb") as fh:
+            fh.seek(row["byte"])
+            assert json.loads(fh.readline())["text"] == text
+        split += 1
+    assert split > 0
