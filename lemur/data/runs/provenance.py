@@ -23,7 +23,7 @@ import numpy as np
 
 from lemur.atomic_files import atomic_open
 from lemur.data.runs.format import REMOVAL, removals_dir
-from lemur.shards.format import PROVENANCE_SUFFIX, atomic_write_bytes
+from lemur.shards.format import PROVENANCE_SUFFIX, atomic_write_bytes, open_array
 
 if TYPE_CHECKING:  # annotations only: pyarrow loads when provenance is on
     import pyarrow as pa
@@ -210,12 +210,17 @@ def run_has_rows(tok_dir: Path) -> bool:
 
 def cluster_sizes(dedup_dir: Path | None, rank: int, documents: int) -> np.ndarray | None:
     """Per document of run task `rank`: 1 + the documents dedup removed in its favour (the
-    cluster it is the kept copy of); None without dedup (the rows keep their sizes)."""
+    cluster it is the kept copy of); None without dedup (the rows keep their sizes).
+
+    Reads every task's removal rows (13 bytes per removed document, memory-mapped, one file
+    at a time): a scatter task's cost grows with the corpus's removals, about a second per
+    10^8 of them; cheap beside the task's own token bytes below that scale.
+    """
     if dedup_dir is None:
         return None
     sizes = np.ones(documents, np.int64)
     for path in sorted(removals_dir(dedup_dir).glob("*.removed")):
-        rows = np.fromfile(path, REMOVAL)
+        rows = open_array(path, REMOVAL)
         mine = rows["keep_local"][rows["keep_task"] == rank].astype(np.int64)
         np.add.at(sizes, mine, 1)
     return sizes
