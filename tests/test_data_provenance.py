@@ -449,3 +449,24 @@ def test_a_split_jsonl_files_rows_give_the_byte_where_their_line_starts(
             assert json.loads(fh.readline())["text"] == text
         split += 1
     assert split > 0
+
+
+def test_cluster_size_counts_the_copies_dedup_removed(corpus_dir, tokenizer_model, tmp_path):
+    """A file and two exact copies of it: one is kept, with cluster size 3; the rest 1."""
+    code = tmp_path / "code"
+    code.mkdir()
+    files = sorted((corpus_dir / "code").glob("*.py"))[:6]
+    for p in files:
+        (code / p.name).write_bytes(p.read_bytes())
+    for copy in ("copy1.py", "copy2.py"):
+        (code / copy).write_bytes(files[0].read_bytes())
+    raw = recipe(corpus_dir, tmp_path / "out", tokenizer_model)
+    raw["sources"] = raw["sources"][:1]
+    raw["sources"][0]["paths"] = [str(code)]
+    raw["mix"] = {"ratio": {"code": 1}}
+    m = build(recipe_from_dict(raw))
+    assert m["counts"]["duplicates"] == 2
+    sizes = {row["path"]: row["cluster_size"] for _, _, _, row in documents(tmp_path / "out")}
+    kept = [p for p in (files[0].name, "copy1.py", "copy2.py") if p in sizes]
+    assert len(kept) == 1 and sizes[kept[0]] == 3
+    assert sorted(sizes.values()) == [1] * (len(files) - 1) + [3]
