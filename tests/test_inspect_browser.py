@@ -166,7 +166,9 @@ def test_clicking_a_drop_reason_lists_its_samples(driver: Any, planted_page: Pat
     assert console_errors(driver) == []
 
 
-def test_a_real_builds_drop_reason_opens_its_samples(driver: Any, demo: Path) -> None:
+def test_a_real_builds_drop_reason_opens_its_samples(
+    driver: Any, demo: Path, demo_page: Path
+) -> None:
     """With the build's own samples (the samples writer, item 1), a bar of a reason the
     manifest counts lists that reason's sampled documents."""
     entry = json.loads((demo / "manifest.json").read_text()).get("samples") or {}
@@ -176,7 +178,7 @@ def test_a_real_builds_drop_reason_opens_its_samples(driver: Any, demo: Path) ->
     from selenium.webdriver.common.by import By
 
     first = json.loads((folder / "drops.jsonl").read_text().splitlines()[0])
-    open_page(driver, demo / "inspect.html", "drops")
+    open_page(driver, demo_page, "drops")
     selector = f'.bar[data-source="{first["source"]}"][data-reason="{first["reason"]}"]'
     driver.find_element(By.CSS_SELECTOR, selector).click()
     items = driver.find_elements(By.CSS_SELECTOR, "#drop-samples .item")

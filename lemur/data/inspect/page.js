@@ -147,6 +147,7 @@
     const [source, reason] = args;
     main.appendChild(el("h2", {}, "Drops by reason (click a bar for its sampled documents)"));
     const cols = el("div", { className: "cols" });
+    let chosen = null; // the selected reason's source: its samples go right below it
     for (const row of DATA.drops.filter((r) => r.source != null)) {
       const entries = Object.entries(row.dropped).sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1));
       const total = entries.reduce((a, [, n]) => a + n, 0);
@@ -155,7 +156,7 @@
       const max = Math.max(1, ...entries.map((e) => e[1]));
       for (const [r, n] of entries) {
         const b = barRow(r, n, max, "", () => go("drops", row.source, r), { source: row.source, reason: r });
-        if (row.source === source && r === reason) b.classList.add("selected");
+        if (row.source === source && r === reason) { b.classList.add("selected"); chosen = box; }
         box.appendChild(b);
       }
       cols.appendChild(box);
@@ -165,8 +166,8 @@
     const list = el("div", { id: "drop-samples" }, el("h2", {}, `Sampled drops: ${source}, ${reason}`));
     const found = dropSamples(source, reason);
     if (!SAMPLES) list.appendChild(note("this build wrote no samples/ folder (inspect: off, or built before it): counts only"));
-    else if (!found.length && !(SAMPLES.rejects || []).length) list.appendChild(note("no sampled document for this reason"));
     const rejected = ((SAMPLES && SAMPLES.rejects) || []).filter((d) => d.source === source && d.reason === reason);
+    if (SAMPLES && !found.length && !rejected.length) list.appendChild(note("no sampled document for this reason"));
     for (const [i, d] of [...found, ...rejected].entries()) {
       if (i === found.length) list.appendChild(el("h3", {}, "From the rejects: folder (the first of this reason)"));
       list.appendChild(item([
@@ -174,8 +175,9 @@
         meta([["id", d.id], ["value", d.value], ["op", d.op], ["threshold", d.threshold], ["bytes", d.bytes]]),
         textBlock(d.text, d.cut, d.bytes)]));
     }
-    main.appendChild(list);
-    list.scrollIntoView({ block: "start" });
+    if (chosen) { chosen.after(list); cols.classList.add("dense"); } // the other boxes fill in around it
+    else main.appendChild(list);
+    (chosen || list).scrollIntoView({ block: "start" }); // the reason's bars, its documents below
   }
 
   function showMix(main) {
