@@ -51,6 +51,7 @@ def driver() -> Iterator[Any]:
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the browser tests: {missing}")
         pytest.skip(missing)
+    before = os.environ.get("SE_OFFLINE")
     os.environ["SE_OFFLINE"] = "true"  # Selenium Manager: never download a browser or driver
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -66,6 +67,10 @@ def driver() -> Iterator[Any]:
         yield d
     finally:
         d.quit()
+        if before is None:
+            os.environ.pop("SE_OFFLINE", None)
+        else:
+            os.environ["SE_OFFLINE"] = before
 
 
 @pytest.fixture(scope="module")
