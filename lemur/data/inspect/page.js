@@ -328,7 +328,12 @@
     const kept = (SAMPLES && SAMPLES.kept) || [];
     main.appendChild(el("h2", {}, "Kept documents (per source and language; FIM and repository documents)"));
     if (!SAMPLES) main.appendChild(note("this build wrote no samples/ folder"));
-    for (const k of kept) main.appendChild(item([meta([["kind", k.kind], ["source", k.source], ["domain", k.domain], ["language", k.language], ["id", k.id], ["bytes", k.bytes]]), textBlock(k.text, k.cut, k.bytes)]));
+    let group = null;
+    for (const k of kept) {
+      const g = `${k.kind}: ${k.source} (${k.domain}) / ${k.language}`;
+      if (g !== group) main.appendChild(el("h3", {}, (group = g)));
+      main.appendChild(item([meta([["id", k.id], ["bytes", k.bytes]]), textBlock(k.text, k.cut, k.bytes)]));
+    }
   }
 
   // ---- shard browser --------------------------------------------------------------
