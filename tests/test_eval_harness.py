@@ -196,3 +196,24 @@ def test_longer_than_context_is_cut_from_the_left_as_hf_does(models, tokenizer_m
 def test_config_replace_keeps_hashable() -> None:
     """The scoring jit keys on the config: a replaced one is a new, equal-by-value key."""
     assert hash(dataclasses.replace(CONFIG)) == hash(CONFIG)
+
+
+def test_tokens_are_lm_evals_hf_tokens(models, tokenizer_model) -> None:
+    """tok_encode equals lm-eval's HF backend's on the export, texts that start with
+    whitespace included (SentencePiece's own encode adds a dummy-prefix space there)."""
+    from lm_eval.models.huggingface import HFLM
+
+    from lemur.model.harness_lm import harness_lm
+    from lemur.tokenizer import open_tokenizer
+
+    hf = HFLM(pretrained=str(models[1]), dtype="float32", device="cpu")
+    params = llama.init_params(CONFIG, jax.random.key(3))
+    lm = harness_lm(CONFIG, params, open_tokenizer(tokenizer_model))
+    texts = ["    return x", "\n\ndef f():\n\tpass", " a", "x  y ", "Question: 2+2?", "<s>abc", ""]
+    for text in texts:
+        assert lm.tok_encode(text) == hf.tok_encode(text), text
+        assert lm.tok_encode(text, add_special_tokens=False) == hf.tok_encode(
+            text, add_special_tokens=False
+        ), text
+    ids = lm.tok_encode("    def f(x):\n        return 'héllo' + x\n")
+    assert lm.tok_decode(ids) == hf.tok_decode(ids)

@@ -8,8 +8,8 @@ lengths), `generate_until` through lemur.model.batch_decode (the KV cache). Both
 params) build it, which is why it lives in the model layer.
 
 It scores as lm-eval's HF backend (`--model hf`) scores the `lemur-convert to-hf` export:
-- tokens: the lemur tokenizer's `encode`, with the BOS in front when the HF tokenizer would
-  add it (the model has a BOS and `add_bos_token` is not False), not when the text already
+- tokens: the export's tokenizer (`hf_encoder`), with the BOS in front when it would add
+  it (the model has a BOS and `add_bos_token` is not False), not when the text already
   starts with the BOS's spelling; an empty context is the prefix token (BOS, else EOS);
 - context/continuation split, left truncation to max_length + 1 tokens, rolling windows
   (`get_rolling_token_windows` + `make_disjoint_window`, context 1) as that backend does;
@@ -52,19 +52,41 @@ def lm_eval_module() -> Any:
     return lm_eval
 
 
-def hf_decoder(tokenizer: Tokenizer) -> Callable[[Sequence[int]], str]:
-    """Text of ids as the `lemur-convert to-hf` export's tokenizer decodes them, special
-    tokens skipped (lm-eval's HF backend decodes generations so). A SentencePiece model
-    decodes through the tokenizer.json the export writes: its byte fallback replaces every
-    byte of a broken UTF-8 run, where SentencePiece keeps the valid ones."""
+def hf_engine(tokenizer: Tokenizer) -> Any | None:
+    """The `tokenizers` engine of the model's `lemur-convert to-hf` export, which is what
+    transformers' AutoTokenizer runs there (tested): for a SentencePiece model the
+    tokenizer.json the export writes (lemur.tokenizer.hf_writer), for a tokenizer.json
+    model that file with its added tokens parsed. None when there is no file to read."""
+    import tokenizers
+
     path = getattr(tokenizer, "path", None)
     if tokenizer.kind == "sentencepiece" and path is not None:
-        import tokenizers
-
         proto = hf_writer.read_model_proto(path)
-        engine = tokenizers.Tokenizer.from_str(json.dumps(hf_writer.tokenizer_json(proto)))
-        return lambda ids: engine.decode([int(i) for i in ids], skip_special_tokens=True)
-    return lambda ids: tokenizer.decode([t for t in ids if not tokenizer.is_control(t)])
+        return tokenizers.Tokenizer.from_str(json.dumps(hf_writer.tokenizer_json(proto)))
+    files = getattr(tokenizer, "files", None)
+    if tokenizer.kind == "tokenizer.json" and files is not None:
+        return tokenizers.Tokenizer.from_file(str(files.path))
+    return None
+
+
+def hf_encoder(tokenizer: Tokenizer) -> Callable[[str], list[int]]:
+    """Ids of a text as the export's tokenizer gives them, nothing added (lm-eval's HF
+    backend encodes so). SentencePiece itself differs for a text that starts with
+    whitespace: it adds its dummy-prefix space there, the export's Metaspace does not."""
+    engine = hf_engine(tokenizer)
+    if engine is None:
+        return tokenizer.encode
+    return lambda text: engine.encode(text, add_special_tokens=False).ids
+
+
+def hf_decoder(tokenizer: Tokenizer) -> Callable[[Sequence[int]], str]:
+    """Text of ids as the export's tokenizer decodes them, special tokens skipped (lm-eval's
+    HF backend decodes generations so): a broken UTF-8 run of byte tokens becomes one
+    replacement character per byte, where SentencePiece keeps the valid ones."""
+    engine = hf_engine(tokenizer)
+    if engine is None:
+        return lambda ids: tokenizer.decode([t for t in ids if not tokenizer.is_control(t)])
+    return lambda ids: engine.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
 def _bos_text(tokenizer: Tokenizer) -> str | None:
@@ -109,6 +131,7 @@ class LemurLMCore:
         self._bos = _bos_text(tokenizer)
         self._decode_params: Params | None = None
         self._decode = hf_decoder(tokenizer)
+        self._encode = hf_encoder(tokenizer)
 
     @property
     def eot_token_id(self) -> int:
@@ -150,7 +173,7 @@ class LemurLMCore:
             add = self.add_bos_token is not False
             if self._bos is not None and string.startswith(self._bos):
                 add = False
-        ids = self.tokenizer.encode(string)
+        ids = self._encode(string)
         if add and self.tokenizer.bos_id is not None:
             ids = [self.tokenizer.bos_id, *ids]
         return ids[-left_truncate_len:] if left_truncate_len else ids
