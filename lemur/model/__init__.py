@@ -5,6 +5,9 @@
 | `config` | `LlamaConfig`, `PRESETS`, `config_from_preset`; param shapes, count, FLOPs per token |
 | `llama` | `init_params`, `forward` and its parts (RMSNorm, rotary, attention, SwiGLU) |
 | `decode` | `KVCache`, `prefill`, `decode_step`: KV-cache inference over left-padded batches |
+| `scoring` | `token_logprobs`: per-token log-probabilities of sequences, in length buckets |
+| `batch_decode` | `generate_tokens`: greedy or sampled batch generation over the KV cache |
+| `harness_lm` | `harness_lm`: lm-evaluation-harness's `LM` over (config, params, tokenizer) |
 | `sharding` | the mesh axes and the one partition table of params and activations |
 | `hf` | HF names and layouts, safetensors reading and writing |
 | `hf_config` | HF config.json <-> LlamaConfig for Llama, Qwen2 and Mistral |
