@@ -21,6 +21,7 @@ OPTIONAL = {
     "ray": "the `ray` executor (extra: ray)",
     "torch": "TensorBoard output through torch's writer, tried after tensorboardX",
     "tensorboardX": "TensorBoard output (optional writer)",
+    "lm_eval": "`lemur-eval harness` and the training loop's eval.harness (extra: harness)",
 }
 # Imported by the package but needed only because a dependency fails to declare it.
 UNDECLARED_BY_OTHERS = {"regex": "datatrove.utils.text imports it; datatrove 0.10 omits it"}
