@@ -217,3 +217,22 @@ def test_tokens_are_lm_evals_hf_tokens(models, tokenizer_model) -> None:
         ), text
     ids = lm.tok_encode("    def f(x):\n        return 'héllo' + x\n")
     assert lm.tok_decode(ids) == hf.tok_decode(ids)
+
+
+def test_the_hf_folder_itself_scores_the_same(models, hf_results, in_repo, tmp_path) -> None:
+    """`lemur-eval harness` on the exported HF folder (its own tokenizer.json read, as
+    lm-eval's HF backend reads it there) gives the HF backend's loglikelihoods too."""
+    out = tmp_path / "hf.json"
+    argv = ["harness", str(models[1]), "--tasks", "lemur_code_mc,lemur_code_ppl"]
+    argv += ["--include-path", INCLUDE, "--limit", "4", "--log-samples", "--output", str(out)]
+    assert eval_cli.main([*argv, "--dtype", "float32"]) == 0
+    for task in ("lemur_code_mc", "lemur_code_ppl"):
+        path = out.with_name(f"hf_samples_{task}.jsonl")
+        got = {s["doc_id"]: s for s in map(json.loads, path.read_text().splitlines())}
+        assert len(got) == 4
+        for ref in hf_results["samples"][task]:
+            if ref["doc_id"] in got:
+                mine = got[ref["doc_id"]]["resps"]
+                pick = (lambda r: r[0][0]) if task == "lemur_code_mc" else (lambda r: r[0])
+                for a, b in zip(mine, ref["resps"], strict=True):
+                    assert _close(float(pick(a)), float(pick(b)))

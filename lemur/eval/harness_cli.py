@@ -148,6 +148,8 @@ def cmd_harness(args: argparse.Namespace) -> int:
             max_gen_toks=args.max_gen_toks,
             seed=args.seed or 0,
             progress=progress,
+            # An HF folder's own tokenizer.json is what lm-eval's HF backend reads there.
+            tokenizer_json=None if args.tokenizer else model.hf_tokenizer.get("tokenizer.json"),
         )
         tracker = EvaluationTracker()
         results = simple_evaluate(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -52,13 +53,16 @@ def lm_eval_module() -> Any:
     return lm_eval
 
 
-def hf_engine(tokenizer: Tokenizer) -> Any | None:
-    """The `tokenizers` engine of the model's `lemur-convert to-hf` export, which is what
-    transformers' AutoTokenizer runs there (tested): for a SentencePiece model the
-    tokenizer.json the export writes (lemur.tokenizer.hf_writer), for a tokenizer.json
-    model that file with its added tokens parsed. None when there is no file to read."""
+def hf_engine(tokenizer: Tokenizer, tokenizer_json: Path | None = None) -> Any | None:
+    """The `tokenizers` engine of the model's HF tokenizer, which is what transformers'
+    AutoTokenizer runs (tested): `tokenizer_json` when the model carries one (an HF
+    folder's own), else for a SentencePiece model the tokenizer.json that `lemur-convert
+    to-hf` writes (lemur.tokenizer.hf_writer), for a tokenizer.json model that file with its
+    added tokens parsed. None when there is no file to read."""
     import tokenizers
 
+    if tokenizer_json is not None:
+        return tokenizers.Tokenizer.from_file(str(tokenizer_json))
     path = getattr(tokenizer, "path", None)
     if tokenizer.kind == "sentencepiece" and path is not None:
         proto = hf_writer.read_model_proto(path)
@@ -69,21 +73,25 @@ def hf_engine(tokenizer: Tokenizer) -> Any | None:
     return None
 
 
-def hf_encoder(tokenizer: Tokenizer) -> Callable[[str], list[int]]:
+def hf_encoder(
+    tokenizer: Tokenizer, tokenizer_json: Path | None = None
+) -> Callable[[str], list[int]]:
     """Ids of a text as the export's tokenizer gives them, nothing added (lm-eval's HF
     backend encodes so). SentencePiece itself differs for a text that starts with
     whitespace: it adds its dummy-prefix space there, the export's Metaspace does not."""
-    engine = hf_engine(tokenizer)
+    engine = hf_engine(tokenizer, tokenizer_json)
     if engine is None:
         return tokenizer.encode
     return lambda text: engine.encode(text, add_special_tokens=False).ids
 
 
-def hf_decoder(tokenizer: Tokenizer) -> Callable[[Sequence[int]], str]:
+def hf_decoder(
+    tokenizer: Tokenizer, tokenizer_json: Path | None = None
+) -> Callable[[Sequence[int]], str]:
     """Text of ids as the export's tokenizer decodes them, special tokens skipped (lm-eval's
     HF backend decodes generations so): a broken UTF-8 run of byte tokens becomes one
     replacement character per byte, where SentencePiece keeps the valid ones."""
-    engine = hf_engine(tokenizer)
+    engine = hf_engine(tokenizer, tokenizer_json)
     if engine is None:
         return lambda ids: tokenizer.decode([t for t in ids if not tokenizer.is_control(t)])
     return lambda ids: engine.decode([int(i) for i in ids], skip_special_tokens=True)
@@ -115,6 +123,7 @@ class LemurLMCore:
         add_bos_token: bool | None = None,
         seed: int = 0,
         progress: Callable[[str, int, int], None] | None = None,
+        tokenizer_json: Path | None = None,
     ) -> None:
         super().__init__()  # lm-eval's LM: rank, world size, cache hook
         if tokenizer.eos_id is None and tokenizer.bos_id is None:
@@ -130,8 +139,8 @@ class LemurLMCore:
         self._progress = progress
         self._bos = _bos_text(tokenizer)
         self._decode_params: Params | None = None
-        self._decode = hf_decoder(tokenizer)
-        self._encode = hf_encoder(tokenizer)
+        self._decode = hf_decoder(tokenizer, tokenizer_json)
+        self._encode = hf_encoder(tokenizer, tokenizer_json)
 
     @property
     def eot_token_id(self) -> int:
