@@ -335,3 +335,73 @@ def test_top_tokens_are_one_forward_pass_per_sequence(k: int) -> None:
         np.testing.assert_array_equal(scores.greedy, ref.greedy)
     with pytest.raises(ValueError, match="context"):
         scoring.top_tokens(config, params, [[1] * 41], k)
+
+
+@pytest.fixture(scope="module")
+def chat_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    """A random tiny Llama with a ChatML SentencePiece tokenizer (a Lemur-Chat build's
+    pieces appended), and its float32 `lemur-convert to-hf` export."""
+    import sentencepiece as spm
+    from conftest import real_python_files
+
+    from lemur.chatml import CHAT_PIECES
+    from lemur.data.encode.tokenizer import train_tokenizer
+    from lemur.data.recipe.tokenizer import TokenizerTrainConfig
+
+    tmp = tmp_path_factory.mktemp("serve-chat")
+    texts = [p.read_text() for p in real_python_files(30)]
+    train_tokenizer(texts, TokenizerTrainConfig(vocab_size=600), tmp / "t.model", CHAT_PIECES)
+    vocab = spm.SentencePieceProcessor(model_file=str(tmp / "t.model")).vocab_size()
+    config = LlamaConfig(
+        vocab_size=vocab, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,
+        dtype="float32", init_std=0.1, max_seq_len=CONTEXT,
+    )  # fmt: skip
+    checkpoint.save_params(tmp / "lemur", random_params(config, 5), config, tmp / "t.model")
+    argv = ["to-hf", str(tmp / "lemur"), str(tmp / "hf"), "--dtype", "float32"]
+    assert convert.main(argv) == 0
+    return tmp / "lemur", tmp / "hf"
+
+
+def test_local_chat_completions_equals_the_hf_backend_with_its_chat_template(
+    chat_dirs, monkeypatch
+) -> None:
+    """lm-eval's local-chat-completions through the server and its HF backend with
+    `apply_chat_template` on the export: the same greedy replies; a request's prompt is
+    transformers' `apply_chat_template(..., add_generation_prompt=True)` of its messages."""
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.chdir(REPO)
+    proc, url = start_server(chat_dirs[0])
+    try:
+        messages = [
+            {"role": "system", "content": "You write Python."},
+            {"role": "user", "content": "Reverse a list."},
+        ]
+        status, got = call(url, "/v1/chat/completions", {"messages": messages, "max_tokens": 8})
+        tok = transformers.AutoTokenizer.from_pretrained(str(chat_dirs[1]))
+        want = tok.apply_chat_template(messages, add_generation_prompt=True)
+        want = want["input_ids"] if hasattr(want, "keys") else want
+        assert status == 200 and got["usage"]["prompt_tokens"] == len(want)
+        assert got["choices"][0]["message"]["role"] == "assistant"
+        chat_args = f"base_url={url}/v1/chat/completions,max_retries=1"
+        hf_args = f"pretrained={chat_dirs[1]},dtype=float32,device=cpu,batch_size=1"
+        runs = {}
+        for model, args in (("local-chat-completions", chat_args), ("hf", hf_args)):
+            lm_eval = pytest.importorskip("lm_eval")
+            from lm_eval.tasks import TaskManager
+
+            runs[model] = lm_eval.simple_evaluate(
+                model=model,
+                model_args=args,
+                tasks=["lemur_code_gen"],
+                task_manager=TaskManager(include_path=str(REPO / "tests" / "harness_tasks")),
+                apply_chat_template=True,
+                log_samples=True,
+                limit=4,
+            )
+        a, b = (
+            sorted(r["samples"]["lemur_code_gen"], key=lambda s: s["doc_id"]) for r in runs.values()
+        )
+        assert [s["resps"] for s in a] == [s["resps"] for s in b]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0

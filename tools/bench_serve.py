@@ -7,8 +7,10 @@ loglikelihood task and a greedy generate_until task over standard-library source
 The server runs in a subprocess (`--batch-size` rows per device call); lm-eval sends
 `--client-batch` prompts per request, `--concurrent` requests at once. The time is that of
 the model's `loglikelihood` or `generate_until` calls only; the first round includes the
-compiles (cold), the figures are the best later round (warm). Both must agree:
-loglikelihoods within max(1e-4, 1e-6 |ll|) and the same generations.
+compiles (cold), the figures are the best later round (warm). The in-process model runs
+with `add_bos_token=False`, as the server sees prompts (lm-eval's API client sends no
+BOS), so both must agree: loglikelihoods within max(1e-4, 1e-6 |ll|), the same
+generations. The load average is printed: other work on the machine skews both.
 
     python tools/bench_serve.py --json bench_serve.json
 """
@@ -97,7 +99,7 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=8, help="rows per device call, both")
     p.add_argument("--client-batch", type=int, default=4, help="prompts per request")
     p.add_argument("--concurrent", type=int, default=8, help="requests at once")
-    p.add_argument("--rounds", type=int, default=2, help="runs of each (the first is cold)")
+    p.add_argument("--rounds", type=int, default=3, help="runs of each (the first is cold)")
     p.add_argument("--d-model", type=int, default=384)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=6)
@@ -119,7 +121,11 @@ def main() -> int:
         try:
             lms = {
                 "harness": harness_lm(
-                    model.config, model.params, model.tokenizer, batch_size=args.batch_size
+                    model.config,
+                    model.params,
+                    model.tokenizer,
+                    batch_size=args.batch_size,
+                    add_bos_token=False,
                 ),
                 "serve": served_lm(url, hf_dir, config.max_seq_len, args),
             }
@@ -132,7 +138,7 @@ def main() -> int:
         f"({param_count(config):,} params), fp32, context {config.max_seq_len}; batch "
         f"{args.batch_size}; client: {args.client_batch} prompts x {args.concurrent} "
         f"concurrent; jax {jax.__version__} on {jax.default_backend()}; {os.cpu_count()} CPUs; "
-        f"server exit {code}"
+        f"server exit {code}; load average {os.getloadavg()[0]:.1f}"
     )
     print("| task | harness s (cold) | serve s (cold) | harness s | serve s | serve vs harness |")
     print("|---|---|---|---|---|---|")
