@@ -1,5 +1,6 @@
 """Evaluation (`lemur-eval`): bits per byte, generation with a KV cache, HumanEval in a sandbox,
-HumanEval-infilling on the model's FIM prompt, multi-turn agent tasks with execution feedback.
+HumanEval-infilling on the model's FIM prompt, multi-turn agent tasks with execution feedback,
+an OpenAI-compatible server, sample files for other scorers.
 
 | module | what it holds |
 |---|---|
@@ -18,6 +19,10 @@ HumanEval-infilling on the model's FIM prompt, multi-turn agent tasks with execu
 | `agent_decode` | `TurnDecoder`: batched turns with each conversation's KV cache kept |
 | `agent_report` | `summarize` (success rate by turn), `plot` |
 | `agent_cli` | the `agent` and `plot` subcommands |
+| `serve` | the `serve` subcommand: an OpenAI-compatible HTTP server |
+| `serve_api` | what `serve` accepts and answers: OpenAI's request checks, response shapes |
+| `serve_engine` | `Engine`: the worker that batches `serve`'s requests into one decode |
+| `sample_files` | `--samples-out`: evalplus `samples.jsonl`, bigcode `generations.json` |
 | `sandbox/` | `run_python`, `Limits`, `probe`; the jail, cgroups, processes, leftovers |
 | `load` | `load_model`: a run dir, orbax step, lemur checkpoint or HF Llama folder |
 | `find_tokenizer` | a run's tokenizer (its first data directory), or the one given |
