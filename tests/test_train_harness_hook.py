@@ -4,6 +4,7 @@ line before the first step."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -13,6 +14,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest  # noqa: E402
 from test_train_loop import build_corpus, compile_cache, tiny_config  # noqa: E402
 
+from lemur.eval import cli as eval_cli  # noqa: E402
 from lemur.train.config import HarnessEvalConfig  # noqa: E402
 from lemur.train.errors import RunError  # noqa: E402
 from lemur.train.harness_hook import flatten, metric_key  # noqa: E402
@@ -60,6 +62,15 @@ def test_task_metrics_logged_every_n_steps(corpus, tmp_path, tmp_path_factory, i
     assert [r for r in seen if "harness_s" in r] == records
     line = format_record(records[0])
     assert line.startswith("step      2  harness  lemur_code_mc/acc ")
+    # The live params of step 5 score as its checkpoint does through `lemur-eval harness`.
+    out = tmp_path / "step5.json"
+    argv = ["harness", str(run), "--tasks", "lemur_code_mc,lemur_code_gen", "--limit", "3"]
+    argv += ["--include-path", "tests/harness_tasks", "--output", str(out), "--dtype", "float32"]
+    assert eval_cli.main(argv) == 0
+    results = json.loads(out.read_text())["results"]
+    assert flatten(results) == pytest.approx(
+        {k: v for k, v in records[-1].items() if k.startswith("harness/")}
+    )
 
 
 def test_unknown_task_stops_before_the_first_step(corpus, tmp_path, tmp_path_factory, in_repo):
