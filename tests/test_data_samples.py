@@ -362,7 +362,7 @@ def test_capped_text_cuts_at_a_character_boundary():
 
 def test_merge_keeps_the_same_samples_whatever_the_tasks(tmp_path):
     settings = SampleSettings(per_reason=3, max_bytes=64, seed=5)
-    docs = [(f"id{i}", "x" * i) for i in range(40)]
+    docs = [(f"id{i}", "x" * i + "\udc80é") for i in range(40)]  # a lone surrogate kept
 
     def parts(n_tasks: int, folder: Path) -> Path:
         for t in range(n_tasks):
@@ -389,10 +389,11 @@ def test_merge_keeps_the_same_samples_whatever_the_tasks(tmp_path):
         merged = merge_parts([parts(n, tmp_path / f"p{n}")], settings)
         entry = write_samples(tmp_path / f"s{n}", merged, settings, {})
         written.append(entry["files"])
-        drops = [
-            json.loads(x) for x in (tmp_path / f"s{n}" / "drops.jsonl").read_text().splitlines()
-        ]
-        assert len(drops) == 3 and all(len(d["text"].encode()) <= 64 for d in drops)
+        body = (tmp_path / f"s{n}" / "drops.jsonl").read_text(encoding="utf-8")  # strict
+        drops = [json.loads(x) for x in body.splitlines()]
+        assert all(d["text"].endswith("\udc80é") or d["cut"] for d in drops)
+        assert len(drops) == 3
+        assert all(len(d["text"].encode("utf-8", "surrogatepass")) <= 64 for d in drops)
     assert written[0] == written[1]
     assert bin_of(LENGTH_EDGES, 0) == 0 and bin_of(LENGTH_EDGES, 10**12) == len(LENGTH_EDGES) - 2
 

@@ -20,7 +20,7 @@ from typing import Any
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
-from lemur.atomic_files import atomic_write_text
+from lemur.atomic_files import atomic_write_bytes
 from lemur.data.samples.records import KEPT, SampleSettings, capped, priority
 
 # Document length (UTF-8 bytes) bins: 0, then powers of two from 16 B to 16 MiB; scores in
@@ -101,8 +101,13 @@ class TaskSamples:
             for rank_, record in held
         ]
         part = {"records": records, "tallies": self.tallies, "facts": self.facts}
-        text = json.dumps(part, sort_keys=True, ensure_ascii=False)
-        atomic_write_text(Path(self.folder) / f"{rank:05d}.json", text)
+        atomic_write_bytes(Path(self.folder) / f"{rank:05d}.json", json_bytes(part))
+
+
+def json_bytes(obj: Any) -> bytes:
+    """`obj` as UTF-8 JSON; a lone surrogate in a text (a file read with one) is written as
+    its JSON escape (`\\udc80`), so every file stays valid UTF-8."""
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False).encode("utf-8", "backslashreplace")
 
 
 def read_parts(parts_dir: Path) -> Iterator[dict[str, Any]]:

@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from lemur.atomic_files import atomic_write_bytes
-from lemur.data.samples.collect import LENGTH_EDGES, SCORE_EDGES, add_tally, read_parts
+from lemur.data.samples.collect import (
+    LENGTH_EDGES,
+    SCORE_EDGES,
+    add_tally,
+    json_bytes,
+    read_parts,
+)
 from lemur.data.samples.drops import BORDERLINE
 from lemur.data.samples.records import (
     DECONTAMINATION,
@@ -129,8 +135,7 @@ def summary(merged: Merged, settings: SampleSettings) -> dict[str, Any]:
 
 
 def _jsonl(records: list[dict[str, Any]]) -> bytes:
-    lines = (json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in records)
-    return "".join(lines).encode("utf-8", "surrogatepass")
+    return b"".join(json_bytes(r) + b"\n" for r in records)
 
 
 def write_samples(
