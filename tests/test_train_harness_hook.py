@@ -95,3 +95,14 @@ def test_config_checks_and_metric_keys() -> None:
     assert metric_key("t", "exact_match,strict-match") == "harness/t/exact_match/strict-match"
     flat = flatten({"t": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": "N/A", "n": 3}})
     assert flat == {"harness/t/acc": 0.5}
+
+
+def test_without_lm_eval_the_run_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from lemur.model.config import PRESETS
+    from lemur.train.harness_hook import HarnessHook
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ImportError
+    with pytest.raises(RunError, match=r"eval.harness: .*pip install 'lemur\[harness\]'"):
+        HarnessHook(HarnessEvalConfig(tasks=["x"]), PRESETS["tiny"], None, print)  # type: ignore[arg-type]
