@@ -155,6 +155,38 @@ def test_local_completions_equals_the_hf_backend(server, model_dirs, monkeypatch
         assert metrics and all(mine[k] == ref[k] for k in metrics), (mine, ref)
 
 
+def test_local_completions_rolling_perplexity_equals_the_hf_backend(
+    server, model_dirs, monkeypatch
+) -> None:
+    """The rolling-loglikelihood task (documents longer than the context, in windows):
+    lm-eval through the server and its HF backend with the same windows (the API client's
+    windows are max_length - 2: a token kept for the one it asks the server to generate,
+    and one less for rolling windows; the HF backend's are max_length)."""
+    pytest.importorskip("lm_eval")
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    _, url = server
+    _, hf = model_dirs
+    api_args = (
+        f"base_url={url}/v1/completions,tokenizer_backend=huggingface,tokenizer={hf},"
+        f"max_length={CONTEXT},batch_size=4,num_concurrent=4,max_retries=1"
+    )
+    hf_args = f"pretrained={hf},dtype=float32,add_bos_token=False,device=cpu,batch_size=4"
+    theirs = _evaluate("hf", f"{hf_args},max_length={CONTEXT - 2}", ["lemur_code_ppl"])
+    ours = _evaluate("local-completions", api_args, ["lemur_code_ppl"])
+    a = sorted(ours["samples"]["lemur_code_ppl"], key=lambda s: s["doc_id"])
+    b = sorted(theirs["samples"]["lemur_code_ppl"], key=lambda s: s["doc_id"])
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b, strict=True):
+        ll_x, ll_y = x["resps"][0][0], y["resps"][0][0]
+        ll_x = ll_x[0] if isinstance(ll_x, list | tuple) else ll_x
+        ll_y = ll_y[0] if isinstance(ll_y, list | tuple) else ll_y
+        assert abs(ll_x - ll_y) <= max(1e-4, 1e-6 * abs(ll_y)), (ll_x, ll_y)
+    mine, ref = ours["results"]["lemur_code_ppl"], theirs["results"]["lemur_code_ppl"]
+    for k in (k for k in ref if "," in k and "stderr" not in k):
+        assert mine[k] == pytest.approx(ref[k], rel=1e-6), k
+
+
 PROMPTS = [
     "def fibonacci(n):\n",
     "import os\nimport sys\n\n",
