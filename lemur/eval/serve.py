@@ -40,6 +40,7 @@ from lemur.eval import serve_api as api
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_BODY_BYTES = 64 * 2**20  # a request body above this is refused unread (413)
 DEFAULT_PORT = 8000
+IDLE_TIMEOUT_S = 600
 
 
 def add_parser(sub: Any) -> None:
@@ -118,6 +119,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
     """One connection: each request checked, run and answered as JSON."""
 
     protocol_version = "HTTP/1.1"  # keep-alive: lm-eval's clients reuse connections
+    # A connection silent this long (between requests, or mid-request: a client that sends
+    # half a body) is closed, so none holds its thread for ever. A request's own answer is
+    # waited for without a socket read, however long the decode takes.
+    timeout = IDLE_TIMEOUT_S
     server: Server
 
     def setup(self) -> None:

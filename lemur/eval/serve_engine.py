@@ -37,6 +37,7 @@ from lemur.model.config import LlamaConfig, Params
 from lemur.model.harness_lm import hf_decoder
 from lemur.tokenizer import Tokenizer
 
+LOGPROB_FLOOR = -9999.0  # what -inf is sent as
 GATHER_S = 0.005  # how long the worker waits, after a first request, for the ones beside it
 
 
@@ -291,6 +292,13 @@ def _generation(s: api.Settings, extra_stops: tuple[str, ...] = ()) -> Generatio
     )
 
 
+def _finite(logprob: Any) -> float:
+    """A logprob JSON can carry: -inf (a token fp32 gives no probability at all) becomes
+    LOGPROB_FLOOR, as vLLM answers it (JSON has no infinity; `-Infinity` breaks strict
+    parsers)."""
+    return max(float(logprob), LOGPROB_FLOOR)
+
+
 def _cut_at_stop(text: str, stop: Sequence[str]) -> str:
     """Text before the earliest stop string (generate_ids stopped at the token that
     completed it; the text is decoded again here, as the export decodes)."""
@@ -322,11 +330,11 @@ def token_logprobs(
             continue
         # Past the scored tokens: the scoring path's new token, the argmax after them.
         scored_here = i - 1 < len(scores.logprobs)
-        lps.append(float(scores.logprobs[i - 1] if scored_here else top.logprobs[i - 1][0]))
+        lps.append(_finite(scores.logprobs[i - 1] if scored_here else top.logprobs[i - 1][0]))
         shown = {}
         for t, lp in zip(top.ids[i - 1][:k], top.logprobs[i - 1][:k], strict=True):
             same = int(t) == seq[i]
             piece = pieces[j] if same else continuation_text(tok, seq[:i], [int(t)], texts[j])
-            shown[piece] = float(lp)
+            shown[piece] = _finite(lp)
         tops.append(shown)
     return api.logprobs_object(pieces, offsets[:-1], lps, tops)
