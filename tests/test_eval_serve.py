@@ -279,7 +279,7 @@ def test_echo_logprobs_are_the_scoring_cores(server, model_dirs) -> None:
         (b"{not json", 400, "not valid JSON"),
         ({"prompt": list(range(1, CONTEXT + 2)), "max_tokens": 1}, 400, "maximum context"),
         ({"prompt": [1, 2, 3], "max_tokens": CONTEXT}, 400, "maximum context"),
-        ({"prompt": "hi", "n": 10**6}, 400, "n must be"),
+        ({"prompt": "hi", "n": 10**6}, 400, "n 1000000 = 1000000 choices, over"),
         ({"prompt": "hi", "max_tokens": -1}, 400, "max_tokens must be"),
         ({"prompt": "hi", "temperature": "hot"}, 400, "temperature must be a number"),
         ({"prompt": "hi", "stream": True}, 400, "stream=True is not supported"),
@@ -309,8 +309,10 @@ def test_a_wrong_or_missing_key_gets_a_401(server) -> None:
     assert status == 200 and got["data"][0]["object"] == "model"
 
 
-def test_sigterm_drains_requests_in_flight_and_exits_0(model_dirs) -> None:
-    proc, url = start_server(model_dirs[0])
+def test_a_full_server_answers_429_and_sigterm_drains_requests_in_flight(model_dirs) -> None:
+    """--max-queue 8 rows: a request of 8 held, the next gets a 429 (valid, retry later)
+    and one of 9 a 400 (it never fits); SIGTERM answers the held one and exits 0."""
+    proc, url = start_server(model_dirs[0], "--max-queue", "8")
     answers: list = []
     body = {"prompt": "def main():\n", "max_tokens": 200, "n": 8, "temperature": 1, "seed": 3}
     client = threading.Thread(target=lambda: answers.append(call(url, "/v1/completions", body)))
@@ -319,6 +321,10 @@ def test_sigterm_drains_requests_in_flight_and_exits_0(model_dirs) -> None:
     while call(url, "/health")[1]["rows"] == 0:  # wait until the request is held
         assert time.monotonic() < deadline
         time.sleep(0.01)
+    status, full = call(url, "/v1/completions", {"prompt": "x", "max_tokens": 1})
+    assert status == 429 and full["error"]["type"] == "rate_limit_error", full
+    status, never = call(url, "/v1/completions", {"prompt": ["x", "y"], "n": 5})
+    assert status == 400 and "--max-queue 8" in never["error"]["message"]
     proc.send_signal(signal.SIGTERM)
     client.join(120)
     assert proc.wait(120) == 0
