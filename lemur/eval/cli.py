@@ -15,7 +15,8 @@ CHECKPOINT is a lemur-train run directory (its latest checkpoint, or --step), on
 step of a run, a lemur model checkpoint (config.json + params/) or a Hugging Face Llama
 folder (converted on the fly). See docs/eval.md. Exit codes: 0 done; 2 a bad argument,
 checkpoint, shard directory or task file, or a sandbox this machine cannot give (one line;
-`--debug` or LEMUR_DEBUG=1 shows the traceback instead); 130 interrupted; 143 terminated.
+`--debug` or LEMUR_DEBUG=1 shows the traceback instead); 130 interrupted; 143 terminated
+(`serve` drains on SIGTERM and exits 0: stopping is how a server ends).
 Any other error is a bug and shows its traceback.
 """
 

@@ -31,6 +31,7 @@ from lemur.eval import serve_api as api
 from lemur.eval.chat_prompt import chat_prompt_ids
 from lemur.eval.decoding import Completion, GenerationConfig, continuation_text
 from lemur.eval.generate import chat_ends, generate_ids, text_prompt_ids
+from lemur.eval.humaneval import truncate  # text before the earliest stop string
 from lemur.eval.sampling import Sampling
 from lemur.model import scoring
 from lemur.model.config import LlamaConfig, Params
@@ -217,7 +218,9 @@ class Engine:
         choices, used = [], 0
         for i, row in enumerate(rows):
             made = job.completions[i] if job.completions else Completion(len(row), [], "", "length")
-            made.text = _cut_at_stop(self.decode(made.tokens), s.stop)
+            # generate_ids stopped at the token completing a stop string; its text is
+            # decoded again as the export decodes it, and cut there.
+            made.text = truncate(self.decode(made.tokens), s.stop)
             scores = job.scores[i] if job.scores else None
             choices.append(self._text_choice(i, req, row, made, scores))
             used += len(made.tokens)
@@ -232,7 +235,7 @@ class Engine:
         if token in self.model.tokenizer.stop_ids:
             return Completion(len(row), [token], "", "eos")
         text = self.decode([token])
-        cut = _cut_at_stop(text, stop)
+        cut = truncate(text, stop)
         return Completion(len(row), [token], cut, "stop" if cut != text else "length")
 
     def _text_choice(
@@ -267,7 +270,7 @@ class Engine:
         gen = _generation(req.settings, stops)
         job = self.run(Job([prompt] * req.n, gen, eos, 0))
         done = job.completions or []
-        texts = [_cut_at_stop(self.decode(c.tokens), gen.stop) for c in done]
+        texts = [truncate(self.decode(c.tokens), gen.stop) for c in done]
         choices = [api.chat_choice(i, texts[i], c.finish) for i, c in enumerate(done)]
         used = sum(len(c.tokens) for c in done)
         return api.response("chat", self.model.name, choices, (len(prompt) * req.n, used))
@@ -297,13 +300,6 @@ def _finite(logprob: Any) -> float:
     LOGPROB_FLOOR, as vLLM answers it (JSON has no infinity; `-Infinity` breaks strict
     parsers)."""
     return max(float(logprob), LOGPROB_FLOOR)
-
-
-def _cut_at_stop(text: str, stop: Sequence[str]) -> str:
-    """Text before the earliest stop string (generate_ids stopped at the token that
-    completed it; the text is decoded again here, as the export decodes)."""
-    hits = [i for s in stop if (i := text.find(s)) >= 0]
-    return text[: min(hits)] if hits else text
 
 
 def token_logprobs(
