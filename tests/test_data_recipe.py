@@ -154,7 +154,7 @@ def test_cli_bad_recipe_exit_2_one_line(tmp_path):
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         "lemur-data: error: recipe: unknown key 'sedd' (known: chat, decontaminate, dedup, exclude, "
-        "executor, filters, fim, inspect, mix, output, pii, provenance, rejects, repos, seed, "
+        "executor, export, filters, fim, inspect, mix, output, pii, provenance, rejects, repos, seed, "
         "seq_len, shard_tokens, sources, tokenize_batch_docs, tokenizer, val_fraction, work_dir)"
     ]
     assert "Traceback" not in res.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -203,3 +204,35 @@ def test_sigkilled_export_leaves_no_out_and_a_rerun_redoes_it(run, build_dir, tm
     clean = tmp_path.parent / f"{tmp_path.name}-clean"
     assert run("export", build_dir, "--format", "nanotron", "--out", clean)[0] == 0
     assert contents(out).keys() == contents(clean).keys()
+
+
+def test_recipe_exports_are_the_builds_last_stage(tmp_path, corpus_dir):
+    """`export:` in a recipe: written after the build, not part of it (an up-to-date build
+    only exports), redone only where missing; a bad entry is the recipe's one line."""
+    from lemur.data.build import build
+    from lemur.data.recipe.errors import RecipeError
+    from lemur.data.recipe_loader import recipe_from_dict
+
+    raw = base_recipe(tmp_path, corpus_dir / "code", [corpus_dir / "a.jsonl"], shard_tokens=20_000)
+    plain = build(recipe_from_dict(raw))
+    exports = [
+        {"format": "nanotron", "out": str(tmp_path / "nano")},
+        {"format": "olmo", "out": str(tmp_path / "olmo"), "split": "train"},
+    ]
+    again = build(recipe_from_dict({**raw, "export": exports}))
+    assert again["shards"] == plain["shards"]  # the same build: nothing rebuilt
+    assert again["recipe_sha256"] == plain["recipe_sha256"]
+    sha = hashlib.sha256((tmp_path / "out" / "manifest.json").read_bytes()).hexdigest()
+    for e in exports:
+        info = json.loads((Path(e["out"]) / "export.json").read_text())
+        assert info["source_manifest_sha256"] == sha and info["format"] == e["format"]
+    assert json.loads((tmp_path / "olmo" / "export.json").read_text())["val"] == {}
+    kept = (tmp_path / "nano" / "export.json").stat().st_ino
+    shutil.rmtree(tmp_path / "olmo")
+    build(recipe_from_dict({**raw, "export": exports}))
+    assert (tmp_path / "nano" / "export.json").stat().st_ino == kept  # up to date: untouched
+    assert (tmp_path / "olmo" / "export.json").is_file()  # missing: redone
+    with pytest.raises(RecipeError, match=r"^recipe: export.format 'gpt' is not one of"):
+        recipe_from_dict({**raw, "export": [{"format": "gpt", "out": "x"}]})
+    with pytest.raises(RecipeError, match=r"overlaps the build's output"):
+        recipe_from_dict({**raw, "export": [{"format": "olmo", "out": str(tmp_path / "out/x")}]})

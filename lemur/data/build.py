@@ -54,6 +54,7 @@ from lemur.data.encode.prepare import (
 )
 from lemur.data.encode.step import TokenizeWriter
 from lemur.data.encode.template_chat import conversation_steps
+from lemur.data.export_stage import export_stage
 from lemur.data.filter.base import EmptyDocumentFilter, LanguageFilter, LemurFilter
 from lemur.data.filter.code import code_filters
 from lemur.data.filter.decontaminate import decontamination_filter
@@ -480,7 +481,8 @@ def pack_stages(ctx: BuildContext, run: TokenRun, recipe: Recipe | None = None) 
     # The build's own directory: no file of it shares a path with the previous build's, so
     # that build stays whole for readers until the manifest is replaced.
     # Named by content, not place: the same build in another directory gets the same names.
-    settings = {k: v for k, v in recipe.to_dict().items() if k not in ("output", "work_dir")}
+    skip = ("output", "work_dir", "export")  # where it goes, and what is made of it after
+    settings = {k: v for k, v in recipe.to_dict().items() if k not in skip}
     return PackStages(
         recipe,
         ctx.corpus,
@@ -623,6 +625,7 @@ def _build_locked(ctx: BuildContext, force: bool) -> dict[str, Any]:
     listing, inputs_sha = _listed(ctx)
     if not force and not ctx.plan_only and is_up_to_date(ctx.out, ctx.recipe, inputs_sha):
         ctx.report(UP_TO_DATE, 1, 1)
+        export_stage(ctx)  # a new or missing export of the build already there
         return json.loads((ctx.out / MANIFEST).read_text())
     ctx = ctx.with_tokenizer(prepared_tokenizer(ctx, listing.files))
     said = rerun_notice(ctx.recipe, _previous_manifest(ctx.out))
@@ -639,6 +642,7 @@ def _build_locked(ctx: BuildContext, force: bool) -> dict[str, Any]:
         if state.result is not None:
             break
     assert state.result is not None, "the build's last stage sets its result"
+    export_stage(ctx)  # the recipe's `export:` formats, from the committed shards
     if not ctx.plan_only:
         ctx.note(f"build done in {format_duration(time.time() - started)}")
     return state.result

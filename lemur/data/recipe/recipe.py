@@ -22,6 +22,7 @@ from lemur.data.recipe.classifier import ClassifierConfig as ClassifierConfig
 from lemur.data.recipe.classifier import check_classifiers
 from lemur.data.recipe.errors import RecipeError as RecipeError
 from lemur.data.recipe.executor import ExecutorConfig
+from lemur.data.recipe.export import ExportConfig, check_exports
 from lemur.data.recipe.filters import BUILTIN_BENCHMARKS as BUILTIN_BENCHMARKS
 from lemur.data.recipe.filters import PII_KINDS as PII_KINDS
 from lemur.data.recipe.filters import BenchmarkConfig as BenchmarkConfig
@@ -240,6 +241,10 @@ class Recipe:
     # Repositories, paths and document ids dropped at read (recipe/sources.py ExcludeConfig).
     exclude: ExcludeConfig | None = None
 
+    # `export:` formats written from the finished shards (lemur/data/export_stage.py);
+    # not part of the build's identity (`sha256`, the build folder's name). None: none.
+    export: list[ExportConfig] | None = None
+
     def __post_init__(self) -> None:
         # The sections checked themselves; these checks span several of them.
         _check_outputs(self)
@@ -250,6 +255,7 @@ class Recipe:
         if not self.is_chat():  # the code:text ratio and language shares do not apply to chat
             _check_mix_domains(self)
         _check_sizes(self)
+        check_exports(self.export or [], self.output)
         _check_fim(self)
 
     def to_dict(self) -> dict[str, Any]:
@@ -258,7 +264,9 @@ class Recipe:
 
     def sha256(self) -> str:
         """Hash of the resolved recipe, stored in the manifest."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        # Exports are written from the shards, not into them: adding one rebuilds nothing.
+        settings = {k: v for k, v in self.to_dict().items() if k != "export"}
+        blob = json.dumps(settings, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
     def work_root(self) -> Path:
