@@ -267,7 +267,7 @@ KILLED_SIGNER = """
 import os, sys, time
 from datatrove.data import Document
 from lemur.data.dedup.signer import DedupSigner
-from lemur.data.recipe import DedupConfig
+from lemur.data.recipe.recipe import DedupConfig
 
 def docs():
     for i in range(3):

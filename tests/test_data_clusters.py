@@ -250,7 +250,7 @@ def test_a_killed_ray_task_fails_its_stage_then_the_rerun_completes(ray_cluster,
 RETRIED = """
 import os, sys, time
 from pathlib import Path
-from lemur.data.recipe import ExecutorConfig
+from lemur.data.recipe.executor import ExecutorConfig
 from lemur.data.run.executors import make_executor
 
 address, pause = sys.argv[1], Path(sys.argv[2])
@@ -299,7 +299,7 @@ def test_a_lost_ray_task_is_run_again_saying_so(ray_cluster, tmp_path):
 
 NODE = """
 import pathlib, ray
-from lemur.data.recipe import ExecutorConfig
+from lemur.data.recipe.executor import ExecutorConfig
 from lemur.data.run.executors import make_executor
 make_executor(ExecutorConfig(kind="ray", workers=1), [], 1, pathlib.Path("logs"))
 print(ray.get_runtime_context().get_node_id())

@@ -213,7 +213,7 @@ class LoudStep(TaskStep):
 # this process (workers: 1), and our executor gives each task our task logger.
 STAGE = r"""
 from lemur import process_setup
-from lemur.data.recipe import ExecutorConfig
+from lemur.data.recipe.executor import ExecutorConfig
 from lemur.data.run.executors import make_executor
 from loudstep import LoudStep
 

@@ -2,7 +2,7 @@
 reads.
 
 Kept apart from the executors so that checking a recipe imports neither datatrove nor Ray;
-lemur.data.recipe takes the section from here.
+lemur.data.recipe.recipe takes the section from here.
 """
 
 from __future__ import annotations
