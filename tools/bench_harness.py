@@ -160,6 +160,16 @@ def agree(task: str, ours: list[dict], ref: list[dict]) -> str:
     return f"{within}/{len(pairs)} loglikelihoods within tolerance (max |diff| {worst:.1e})"
 
 
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The random Llama's size options (`make_models` reads them), shared with bench_serve."""
+    p.add_argument("--d-model", type=int, default=384)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--d-ff", type=int, default=1024)
+    p.add_argument("--context", type=int, default=512, help="max_seq_len")
+
+
 def main() -> int:
     """Build, run both backends round after round, print a table (and --json)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -168,12 +178,7 @@ def main() -> int:
     p.add_argument("--new", type=int, default=32, help="tokens generated per prompt")
     p.add_argument("--batch-size", type=int, default=8, help="both backends")
     p.add_argument("--rounds", type=int, default=2, help="runs of each (the first is cold)")
-    p.add_argument("--d-model", type=int, default=384)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--heads", type=int, default=6)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--d-ff", type=int, default=1024)
-    p.add_argument("--context", type=int, default=512, help="max_seq_len")
+    add_model_args(p)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()

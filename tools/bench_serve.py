@@ -34,7 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import jax  # noqa: E402
-from bench_harness import agree, make_models, run_task, write_tasks  # noqa: E402
+from bench_harness import add_model_args, agree, make_models, run_task, write_tasks  # noqa: E402
 
 from lemur.eval.load import load_model  # noqa: E402
 from lemur.model.config import param_count  # noqa: E402
@@ -100,12 +100,7 @@ def main() -> int:
     p.add_argument("--client-batch", type=int, default=4, help="prompts per request")
     p.add_argument("--concurrent", type=int, default=8, help="requests at once")
     p.add_argument("--rounds", type=int, default=3, help="runs of each (the first is cold)")
-    p.add_argument("--d-model", type=int, default=384)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--heads", type=int, default=6)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--d-ff", type=int, default=1024)
-    p.add_argument("--context", type=int, default=512, help="max_seq_len")
+    add_model_args(p)
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
     from lm_eval.tasks import TaskManager
