@@ -27,7 +27,8 @@ def _is_greedy(config, params, prompt: list[int], new: list[int]) -> bool:
     """Whether each new token is the argmax after the tokens before it (one forward pass
     over prompt + new, teacher-forced)."""
     seq = np.array([prompt + new], np.int32)
-    logits = np.asarray(llama.forward(params, seq, config))[0]
+    # One compiled program per length (eagerly, each operation would compile per length).
+    logits = np.asarray(jax.jit(llama.forward, static_argnums=2)(params, seq, config))[0]
     return logits[len(prompt) - 1 : -1].argmax(-1).tolist() == new
 
 

@@ -22,9 +22,15 @@ def model():
     return config, llama.init_params(config, jax.random.key(0))
 
 
+def _forward(config, params, ids: np.ndarray) -> np.ndarray:
+    """The model's logits for a [1, T] array: one compiled program per length (eagerly, each
+    of the forward pass's operations would be compiled per length instead)."""
+    return np.asarray(jax.jit(llama.forward, static_argnums=2)(params, ids, config))
+
+
 def _reference(config, params, seq: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """Log-probabilities and greedy flags from one unpadded forward pass, in numpy."""
-    logits = np.asarray(llama.forward(params, np.array([seq], np.int32), config))[0, :-1]
+    logits = _forward(config, params, np.array([seq], np.int32))[0, :-1]
     logits = logits.astype(np.float64)
     logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
     target = np.array(seq[1:])
@@ -51,9 +57,10 @@ def test_greedy_flags_the_argmax(model):
     """A sequence built from the model's own argmax continuations is greedy throughout."""
     config, params = model
     seq = [5]
+    ids = np.zeros((1, 16), np.int32)  # causal: the zeros after the sequence change nothing before
     for _ in range(10):
-        logits = llama.forward(params, np.array([seq], np.int32), config)
-        seq.append(int(np.asarray(logits)[0, -1].argmax()))
+        ids[0, : len(seq)] = seq
+        seq.append(int(_forward(config, params, ids)[0, len(seq) - 1].argmax()))
     (scores,) = scoring.token_logprobs(config, params, [seq])
     assert scores.greedy.all()
     other = seq[:-1] + [(seq[-1] + 1) % config.vocab_size]
