@@ -20,15 +20,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may download
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import jax  # noqa: E402
+import lm_eval  # noqa: E402  (the harness extra, in dev: never skipped)
 import pytest  # noqa: E402
 
 from lemur.convert import cli as convert  # noqa: E402
 from lemur.eval import cli as eval_cli  # noqa: E402
 from lemur.model import checkpoint, llama  # noqa: E402
 from lemur.model.config import LlamaConfig  # noqa: E402
-
-lm_eval = pytest.importorskip("lm_eval")
-pytest.importorskip("transformers")
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = ["lemur_code_mc", "lemur_code_ppl", "lemur_code_gen"]

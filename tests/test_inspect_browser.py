@@ -178,8 +178,7 @@ def test_a_real_builds_drop_reason_opens_its_samples(
     manifest counts lists that reason's sampled documents."""
     entry = json.loads((demo / "manifest.json").read_text()).get("samples") or {}
     folder = demo / entry.get("dir", "samples")
-    if not (folder / "drops.jsonl").is_file():
-        pytest.skip("this build wrote no samples/ (the samples writer is not in yet)")
+    assert (folder / "drops.jsonl").is_file(), f"{folder}: the demo build wrote no drop samples"
     from selenium.webdriver.common.by import By
 
     first = json.loads((folder / "drops.jsonl").read_text().splitlines()[0])
