@@ -35,7 +35,7 @@ BUILD_TIMEOUT = 300  # s: a small build takes well under a minute on any engine
 # leaves out __main__'s globals, hence the imports inside and the class attributes.
 PAUSER = """
 import sys
-from lemur.data import build as build_module
+from lemur.data.stages import reading as reading_stage
 from lemur.data.cli import main
 from lemur.data.encode.step import TokenizeWriter
 
@@ -53,7 +53,7 @@ class PausingWriter(TokenizeWriter):
             time.sleep(600)
         yield from super().run(data, rank, world_size)
 
-build_module.TokenizeWriter = PausingWriter
+reading_stage.TokenizeWriter = PausingWriter
 sys.exit(main(["build", sys.argv[1]]))
 """
 

@@ -380,7 +380,7 @@ def test_malformed_notebooks_skip_only_their_document(tmp_path):
 
 @pytest.mark.parametrize("skip_vendored", [True, False])
 def test_non_utf8_file_name_is_kept_with_an_escaped_id(tmp_path, skip_vendored):
-    from lemur.data.build import sample_texts
+    from lemur.data.encode.prepare import sample_texts
 
     repo = tmp_path / "repo"
     repo.mkdir()

@@ -324,7 +324,7 @@ def test_recipe_made_directly_runs_the_checks_loading_runs(tmp_path):
 
 
 def test_filters_text_enabled_switches_the_four_text_rules_off_at_once(tmp_path):
-    from lemur.data.build import make_filters
+    from lemur.data.stages.reading import make_filters
 
     def kinds(filters: dict) -> list[str]:
         recipe = recipe_from_dict(_recipe(tmp_path, filters=filters))

@@ -16,12 +16,13 @@ import pytest
 import sentencepiece as spm
 from conftest import NO_FILTERS, real_text_docs, write_jsonl
 
-from lemur.data.build import build, inputs_sha256
+from lemur.data.build import build
 from lemur.data.read.listing import list_inputs
 from lemur.data.read.sources import SourcesReader
 from lemur.data.read.split import byte_ranges, part_lines, row_group_runs
 from lemur.data.recipe.errors import RecipeError
 from lemur.data.recipe_loader import recipe_from_dict
+from lemur.data.stages.reading import inputs_sha256
 
 # Lines with every awkward shape: multi-byte UTF-8, CRLF, blank lines, a bad line, and a
 # last line with no newline.

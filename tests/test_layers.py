@@ -497,7 +497,8 @@ DATA_FLOORS: tuple[tuple[str, ...], ...] = (
     ("context",),  # BuildContext: made once per build, handed to the stages above
     ("repos",),
     ("recipe_loader",),  # a recipe read from YAML: presets, overrides, checks that ask the stages
-    ("counts", "budget", "classifier_stage", "sample_stage", "export_stage"),
+    ("counts", "budget", "classifier_stage", "sample_stage"),
+    ("stages",),  # the build's stages, one module each, over the one context
     ("build", "demo", "chat_demo", "stats"),
     ("inspect",),  # the inspect page: reads a finished build through stats
     ("cli",),

@@ -95,7 +95,7 @@ def prepare_tokenizer(data: Path) -> tuple[Path, Path]:
     """Train one 32k SentencePiece model on a sample; convert it for HF `tokenizers`."""
     from transformers import LlamaTokenizerFast
 
-    from lemur.data.build import sample_texts
+    from lemur.data.encode.prepare import sample_texts
     from lemur.data.encode.tokenizer import train_tokenizer
     from lemur.data.read.listing import list_inputs
     from lemur.data.recipe.tokenizer import TokenizerTrainConfig

@@ -100,11 +100,11 @@ def build_data(work: Path, mb: float) -> tuple[Path, Path]:
 
 def lemur_chain(code: Path, text: Path):
     """Run lemur's read -> tag -> filter steps in-process; return (docs in, docs kept)."""
-    from lemur.data.build import make_filters
     from lemur.data.filter.tagging import LanguageTagger
     from lemur.data.read.listing import list_inputs
     from lemur.data.read.sources import SourcesReader
     from lemur.data.recipe_loader import recipe_from_dict
+    from lemur.data.stages.reading import make_filters
 
     recipe = recipe_from_dict(
         {

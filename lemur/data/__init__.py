@@ -2,7 +2,8 @@
 
 | module / package | what it holds |
 |---|---|
-| `build` | `build`, the driver of every stage |
+| `build` | `build`, the driver: the output locked, the inputs listed, `STAGES` run |
+| `stages/` | the stages, one module each: read, fim, repos, plan, shuffle, commit, export |
 | `context` | `BuildContext`: recipe, corpus, tokenizer opened once, stage runner; `BuildError` |
 | `recipe/`, `recipe_loader` | the config of every stage (`Recipe`); `load_recipe` |
 | `corpus`, `mix` | the kind of corpus (every way a chat build differs); the mix planner |

@@ -241,7 +241,7 @@ def _tokenizer_out(out: str) -> Path:
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     """Train only the tokenizer of a recipe and write it to --out."""
-    from lemur.data.build import sample_texts
+    from lemur.data.encode.prepare import sample_texts
     from lemur.data.encode.tokenizer import (
         TokenizerError,
         TokenizerSettingsError,

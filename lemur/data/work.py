@@ -27,6 +27,8 @@ The demo's gathered text lives under `<output>/.work/demo-sources/` (`demo_sourc
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -140,3 +142,9 @@ def completion_marker(stage: Path, rank: int) -> Path:
     """datatrove's marker of task `rank` done, of a stage logging under `stage/logs`: a rerun
     skips the tasks that have one."""
     return stage / "logs" / "completions" / f"{rank:05d}"
+
+
+def settings_sha(obj: object) -> str:
+    """The sha256 (hex) of settings as sorted JSON: what names a work folder or a build's
+    own directory by content (any change to the settings moves it)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()

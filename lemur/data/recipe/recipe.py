@@ -241,7 +241,7 @@ class Recipe:
     # Repositories, paths and document ids dropped at read (recipe/sources.py ExcludeConfig).
     exclude: ExcludeConfig | None = None
 
-    # `export:` formats written from the finished shards (lemur/data/export_stage.py);
+    # `export:` formats written from the finished shards (lemur/data/stages/exporting.py);
     # not part of the build's identity (`sha256`, the build folder's name). None: none.
     export: list[ExportConfig] | None = None
 
