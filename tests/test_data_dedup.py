@@ -18,7 +18,15 @@ from lemur.data.dedup.buckets import Verifier
 from lemur.data.dedup.cluster import DedupResult, connected_roots
 from lemur.data.dedup.merge import BigGroup, chunk_entries, merge_runs
 from lemur.data.dedup.runs import GOLDEN64, RUN
-from lemur.data.dedup.signer import DedupSigner, normalized_hash, shingles
+from lemur.data.dedup.signer import (
+    DedupSigner,
+    combine_ngrams,
+    minhash,
+    normalized_hash,
+    permutations,
+    shingles,
+    words_of,
+)
 from lemur.data.dedup.sketch import NONE, bottom_k, sketch_jaccard
 from lemur.data.dedup.stage import dedup_result, dedup_stages
 from lemur.data.recipe.recipe import DedupConfig
@@ -210,6 +218,38 @@ def test_hashing_building_blocks():
     assert len(shingles("short text", 5)) == 1 and len(shingles("", 5)) == 0
     roots = connected_roots(6, np.array([5, 1, 3]), np.array([4, 2, 4]))
     assert roots.tolist() == [0, 1, 1, 3, 3, 3]
+
+
+def test_words_and_signatures_match_their_definitions():
+    """The fast paths (ASCII words by translate + split, the min before the shift) give what
+    the definitions give: `\\w+` words, the n-gram hashes of each word's xxh3, and the min
+    over shingles of ((x ^ k) * m) >> 32 per permutation."""
+    import xxhash
+
+    every_ascii = "".join(map(chr, range(128))) * 2  # \x1c-\x1f: whitespace to str.split
+    texts = [p.read_text(encoding="utf-8") for p in real_python_files(20)]
+    texts += [d["text"] for d in real_text_docs(20)]
+    texts += [
+        every_ascii,
+        "naïve café\u00a0x_1 über\u2028end",
+        "ÅNGSTRÖM_2 ı İ",
+        "",
+        "_",
+        " \t\x1f",
+    ]
+    keys, mults = permutations(25, 7)
+    for text in texts:
+        assert words_of(text) == re.findall(r"\w+", text)
+        words = re.findall(r"\w+", text.lower())
+        sh = shingles(text, 5)
+        if not words:
+            assert len(sh) == 0
+            continue
+        h = np.array([xxhash.xxh3_64_intdigest(w) for w in words], np.uint64)
+        assert np.array_equal(sh, np.unique(combine_ngrams(h, min(5, len(h)))))
+        with np.errstate(over="ignore"):
+            full = ((sh[:, None] ^ keys[None, :]) * mults[None, :]) >> np.uint64(32)
+        assert np.array_equal(minhash(sh, keys, mults), full.min(axis=0).astype(np.uint32))
 
 
 def test_build_keeps_one_copy_across_sources(tmp_path):

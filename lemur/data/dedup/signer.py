@@ -18,6 +18,8 @@ from lemur.data.recipe.recipe import DedupConfig
 from lemur.shards.format import open_array
 
 _WORD = re.compile(r"\w+")
+# Every ASCII character `\w` does not match, to a space (`words_of`'s fast path).
+_NOT_WORD = str.maketrans({c: " " for c in map(chr, range(128)) if not (c.isalnum() or c == "_")})
 
 
 _BLOCK = 4096  # shingles per block when computing MinHash (bounds memory per document)
@@ -30,15 +32,23 @@ def normalized_hash(text: str) -> int:
     return xxhash.xxh3_64_intdigest(norm)
 
 
+def words_of(text: str) -> list[str]:
+    """The `\\w+` words of a text, in order."""
+    if text.isascii():
+        # The same words at about half the regex's cost: in ASCII, `\w` is [A-Za-z0-9_], so
+        # every other character becomes a space and `split` cuts there.
+        return text.translate(_NOT_WORD).split()
+    return _WORD.findall(text)
+
+
 def shingles(text: str, n: int) -> np.ndarray:
     """Unique uint64 hashes of the word n-grams of a lowercased text (one n-gram if shorter)."""
-    words = _WORD.findall(text.lower())
+    words = words_of(text.lower())
     if not words:
         return np.zeros(0, np.uint64)
-    vocab: dict[str, int] = {}
-    ids = [vocab.setdefault(w, len(vocab)) for w in words]
-    word_hash = np.fromiter((xxhash.xxh3_64_intdigest(w) for w in vocab), np.uint64, len(vocab))
-    h = word_hash[np.asarray(ids, np.int64)]
+    # Each word hashed where it stands (`map` keeps the loop in C): cheaper than hashing the
+    # distinct words once and indexing, at the same values.
+    h = np.fromiter(map(xxhash.xxh3_64_intdigest, words), np.uint64, len(words))
     return np.unique(combine_ngrams(h, min(n, len(h))))
 
 
@@ -68,13 +78,15 @@ def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def minhash(shingle_hashes: np.ndarray, keys: np.ndarray, mults: np.ndarray) -> np.ndarray:
     """MinHash signature (uint32 per permutation): min over shingles of ((x ^ k) * m) >> 32."""
-    sig = np.full(len(keys), np.iinfo(np.uint32).max, np.uint32)
+    # `>> 32` is monotone, so the min of the shifted values is the shifted min: the shift
+    # and the cast to uint32 run once per permutation, not once per shingle and permutation.
+    low = np.full(len(keys), np.iinfo(np.uint64).max, np.uint64)
     with np.errstate(over="ignore"):
         for start in range(0, len(shingle_hashes), _BLOCK):
-            x = shingle_hashes[start : start + _BLOCK, None]
-            h = (((x ^ keys[None, :]) * mults[None, :]) >> np.uint64(32)).astype(np.uint32)
-            np.minimum(sig, h.min(axis=0), out=sig)
-    return sig
+            h = np.bitwise_xor(shingle_hashes[start : start + _BLOCK, None], keys[None, :])
+            np.multiply(h, mults[None, :], out=h)
+            np.minimum(low, h.min(axis=0), out=low)
+    return (low >> np.uint64(32)).astype(np.uint32)
 
 
 class DedupSigner(PipelineStep):
