@@ -160,25 +160,39 @@ class DataLikeFilter(CodeRule):
 # the three regexes over whole files, with the same matches.
 HEX_DATA = re.compile(r"(?:\b(?:0x|\\x)?[0-9a-fA-F]{2}(?:,|\b\s*)){8,}")
 _UNICODE = re.compile(r"\\u[0-9a-fA-F]{4}(?:\\u[0-9a-fA-F]{4}){7,}")
-_BASE64_BYTES = np.zeros(256, np.int8)
-_BASE64_BYTES[[ord(c) for c in string.ascii_letters + string.digits + "+/\n="]] = 1
-_LETTER_BYTES = np.zeros(256, np.int64)
-_LETTER_BYTES[[ord(c) for c in string.ascii_letters]] = 1
+_BASE64_BYTES = np.zeros(256, bool)
+_BASE64_BYTES[[ord(c) for c in string.ascii_letters + string.digits + "+/\n="]] = True
+_NOT_LETTER_BYTES = np.ones(256, np.uint8)
+_NOT_LETTER_BYTES[[ord(c) for c in string.ascii_letters]] = 0
 BASE64_MIN_RUN = 64
-# Characters a HEX_DATA match can contain (hex digits, the 0x / \\x prefixes, commas, ASCII
-# whitespace as `\s` matches it), and the hex digits, of which a match holds >= 16.
-_HEX_RUN_BYTES = np.zeros(256, np.int8)
-_HEX_RUN_BYTES[[ord(c) for c in string.hexdigits + "x\\," + string.whitespace]] = 1
-_HEX_RUN_BYTES[0x1C:0x20] = 1  # str.isspace() separators, which `\s` also matches
-_HEX_DIGIT_BYTES = np.zeros(256, np.int64)
-_HEX_DIGIT_BYTES[[ord(c) for c in string.hexdigits]] = 1
+# Characters a HEX_DATA match can contain (hex digits, the 0x / \\x prefixes, commas,
+# whitespace as `\s` matches it: `str.isspace()`), and the hex digits, of which a match holds
+# >= 16. By code point below 256; the wider spaces (a test checks the list) apart.
+_HEX_RUN_CHARS = np.zeros(256, bool)
+_HEX_RUN_CHARS[[ord(c) for c in string.hexdigits + "x\\,\x85\xa0" + string.whitespace]] = True
+_HEX_RUN_CHARS[0x1C:0x20] = True  # str.isspace() separators, which `\s` also matches
+WIDE_SPACES = np.array([0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000])
+_HEX_DIGIT_CHARS = np.zeros(256, np.uint8)
+_HEX_DIGIT_CHARS[[ord(c) for c in string.hexdigits]] = 1
 HEX_MIN_DIGITS = 16  # eight items of two digits
 
 
-def _runs(member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, ends) of the maximal runs of 1s of a 0/1 array."""
-    edges = np.diff(member, prepend=0, append=0)
-    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+def true_runs(member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the maximal runs of True of a boolean array."""
+    # Edges between a False-padded copy and itself shifted alternate start, end (`np.diff`
+    # with `prepend=0`, before, widened a 0/1 int8 array to int64, 8 bytes an element).
+    padded = np.zeros(len(member) + 2, bool)
+    padded[1:-1] = member
+    edges = np.flatnonzero(padded[1:] != padded[:-1])
+    return edges[0::2], edges[1::2]
+
+
+def _run_bounds(starts: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
+    """`reduceat` indices for runs: each start and end (an end at `size` left out, the last
+    run then reducing to the end)."""
+    bounds = np.empty(2 * len(starts), np.intp)
+    bounds[0::2], bounds[1::2] = starts, ends
+    return bounds[:-1] if bounds[-1] == size else bounds
 
 
 def base64_runs(b: np.ndarray) -> list[int]:
@@ -188,34 +202,49 @@ def base64_runs(b: np.ndarray) -> list[int]:
     its UTF-8 bytes are its characters); one without a newline made only of letters is
     a long word or identifier, not data, and does not count.
     """
-    starts, ends = _runs(_BASE64_BYTES[b])
+    starts, ends = true_runs(_BASE64_BYTES[b])
     long = ends - starts >= BASE64_MIN_RUN
     starts, ends = starts[long], ends[long]
     if not len(starts):
         return []
-    newlines = np.concatenate(([0], np.cumsum(b == 10)))
-    letters = np.concatenate(([0], np.cumsum(_LETTER_BYTES[b])))
-    length = ends - starts
-    word = (newlines[ends] == newlines[starts]) & (letters[ends] - letters[starts] == length)
-    return length[~word].tolist()
+    # Made only of letters (so without a newline): no byte outside the letters in the run.
+    bounds = _run_bounds(starts, ends, len(b))
+    word = np.bitwise_or.reduceat(_NOT_LETTER_BYTES[b], bounds)[0::2] == 0
+    return (ends - starts)[~word].tolist()
+
+
+def _hex_chars(text: str, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(may be in a HEX_DATA match, is a hex digit) of each character of `text` (`b`: its
+    UTF-8): by byte for ASCII, else by code point (UTF-32)."""
+    if len(b) == len(text):
+        return _HEX_RUN_CHARS[b], _HEX_DIGIT_CHARS[b]
+    points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
+    low = np.minimum(points, 255)  # 255 (`ÿ`) is neither
+    member = _HEX_RUN_CHARS[low]
+    wide = np.flatnonzero(points > 255)
+    member[wide] = np.isin(points[wide], WIDE_SPACES)
+    return member, _HEX_DIGIT_CHARS[low]
 
 
 def hex_spans(text: str, b: np.ndarray) -> list[int]:
     """Lengths of the HEX_DATA matches of a text (`b`: its UTF-8) that count as encoded data.
 
-    A match only holds characters of `_HEX_RUN_BYTES` and at least 16 hex digits, so the
-    regex runs only over such stretches, from their start to one past their end (so that
-    `\\b` sees the next character); the same matches as over the whole text. A text with
-    non-ASCII characters (other whitespace, byte offsets that are not character offsets)
-    is searched whole.
+    A match only holds characters of `_HEX_RUN_CHARS` (or wide spaces) and at least 16 hex
+    digits, so the regex runs only over such stretches, from their start to one past their
+    end (so that `\\b` sees the next character; before the start it sees the text's own);
+    the same matches as over the whole text.
     """
-    if len(b) != len(text):
-        windows = [(0, len(text))]
-    else:
-        starts, ends = _runs(_HEX_RUN_BYTES[b])
-        digits = np.concatenate(([0], np.cumsum(_HEX_DIGIT_BYTES[b])))
-        keep = digits[ends] - digits[starts] >= HEX_MIN_DIGITS
-        windows = zip(starts[keep].tolist(), (ends[keep] + 1).tolist(), strict=True)
+    member, digit = _hex_chars(text, b)
+    starts, ends = true_runs(member)
+    # Fewer than 16 characters cannot hold 16 digits: only longer runs are counted.
+    long = ends - starts >= HEX_MIN_DIGITS
+    starts, ends = starts[long], ends[long]
+    if not len(starts):
+        return []
+    bounds = _run_bounds(starts, ends, len(member))
+    digits = np.add.reduceat(digit, bounds, dtype=np.int64)[0::2]
+    keep = digits >= HEX_MIN_DIGITS
+    windows = zip(starts[keep].tolist(), (ends[keep] + 1).tolist(), strict=True)
     return [
         m.end() - m.start()
         for lo, hi in windows
