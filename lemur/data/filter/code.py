@@ -150,6 +150,9 @@ class DataLikeFilter(CodeRule):
         digits = np.count_nonzero(b - ord("0") < 10)  # uint8 arithmetic wraps
         if digits <= self.config.max_numeric_fraction * n_fields:
             return True
+        # Closer: the fields with a digit (ASCII text, whose fields numpy finds exactly).
+        if len(b) == len(doc.text) and few_digit_fields(b, self.config.max_numeric_fraction):
+            return True
         fields = [f for f in _FIELD_SPLIT.split(doc.text) if f]
         if len(fields) < 20:
             return True
@@ -158,6 +161,24 @@ class DataLikeFilter(CodeRule):
             limit = self.config.max_numeric_fraction
             return Dropped("data_like", "numeric_fraction", numeric / len(fields), ">", limit)
         return True
+
+
+def field_separators(x: np.ndarray) -> np.ndarray:
+    """The ASCII characters `_FIELD_SPLIT` splits at: `\\s` (\\t-\\r, \\x1c-space), `,;:[]{}()`."""
+    space = (x - 0x09 < 5) | (x - 0x1C < 5)
+    punct = (x == ord(",")) | (x - ord(":") < 2) | (x == ord("[")) | (x == ord("]"))
+    return space | punct | (x == ord("{")) | (x == ord("}")) | (x - ord("(") < 2)
+
+
+def few_digit_fields(b: np.ndarray, fraction: float) -> bool:
+    """Whether at most `fraction` of the fields of ASCII text `b` hold a digit: then at most
+    that fraction are numeric (each numeric field holds one), and the text is not data-like."""
+    starts, ends = true_runs(~field_separators(b))
+    if not len(starts):
+        return True
+    bounds = _run_bounds(starts, ends, len(b))
+    with_digit = np.logical_or.reduceat(b - ord("0") < 10, bounds)[0::2]
+    return int(np.count_nonzero(with_digit)) <= fraction * len(starts)
 
 
 # StarCoder's three patterns. Base64 runs are found with numpy (`base64_runs`; the regex
