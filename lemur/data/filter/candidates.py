@@ -8,10 +8,10 @@ A candidate is a long token (16+ characters of `[A-Za-z0-9+/=_.-]` with a letter
   line that names a credential (`key`, `secret`, `token`, `password`, `aws`, ...: what its
   keyword-anchored detectors need).
 Long identifiers with digits (`_mm512_mask_cvtepi32_storeu_epi8`) are most of the long
-tokens of C code; they pass only on a credential line. For ASCII text (most code) tokens
-are found with numpy over the bytes (other characters, never part of a token, are read as
-`?`); whether a token has a known shape is asked of the few that one regex over all of a
-document's tokens flags.
+tokens of C code; they pass only on a credential line. Tokens are found with numpy over the
+text's bytes (a non-ASCII character, never part of a token, read as one `?`); whether a token
+has a known shape is asked only of the few that one regex over all of a document's tokens
+flags.
 """
 
 from __future__ import annotations
