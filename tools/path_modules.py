@@ -21,8 +21,10 @@ the issue was filed against (4dcc95b: 29 modules, 5,560 lines).
 A third figure, the trip (`--trip N`), walks the path as a reader follows it: every function
 of the spine once, at its first call, in call order (its module is the room it stands in).
 A stay is a run of such steps in one module; a return is a stay in a module the walk had
-already left. It prints stays, rooms and returns over the first N steps and the whole walk
-(issue #45: fewer returns means a reader goes back less often to a module already read).
+already left. It prints stays, rooms and returns over the first N steps and the whole walk,
+from the command and from the path's driver on (`build()`, `train()`: issue #45 walks the
+recipe from `build()`; fewer returns means a reader goes back less often to a module
+already read).
 Another checkout's figures, by the same rule: `PYTHONPATH=/tmp/before python tools/...`.
 """
 
@@ -40,6 +42,9 @@ import lemur
 
 ROOT = Path(lemur.__file__).resolve().parent
 
+# Where issue #45's trip starts: the first call of the path's own driver.
+START = {"build": ("lemur.data.build", "build"), "train": ("lemur.train.loop", "train")}
+
 # Modules left out of the spine: one step's own work, not the way through the build.
 LEAVES = re.compile(
     r"lemur\.data\.filter\..*"
@@ -50,15 +55,16 @@ LEAVES = re.compile(
 )
 
 
-def trace(run) -> tuple[list[str], list[str]]:
+def trace(run) -> tuple[list[str], list[tuple[str, str]]]:
     """Modules of `lemur` (dotted names) with code run by `run()`, in first-call order, and
-    the module of each function of lemur at its first call, in call order (the trip).
+    (module, function name) of each function of lemur at its first call, in call order (the
+    trip).
 
     Code run while a module is imported does not count (a module body, the class bodies
     in it, the functions it calls at import time): only what the command itself calls.
     """
     seen: dict[str, None] = {}
-    steps: dict[object, str] = {}  # code object -> its file, at the function's first call
+    steps: dict[object, tuple[str, str]] = {}  # code object -> (file, name) at its first call
     local = threading.local()
 
     def hook(frame, event, arg) -> None:  # noqa: ANN001 - the profile hook's signature
@@ -77,7 +83,7 @@ def trace(run) -> tuple[list[str], list[str]]:
         path = code.co_filename
         if path.startswith(str(ROOT)):
             seen.setdefault(path, None)
-            steps.setdefault(code, path)
+            steps.setdefault(code, (path, code.co_name))
 
     threading.setprofile(hook)
     sys.setprofile(hook)
@@ -88,7 +94,7 @@ def trace(run) -> tuple[list[str], list[str]]:
     finally:
         sys.setprofile(None)
         threading.setprofile(None)
-    return [_dotted(path) for path in seen], [_dotted(path) for path in steps.values()]
+    return [_dotted(path) for path in seen], [(_dotted(p), name) for p, name in steps.values()]
 
 
 def _dotted(path: str) -> str:
@@ -139,10 +145,18 @@ def main() -> int:
         print(f"  {name} ({lines[name]})")
     spine = [n for n in names if not LEAVES.fullmatch(n)]
     print(f"spine: {len(spine)} modules ({sum(lines[n] for n in spine):,} lines)")
-    walk = [m for m in steps if not LEAVES.fullmatch(m)]
-    for label, part in ((f"first {args.trip} steps", walk[: args.trip]), ("whole", walk)):
-        stays, rooms, returns = trip(part)
-        print(f"trip, {label}: {stays} stays, {rooms} rooms, {returns} returns")
+    walk = [(m, f) for m, f in steps if not LEAVES.fullmatch(m)]
+    # Issue #45 walks the recipe from `build()`: the same walk without the command's own
+    # steps before it (argument parsing, the recipe read and checked).
+    start = next((i for i, s in enumerate(walk) if s == START[args.path]), 0)
+    for origin, part in (("the command", walk), (START[args.path][1] + "()", walk[start:])):
+        rooms_walked = [m for m, _ in part]
+        for label, sub in (
+            (f"first {args.trip} steps", rooms_walked[: args.trip]),
+            ("whole", rooms_walked),
+        ):
+            stays, rooms, returns = trip(sub)
+            print(f"trip from {origin}, {label}: {stays} stays, {rooms} rooms, {returns} returns")
     return 0
 
 

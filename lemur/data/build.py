@@ -4,7 +4,7 @@
 build, prepares the tokenizer into the one `BuildContext`, then runs `STAGES` (one module
 each under stages/), each a `Stage` from the `BuildState` the one before left to the next:
 read (read, tag, filter, sign, tokenize; dedup), fim, repos, plan (histograms, the mix),
-shuffle (scatter, gather: the shards), commit (the manifest); then the recipe's exports.
+scatter, gather (the shards), commit (the manifest); then the recipe's exports.
 Every stage's tasks run on the recipe's executor through the context (`ctx.stage`)."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from lemur.data.stages.grouping import repos_stage
 from lemur.data.stages.infilling import fim_stage
 from lemur.data.stages.planning import plan_stage
 from lemur.data.stages.reading import inputs_sha256, read_stage, work_key
-from lemur.data.stages.shuffling import shuffle_stage
+from lemur.data.stages.shuffling import gather_stage, scatter_stage
 from lemur.data.stages.state import BuildState, Stage
 from lemur.progress import format_duration
 from lemur.shards.check import check_structure
@@ -62,7 +62,8 @@ STAGES: tuple[Stage, ...] = (
     fim_stage,
     repos_stage,
     plan_stage,
-    shuffle_stage,
+    scatter_stage,
+    gather_stage,
     commit_stage,
 )
 

@@ -92,11 +92,9 @@ class PackStages:
         masks = self.corpus.loss_masks
         return PackSettings.of(plan, Groups.of(self.recipe, self.corpus), self.dtype, masks)
 
-    def shuffle(
-        self, plan: PackPlan, out_dir: Path, writer: ShardWriter = write_shard
-    ) -> list[ShardInfo]:
-        """Scatter tasks, then gather tasks writing the shards under `out_dir/prefix` with
-        `writer`, the final writer (default: lemur's shards)."""
+    def scatter(self, plan: PackPlan) -> None:
+        """The scatter tasks: every document of the run to its shard's bucket, in the plan's
+        order (a task whose files another process changed is redone on a rerun)."""
         settings, shuffle_dir = self.settings(plan), self.shuffle_dir
         scatter = PackScatter(self.tok_dir, self.dedup_dir, shuffle_dir, settings)
         self.run_stage([scatter], shuffle_dir / "scatter", self.n_tasks, "shuffle: scatter")
@@ -111,6 +109,13 @@ class PackStages:
                 f"{bad[0][1]}; the shuffle's work files were changed by another process or a "
                 f"damaged disk: rerun the build to redo {len(bad)} scatter task(s)"
             )
+
+    def gather(
+        self, plan: PackPlan, out_dir: Path, writer: ShardWriter = write_shard
+    ) -> list[ShardInfo]:
+        """The gather tasks (one per shard), after `scatter`: the shards under
+        `out_dir/prefix`, written by `writer`, the final writer (default: lemur's shards)."""
+        settings, shuffle_dir = self.settings(plan), self.shuffle_dir
         shards = [(self._rel(rel), split, d) for rel, split, d in plan.buckets()]
         gather = PackGather(shuffle_dir, self.n_tasks, out_dir, shards, settings, writer)
         self.run_stage([gather], shuffle_dir / "gather", len(shards), "shuffle: write")

@@ -11,7 +11,7 @@ gathers). A stage with nothing to do for a recipe returns the state as it is.
 | `infilling` | `fim_stage` | with `fim:`, the run's code documents rewritten |
 | `grouping` | `repos_stage` | with `repos:`, repository documents |
 | `planning` | `plan_stage` | the pack stage's histograms, the mix and val plan |
-| `shuffling` | `shuffle_stage` | scatter and gather tasks: the shards |
+| `shuffling` | `scatter_stage`, `gather_stage` | scatter tasks, then gather tasks: the shards |
 | `committing` | `commit_stage` | the manifest; the output switched to the new build |
 | `exporting` | `export_stage` | the recipe's `export:` formats, after the commit |
 """
