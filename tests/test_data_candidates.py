@@ -9,13 +9,13 @@ import numpy as np
 from conftest import real_python_files
 
 from lemur.data.filter.candidates import (
-    _KNOWN,
-    _line_bounds,
-    _numbered,
-    _quoted,
+    KNOWN_KEYS,
     candidate_lines,
+    is_quoted,
+    line_bounds,
     long_tokens,
     names_credential,
+    numbered_lines,
 )
 from lemur.data.filter.code import true_runs
 
@@ -32,19 +32,19 @@ def reference_tokens(text: str) -> list[tuple[int, int, bool]]:
 
 
 def reference_lines(text: str) -> list[tuple[int, int, str]]:
-    """The candidate lines, `_KNOWN` searched in every token."""
+    """The candidate lines, `KNOWN_KEYS` searched in every token."""
     lines: dict[int, str] = {}
     for start, end, has_digit in reference_tokens(text):
-        known = _KNOWN.search(text[start:end]) is not None
+        known = KNOWN_KEYS.search(text[start:end]) is not None
         if not known and not has_digit:
             continue
-        a, b = _line_bounds(text, start, end)
+        a, b = line_bounds(text, start, end)
         if a in lines:
             continue
-        if not known and not _quoted(text, start, end) and not names_credential(text[a:b]):
+        if not known and not is_quoted(text, start, end) and not names_credential(text[a:b]):
             continue
         lines[a] = text[a:b]
-    return _numbered(text, lines)
+    return numbered_lines(text, lines)
 
 
 def fuzz_texts(n: int, seed: int = 5) -> list[str]:
@@ -67,7 +67,7 @@ def test_long_tokens_equal_a_regex_scan():
 
 def test_candidate_lines_equal_a_per_token_scan():
     texts = [p.read_text() for p in real_python_files(20)] + fuzz_texts(3000, seed=6)
-    # Each shape `_KNOWN` knows, whole, as its own token and inside a longer one.
+    # Each shape `KNOWN_KEYS` knows, whole, as its own token and inside a longer one.
     shapes = [
         "AKIAABCDEFGHIJKLMNOP",
         "ghp_" + "a" * 36,

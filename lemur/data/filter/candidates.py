@@ -29,15 +29,16 @@ MIN_TOKEN = 16
 # whether it has a digit and a letter.
 _BITS = (("+/=_.-", 1), (string.digits, 2), (string.ascii_letters, 4))
 _CLASS = bytes(sum(bit for chars, bit in _BITS if chr(i) in chars) for i in range(256))
-_KNOWN = re.compile(
+# Known credential key shapes (AWS, GitHub, Slack, Stripe, SendGrid, JWT, ...) in a token.
+KNOWN_KEYS = re.compile(
     r"^A(?:KIA|SIA|BIA|CCA|3T[A-Z0-9]|KC)|gh[pousr]_|github_pat_|xox[a-z]-|hooks\.slack|"
     r"[rs]k_live_|SG\.|eyJ|AccountKey=|_authToken|[a-z0-9]{32}-us\d|(?:AC|SK)[a-z0-9]{32}|"
     r"^[MNO][\w-]{23,25}\.[\w-]{6}\."
 )
-# What every `_KNOWN` match in a token holds: in the tokens joined as `\n` + token, a
+# What every `KNOWN_KEYS` match in a token holds: in the tokens joined as `\n` + token, a
 # `_KNOWN_HINT` match (`^` read as the newline before the token; `[a-z0-9]{32}-us\d` as its
 # `-us\d`). Each branch starts with a literal, so `re` skips to the candidates fast. A prefilter
-# only: `_KNOWN` decides on the tokens it flags.
+# only: `KNOWN_KEYS` decides on the tokens it flags.
 _KNOWN_HINT = re.compile(
     r"\nA(?:KIA|SIA|BIA|CCA|3T[A-Z0-9]|KC)|\n[MNO][\w-]{23,25}\.[\w-]{6}\.|gh[pousr]_|github_pat_|"
     r"xox[a-z]-|hooks\.slack|rk_live_|sk_live_|SG\.|eyJ|AccountKey=|_authToken|-us\d|"
@@ -77,12 +78,13 @@ def long_tokens(text: str) -> list[tuple[int, int, bool]]:
     return list(zip(starts.tolist(), ends.tolist(), digit.tolist(), strict=True))
 
 
-def _line_bounds(text: str, start: int, end: int) -> tuple[int, int]:
+def line_bounds(text: str, start: int, end: int) -> tuple[int, int]:
+    """(start, end) of the line holding text[start:end] (end before its newline)."""
     stop = text.find("\n", end)
     return text.rfind("\n", 0, start) + 1, len(text) if stop < 0 else stop
 
 
-def _quoted(text: str, start: int, end: int) -> bool:
+def is_quoted(text: str, start: int, end: int) -> bool:
     """The token is a whole string literal: the same quote right before and right after."""
     return (
         0 < start and end < len(text) and text[start - 1] in "\"'" and text[end] == text[start - 1]
@@ -90,7 +92,7 @@ def _quoted(text: str, start: int, end: int) -> bool:
 
 
 def _known(text: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Which tokens `_KNOWN` finds a key shape in (searched in only the flagged ones)."""
+    """Which tokens `KNOWN_KEYS` finds a key shape in (searched in only the flagged ones)."""
     known = np.zeros(len(starts), bool)
     if len(starts) == 0:
         return known
@@ -101,7 +103,7 @@ def _known(text: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     joined = "\n" + "\n".join([text[a:b] for a, b in spans])
     at = [m.start() + (joined[m.start()] == "\n") for m in _KNOWN_HINT.finditer(joined)]
     for i in set(np.searchsorted(firsts, at, side="right").tolist()):
-        known[i - 1] = _KNOWN.search(text[starts[i - 1] : ends[i - 1]]) is not None
+        known[i - 1] = KNOWN_KEYS.search(text[starts[i - 1] : ends[i - 1]]) is not None
     return known
 
 
@@ -117,20 +119,20 @@ def candidate_lines(text: str) -> list[tuple[int, int, str]]:
     for start, end, is_known in zip(
         starts[pick].tolist(), ends[pick].tolist(), known[pick].tolist(), strict=True
     ):
-        a, b = _line_bounds(text, start, end)
+        a, b = line_bounds(text, start, end)
         if a in lines:
             continue
         if not is_known:
-            if not _quoted(text, start, end):
+            if not is_quoted(text, start, end):
                 if a not in credential:
                     credential[a] = names_credential(text[a:b])
                 if not credential[a]:
                     continue
         lines[a] = text[a:b]
-    return _numbered(text, lines)
+    return numbered_lines(text, lines)
 
 
-def _numbered(text: str, lines: dict[int, str]) -> list[tuple[int, int, str]]:
+def numbered_lines(text: str, lines: dict[int, str]) -> list[tuple[int, int, str]]:
     """Fill in line numbers, counting newlines incrementally between sorted line starts."""
     out, number, pos = [], 1, 0
     for a in sorted(lines):
