@@ -42,6 +42,7 @@ from lemur.data.filter.text import (
     GopherQualityFilter,
     GopherRepetitionFilter,
     count_sentences,
+    repeated_ngrams,
     sentence_spans,
 )
 from lemur.data.recipe.filters import (
@@ -383,3 +384,190 @@ def test_data_like_digit_field_bound_never_hides_numeric_fields():
             skipped += 1
             assert numeric <= 0.5 * len(fields), text
     assert skipped >= 100
+
+
+# Straightforward versions of the text rules' fast paths: the fast paths must agree exactly.
+HOSTILE_TEXTS = [
+    "",
+    "\n\n\n",
+    "a\r\nb\r\n\r\nc.\r\n",
+    "One two three.\u2028Four five six.\x1cSeven eight nine.\x85Ten eleven twelve!",
+    "Citations [1] here are cut [edit] out.[2]\nEnds with a citation [3]\nSo..[4].\nFine [x].",
+    "Long " + "x" * 1200 + " word in here.\n" + "y" * 999 + " is just short enough.",
+    "\u00e9t\u00e9 \u00e9t\u00e9 caf\u00e9 na\u00efve.\n\u4f60\u597d\u3002\u4e16\u754c\uff01\n" * 6,
+    "Our cookie policy applies. Terms of use too.\nWe use cookies here, really.\n" * 3,
+    "-- ... \u2026 !!! ?? a.\n" * 30,
+    "\n\n".join(["same para, same words here again and again."] * 4 + ["other one."]),
+    " ".join(["alpha beta gamma delta epsilon"] * 30),
+    "lorem\nLorem Ipsum dolor sit amet.\n",
+]
+
+
+def reference_c4_check(config: C4Config, doc: Document):
+    """C4's rules as first written: every line, every word, every sentence counted."""
+    kept, sentences = [], 0
+    for raw in doc.text.splitlines():
+        line = raw.strip()
+        words = line.split()
+        if config.max_word_length is not None and any(
+            len(w) > config.max_word_length for w in words
+        ):
+            continue
+        if config.remove_citations:
+            line = re.sub(r"\[\d*]|\[edit]|\[citation needed]", "", line)
+        ends = (".", "?", "!", '"', "'")
+        if config.terminal_punct and (not line.endswith(ends) or line.endswith("...")):
+            continue
+        if config.min_words_per_line is not None and len(words) < config.min_words_per_line:
+            continue
+        lower = line.lower()
+        if config.lorem_ipsum and "lorem ipsum" in lower:
+            return (False, "lorem_ipsum"), None
+        if config.javascript and "javascript" in lower:
+            continue
+        if config.curly_bracket and "{" in line:
+            return (False, "curly_bracket"), None
+        policy = ("terms of use", "privacy policy", "cookie policy", "uses cookies")
+        policy += ("use of cookies", "use cookies")
+        if config.policy and any(p in lower for p in policy):
+            continue
+        if config.min_sentences:
+            sentences += count_sentences(line)
+        kept.append(line)
+    if config.min_sentences and sentences < config.min_sentences:
+        return (False, "too_few_sentences"), sentences
+    text = "\n".join(kept).strip() if config.remove_lines else doc.text
+    return True, text
+
+
+C4_CONFIGS = [
+    C4Config(),
+    C4Config(min_sentences=1, min_words_per_line=1, max_word_length=3),
+    C4Config(remove_citations=False, terminal_punct=False, min_words_per_line=0),
+    C4Config(curly_bracket=False, min_sentences=50, remove_lines=False),
+]
+
+
+@pytest.mark.parametrize("config", C4_CONFIGS)
+def test_c4_equals_the_straightforward_rules(config):
+    texts = [d["text"] for d in real_text_docs(120)] + HOSTILE_TEXTS
+    c4 = C4Filter(config)
+    for text in texts:
+        doc = prose(text)
+        got = c4.check(doc)
+        want, detail = reference_c4_check(config, prose(text))
+        assert tuple(got) == want if want is not True else got is True, text[:80]
+        assert (doc.text if got is True else got.value) == (detail or got.value), text[:80]
+
+
+def reference_repeated(words: list[str], n: int) -> dict[int, int]:
+    """Position -> count of every n-gram (as a tuple of words) occurring more than once."""
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    counts = {g: grams.count(g) for g in set(grams)}
+    return {i: counts[g] for i, g in enumerate(grams) if counts[g] > 1}
+
+
+def test_repeated_ngrams_equal_counting_word_tuples():
+    rng = random.Random(0)
+    texts = [d["text"] for d in real_text_docs(40)] + HOSTILE_TEXTS
+    texts += [" ".join(rng.choice("ab") for _ in range(rng.randrange(1, 60))) for _ in range(30)]
+    for text in texts:
+        words = text.split()[:400]
+        vocab = {w: i for i, w in enumerate(dict.fromkeys(words))}
+        ids = np.array([vocab[w] for w in words], np.int64)
+        for n, positions, keys, counts in repeated_ngrams(ids, 10):
+            want = reference_repeated(words, n)
+            assert dict(zip(positions.tolist(), counts.tolist(), strict=True)) == want, (
+                text[:40],
+                n,
+            )
+            # equal keys name equal n-grams
+            grams = {k: tuple(words[p : p + n]) for p, k in zip(positions, keys, strict=True)}
+            assert all(
+                grams[k] == tuple(words[p : p + n]) for p, k in zip(positions, keys, strict=True)
+            )
+            assert len(set(grams.values())) == len(grams)
+
+
+def reference_repetition_check(config: GopherRepetitionConfig, text: str):
+    """Gopher's repetition rules over word tuples and string pieces, as datatrove writes them."""
+
+    def dup(items):
+        seen, n, chars = set(), 0, 0
+        for x in items:
+            if x in seen:
+                n, chars = n + 1, chars + len(x)
+            seen.add(x)
+        return n, chars
+
+    if not text:
+        return "empty"
+    for unit, pieces in (
+        ("para", re.split(r"\n{2,}", text.strip())),
+        ("line", re.split(r"\n+", text)),
+    ):
+        n_dup, chars = dup(pieces)
+        for name, value in (
+            (f"dup_{unit}_frac", n_dup / len(pieces)),
+            (f"dup_{unit}_char_frac", chars / len(text)),
+        ):
+            limit = getattr(config, name)
+            if limit is not None and value > limit:
+                return name, value
+    words = text.split()
+    for n in (2, 3, 4):
+        limit = getattr(config, f"top_{n}_gram")
+        if limit is None or len(words) < n:
+            continue
+        grams = [" ".join(words[i : i + n]) for i in range(len(words) - n + 1)]
+        counts = {g: grams.count(g) for g in set(grams)}
+        top = max(counts.values())
+        best = next(g for g in grams if counts[g] == top)
+        chars = len(best) * top if top >= config.top_ngram_min_count else 0
+        if chars / len(text) > limit:
+            return f"top_{n}_gram", chars / len(text)
+    for n in range(5, 11):
+        limit = getattr(config, f"dup_{n}_gram")
+        if limit is None or len(words) < n:
+            continue
+        seen, chars, idx = set(), 0, 0
+        while idx < len(words) - n + 1:
+            gram = " ".join(words[idx : idx + n])
+            if gram in seen:
+                chars, idx = chars + len(gram) - (n - 1), idx + n
+            else:
+                seen.add(gram)
+                idx += 1
+        if chars / len(text) > limit:
+            return f"duplicated_{n}_n_grams", chars / len(text)
+    return True
+
+
+REPETITION_CONFIGS = [
+    GopherRepetitionConfig(),
+    GopherRepetitionConfig(
+        dup_line_frac=None,
+        dup_para_frac=None,
+        dup_line_char_frac=None,
+        dup_para_char_frac=None,
+        top_2_gram=0.6,
+        top_3_gram=0.5,
+        top_ngram_min_count=2,
+        dup_5_gram=0.3,
+        dup_6_gram=None,
+        dup_8_gram=0.01,
+    ),
+]
+
+
+@pytest.mark.parametrize("config", REPETITION_CONFIGS)
+def test_gopher_repetition_equals_word_tuples(config):
+    f = GopherRepetitionFilter(config)
+    texts = [d["text"] for d in real_text_docs(60)] + HOSTILE_TEXTS
+    for text in texts:
+        got = f.check(prose(text))
+        want = reference_repetition_check(config, text)
+        if want is True or want == "empty":
+            assert (got is True) if want is True else got[1] == "empty", text[:80]
+        else:
+            assert (got[1], got.value) == want, text[:80]

@@ -12,8 +12,9 @@ documents). Those follow the papers: Gopher (Rae et al. 2021, Table A1), C4 (Raf
   for its alphabetic-word ratio) and needs spaCy installed;
 - C4 counts sentences per kept line with a small punctuation rule (`sentence_spans`)
   instead of spaCy's or NLTK's sentence splitter.
-Repeated n-grams are found by hashing word ids with numpy rather than joining strings
-(datatrove's repetition filter was 96% of a Gopher chain's time on this machine).
+Repeated n-grams are found by ranking word-id pairs with numpy rather than joining strings
+(datatrove's repetition filter was 96% of a Gopher chain's time on this machine), each n
+only where the n - 1 first words repeat.
 Each behaviour that departs from the reference is a named option, off by default
 (docs/filters.md lists them).
 """
@@ -21,13 +22,15 @@ Each behaviour that departs from the reference is a named option, off by default
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from itertools import compress, repeat
+from operator import methodcaller, not_
 from typing import Any
 
 import numpy as np
 from datatrove.data import Document
 from datatrove.utils.text import PUNCTUATION_SET, TERMINAL_PUNCTUATION
 
-from lemur.data.dedup.signer import combine_ngrams
 from lemur.data.filter.base import DomainFilter
 from lemur.data.recipe.filters import FineWebConfig
 from lemur.data.samples.records import Dropped
@@ -48,9 +51,19 @@ C4_POLICY = (
 _C4_CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 # A word is a "symbol" when every character is punctuation: stripping them all leaves "".
 _PUNCT = "".join(sorted(PUNCTUATION_SET))
-_PARAGRAPHS = re.compile(r"\n{2,}")
-_LINES = re.compile(r"\n+")
+# `\n\n+` and `\n\n*` are `\n{2,}` and `\n+`, spelled so that `re` searches for the literal
+# prefix (about 4x faster)
+_PARAGRAPHS = re.compile(r"\n\n+")
+_LINES = re.compile(r"\n\n*")
 _SENTENCE_END = re.compile(r"[.!?…]+[\"'”’»)\]]*(?=\s|$)|[。！？]+")
+
+
+def _has_policy(lower: str) -> bool:
+    """Whether a lowercased line holds a C4 policy phrase."""
+    # each phrase holds "cookie", "policy" or "terms of use": look for the rest only then
+    if "cookie" not in lower and "policy" not in lower and "terms of use" not in lower:
+        return False
+    return any(p in lower for p in C4_POLICY)
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
@@ -71,15 +84,9 @@ def count_sentences(text: str) -> int:
 
 def _duplicates(items: list[str]) -> tuple[int, int]:
     """(number of repeated items, characters in repeated items), first occurrences excluded."""
-    seen: set[str] = set()
-    n = chars = 0
-    for x in items:
-        if x in seen:
-            n += 1
-            chars += len(x)
-        else:
-            seen.add(x)
-    return n, chars
+    # every distinct item has exactly one first occurrence: the rest are the repeats
+    distinct = set(items)
+    return len(items) - len(distinct), sum(map(len, items)) - sum(map(len, distinct))
 
 
 class TextRule(DomainFilter):
@@ -99,15 +106,16 @@ class GopherQualityFilter(TextRule):
         """Apply the rules in datatrove's order; the first failing rule names the reason."""
         config, text = self.config, doc.text
         words = text.split()
-        # length rules ignore words made only of punctuation, as datatrove does
-        non_symbol = [w for w in words if w.strip(_PUNCT)]
-        n = len(non_symbol)
+        # length rules ignore words made only of punctuation, as datatrove does (stripping
+        # their punctuation leaves ""); C-level maps, no Python call per word
+        symbols = list(compress(words, map(not_, map(str.strip, words, repeat(_PUNCT)))))
+        n = len(words) - len(symbols)
         if config.min_doc_words and n < config.min_doc_words:
             return Dropped("gopher_short_doc", "words", n, "<", config.min_doc_words)
         if config.max_doc_words and n > config.max_doc_words:
             return Dropped("gopher_long_doc", "words", n, ">", config.max_doc_words)
         if n:
-            avg = sum(map(len, non_symbol)) / n
+            avg = (sum(map(len, words)) - sum(map(len, symbols))) / n
             if config.min_avg_word_length and avg < config.min_avg_word_length:
                 low = config.min_avg_word_length
                 return Dropped("gopher_below_avg_threshold", "mean_word_length", avg, "<", low)
@@ -166,39 +174,70 @@ class GopherQualityFilter(TextRule):
         return None
 
 
-def _top_ngram_chars(h: np.ndarray, lengths: np.ndarray, n: int, min_count: int) -> int:
-    """Characters of the most common n-gram times its count (ties: the earliest), or 0."""
-    _, first, counts = np.unique(h, return_index=True, return_counts=True)
-    top = counts.max()
+def repeated_ngrams(
+    ids: np.ndarray, max_n: int
+) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """For n = 2 .. max_n: (n, positions, keys, counts) of the n-grams that occur more than once.
+
+    `ids` are exact word ids (0 .. V - 1). An n-gram can repeat only where its first n - 1
+    words do, so each level looks only at the previous level's repeated positions and tells
+    n-grams apart exactly, by (class of the first n - 1 words, last word id) pairs ranked with
+    `np.unique`: `keys[k]` names the n-gram at `positions[k]`, `counts[k]` how often it occurs.
+    """
+    vocab = int(ids.max()) + 1 if len(ids) else 1
+    counts = np.bincount(ids, minlength=vocab)
+    positions = np.flatnonzero(counts[ids] > 1)
+    keys = ids[positions]
+    for n in range(2, max_n + 1):
+        inside = positions <= len(ids) - n
+        positions, keys = positions[inside], keys[inside]
+        if len(positions):
+            pairs = keys * vocab + ids[positions + n - 1]
+            _, keys, counts = np.unique(pairs, return_inverse=True, return_counts=True)
+            counts = counts[keys]
+            repeated = counts > 1
+            positions, keys, counts = positions[repeated], keys[repeated], counts[repeated]
+        else:
+            counts = positions  # none repeats: empty, as are positions and keys
+        yield n, positions, keys, counts
+
+
+def _top_ngram_chars(
+    positions: np.ndarray, counts: np.ndarray, lengths: np.ndarray, n: int, min_count: int
+) -> int:
+    """Characters of the most common n-gram times its count (ties: the earliest), or 0.
+
+    `positions` and `counts` are the repeated n-grams; with none, every n-gram occurs once
+    and the earliest is the first.
+    """
+    top = int(counts.max()) if len(counts) else 1
     if top < min_count:
         return 0
-    start = int(first[counts == top].min())
+    start = int(positions[counts == top].min()) if len(counts) else 0
     # the n-gram as datatrove joins it: its words and the n - 1 spaces between them
-    return (int(lengths[start : start + n].sum()) + n - 1) * int(top)
+    return (int(lengths[start : start + n].sum()) + n - 1) * top
 
 
-def _greedy_dup_chars(h: np.ndarray, cum: np.ndarray, n: int) -> int:
+def _greedy_dup_chars(positions: np.ndarray, keys: np.ndarray, cum: np.ndarray, n: int) -> int:
     """Characters in repeated n-grams, scanning left to right and skipping past each repeat.
 
     datatrove's walk: an n-gram seen earlier at a visited position counts its characters
     and the scan jumps n words ahead, else it is remembered and the scan moves one word.
-    Only n-grams occurring more than once can repeat, so the walk visits just those.
+    Only n-grams occurring more than once can repeat, so the walk visits just those
+    (`positions`, ascending, with their `keys`).
     """
-    _, inverse, counts = np.unique(h, return_inverse=True, return_counts=True)
-    candidates = np.flatnonzero(counts[inverse] > 1).tolist()
-    if not candidates:
+    if not len(positions):
         return 0
-    keys = inverse.tolist()
     seen: set[int] = set()
     chars = idx = 0
-    for pos in candidates:
+    for pos, key in zip(positions.tolist(), keys.tolist(), strict=True):
         if pos < idx:
             continue  # skipped over by an earlier repeat
-        if keys[pos] in seen:
+        if key in seen:
             chars += int(cum[pos + n] - cum[pos])
             idx = pos + n
         else:
-            seen.add(keys[pos])
+            seen.add(key)
             idx = pos + 1
     return chars
 
@@ -219,28 +258,31 @@ class GopherRepetitionFilter(TextRule):
         words = text.split()
         if not words:
             return True
-        vocab: dict[str, int] = {}
-        ids = np.fromiter(
-            (vocab.setdefault(w, len(vocab) + 1) for w in words), np.uint64, len(words)
-        )
+        # exact ids in order of first occurrence, by C-level maps (no Python call per word)
+        vocab = dict(zip(dict.fromkeys(words), range(len(words)), strict=False))
+        ids = np.fromiter(map(vocab.__getitem__, words), np.int64, len(words))
         lengths = np.fromiter(map(len, words), np.int64, len(words))
-        for n in (2, 3, 4):
-            limit = getattr(config, f"top_{n}_gram")
-            if limit is None or len(words) < n:
-                continue
-            chars = _top_ngram_chars(combine_ngrams(ids, n), lengths, n, config.top_ngram_min_count)
-            if chars / len(text) > limit:
-                share = chars / len(text)
-                return Dropped(f"top_{n}_gram", f"top_{n}_gram_char_frac", share, ">", limit)
         cum = np.concatenate(([0], np.cumsum(lengths)))
-        for n in range(5, 11):
-            limit = getattr(config, f"dup_{n}_gram")
-            if limit is None or len(words) < n:
-                continue
-            share = _greedy_dup_chars(combine_ngrams(ids, n), cum, n) / len(text)
-            if share > limit:
-                measure = f"dup_{n}_gram_char_frac"
-                return Dropped(f"duplicated_{n}_n_grams", measure, share, ">", limit)
+        for n, positions, keys, counts in repeated_ngrams(ids, 10):
+            if len(words) < n:
+                break  # no n-grams, nor longer ones
+            if n <= 4:
+                limit = getattr(config, f"top_{n}_gram")
+                if limit is None:
+                    continue
+                min_count = config.top_ngram_min_count
+                chars = _top_ngram_chars(positions, counts, lengths, n, min_count)
+                if chars / len(text) > limit:
+                    share = chars / len(text)
+                    return Dropped(f"top_{n}_gram", f"top_{n}_gram_char_frac", share, ">", limit)
+            elif n >= 5:
+                limit = getattr(config, f"dup_{n}_gram")
+                if limit is None:
+                    continue
+                share = _greedy_dup_chars(positions, keys, cum, n) / len(text)
+                if share > limit:
+                    measure = f"dup_{n}_gram_char_frac"
+                    return Dropped(f"duplicated_{n}_n_grams", measure, share, ">", limit)
         return True
 
     def _paragraph_and_line_rules(self, text: str) -> Dropped | None:
@@ -271,8 +313,9 @@ class C4Filter(TextRule):
         config = self.config
         kept: list[str] = []
         sentences = 0
-        for raw in doc.text.splitlines():
-            line = self._clean_line(raw.strip())
+        least = config.min_sentences
+        for line in self._candidates(doc.text):
+            line = self._clean_line(line)
             if line is None:
                 continue
             lower = line.lower()
@@ -282,33 +325,48 @@ class C4Filter(TextRule):
                 continue
             if config.curly_bracket and "{" in line:
                 return Dropped("curly_bracket", "character", "{", "in", "a kept line")
-            if config.policy and any(p in lower for p in C4_POLICY):
+            if config.policy and _has_policy(lower):
                 continue
-            if config.min_sentences:
+            # the count only matters while below the minimum (a drop reports it)
+            if least and sentences < least:
                 sentences += count_sentences(line)
             kept.append(line)
-        if config.min_sentences and sentences < config.min_sentences:
-            least = config.min_sentences
+        if least and sentences < least:
             return Dropped("too_few_sentences", "sentences", sentences, "<", least)
         if config.remove_lines:
             doc.text = "\n".join(kept).strip()
         return True
 
+    def _candidates(self, text: str) -> list[str]:
+        """The stripped lines, less those the end-mark rule drops whatever citations go.
+
+        Removing citations (each ending in `]`) can change a line's last character only if
+        it ends in `]`, so a line ending in neither an end mark nor `]` can't be kept.
+        """
+        lines = map(str.strip, text.splitlines())
+        if not self.config.terminal_punct:
+            return list(lines)
+        ends = C4_END_PUNCT + ("]",) if self.config.remove_citations else C4_END_PUNCT
+        return list(filter(methodcaller("endswith", ends), lines))
+
     def _clean_line(self, line: str) -> str | None:
         """The line without citations, or None if a long word, no end mark or few words."""
         config = self.config
-        words = line.split()
-        if config.max_word_length is not None and any(
-            len(w) > config.max_word_length for w in words
-        ):
-            return None
-        if config.remove_citations:
+        # datatrove counts the words before citations are removed
+        words = line
+        if config.remove_citations and "[" in line:  # every citation starts with `[`
             line = _C4_CITATION.sub("", line)
         if config.terminal_punct and (not line.endswith(C4_END_PUNCT) or line.endswith("...")):
             return None
-        # datatrove counts the words before citations are removed
-        if config.min_words_per_line is not None and len(words) < config.min_words_per_line:
+        least = config.min_words_per_line
+        # split at most least - 1 times: fewer than `least` pieces iff fewer words
+        if least is not None and least > 0 and len(words.split(None, least - 1)) < least:
             return None
+        longest = config.max_word_length
+        # no word is longer than its line, so only a longer line needs its words looked at
+        if longest is not None and len(words) > longest:
+            if any(len(w) > longest for w in words.split()):
+                return None
         return line
 
 
