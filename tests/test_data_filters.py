@@ -37,6 +37,8 @@ from lemur.data.filter.code import (
     utf8_bytes,
 )
 from lemur.data.filter.text import (
+    C4_POLICY,
+    C4_POLICY_KEYS,
     C4Filter,
     FineWebFilter,
     GopherQualityFilter,
@@ -571,3 +573,12 @@ def test_gopher_repetition_equals_word_tuples(config):
             assert (got is True) if want is True else got[1] == "empty", text[:80]
         else:
             assert (got[1], got.value) == want, text[:80]
+
+
+def test_every_c4_policy_phrase_holds_a_key_word():
+    """C4's policy check looks for the phrases only in lines with a key word: a phrase
+    without one (added to C4_POLICY later) would never be found."""
+    assert all(any(k in phrase for k in C4_POLICY_KEYS) for phrase in C4_POLICY)
+    doc = prose("Read the Terms of Use here.\nNothing to see in this line.")
+    assert C4Filter(C4Config(min_sentences=0)).filter(doc) is True
+    assert doc.text == "Nothing to see in this line."  # the policy line removed

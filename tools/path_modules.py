@@ -148,8 +148,12 @@ def main() -> int:
     walk = [(m, f) for m, f in steps if not LEAVES.fullmatch(m)]
     # Issue #45 walks the recipe from `build()`: the same walk without the command's own
     # steps before it (argument parsing, the recipe read and checked).
-    start = next((i for i, s in enumerate(walk) if s == START[args.path]), 0)
-    for origin, part in (("the command", walk), (START[args.path][1] + "()", walk[start:])):
+    start = next((i for i, s in enumerate(walk) if s == START[args.path]), None)
+    if start is None:  # the driver was renamed or moved: say so, not the command's figures
+        print(f"trip from {START[args.path][1]}(): {'.'.join(START[args.path])} never ran")
+    origins = [("the command", walk)]
+    origins += [] if start is None else [(START[args.path][1] + "()", walk[start:])]
+    for origin, part in origins:
         rooms_walked = [m for m, _ in part]
         for label, sub in (
             (f"first {args.trip} steps", rooms_walked[: args.trip]),

@@ -21,7 +21,7 @@ import string
 
 import numpy as np
 
-from lemur.data.filter.code import true_runs
+from lemur.data.filter.code import run_bounds, true_runs
 
 MIN_TOKEN = 16
 # Each byte's class: 0 not a token character, else a bit set of 1 (`+/=_.-`), 2 (a digit),
@@ -62,12 +62,8 @@ def _token_arrays(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     starts, ends = starts[keep], ends[keep]
     if len(starts) == 0:
         return starts, ends, np.zeros(0, bool)
-    # The classes in each token: `or` over [start, end) and the gaps between (the last
-    # index reduces to the end of the text, so an end there is left out).
-    bounds = np.empty(2 * len(starts), np.intp)
-    bounds[0::2], bounds[1::2] = starts, ends
-    bounds = bounds[:-1] if bounds[-1] == len(cls) else bounds
-    kinds = np.bitwise_or.reduceat(cls, bounds)[0::2]
+    # The classes in each token: `or` over each run.
+    kinds = np.bitwise_or.reduceat(cls, run_bounds(starts, ends, len(cls)))[0::2]
     keep = (kinds & 4) != 0
     return starts[keep], ends[keep], (kinds[keep] & 2) != 0
 

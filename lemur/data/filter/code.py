@@ -177,7 +177,7 @@ def few_digit_fields(b: np.ndarray, fraction: float) -> bool:
     starts, ends = true_runs(~field_separators(b))
     if not len(starts):
         return True
-    bounds = _run_bounds(starts, ends, len(b))
+    bounds = run_bounds(starts, ends, len(b))
     with_digit = np.logical_or.reduceat(b - ord("0") < 10, bounds)[0::2]
     return int(np.count_nonzero(with_digit)) <= fraction * len(starts)
 
@@ -232,7 +232,7 @@ def true_runs(member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return edges[0::2], edges[1::2]
 
 
-def _run_bounds(starts: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
+def run_bounds(starts: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
     """`reduceat` indices for runs: each start and end (an end at `size` left out, the last
     run then reducing to the end)."""
     bounds = np.empty(2 * len(starts), np.intp)
@@ -253,7 +253,7 @@ def base64_runs(b: np.ndarray) -> list[int]:
     if not len(starts):
         return []
     # Made only of letters (so without a newline): `and` over each run.
-    bounds = _run_bounds(starts, ends, len(b))
+    bounds = run_bounds(starts, ends, len(b))
     word = np.logical_and.reduceat(_letters(b), bounds)[0::2]
     return (ends - starts)[~word].tolist()
 
@@ -288,7 +288,7 @@ def hex_spans(text: str, b: np.ndarray) -> list[int]:
     starts, ends = starts[long], ends[long]
     if not len(starts):
         return []
-    bounds = _run_bounds(starts, ends, len(member))
+    bounds = run_bounds(starts, ends, len(member))
     digits = np.add.reduceat(digit, bounds, dtype=np.int64)[0::2]
     keep = digits >= HEX_MIN_DIGITS
     windows = zip(starts[keep].tolist(), (ends[keep] + 1).tolist(), strict=True)

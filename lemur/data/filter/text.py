@@ -48,6 +48,8 @@ C4_POLICY = (
     "use of cookies",
     "use cookies",
 )
+# A word every C4_POLICY phrase holds one of: a line without any holds no phrase.
+C4_POLICY_KEYS = ("cookie", "policy", "terms of use")
 _C4_CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 # A word is a "symbol" when every character is punctuation: stripping them all leaves "".
 _PUNCT = "".join(sorted(PUNCTUATION_SET))
@@ -60,8 +62,8 @@ _SENTENCE_END = re.compile(r"[.!?…]+[\"'”’»)\]]*(?=\s|$)|[。！？]+")
 
 def _has_policy(lower: str) -> bool:
     """Whether a lowercased line holds a C4 policy phrase."""
-    # each phrase holds "cookie", "policy" or "terms of use": look for the rest only then
-    if "cookie" not in lower and "policy" not in lower and "terms of use" not in lower:
+    # each phrase holds one of C4_POLICY_KEYS (a test checks): look for the rest only then
+    if not any(k in lower for k in C4_POLICY_KEYS):
         return False
     return any(p in lower for p in C4_POLICY)
 
@@ -353,19 +355,19 @@ class C4Filter(TextRule):
         """The line without citations, or None if a long word, no end mark or few words."""
         config = self.config
         # datatrove counts the words before citations are removed
-        words = line
+        original = line
         if config.remove_citations and "[" in line:  # every citation starts with `[`
             line = _C4_CITATION.sub("", line)
         if config.terminal_punct and (not line.endswith(C4_END_PUNCT) or line.endswith("...")):
             return None
         least = config.min_words_per_line
         # split at most least - 1 times: fewer than `least` pieces iff fewer words
-        if least is not None and least > 0 and len(words.split(None, least - 1)) < least:
+        if least is not None and least > 0 and len(original.split(None, least - 1)) < least:
             return None
         longest = config.max_word_length
         # no word is longer than its line, so only a longer line needs its words looked at
-        if longest is not None and len(words) > longest:
-            if any(len(w) > longest for w in words.split()):
+        if longest is not None and len(original) > longest:
+            if any(len(w) > longest for w in original.split()):
                 return None
         return line
 
