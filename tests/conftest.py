@@ -12,6 +12,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import sentencepiece as spm
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The dev extra installs libtpu (for `lemur-train plan`): without this every JAX process of
@@ -46,6 +47,24 @@ def real_text_docs(n: int) -> list[dict[str, str]]:
     from pydoc_data.topics import topics
 
     return [{"id": name, "text": topics[name]} for name in sorted(topics)[:n]]
+
+
+def train_sentencepiece(folder: Path, **options) -> Path:
+    """A small SentencePiece model (800 pieces, byte fallback unless `options` say) trained
+    here on stdlib code and help text with `options`; its path."""
+    corpus = folder / "corpus.txt"
+    texts = [p.read_text() for p in real_python_files(20)] + [d["text"] for d in real_text_docs(40)]
+    corpus.write_text("\n".join(texts))
+    prefix = folder / "m"
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(prefix),
+        vocab_size=800,
+        minloglevel=2,
+        num_threads=1,  # the same model on every run
+        **{"byte_fallback": True, **options},
+    )
+    return prefix.with_suffix(".model")
 
 
 def write_jsonl(path: Path, rows: list, compress: str | None = None) -> Path:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import sentencepiece as spm
 from bytelevel_fixtures import (
     QWEN_CODER_TOKENS,
     add_tokens,
@@ -21,7 +20,7 @@ from bytelevel_fixtures import (
     pathological_texts,
     qwen_like_folder,
 )
-from conftest import real_python_files, real_text_docs
+from conftest import real_python_files, real_text_docs, train_sentencepiece
 
 from lemur.data.encode.tokenizer import extend_tokenizer
 from lemur.tokenizer import open_tokenizer
@@ -56,24 +55,6 @@ def spm_fim(llama2_tokenizer, tmp_path_factory) -> Path:
     """Llama-2-style SentencePiece (mistral-common v1) with CodeLlama's four pieces appended."""
     out = tmp_path_factory.mktemp("spm") / "tokenizer.model"
     return extend_tokenizer(llama2_tokenizer, (), out, control=FIM_PIECES)
-
-
-def _train(folder: Path, **options) -> Path:
-    """A small SentencePiece model trained here on stdlib code and help text."""
-    corpus = folder / "corpus.txt"
-    texts = [p.read_text() for p in real_python_files(20)] + [d["text"] for d in real_text_docs(40)]
-    corpus.write_text("\n".join(texts))
-    prefix = folder / "m"
-    spm.SentencePieceTrainer.train(
-        input=str(corpus),
-        model_prefix=str(prefix),
-        vocab_size=800,
-        byte_fallback=True,
-        minloglevel=2,
-        num_threads=1,  # the same model on every run
-        **options,
-    )
-    return prefix.with_suffix(".model")
 
 
 def _utf8(text: str) -> bool:
@@ -190,17 +171,17 @@ def test_byte_level_splicer_equals_encode_parts(model, engine, style, request):
 
 def test_models_whose_words_can_merge_get_no_splicer(tmp_path):
     (tmp_path / "nfkc").mkdir()
-    nfkc = _train(tmp_path / "nfkc", model_type="bpe")
+    nfkc = train_sentencepiece(tmp_path / "nfkc", model_type="bpe")
     assert WordSplicer.for_tokenizer(open_tokenizer(nfkc)) is None  # default: nmt_nfkc
     (tmp_path / "merged").mkdir()
-    merged = _train(
+    merged = train_sentencepiece(
         tmp_path / "merged",
         model_type="bpe",
         normalization_rule_name="identity",
         split_by_whitespace=False,
     )
     (tmp_path / "unigram").mkdir()
-    unigram = _train(
+    unigram = train_sentencepiece(
         tmp_path / "unigram",
         model_type="unigram",
         normalization_rule_name="identity",

@@ -52,13 +52,10 @@ import numpy as np
 
 from lemur.tokenizer.bytelevel import ByteLevelTokenizer
 from lemur.tokenizer.fim import Span
-from lemur.tokenizer.sentencepiece import SPACE, SentencePieceTokenizer, read_model
+from lemur.tokenizer.sentencepiece import SentencePieceTokenizer
 from lemur.tokenizer.tiktoken_exact import byte_level_split, restartable
+from lemur.tokenizer.word_cache import splits_at_word_starts
 
-# ModelProto.SentencePiece.Type values of the pieces BPE merges through: normal, user
-# defined, and unused (merged, then split back into their parts at the end).
-_MERGED_TYPES = (1, 4, 5)
-_BPE = 2  # TrainerSpec.ModelType
 # Which byte may stand right before a word start's space, per kind of model: SentencePiece,
 # any but a space; byte-level BPE, a visible ASCII character (no `\s` run can hold it).
 _NOT_SPACE = bytes(b != 0x20 for b in range(256))
@@ -115,26 +112,6 @@ def _splits_at_word_starts(pattern: str) -> bool:
     return True
 
 
-def _sentencepiece_splits(tok: SentencePieceTokenizer) -> bool:
-    """Whether a SentencePiece model's encoding splits at word starts (module docstring)."""
-    model = read_model(tok.path)
-    norm, trainer = model.normalizer_spec, model.trainer_spec
-    if (
-        trainer.model_type != _BPE
-        or norm.name != "identity"
-        or norm.precompiled_charsmap  # the table normalizes, whatever the name says
-        or norm.remove_extra_whitespaces
-        or not norm.escape_whitespaces
-        or trainer.treat_whitespace_as_suffix
-        or model.denormalizer_spec.precompiled_charsmap
-    ):
-        return False
-    # A piece with `▁` after another character would let words merge.
-    return not any(
-        piece.type in _MERGED_TYPES and SPACE in piece.piece.lstrip(SPACE) for piece in model.pieces
-    )
-
-
 class WordSplicer:
     """Exact FIM ids of a document from the document's own ids (`for_tokenizer`)."""
 
@@ -159,7 +136,7 @@ class WordSplicer:
     @classmethod
     def for_tokenizer(cls, tok: object) -> WordSplicer | None:
         """A splicer for `tok` when its encoding splits exactly at word starts, else None."""
-        if isinstance(tok, SentencePieceTokenizer) and _sentencepiece_splits(tok):
+        if isinstance(tok, SentencePieceTokenizer) and splits_at_word_starts(tok):
             return cls(tok, tok.encode_chat, _NOT_SPACE)
         if isinstance(tok, ByteLevelTokenizer):
             split = byte_level_split(tok.files.data)

@@ -100,6 +100,10 @@ class SentencePieceTokenizer:
         """`encode` of each text, on one thread."""
         return self.sp.encode(list(texts), num_threads=1)
 
+    def encode_chat_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """`encode_chat` of each text, on one thread."""
+        return self._chat_sp.encode(list(texts), num_threads=1)
+
     def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
         """`encode_batch` as uint32 arrays."""
         return [np.asarray(ids, np.uint32) for ids in self.encode_batch(texts)]

@@ -22,6 +22,7 @@ from lemur.data.runs.format import DOC_RECORD
 from lemur.data.runs.provenance import Rows, document_row, write_task
 from lemur.shards.format import atomic_write_bytes, token_dtype
 from lemur.tokenizer import Tokenizer, open_tokenizer
+from lemur.tokenizer.word_cache import WordCache
 
 
 class TokenizeWriter(PipelineStep):
@@ -68,11 +69,18 @@ class TokenizeWriter(PipelineStep):
         self.provenance = provenance
 
     def _encode(
-        self, tok: Tokenizer, batch: list[Document], dtype: np.dtype
+        self, tok: Tokenizer, batch: list[Document], dtype: np.dtype, words: WordCache | None
     ) -> tuple[list[int], bytes, bytes]:
         """(lengths, token bytes, mask bytes) of a batch, each document framed BOS ... EOS."""
         bos, eos = self.framing or (tok.bos_id, tok.eos_id)
         head = () if bos is None or self.template else (bos,)
+        if not self.masks and words is not None:
+            # The same ids as `encode_arrays`, a distinct word encoded once (word_cache.py).
+            first, last = np.array(head, dtype).tobytes(), np.array([eos], dtype).tobytes()
+            encoded = words.encode([d.text for d in batch])
+            size = dtype.itemsize
+            lengths = [len(t) // size + len(head) + 1 for t in encoded]
+            return lengths, b"".join([x for t in encoded for x in (first, t, last)]), b""
         if not self.masks:
             encoded = tok.encode_arrays([d.text for d in batch])
             lengths = [len(t) + len(head) + 1 for t in encoded]
@@ -98,6 +106,7 @@ class TokenizeWriter(PipelineStep):
         """Consume documents; write the task's tokens, records and language table."""
         tok = open_tokenizer(self.tokenizer_path, engine=self.engine)
         dtype = token_dtype(tok.vocab_size)
+        words = None if self.masks else WordCache.for_tokenizer(tok, dtype)
         out = Path(self.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         languages: dict[str, int] = {}
@@ -113,7 +122,7 @@ class TokenizeWriter(PipelineStep):
         ):
             for batch in batched(data or [], self.batch_docs):
                 with self.track_time("batch"):
-                    lengths, tokens, mask = self._encode(tok, batch, dtype)
+                    lengths, tokens, mask = self._encode(tok, batch, dtype, words)
                     fh.write(tokens)
                     if fm is not None:
                         fm.write(mask)
