@@ -21,7 +21,7 @@ from lemur.data.encode.tokenizer import extend_tokenizer
 from lemur.tokenizer import open_tokenizer
 from lemur.tokenizer.fim import FIM_PIECES
 from lemur.tokenizer.fim_splice import WordSplicer
-from lemur.tokenizer.word_cache import WordCache, lone_characters
+from lemur.tokenizer.word_cache import KEPT_CHARS, WordCache, lone_characters
 
 HOSTILE = [
     "",
@@ -92,6 +92,8 @@ def test_cached_ids_equal_encode(model, dtype, request):
     docs = _documents()
     assert _wrong(cache, docs) == []
     assert len(cache) > 1000  # the documents went through the cache
+    long = "a" * 300  # a stretch of HOSTILE's, encoded right (above) but not kept
+    assert len(long) > KEPT_CHARS and long not in cache and " return" in cache
     small = WordCache(tok, np.dtype(dtype), lone_characters(tok), entries=50)
     texts = docs[:30] + HOSTILE
     assert _wrong(small, texts, batch=3) == []

@@ -43,6 +43,10 @@ _BPE = 2  # TrainerSpec.ModelType
 # Entries the cache holds before it starts again (~160 bytes each: ~80 MB per process);
 # a build's words repeat well within it (hit rates in docs/benchmarks.md).
 CACHE_ENTRIES = 1 << 19
+# Stretches longer than this (characters) are encoded but not kept past their batch: they
+# rarely come again (4.7% of the bench's text is distinct stretches over 50 characters),
+# and a corpus of long unique ones (base64, minified code) would otherwise fill memory.
+KEPT_CHARS = 64
 
 
 def splits_at_word_starts(tok: SentencePieceTokenizer) -> bool:
@@ -128,6 +132,10 @@ class WordCache:
             return None
         return cls(tok, dtype, lone_characters(tok))
 
+    def __contains__(self, stretch: object) -> bool:
+        """Whether the cache holds a stretch."""
+        return stretch in self._words or stretch in self._firsts
+
     def __len__(self) -> int:
         """How many stretches the cache holds."""
         return len(self._words) + len(self._firsts)
@@ -137,11 +145,12 @@ class WordCache:
         cache: dict[str, bytes],
         stretches: set[str],
         encode: Callable[[Sequence[str]], list[list[int]]],
-    ) -> None:
-        """Encode the stretches `cache` lacks, in one call, and keep their bytes."""
+    ) -> list[str]:
+        """Encode the stretches `cache` lacks, in one call, and hold their bytes; the long
+        ones among them, for the caller to drop once the batch is joined."""
         new = list(stretches.difference(cache))
         if not new:
-            return
+            return []
         if len(cache) + len(new) > self.entries:
             # Start again: the words seen next are the ones worth keeping. This batch's
             # stretches are all encoded now, those held before as well.
@@ -150,6 +159,7 @@ class WordCache:
         code = self._code
         for stretch, ids in zip(new, encode(new), strict=True):
             cache[stretch] = array(code, ids).tobytes()
+        return [stretch for stretch in new if len(stretch) > KEPT_CHARS]
 
     def encode(self, texts: Sequence[str]) -> list[bytes]:
         """The ids of each text (as the tokenizer's `encode` gives them) as `dtype` bytes."""
@@ -158,9 +168,21 @@ class WordCache:
         words = self._words
         get = words.__getitem__
         if not self._dummy_prefix:
-            self._fill(words, set().union(*parts), tok.encode_batch)
-            return [b"".join(map(get, p)) for p in parts]
+            long = self._fill(words, set().union(*parts), tok.encode_batch)
+            out = [b"".join(map(get, p)) for p in parts]
+            _drop(words, long)
+            return out
         firsts = self._firsts
-        self._fill(firsts, {p[0] for p in parts if p}, tok.encode_batch)
-        self._fill(words, set(chain.from_iterable(p[1:] for p in parts)), tok.encode_chat_batch)
-        return [firsts[p[0]] + b"".join(map(get, p[1:])) if p else b"" for p in parts]
+        long_firsts = self._fill(firsts, {p[0] for p in parts if p}, tok.encode_batch)
+        rest = set(chain.from_iterable(p[1:] for p in parts))
+        long = self._fill(words, rest, tok.encode_chat_batch)
+        out = [firsts[p[0]] + b"".join(map(get, p[1:])) if p else b"" for p in parts]
+        _drop(firsts, long_firsts)
+        _drop(words, long)
+        return out
+
+
+def _drop(cache: dict[str, bytes], stretches: list[str]) -> None:
+    """Forget `stretches` (the long ones a batch encoded)."""
+    for stretch in stretches:
+        del cache[stretch]
