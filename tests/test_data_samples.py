@@ -478,3 +478,38 @@ def test_fim_and_repository_documents_are_sampled_with_their_markers(tmp_path, l
     assert len(repos) == 4 and {r["source"] for r in repos} == {"tree"}
     for r in repos:  # a repository's files (cut into documents of max_tokens), its name
         assert re.fullmatch(r"tree/(alpha|beta)#\d+", r["id"]) and r["text"]
+
+
+def test_a_long_dropped_text_is_redacted_only_as_far_as_it_is_shown(tmp_path):
+    """A 2 MB rejected file: the sample redacts its first `max_bytes` and the margin (the
+    redactor never sees the rest), hides a key block that crosses the cap, and gives the
+    document's own size; a short text is redacted whole as before."""
+    from datatrove.data import Document
+
+    from lemur.data.filter.pii import PiiScrub
+    from lemur.data.recipe.filters import PiiConfig
+    from lemur.data.samples.drops import SCRUB_MARGIN, DropSamples
+
+    settings = SampleSettings(per_reason=5, max_bytes=2048)
+    seen: list[int] = []
+    real = PiiScrub(PiiConfig())
+
+    def scrub(text: str, doc_id: str, domain: str) -> str:
+        seen.append(len(text))
+        return real(text, doc_id, domain)
+
+    samples = DropSamples(settings, str(tmp_path), scrub)
+    filler = "x = 1  # a line of code\n"
+    head = filler * (1900 // len(filler))
+    text = head + SECRET_LINES + filler * (2_000_000 // len(filler)) + f"# {EMAIL}\n"
+    assert text.index("-----BEGIN") < settings.max_bytes < text.index("-----END")
+    doc = Document(text=text, id="big", metadata={"source": "s", "domain": "code"})
+    shown = samples.shown_capped(doc)
+    assert max(seen) <= settings.max_bytes + SCRUB_MARGIN
+    assert shown["cut"] and shown["bytes"] == len(text.encode())
+    assert len(shown["text"].encode()) <= settings.max_bytes and shown["text"].startswith(head)
+    assert "<KEY>" in shown["text"] and not any(s in shown["text"] for s in SECRETS)
+    assert not any(line[:8] in shown["text"] for line in PEM_BODY.split("\n"))
+    short = Document(text=SECRET_LINES, id="small", metadata={"source": "s", "domain": "code"})
+    assert samples.shown_capped(short) == capped(real(SECRET_LINES, "small", "code"), 2048)
+    assert seen[-1] == len(SECRET_LINES)

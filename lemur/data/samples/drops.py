@@ -14,12 +14,23 @@ from typing import Any
 from datatrove.data import Document
 
 from lemur.data.samples.collect import SCORE_EDGES, TaskSamples
-from lemur.data.samples.records import DECONTAMINATION, DROPS, SampleSettings, verdict_fields
+from lemur.data.samples.records import (
+    DECONTAMINATION,
+    DROPS,
+    SampleSettings,
+    capped,
+    verdict_fields,
+)
 
 # (text, document id, domain) -> the text as the samples may show it.
 Scrub = Callable[[str, str, str], str]
 BORDERLINE = "classifier_borderline"
 EXCERPT_CHARS = 300  # characters either side of a decontamination hit
+# A sample shows a text's first `max_bytes`, redacted. A text longer than that and this
+# margin is redacted only as far: a rejected 10 MB file costs a redaction of 16 KiB, not of
+# 10 MB (it was most of what `inspect:` cost a build), and a secret that starts inside the
+# shown part ends inside the margin (a PEM key block is under 4 KiB), so it is found whole.
+SCRUB_MARGIN = 8192
 
 
 def _source(doc: Document) -> str:
@@ -50,6 +61,16 @@ class DropSamples:
             return text
         return self.scrub(text, str(doc.id), str(doc.metadata.get("domain", "")))
 
+    def shown_capped(self, doc: Document) -> dict[str, Any]:
+        """`{"text", "cut", "bytes"}` of `doc` as a sample shows it: redacted and capped.
+        `bytes` is the redacted text's size, or, for a text longer than the cap and
+        `SCRUB_MARGIN` (redacted only that far), the document's own."""
+        text, limit = doc.text, self.settings.max_bytes + SCRUB_MARGIN
+        if self.scrub is None or len(text) <= limit:  # (characters: at most its bytes)
+            return capped(self.shown(doc), self.settings.max_bytes)
+        head = capped(self.shown(doc, text[:limit]), self.settings.max_bytes)
+        return {**head, "cut": True, "bytes": len(text.encode("utf-8", "surrogatepass"))}
+
     def drop(self, doc: Document, reason: str, result: Any) -> None:
         """Offer a dropped document to its (source, reason) sample, with its verdict."""
         task, source = self.current, _source(doc)
@@ -59,7 +80,7 @@ class DropSamples:
                 "source": source,
                 "reason": reason,
                 "id": str(doc.id),
-                **task.text(self.shown(doc)),
+                **self.shown_capped(doc),
                 **verdict_fields(result),
             }
 
@@ -98,8 +119,7 @@ class DropSamples:
         task.note("cuts", f"{name}\x1f{source}", cut)
 
         def record() -> dict[str, Any]:
-            text = task.text(self.shown(doc))
-            return {"id": str(doc.id), "source": source, "score": score, **text}
+            return {"id": str(doc.id), "source": source, "score": score, **self.shown_capped(doc)}
 
         rank = [round(abs(score - cut), 9), task.seeded(BORDERLINE, name, str(doc.id))]
         task.offer(BORDERLINE, (name,), rank, record)
