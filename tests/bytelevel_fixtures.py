@@ -275,6 +275,15 @@ def reference_ids(folder: Path, text: str) -> list[int]:
     return tok.encode(clean, add_special_tokens=False).ids
 
 
+def is_utf8(text: str) -> bool:
+    """Whether `text` is valid UTF-8 (no lone surrogate): what the build's documents are."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def pathological_texts() -> list[str]:
     """Documents that break naive encoders: long runs, literal special tokens, surrogates."""
     return [

@@ -16,6 +16,7 @@ import pytest
 from bytelevel_fixtures import (
     QWEN_CODER_TOKENS,
     add_tokens,
+    is_utf8,
     llama3_folder,
     pathological_texts,
     qwen_like_folder,
@@ -57,17 +58,8 @@ def spm_fim(llama2_tokenizer, tmp_path_factory) -> Path:
     return extend_tokenizer(llama2_tokenizer, (), out, control=FIM_PIECES)
 
 
-def _utf8(text: str) -> bool:
-    """Whether `text` is valid UTF-8 (no lone surrogate): what the build's documents are."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _documents() -> list[str]:
-    hostile = HOSTILE + [t[:3000] for t in pathological_texts() if t and _utf8(t)]
+    hostile = HOSTILE + [t[:3000] for t in pathological_texts() if t and is_utf8(t)]
     code = [p.read_text()[:4000] for p in real_python_files(14)[4:]]
     return code + [d["text"][:2500] for d in real_text_docs(6)] + hostile
 

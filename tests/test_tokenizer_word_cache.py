@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bytelevel_fixtures import pathological_texts, qwen_like_folder
+from bytelevel_fixtures import is_utf8, pathological_texts, qwen_like_folder
 from conftest import real_python_files, real_text_docs, train_sentencepiece
 from datatrove.data import Document
 from sentencepiece import sentencepiece_model_pb2 as pb
@@ -41,19 +41,10 @@ HOSTILE = [
 ]
 
 
-def _utf8(text: str) -> bool:
-    """Whether `text` is valid UTF-8 (no lone surrogate): what the build's documents are."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _documents() -> list[str]:
     code = [p.read_text() for p in real_python_files(40)]
     text = [d["text"] for d in real_text_docs(60)]
-    hostile = HOSTILE + [t[:20_000] for t in pathological_texts() if _utf8(t)]
+    hostile = HOSTILE + [t[:20_000] for t in pathological_texts() if is_utf8(t)]
     return code + text + hostile + code[:10]  # seen again: from the cache
 
 
@@ -197,10 +188,13 @@ def test_models_whose_stretches_can_merge_get_no_cache(tmp_path):
     assert WordCache.for_tokenizer(open_tokenizer(folder), np.dtype(np.uint16)) is None
 
 
+@pytest.mark.parametrize("model", ["tokenizer_model", "llama2_tokenizer"])
 def test_the_tokenize_step_writes_the_same_bytes_with_and_without_the_cache(
-    tokenizer_model, tmp_path, monkeypatch
+    model, tmp_path, monkeypatch, request
 ):
-    """The token run, records and table of real documents: the same files either way."""
+    """The token run, records and table of real documents: the same files either way (a
+    model without and one with a dummy prefix)."""
+    tokenizer_model = request.getfixturevalue(model)
     docs = [
         Document(text=t, id=f"d{i}", metadata={"source_index": 0, "language": "Python"})
         for i, t in enumerate(_documents()[:60])
@@ -229,3 +223,30 @@ def test_the_tokenize_step_writes_the_same_bytes_with_and_without_the_cache(
     assert cached == plain
     table = json.loads(cached["00000.json"])
     assert table["dtype"] == "uint16"
+
+
+def test_big_endian_dtype_bytes_are_swapped(tokenizer_model):
+    """The cache writes the dtype's byte order, not the machine's."""
+    tok = open_tokenizer(tokenizer_model)
+    text = "def f(x):\n    return x + 1\n"
+    for dtype in (np.dtype("<u2"), np.dtype(">u2"), np.dtype(">u4")):
+        cache = WordCache(tok, dtype, lone_characters(tok))
+        got = np.frombuffer(cache.encode([text])[0], dtype)
+        assert got.tolist() == tok.encode(text)
+
+
+def test_unused_and_multi_character_user_pieces(tokenizer_model, tmp_path):
+    """Unused pieces within words (merged, then split back) keep the cache and its ids; a
+    user-defined `\\n\\n` makes `\\n` no longer lone, and a `▁`-led user-defined piece is
+    matched inside its stretch."""
+    model = pb.ModelProto()
+    model.ParseFromString(tokenizer_model.read_bytes())
+    for text, kind in (("qz", 5), ("zv", 5), ("qzv", 5), ("\n\n", 4), ("\u2581<|x|>", 4)):
+        piece = model.pieces.add()
+        piece.piece, piece.score, piece.type = text, 10.0, kind
+    (tmp_path / "m.model").write_bytes(model.SerializeToString())
+    tok = open_tokenizer(tmp_path / "m.model")
+    cache = WordCache.for_tokenizer(tok, np.dtype(np.uint16))
+    assert cache is not None and "\n" not in lone_characters(tok)
+    texts = ["aqzv qz zvq\n\n\nx <|x|> y<|x|>\n\n", *_documents()[:20], *HOSTILE]
+    assert _wrong(cache, texts) == []

@@ -40,8 +40,9 @@ from lemur.tokenizer.sentencepiece import SPACE, SentencePieceTokenizer, read_mo
 # defined, and unused (merged, then split back into their parts at the end).
 MERGED_TYPES = (1, 4, 5)
 _BPE = 2  # TrainerSpec.ModelType
-# Entries the cache holds before it starts again (~160 bytes each: ~80 MB per process);
-# a build's words repeat well within it (hit rates in docs/benchmarks.md).
+# Entries each of a worker's caches holds before it starts again (~160 bytes each for the
+# short words most are, up to ~350 for 64 CJK characters: ~80-180 MB; a dummy prefix model
+# has two caches); a build's words repeat well within it (docs/benchmarks.md).
 CACHE_ENTRIES = 1 << 19
 # Stretches longer than this (characters) are encoded but not kept past their batch: they
 # rarely come again (4.7% of the bench's text is distinct stretches over 50 characters),
@@ -109,6 +110,7 @@ class WordCache:
         self.dtype = np.dtype(dtype)
         self.entries = entries
         self._code = _typecode(self.dtype)
+        self._swap = not self.dtype.isnative  # `array` writes native order, the dtype may not
         spaces = f" {SPACE}"
         alone = re.escape(lone) if lone else ""
         # A lone character; or spaces then characters up to the next space or lone one; or
@@ -156,9 +158,12 @@ class WordCache:
             # stretches are all encoded now, those held before as well.
             cache.clear()
             new = list(stretches)
-        code = self._code
+        code, swap = self._code, self._swap
         for stretch, ids in zip(new, encode(new), strict=True):
-            cache[stretch] = array(code, ids).tobytes()
+            held = array(code, ids)
+            if swap:
+                held.byteswap()
+            cache[stretch] = held.tobytes()
         return [stretch for stretch in new if len(stretch) > KEPT_CHARS]
 
     def encode(self, texts: Sequence[str]) -> list[bytes]:
