@@ -36,19 +36,14 @@ import types
 from pathlib import Path
 
 import numpy as np
+from benchlib import synthesize_shards
 
 from lemur.shards.format import (
     MANIFEST,
-    ShardWriter,
-    make_manifest,
     open_array,
     release_pages,
-    token_dtype,
-    tokenizer_entry,
-    write_manifest,
 )
 
-VOCAB = 32000
 CHUNK = 1 << 26  # litdata's chunk_bytes and MDS's size_limit, ours and theirs alike
 ZERO_COPY = ("megatron", "nanotron", "olmo")
 RECHUNKED = ("litdata", "mds", "parquet")
@@ -62,30 +57,14 @@ SIDES = (
 
 
 def synthesize(directory: Path, tokens: int, seed: int, shard_tokens: int) -> None:
-    """Write a train split of about `tokens` uint16 tokens (skipped if already there)."""
-    if (directory / MANIFEST).exists():
-        return
+    """Write a train split of about `tokens` uint16 tokens (skipped if already there), with
+    the mistral-common wheel's Llama-2-style model as its tokenizer."""
     import mistral_common
 
     model = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
-    directory.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(model, directory / "tokenizer.model")
-    rng = np.random.default_rng(seed)
-    dtype = token_dtype(VOCAB)
-    writer = ShardWriter(directory, "train", "train", "mixed", dtype, shard_tokens)
-    pool = rng.integers(3, VOCAB, 1 << 24).astype(dtype)  # body tokens sampled from a pool
-    written = 0
-    while written < tokens:
-        n = int(min(rng.lognormal(6.8, 1.2), 200_000))
-        at = int(rng.integers(0, len(pool) - n))
-        doc = np.concatenate(([1], pool[at : at + n], [2])).astype(dtype)
-        writer.add(doc)
-        written += len(doc)
-    shards = writer.close()
-    tokenizer = tokenizer_entry(directory, "tokenizer.model", VOCAB, bos_id=1, eos_id=2)
-    sections = {"mix": {}, "counts": {}, "recipe": {}, "recipe_sha256": ""}  # no build behind it
-    write_manifest(directory, make_manifest(dtype, 4096, tokenizer, shards, **sections))
-    print(f"synthesized {written / 1e6:.0f}M tokens in {len(shards)} shards", file=sys.stderr)
+    made = synthesize_shards(directory, tokens, seed, shard_tokens, model)
+    if made is not None:
+        print(f"synthesized {made[0] / 1e6:.0f}M tokens in {made[1]} shards", file=sys.stderr)
 
 
 def documents(src: Path):

@@ -29,50 +29,23 @@ from pathlib import Path
 import grain
 import numpy as np
 import psutil
+from benchlib import synthesize_shards
 
-from lemur.shards.format import (
-    MANIFEST,
-    ShardWriter,
-    make_manifest,
-    token_dtype,
-    tokenizer_entry,
-    write_manifest,
-)
 from lemur.shards.windows import ShardSource
 from lemur.train.loader import Reading, derived_seed, make_train_iterator
-
-VOCAB = 32000
 
 
 def synthesize(directory: Path, tokens: int, seed: int, shard_tokens: int) -> None:
     """Write a train split of about `tokens` tokens (skipped if already there)."""
-    if (directory / MANIFEST).exists():
-        return
-    rng = np.random.default_rng(seed)
-    dtype = token_dtype(VOCAB)
-    tok = b"bench tokenizer"
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "tokenizer.model").write_bytes(tok)
-    writer = ShardWriter(directory, "train", "train", "mixed", dtype, shard_tokens)
-    pool = rng.integers(3, VOCAB, 1 << 24).astype(dtype)  # body tokens sampled from a pool
-    written = 0
     t0 = time.perf_counter()
-    while written < tokens:
-        # Lognormal lengths (median ~900 tokens, long tail), like source files.
-        n = int(min(rng.lognormal(6.8, 1.2), 200_000))
-        at = int(rng.integers(0, len(pool) - n))
-        doc = np.concatenate(([1], pool[at : at + n], [2])).astype(dtype)
-        writer.add(doc)
-        written += len(doc)
-    shards = writer.close()
-    tokenizer = tokenizer_entry(directory, "tokenizer.model", VOCAB, bos_id=1, eos_id=2)
-    sections = {"mix": {}, "counts": {}, "recipe": {}, "recipe_sha256": ""}  # no build behind it
-    write_manifest(directory, make_manifest(dtype, 4096, tokenizer, shards, **sections))
-    print(
-        f"synthesized {written / 1e6:.0f}M tokens in {len(shards)} shards "
-        f"({time.perf_counter() - t0:.1f}s)",
-        file=sys.stderr,
-    )
+    made = synthesize_shards(directory, tokens, seed, shard_tokens, b"bench tokenizer")
+    if made is not None:
+        written, shards = made
+        took = time.perf_counter() - t0
+        print(
+            f"synthesized {written / 1e6:.0f}M tokens in {shards} shards ({took:.1f}s)",
+            file=sys.stderr,
+        )
 
 
 def rss_mb(pid: int | str = "self") -> tuple[float, float]:
