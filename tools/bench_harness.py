@@ -201,19 +201,28 @@ def main() -> int:
     return 0
 
 
+def alternate(
+    lms: dict[str, Any], task: str, manager: Any, rounds: int
+) -> tuple[dict[str, float], dict[str, float], dict[str, list[dict]]]:
+    """(cold seconds, warm seconds, samples) of each backend on one task, the backends
+    alternated round after round (warm: the best round after the first)."""
+    times: dict[str, list[float]] = {name: [] for name in lms}
+    samples: dict[str, list[dict]] = {}
+    for _ in range(rounds):
+        for name, lm in lms.items():
+            secs, samples[name] = run_task(lm, task, manager)
+            times[name].append(secs)
+    warm = {n: min(t[1:]) if len(t) > 1 else t[0] for n, t in times.items()}
+    return {n: t[0] for n, t in times.items()}, warm, samples
+
+
 def measure(ours: Any, hf: Any, tasks: list[str], manager: Any, rounds: int) -> dict[str, Any]:
     """Per task: cold and warm seconds of each backend, and how their answers agree."""
     figures: dict[str, Any] = {}
     for task in tasks:
-        times: dict[str, list[float]] = {"lemur": [], "hf": []}
-        samples: dict[str, list[dict]] = {}
-        for _ in range(rounds):
-            for name, lm in (("lemur", ours), ("hf", hf)):
-                secs, samples[name] = run_task(lm, task, manager)
-                times[name].append(secs)
-        warm = {n: min(t[1:]) if len(t) > 1 else t[0] for n, t in times.items()}
+        cold, warm, samples = alternate({"lemur": ours, "hf": hf}, task, manager, rounds)
         figures[task] = {
-            "cold_s": {n: t[0] for n, t in times.items()},
+            "cold_s": cold,
             "warm_s": warm,
             "speedup": warm["hf"] / warm["lemur"],
             "agreement": agree(task, samples["lemur"], samples["hf"]),

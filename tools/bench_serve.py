@@ -34,7 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import jax  # noqa: E402
-from bench_harness import add_model_args, agree, make_models, run_task, write_tasks  # noqa: E402
+from bench_harness import add_model_args, agree, alternate, make_models, write_tasks  # noqa: E402
 
 from lemur.eval.load import load_model  # noqa: E402
 from lemur.model.config import param_count  # noqa: E402
@@ -74,15 +74,9 @@ def measure(lms: dict[str, Any], tasks: list[str], manager: Any, rounds: int) ->
     """Per task: cold and warm seconds of each, how their answers agree, serve's ratio."""
     figures: dict[str, Any] = {}
     for task in tasks:
-        times: dict[str, list[float]] = {name: [] for name in lms}
-        samples: dict[str, list[dict]] = {}
-        for _ in range(rounds):
-            for name, lm in lms.items():
-                secs, samples[name] = run_task(lm, task, manager)
-                times[name].append(secs)
-        warm = {n: min(t[1:]) if len(t) > 1 else t[0] for n, t in times.items()}
+        cold, warm, samples = alternate(lms, task, manager, rounds)
         figures[task] = {
-            "cold_s": {n: t[0] for n, t in times.items()},
+            "cold_s": cold,
             "warm_s": warm,
             "serve_vs_harness": warm["harness"] / warm["serve"],
             "agreement": agree(task, samples["serve"], samples["harness"]),
