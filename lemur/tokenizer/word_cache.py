@@ -31,6 +31,7 @@ import re
 from array import array
 from collections.abc import Callable, Sequence
 from itertools import chain
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,11 @@ KEPT_CHARS = 64
 def splits_at_word_starts(tok: SentencePieceTokenizer) -> bool:
     """Whether a SentencePiece model's encoding splits at word starts (module docstring):
     BPE, identity normalization, a leading `▁`, and no piece spanning a word start."""
-    model = read_model(tok.path)
+    return _model_splits(read_model(tok.path))
+
+
+def _model_splits(model: Any) -> bool:
+    """`splits_at_word_starts` of a parsed ModelProto."""
     norm, trainer = model.normalizer_spec, model.trainer_spec
     if (
         trainer.model_type != _BPE
@@ -81,8 +86,13 @@ def _spans_a_word_start(piece: str) -> bool:
 def lone_characters(tok: SentencePieceTokenizer) -> str:
     """The ASCII characters (space aside) that no merged piece of two or more characters
     holds: the model's encoding splits on either side of each of them."""
+    return _model_lone(read_model(tok.path))
+
+
+def _model_lone(model: Any) -> str:
+    """`lone_characters` of a parsed ModelProto."""
     held: set[str] = set()
-    for piece in read_model(tok.path).pieces:
+    for piece in model.pieces:
         if piece.type in MERGED_TYPES and len(piece.piece) > 1:
             held.update(piece.piece)
     return "".join(chr(c) for c in range(128) if chr(c) not in held and chr(c) != " ")
@@ -105,6 +115,7 @@ class WordCache:
         dtype: np.dtype,
         lone: str = "",
         entries: int = CACHE_ENTRIES,
+        dummy_prefix: bool | None = None,
     ) -> None:
         self.tok = tok
         self.dtype = np.dtype(dtype)
@@ -120,19 +131,24 @@ class WordCache:
             f"{lone_alt}[{spaces}]*[^{spaces}{alone}]+|[{spaces}]+"
         ).findall
         # A dummy prefix model encodes a text's first stretch with its `▁`, the rest
-        # without: two caches. Without one, the first stretch is like any other.
-        self._dummy_prefix = bool(read_model(tok.path).normalizer_spec.add_dummy_prefix)
+        # without: two caches. Without one, the first stretch is like any other. (None:
+        # read from the model file; `for_tokenizer` passes what it already parsed.)
+        if dummy_prefix is None:
+            dummy_prefix = read_model(tok.path).normalizer_spec.add_dummy_prefix
+        self._dummy_prefix = bool(dummy_prefix)
         self._words: dict[str, bytes] = {}
         self._firsts: dict[str, bytes] = {}
 
     @classmethod
     def for_tokenizer(cls, tok: object, dtype: np.dtype) -> WordCache | None:
         """A cache for `tok` when its encoding splits at word starts, else None."""
-        if not isinstance(tok, SentencePieceTokenizer) or not splits_at_word_starts(tok):
+        if not isinstance(tok, SentencePieceTokenizer):
             return None
-        if not read_model(tok.path).trainer_spec.byte_fallback:
+        model = read_model(tok.path)  # parsed once for every check
+        if not _model_splits(model) or not model.trainer_spec.byte_fallback:
             return None
-        return cls(tok, dtype, lone_characters(tok))
+        dummy = model.normalizer_spec.add_dummy_prefix
+        return cls(tok, dtype, _model_lone(model), dummy_prefix=dummy)
 
     def __contains__(self, stretch: object) -> bool:
         """Whether the cache holds a stretch."""
