@@ -551,3 +551,20 @@ def test_per_file_error_totals_survive_the_error_list_cap(tmp_path):
     counts = collect_counts(work, r, corpus_of(r), 1, listing)
     assert len(counts["errors"]) == MAX_ERRORS_PER_TASK  # b.jsonl's errors are past the cap
     assert counts["errors_by_file"] == {str(tmp_path / "a.jsonl"): n, str(tmp_path / "b.jsonl"): 2}
+
+
+def test_the_tokenizer_sample_does_not_depend_on_the_corpus_folder(tmp_path):
+    """The same files under two folders give the same tokenizer sample, in the same order."""
+    from lemur.data.encode.prepare import sample_texts
+
+    samples = []
+    for folder in ("first_copy", "elsewhere/second"):
+        root = tmp_path / folder / "repo"
+        root.mkdir(parents=True)
+        for i in range(30):
+            (root / f"mod_{i:02d}.py").write_text(f"VALUE_{i} = {i}\n" * 20)
+        source = {"name": "repo", "domain": "code", "format": "files", "paths": [str(root)]}
+        r = recipe_from_dict(recipe(tmp_path / folder, [source]))
+        samples.append(list(sample_texts(r, list_inputs(r).files, 2000)))
+    assert 1 < len(samples[0]) < 30  # the budget takes a part: the order decides which
+    assert samples[0] == samples[1]

@@ -56,8 +56,17 @@ def _file_sha(path: Path) -> str:
 
 
 def _ordered(files: list[InputFile]) -> list[InputFile]:
-    """Files in a seed-free pseudo-random order, so a sample spans the whole source."""
-    return sorted(files, key=lambda f: hashlib.blake2b(f.path.encode(), digest_size=8).digest())
+    """Files in a seed-free pseudo-random order, so a sample spans the whole source.
+
+    The order hashes the path relative to the source root (and a part's offset), never the
+    absolute path: the same corpus under another folder or mount point must sample the same
+    text and so train the same tokenizer.
+    """
+
+    def key(f: InputFile) -> bytes:
+        return hashlib.blake2b(f"{f.rel}\0{f.start}".encode(), digest_size=8).digest()
+
+    return sorted(files, key=key)
 
 
 def sample_texts(recipe: Recipe, inputs: list[InputFile], budget: int) -> Iterator[str]:
