@@ -1,6 +1,7 @@
 """`lemur-train plan`: the run's own steps compiled for TPU topologies on this CPU host
 (libtpu's compiler, no TPU), the out-of-HBM refusal in one line, --fit, GPU estimates, and
-every shipped config on its documented topology (marked `pod`: `-m "not pod"` skips them).
+every shipped config on its documented topology (marked `pod`: `make test` leaves them out,
+`make test-pod` runs them; CI runs both).
 """
 
 from __future__ import annotations
