@@ -26,6 +26,8 @@ from the command and from the path's driver on (`build()`, `train()`: issue #45 
 recipe from `build()`; fewer returns means a reader goes back less often to a module
 already read).
 Another checkout's figures, by the same rule: `PYTHONPATH=/tmp/before python tools/...`.
+`--show` prints the trip from the driver, stay by stay (returns marked, each stay's first
+functions), to see where a reader goes back.
 """
 
 from __future__ import annotations
@@ -125,6 +127,9 @@ def main() -> int:
     parser.add_argument(
         "--trip", type=int, default=400, metavar="N", help="steps of the trip's first figure"
     )
+    parser.add_argument(
+        "--show", action="store_true", help="print the trip from the driver, stay by stay"
+    )
     args = parser.parse_args()
     sets = [x for s in args.sets for x in ("--set", s)]
     if args.path == "build":
@@ -161,7 +166,30 @@ def main() -> int:
         ):
             stays, rooms, returns = trip(sub)
             print(f"trip from {origin}, {label}: {stays} stays, {rooms} rooms, {returns} returns")
+    if args.show and start is not None:
+        show(walk[start:], args.trip)
     return 0
+
+
+def show(walk: list[tuple[str, str]], limit: int) -> None:
+    """Print a walk stay by stay: `return` before a stay in a module already left, the
+    stay's length in steps and its first functions; a line marks the first `limit` steps."""
+    left: set[str] = set()
+    stays: list[list[tuple[str, str]]] = []
+    for step in walk:
+        if stays and stays[-1][0][0] == step[0]:
+            stays[-1].append(step)
+        else:
+            stays.append([step])
+    taken = 0
+    for stay in stays:
+        module = stay[0][0]
+        if taken < limit <= taken + len(stay):
+            print(f"  ---- step {limit} ----")
+        names = " ".join(name for _, name in stay[:6]) + (" ..." if len(stay) > 6 else "")
+        print(f"  {'return' if module in left else '      '} {module} ({len(stay)}): {names}")
+        taken += len(stay)
+        left.add(module)
 
 
 if __name__ == "__main__":
