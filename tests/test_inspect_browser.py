@@ -320,9 +320,9 @@ def test_a_fim_documents_parts_are_coloured(
 
     from selenium.webdriver.common.by import By
 
-    # A given model: a tokenizer trained by the build samples its inputs in an order that
-    # hashes their absolute paths, so which documents are short enough to show uncut would
-    # change with pytest's temporary folder (it did, about one run in six).
+    # A given model: which documents are short enough to show uncut then does not hang on
+    # the trained tokenizer (trained models once depended on pytest's temporary folder, and
+    # this test failed about one run in six).
     recipe = base_recipe(tmp_path, corpus_dir / "code", [corpus_dir / "a.jsonl"])
     recipe["tokenizer"] = {"model": str(tokenizer_model)}
     recipe["fim"] = {"rate": 1.0, "spm_rate": 0.0}
