@@ -365,22 +365,35 @@ def test_fim_documents_are_marked(corpus_dir, tokenizer_model, tmp_path):
 
 def test_exports_carry_the_rows(built, tmp_path):
     """Megatron's `PREFIX.meta.parquet` is the shard's rows by sequence index (one document,
-    one sequence); OLMo's `.csv.gz` names each document's own id and source file; parquet's
-    rows carry the provenance columns beside `input_ids`."""
+    one sequence), nanotron's `NNNNN.ds.meta.parquet` by document (and datatrove's folder
+    reader still lists only the `.ds` files); OLMo's `.csv.gz` names each document's own id
+    and source file; parquet's rows carry the provenance columns beside `input_ids`."""
     import csv
     import io
 
+    from datatrove.utils.dataset import DatatroveFolderDataset
+
     from lemur.export.megatron import read_index
+    from lemur.export.nanotron import ds_parts
     from lemur.export.run import export
 
-    for fmt in ("megatron", "olmo", "parquet"):
+    for fmt in ("megatron", "nanotron", "olmo", "parquet"):
         export(built, fmt, tmp_path / fmt)
     manifest = manifest_of(built)
-    for n, shard in enumerate(s for s in manifest["shards"] if s["split"] == "train"):
+    train = [s for s in manifest["shards"] if s["split"] == "train"]
+    size = np.dtype(manifest["dtype"]).itemsize
+    listed = DatatroveFolderDataset(str(tmp_path / "nanotron" / "train"), 16, token_size=size)
+    assert [Path(f.file_path).name for f in listed.files] == [
+        f"{n:05d}.ds" for n in range(len(train))
+    ]
+    for n, shard in enumerate(train):
         rows = pq.read_table(built / shard["provenance"]).to_pylist()
         ends = np.fromfile(built / shard["index"], "<u8").astype(np.int64)
         prefix = tmp_path / "megatron" / "train" / f"{n:05d}"
         assert pq.read_table(f"{prefix}.meta.parquet").to_pylist() == rows
+        ds = tmp_path / "nanotron" / "train" / f"{n:05d}.ds"
+        assert pq.read_table(f"{ds}.meta.parquet").to_pylist() == rows
+        assert ds_parts(ds, size)[1] == len(rows)
         assert len(read_index(Path(f"{prefix}.idx")).lengths) == len(rows)
         table = gzip.decompress((tmp_path / "olmo" / "train" / f"{n:05d}.csv.gz").read_bytes())
         lines = list(csv.reader(io.StringIO(table.decode())))

@@ -7,7 +7,10 @@ the uint64 exclusive document ends with no leading 0, `NAME.ds.loss` one byte (0
 token, `NAME.ds.metadata` three lines (`tokenizer|token size`, the token count, the same
 readable). The first three are byte for byte a lemur shard's `.bin`, `.idx` and `.mask`,
 so all three are linked; only the metadata is written. Files are numbered `00000.ds`,
-so that the folder dataset's lexical listing keeps the corpus's order.
+so that the folder dataset's lexical listing keeps the corpus's order. A build with
+`output.provenance` also gets `NAME.ds.meta.parquet` (the shard's documents.parquet,
+linked: row `i` is document `i` of the `.ds.index`), which the folder dataset's `*.ds`
+listing leaves alone.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from lemur.atomic_files import atomic_write_text
-from lemur.export.files import link_or_copy
+from lemur.export.files import documents_file, link_or_copy
 from lemur.export.formats import ExportInfo, ShardPart
 from lemur.shards.format import INDEX_DTYPE, MASK_DTYPE, ShardFormatError
 
@@ -31,7 +34,8 @@ def readable_count(n: int) -> str:
 
 
 class NanotronExporter:
-    """`NNNNN.ds` + `.ds.index` (+ `.ds.loss` in a chat build), linked; `.ds.metadata`."""
+    """`NNNNN.ds` + `.ds.index` (+ `.ds.loss` in a chat build, `.ds.meta.parquet` with
+    provenance), linked; `.ds.metadata`."""
 
     name = "nanotron"
     carries_masks = True
@@ -48,6 +52,9 @@ class NanotronExporter:
         ]
         if part.mask is not None:
             files.append(link_or_copy(part.mask, Path(f"{base}.loss")))
+        docs = documents_file(part)
+        if docs is not None:  # `output.provenance`: one row per document, in the index's order
+            files.append(link_or_copy(docs, Path(f"{base}.meta.parquet")))
         size = np.dtype(part.token_dtype).itemsize
         tokens = part.tokens.stat().st_size // size
         meta = Path(f"{base}.metadata")
