@@ -105,10 +105,21 @@ def _dotted(path: str) -> str:
     return ".".join(rel.parts).removesuffix(".__init__")
 
 
-def trip(rooms: list[str]) -> tuple[int, int, int]:
+def stays_of(walk: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """A walk's stays: its runs of (module, function) steps in one module."""
+    stays: list[list[tuple[str, str]]] = []
+    for step in walk:
+        if stays and stays[-1][0][0] == step[0]:
+            stays[-1].append(step)
+        else:
+            stays.append([step])
+    return stays
+
+
+def trip(walk: list[tuple[str, str]]) -> tuple[int, int, int]:
     """(stays, rooms, returns) of a walk: runs of steps in one module, the modules, and the
     stays in a module already left."""
-    stays = [m for i, m in enumerate(rooms) if i == 0 or rooms[i - 1] != m]
+    stays = [stay[0][0] for stay in stays_of(walk)]
     return len(stays), len(set(stays)), len(stays) - len(set(stays))
 
 
@@ -159,10 +170,9 @@ def main() -> int:
     origins = [("the command", walk)]
     origins += [] if start is None else [(START[args.path][1] + "()", walk[start:])]
     for origin, part in origins:
-        rooms_walked = [m for m, _ in part]
         for label, sub in (
-            (f"first {args.trip} steps", rooms_walked[: args.trip]),
-            ("whole", rooms_walked),
+            (f"first {args.trip} steps", part[: args.trip]),
+            ("whole", part),
         ):
             stays, rooms, returns = trip(sub)
             print(f"trip from {origin}, {label}: {stays} stays, {rooms} rooms, {returns} returns")
@@ -175,14 +185,8 @@ def show(walk: list[tuple[str, str]], limit: int) -> None:
     """Print a walk stay by stay: `return` before a stay in a module already left, the
     stay's length in steps and its first functions; a line marks the first `limit` steps."""
     left: set[str] = set()
-    stays: list[list[tuple[str, str]]] = []
-    for step in walk:
-        if stays and stays[-1][0][0] == step[0]:
-            stays[-1].append(step)
-        else:
-            stays.append([step])
     taken = 0
-    for stay in stays:
+    for stay in stays_of(walk):
         module = stay[0][0]
         if taken < limit <= taken + len(stay):
             print(f"  ---- step {limit} ----")
